@@ -1,0 +1,664 @@
+//! The TOML cluster file: one file that every node of a cluster reads.
+//!
+//! Every table and key is documented on its field below; `configs/local.toml` and
+//! `configs/multi-host.toml` are commented examples. Unknown keys are rejected (serde's
+//! `deny_unknown_fields`), so a typo is an error that names the key instead of a silently
+//! ignored setting.
+//!
+//! ```toml
+//! [cluster]
+//! scheduler = "10.0.0.1:9000"   # where the scheduler listens and everyone dials
+//! num_workers = 4
+//! num_servers = 4
+//!
+//! [tls]
+//! ca = "certs/ca.pem"
+//! cert = "certs/node.pem"
+//! key = "certs/node.key"
+//!
+//! [tensors.default]
+//! compressor = "onebit"
+//! ef = "vanilla"
+//!
+//! [tensors."fc1.weight"]
+//! compressor = "topk"
+//! k = 0.01
+//! ```
+//!
+//! Settings that must agree across the cluster (see [`ClusterDigest`]) are compared by the
+//! scheduler when a node registers; a node whose settings differ is refused with an error that
+//! names the setting and both values.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A string-to-string parameter map for one tensor, as BytePS users write it.
+pub type ParamMap = BTreeMap<String, String>;
+
+/// An error in a cluster file: names the file, the key and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// TOML syntax error, unknown key, missing key or wrong type (toml's message names the key
+    /// and the line).
+    #[error("invalid config {origin}: {message}")]
+    Parse {
+        /// The file name, or "(inline)".
+        origin: String,
+        /// toml's message.
+        message: String,
+    },
+    /// A value that parsed but is not allowed.
+    #[error("invalid config {origin}: `{key}` = {value}: {allowed}")]
+    Invalid {
+        /// The file name, or "(inline)".
+        origin: String,
+        /// The dotted key, e.g. `cluster.num_workers`.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What would be accepted.
+        allowed: String,
+    },
+}
+
+/// The whole cluster file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[cluster]`: what every node must agree on.
+    pub cluster: ClusterConfig,
+    /// `[tls]`: certificates. Optional for `pushpull local`, which makes its own.
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// `[server]`: settings of server processes.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// `[worker]`: settings of worker processes.
+    #[serde(default)]
+    pub worker: WorkerConfig,
+    /// `[job]`: the built-in job that `pushpull-worker` and `pushpull local` run.
+    #[serde(default)]
+    pub job: JobConfig,
+    /// `[tensors.default]` and `[tensors."name"]`: per-tensor parameter maps.
+    #[serde(default)]
+    pub tensors: TensorsConfig,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `scheduler`: the scheduler's address, `host:port` (an IP address; the scheduler binds it,
+    /// everyone else dials it). Port 0 lets the scheduler pick one (it prints the address).
+    pub scheduler: String,
+    /// `num_workers`: how many workers the job has (>= 1).
+    pub num_workers: u32,
+    /// `num_servers`: how many servers share the keys (>= 1).
+    pub num_servers: u32,
+    /// `partition_bytes`: the largest chunk of a tensor, in fp32 bytes (BytePS's
+    /// `BYTEPS_PARTITION_BYTES`; default 4096000). Must be a positive multiple of 4.
+    #[serde(default = "default_partition_bytes")]
+    pub partition_bytes: u64,
+    /// `min_compress_bytes`: tensors smaller than this travel uncompressed (default 65536).
+    #[serde(default = "default_min_compress_bytes")]
+    pub min_compress_bytes: u64,
+    /// `seed`: the job seed for every stochastic compressor. Absent: the scheduler picks one,
+    /// logs it and sends it to every node.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// `heartbeat_interval_ms`: how often nodes and the scheduler send heartbeats (default 1000).
+    #[serde(default = "default_heartbeat_interval_ms")]
+    pub heartbeat_interval_ms: u64,
+    /// `heartbeat_timeout_ms`: a node silent this long is declared lost (default 10000). Must be
+    /// at least twice the interval. Also quinn's idle timeout.
+    #[serde(default = "default_heartbeat_timeout_ms")]
+    pub heartbeat_timeout_ms: u64,
+    /// `connect_timeout_ms`: how long a node keeps retrying to reach the scheduler at start-up
+    /// (default 30000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// `max_inflight_chunks`: how many chunk push_pulls one worker keeps in flight per server
+    /// (default 64).
+    #[serde(default = "default_max_inflight_chunks")]
+    pub max_inflight_chunks: u32,
+}
+
+/// `[tls]`: PEM files of this node. All nodes' certificates must be signed by `ca` and carry
+/// `server_name` as a DNS subject alternative name (`pushpull certs` makes such a set).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// `ca`: the cluster CA certificate (PEM). Peers must present a certificate it signed.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// `cert`: this node's certificate chain (PEM).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// `key`: this node's private key (PEM, PKCS#8).
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// `server_name`: the DNS name clients verify in every server certificate (default
+    /// `pushpull.cluster`); one cluster-wide name, so certificates don't depend on IPs.
+    #[serde(default = "default_server_name")]
+    pub server_name: String,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// `listen`: the address a server binds (default `0.0.0.0:0`: any interface, a free port).
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// `advertise`: the address workers should dial, if not the bound one (e.g. when binding
+    /// `0.0.0.0`; default: the bound port on the address used to reach the scheduler).
+    #[serde(default)]
+    pub advertise: Option<String>,
+}
+
+/// `[worker]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// `device`: where compression runs: `auto` (GPU if present), `cpu` or `cuda`.
+    #[serde(default = "default_device")]
+    pub device: String,
+}
+
+/// `[job]`: the built-in job (`pushpull-worker` without user code; `pushpull local`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// `kind`: `benchmark` (push_pull of a ResNet-50-like tensor set on random data, every
+    /// result checked against an independent sum).
+    #[serde(default = "default_job_kind")]
+    pub kind: String,
+    /// `rounds`: push_pull rounds after warm-up (default 10).
+    #[serde(default = "default_rounds")]
+    pub rounds: u32,
+    /// `warmup`: rounds run before timing starts (default 1).
+    #[serde(default = "default_warmup")]
+    pub warmup: u32,
+    /// `scale`: fraction of the ResNet-50 tensor set's element count (default 1.0 =
+    /// 25.6 M elements, 161 tensors); every tensor keeps at least one element.
+    #[serde(default = "default_scale")]
+    pub scale: f64,
+    /// `check`: verify every result against the independently computed sum (default true).
+    #[serde(default = "default_true")]
+    pub check: bool,
+}
+
+/// `[tensors]`: `default` applies to every tensor; a table named after a tensor overrides
+/// single keys for it. Values may be TOML strings, numbers or booleans; they are turned into
+/// the strings the compressor registry parses.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(transparent)]
+pub struct TensorsConfig {
+    /// Table name → key → value.
+    pub tables: BTreeMap<String, BTreeMap<String, toml::Value>>,
+}
+
+fn default_partition_bytes() -> u64 {
+    4_096_000
+}
+fn default_min_compress_bytes() -> u64 {
+    65_536
+}
+fn default_heartbeat_interval_ms() -> u64 {
+    1_000
+}
+fn default_heartbeat_timeout_ms() -> u64 {
+    10_000
+}
+fn default_connect_timeout_ms() -> u64 {
+    30_000
+}
+fn default_max_inflight_chunks() -> u32 {
+    64
+}
+fn default_server_name() -> String {
+    "pushpull.cluster".to_string()
+}
+fn default_listen() -> String {
+    "0.0.0.0:0".to_string()
+}
+fn default_device() -> String {
+    "auto".to_string()
+}
+fn default_job_kind() -> String {
+    "benchmark".to_string()
+}
+fn default_rounds() -> u32 {
+    10
+}
+fn default_warmup() -> u32 {
+    1
+}
+fn default_scale() -> f64 {
+    1.0
+}
+fn default_true() -> bool {
+    true
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            ca: None,
+            cert: None,
+            key: None,
+            server_name: default_server_name(),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            advertise: None,
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            device: default_device(),
+        }
+    }
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            kind: default_job_kind(),
+            rounds: default_rounds(),
+            warmup: default_warmup(),
+            scale: default_scale(),
+            check: true,
+        }
+    }
+}
+
+impl Config {
+    /// A config for `num_workers` workers and `num_servers` servers on loopback, every other
+    /// setting at its default (the scheduler picks a free port).
+    pub fn local(num_workers: u32, num_servers: u32) -> Config {
+        Config {
+            cluster: ClusterConfig {
+                scheduler: "127.0.0.1:0".to_string(),
+                num_workers,
+                num_servers,
+                partition_bytes: default_partition_bytes(),
+                min_compress_bytes: default_min_compress_bytes(),
+                seed: None,
+                heartbeat_interval_ms: default_heartbeat_interval_ms(),
+                heartbeat_timeout_ms: default_heartbeat_timeout_ms(),
+                connect_timeout_ms: default_connect_timeout_ms(),
+                max_inflight_chunks: default_max_inflight_chunks(),
+            },
+            tls: TlsConfig::default(),
+            server: ServerConfig {
+                listen: "127.0.0.1:0".to_string(),
+                advertise: None,
+            },
+            worker: WorkerConfig::default(),
+            job: JobConfig::default(),
+            tensors: TensorsConfig::default(),
+        }
+    }
+
+    /// Reads and validates a cluster file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates TOML text; `origin` names it in errors (a file name).
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    /// Checks every value that parsed but may still be out of range.
+    pub fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let bad = |key: &str, value: String, allowed: &str| ConfigError::Invalid {
+            origin: origin.to_string(),
+            key: key.to_string(),
+            value,
+            allowed: allowed.to_string(),
+        };
+        let c = &self.cluster;
+        parse_addr(&c.scheduler)
+            .map_err(|allowed| bad("cluster.scheduler", format!("{:?}", c.scheduler), &allowed))?;
+        if c.num_workers == 0 {
+            return Err(bad("cluster.num_workers", "0".into(), "must be at least 1"));
+        }
+        if c.num_servers == 0 {
+            return Err(bad("cluster.num_servers", "0".into(), "must be at least 1"));
+        }
+        if c.partition_bytes == 0 || c.partition_bytes % 4 != 0 {
+            return Err(bad(
+                "cluster.partition_bytes",
+                c.partition_bytes.to_string(),
+                "must be a positive multiple of 4 (bytes of fp32)",
+            ));
+        }
+        if c.partition_bytes > crate::protocol::MAX_PARTITION_BYTES {
+            return Err(bad(
+                "cluster.partition_bytes",
+                c.partition_bytes.to_string(),
+                &format!("must be at most {}", crate::protocol::MAX_PARTITION_BYTES),
+            ));
+        }
+        if c.heartbeat_interval_ms == 0 {
+            return Err(bad(
+                "cluster.heartbeat_interval_ms",
+                "0".into(),
+                "must be at least 1",
+            ));
+        }
+        if c.heartbeat_timeout_ms < 2 * c.heartbeat_interval_ms {
+            return Err(bad(
+                "cluster.heartbeat_timeout_ms",
+                c.heartbeat_timeout_ms.to_string(),
+                &format!(
+                    "must be at least twice heartbeat_interval_ms ({})",
+                    c.heartbeat_interval_ms
+                ),
+            ));
+        }
+        if c.max_inflight_chunks == 0 {
+            return Err(bad(
+                "cluster.max_inflight_chunks",
+                "0".into(),
+                "must be at least 1",
+            ));
+        }
+        parse_addr(&self.server.listen)
+            .map_err(|allowed| bad("server.listen", format!("{:?}", self.server.listen), &allowed))?;
+        if let Some(adv) = &self.server.advertise {
+            parse_addr(adv).map_err(|allowed| bad("server.advertise", format!("{adv:?}"), &allowed))?;
+        }
+        if !["auto", "cpu", "cuda"].contains(&self.worker.device.as_str()) {
+            return Err(bad(
+                "worker.device",
+                format!("{:?}", self.worker.device),
+                "one of \"auto\", \"cpu\", \"cuda\"",
+            ));
+        }
+        if self.job.kind != "benchmark" {
+            return Err(bad(
+                "job.kind",
+                format!("{:?}", self.job.kind),
+                "\"benchmark\"",
+            ));
+        }
+        if !(self.job.scale > 0.0 && self.job.scale <= 64.0) {
+            return Err(bad(
+                "job.scale",
+                self.job.scale.to_string(),
+                "a number in (0, 64]",
+            ));
+        }
+        if self.tls.server_name.is_empty() {
+            return Err(bad("tls.server_name", "\"\"".into(), "a DNS name"));
+        }
+        for (table, map) in &self.tensors.tables {
+            for (key, value) in map {
+                scalar_to_string(value).map_err(|allowed| {
+                    bad(
+                        &format!("tensors.{table:?}.{key}"),
+                        value.to_string(),
+                        &allowed,
+                    )
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The scheduler address, parsed.
+    pub fn scheduler_addr(&self) -> SocketAddr {
+        // validate() checked it.
+        parse_addr(&self.cluster.scheduler).expect("validated scheduler address")
+    }
+
+    /// The heartbeat interval.
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.cluster.heartbeat_interval_ms)
+    }
+
+    /// The heartbeat timeout (also quinn's idle timeout).
+    pub fn heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.cluster.heartbeat_timeout_ms)
+    }
+
+    /// How long to keep trying to reach the scheduler.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.cluster.connect_timeout_ms)
+    }
+
+    /// The parameter map the config gives tensor `name`: `[tensors.default]` overlaid with
+    /// `[tensors."name"]`. A map passed to `declare` is overlaid on top of this by the worker.
+    pub fn tensor_params(&self, name: &str) -> ParamMap {
+        let mut out = ParamMap::new();
+        for table in ["default", name] {
+            if let Some(map) = self.tensors.tables.get(table) {
+                for (k, v) in map {
+                    // validate() checked every value is a scalar.
+                    if let Ok(s) = scalar_to_string(v) {
+                        out.insert(k.clone(), s);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The settings that must be equal on every node of a cluster.
+    pub fn digest(&self) -> ClusterDigest {
+        ClusterDigest {
+            num_workers: self.cluster.num_workers,
+            num_servers: self.cluster.num_servers,
+            partition_bytes: self.cluster.partition_bytes,
+            min_compress_bytes: self.cluster.min_compress_bytes,
+            seed: self.cluster.seed,
+            heartbeat_interval_ms: self.cluster.heartbeat_interval_ms,
+            heartbeat_timeout_ms: self.cluster.heartbeat_timeout_ms,
+            server_name: self.tls.server_name.clone(),
+            tensors: self
+                .tensors
+                .tables
+                .iter()
+                .map(|(t, m)| {
+                    (
+                        t.clone(),
+                        m.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), scalar_to_string(v).ok()?)))
+                            .collect(),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The cluster-relevant settings a node sends when it registers; the scheduler refuses a node
+/// whose digest differs from its own and says which setting differs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClusterDigest {
+    /// `cluster.num_workers`.
+    pub num_workers: u32,
+    /// `cluster.num_servers`.
+    pub num_servers: u32,
+    /// `cluster.partition_bytes`.
+    pub partition_bytes: u64,
+    /// `cluster.min_compress_bytes`.
+    pub min_compress_bytes: u64,
+    /// `cluster.seed`.
+    pub seed: Option<u64>,
+    /// `cluster.heartbeat_interval_ms`.
+    pub heartbeat_interval_ms: u64,
+    /// `cluster.heartbeat_timeout_ms`.
+    pub heartbeat_timeout_ms: u64,
+    /// `tls.server_name`.
+    pub server_name: String,
+    /// `[tensors.*]`, values as strings.
+    pub tensors: BTreeMap<String, ParamMap>,
+}
+
+impl ClusterDigest {
+    /// The first setting that differs, as `(key, ours, theirs)`, or `None` if all agree.
+    pub fn first_difference(&self, theirs: &ClusterDigest) -> Option<(String, String, String)> {
+        macro_rules! cmp {
+            ($field:ident, $key:expr) => {
+                if self.$field != theirs.$field {
+                    return Some((
+                        $key.to_string(),
+                        format!("{:?}", self.$field),
+                        format!("{:?}", theirs.$field),
+                    ));
+                }
+            };
+        }
+        cmp!(num_workers, "cluster.num_workers");
+        cmp!(num_servers, "cluster.num_servers");
+        cmp!(partition_bytes, "cluster.partition_bytes");
+        cmp!(min_compress_bytes, "cluster.min_compress_bytes");
+        cmp!(seed, "cluster.seed");
+        cmp!(heartbeat_interval_ms, "cluster.heartbeat_interval_ms");
+        cmp!(heartbeat_timeout_ms, "cluster.heartbeat_timeout_ms");
+        cmp!(server_name, "tls.server_name");
+        let tables: std::collections::BTreeSet<&String> =
+            self.tensors.keys().chain(theirs.tensors.keys()).collect();
+        for t in tables {
+            let (a, b) = (self.tensors.get(t), theirs.tensors.get(t));
+            if a != b {
+                return Some((
+                    format!("tensors.{t:?}"),
+                    format!("{a:?}"),
+                    format!("{b:?}"),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// Parses `ip:port`; the error says what is expected.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .map_err(|_| "expected an IP address and port, e.g. \"127.0.0.1:9000\" or \"[::1]:9000\"".to_string())
+}
+
+/// Turns a TOML scalar into the string a parameter map holds.
+fn scalar_to_string(v: &toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(s.clone()),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        _ => Err("a string, number or boolean".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [cluster]
+        scheduler = "127.0.0.1:9000"
+        num_workers = 2
+        num_servers = 1
+    "#;
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+        assert_eq!(c.cluster.partition_bytes, 4_096_000);
+        assert_eq!(c.cluster.min_compress_bytes, 65_536);
+        assert_eq!(c.tls.server_name, "pushpull.cluster");
+        assert_eq!(c.job.kind, "benchmark");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = format!("{MINIMAL}\nnum_wrokers = 3\n");
+        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("num_wrokers"), "{e}");
+        assert!(e.contains("t.toml"), "{e}");
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let text = "[cluster]\nscheduler = \"127.0.0.1:1\"\nnum_workers = 1\n";
+        let e = Config::from_toml_str(text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("num_servers"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let text = MINIMAL.replace("num_workers = 2", "num_workers = \"two\"");
+        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("num_workers"), "{e}");
+    }
+
+    #[test]
+    fn zero_workers_and_bad_address_are_refused() {
+        let text = MINIMAL.replace("num_workers = 2", "num_workers = 0");
+        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("cluster.num_workers") && e.contains("at least 1"), "{e}");
+        let text = MINIMAL.replace("127.0.0.1:9000", "localhost:x");
+        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        assert!(e.contains("cluster.scheduler") && e.contains("localhost:x"), "{e}");
+    }
+
+    #[test]
+    fn tensor_tables_overlay_and_stringify() {
+        let text = format!(
+            "{MINIMAL}\n[tensors.default]\ncompressor = \"onebit\"\nscaling = true\n\
+             [tensors.\"fc1.weight\"]\ncompressor = \"topk\"\nk = 0.01\n"
+        );
+        let c = Config::from_toml_str(&text, "t.toml").unwrap();
+        let p = c.tensor_params("fc1.weight");
+        assert_eq!(p["compressor"], "topk");
+        assert_eq!(p["k"], "0.01");
+        assert_eq!(p["scaling"], "true");
+        assert_eq!(c.tensor_params("other")["compressor"], "onebit");
+    }
+
+    #[test]
+    fn digest_names_the_first_difference() {
+        let a = Config::from_toml_str(MINIMAL, "a").unwrap();
+        let mut b = a.clone();
+        b.cluster.partition_bytes = 1024;
+        let (key, ours, theirs) = a.digest().first_difference(&b.digest()).unwrap();
+        assert_eq!(key, "cluster.partition_bytes");
+        assert_eq!(ours, "4096000");
+        assert_eq!(theirs, "1024");
+        assert!(a.digest().first_difference(&a.digest()).is_none());
+    }
+}

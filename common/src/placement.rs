@@ -1,0 +1,177 @@
+//! Chunking, keys and placement: pure arithmetic, no I/O.
+//!
+//! * A tensor of `len` f32 elements is cut into `ceil(4·len / partition_bytes)` chunks of equal
+//!   size: the first `len % n` chunks have one element more than the rest
+//!   ([`chunk_ranges`]). Offsets and lengths are u64, so tensors beyond 4 GiB work.
+//! * A chunk's key is derived from the tensor's *name* and the chunk index ([`chunk_key`]),
+//!   never from a declaration counter, so workers may declare in any order.
+//! * The scheduler assigns each chunk to the server with the fewest bytes so far (ties: the
+//!   lowest id), chunk by chunk ([`Placer`]). Results never depend on placement.
+
+use crate::config::ParamMap;
+use crate::protocol::{ChunkPlacement, TensorPlacement};
+
+/// FNV-1a 64 of a byte string.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// SplitMix64's finaliser (a bijection), used to spread chunk keys.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The key of chunk `index` of tensor `name`: `mix64(fnv1a64(name) ^ mix64(index))`.
+/// The scheduler checks that no two chunks of declared tensors share a key.
+pub fn chunk_key(name: &str, index: u64) -> u64 {
+    mix64(fnv1a64(name.as_bytes()) ^ mix64(index.wrapping_add(1)))
+}
+
+/// Number of chunks of a tensor of `len` elements (0 for an empty tensor).
+pub fn num_chunks(len: u64, partition_bytes: u64) -> u64 {
+    let per_chunk = (partition_bytes / 4).max(1);
+    len.div_ceil(per_chunk)
+}
+
+/// `(offset, len)` of every chunk: equal sizes, the first `len % n` one element longer.
+pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64, u64)> {
+    let n = num_chunks(len, partition_bytes);
+    let (base, extra) = if n == 0 { (0, 0) } else { (len / n, len % n) };
+    (0..n).map(move |i| {
+        let offset = i * base + i.min(extra);
+        let clen = base + u64::from(i < extra);
+        (offset, clen)
+    })
+}
+
+/// Assigns chunks to servers, least-loaded by bytes first.
+#[derive(Debug, Clone)]
+pub struct Placer {
+    load_bytes: Vec<u64>,
+    partition_bytes: u64,
+}
+
+impl Placer {
+    /// A placer for `num_servers` empty servers.
+    pub fn new(num_servers: u32, partition_bytes: u64) -> Placer {
+        Placer {
+            load_bytes: vec![0; num_servers as usize],
+            partition_bytes,
+        }
+    }
+
+    /// Bytes assigned to each server so far.
+    pub fn load_bytes(&self) -> &[u64] {
+        &self.load_bytes
+    }
+
+    /// Cuts a tensor into chunks and assigns each to the currently least-loaded server.
+    pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
+        let chunks = chunk_ranges(len, self.partition_bytes)
+            .enumerate()
+            .map(|(i, (offset, clen))| {
+                let server = self
+                    .load_bytes
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|&(id, &bytes)| (bytes, id))
+                    .map(|(id, _)| id)
+                    .unwrap_or(0);
+                self.load_bytes[server] += clen * 4;
+                ChunkPlacement {
+                    key: chunk_key(name, i as u64),
+                    offset,
+                    len: clen,
+                    server: server as u32,
+                }
+            })
+            .collect();
+        TensorPlacement {
+            name: name.to_string(),
+            len,
+            params,
+            chunks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 4_096_000;
+
+    #[test]
+    fn chunks_cover_the_tensor_exactly() {
+        for len in [0u64, 1, 1000, 1_024_000, 1_024_001, 3_000_003, 10_000_000] {
+            let ranges: Vec<_> = chunk_ranges(len, P).collect();
+            let mut next = 0;
+            for &(off, l) in &ranges {
+                assert_eq!(off, next);
+                assert!(l >= 1 && l * 4 <= P, "len {len}: chunk of {l}");
+                next += l;
+            }
+            assert_eq!(next, len);
+            let (min, max) = ranges
+                .iter()
+                .fold((u64::MAX, 0), |(a, b), &(_, l)| (a.min(l), b.max(l)));
+            if !ranges.is_empty() {
+                assert!(max - min <= 1, "unequal chunks for {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_billion_elements_without_allocating() {
+        let len = 1_000_000_000u64;
+        let n = num_chunks(len, P);
+        assert_eq!(n, 977); // ceil(4e9 / 4_096_000)
+        let last = chunk_ranges(len, P).last().unwrap();
+        assert_eq!(last.0 + last.1, len);
+        // Every chunk fits a partition and the byte total is exact in u64.
+        assert!(chunk_ranges(len, P).all(|(_, l)| l * 4 <= P));
+        assert_eq!(chunk_ranges(len, P).map(|(_, l)| l * 4).sum::<u64>(), 4_000_000_000);
+    }
+
+    #[test]
+    fn more_than_4_gib_of_bytes() {
+        let len = (5u64 << 32) / 4 + 17; // 5 GiB of fp32 plus a bit
+        let sum: u64 = chunk_ranges(len, P).map(|(_, l)| l).sum();
+        assert_eq!(sum, len);
+        let mut placer = Placer::new(4, P);
+        let t = placer.place("huge", len, ParamMap::new());
+        assert_eq!(t.chunks.iter().map(|c| c.len).sum::<u64>(), len);
+        let loads = placer.load_bytes();
+        let (lo, hi) = (loads.iter().min().unwrap(), loads.iter().max().unwrap());
+        assert!(hi - lo <= P, "unbalanced {loads:?}");
+        assert_eq!(loads.iter().sum::<u64>(), len * 4);
+    }
+
+    #[test]
+    fn placement_balances_bytes_not_counts() {
+        let mut placer = Placer::new(2, P);
+        placer.place("big", 1_024_000, ParamMap::new()); // one full chunk -> server 0
+        let small = placer.place("a", 10, ParamMap::new()); // -> server 1
+        assert_eq!(small.chunks[0].server, 1);
+        let small2 = placer.place("b", 10, ParamMap::new()); // server 1 still lighter
+        assert_eq!(small2.chunks[0].server, 1);
+    }
+
+    #[test]
+    fn keys_depend_on_names_and_indices_only() {
+        assert_eq!(chunk_key("fc1.weight", 0), chunk_key("fc1.weight", 0));
+        assert_ne!(chunk_key("fc1.weight", 0), chunk_key("fc1.weight", 1));
+        assert_ne!(chunk_key("fc1.weight", 0), chunk_key("fc1.bias", 0));
+        let mut keys: Vec<u64> = (0..10_000).map(|i| chunk_key("t", i)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(keys.len(), 10_000);
+    }
+}

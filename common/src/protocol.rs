@@ -1,0 +1,535 @@
+//! The wire protocol: control messages and data frames.
+//!
+//! # Connections
+//! * **Node ↔ scheduler**: every server and worker opens one QUIC connection to the scheduler
+//!   and, on it, one bidirectional *control stream*. Both directions carry [`ToScheduler`] /
+//!   [`FromScheduler`] messages, each a *control frame*: a u32 little-endian length followed by
+//!   that many bytes of bincode 2 (standard configuration, serde). Control frames are at most
+//!   [`MAX_CONTROL_FRAME`] bytes.
+//! * **Worker → server**: every worker opens one QUIC connection to every server. Each message
+//!   is a *data frame* on its own **unidirectional** stream, which the sender finishes right
+//!   after the frame: a [`FrameHeader`] ([`FRAME_HEADER_LEN`] bytes, fixed layout below)
+//!   followed by `payload_len` bytes of payload. The first frame a worker sends on a new
+//!   connection is a [`FrameKind::Hello`]; after that, one [`FrameKind::Push`] per chunk and
+//!   round. The server answers each completed round with one [`FrameKind::Result`] (or
+//!   [`FrameKind::Abort`]) frame per worker, on a unidirectional stream it opens.
+//!
+//! Because every stream is finished as soon as its frame is written, and every receiver reads
+//! every incoming stream to the end at once (never waiting for other workers before reading),
+//! no stream is ever held open while the round waits for someone else: stream credit cannot
+//! run out however many keys are in flight or in which order workers issue them (DESIGN.md §3).
+//!
+//! # Data frame header (little-endian, 40 bytes)
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `b"PPF1"` |
+//! | 4 | 1 | kind ([`FrameKind`]) |
+//! | 5 | 1 | op ([`ReduceOp`]; 0 for frames that aren't pushes) |
+//! | 6 | 2 | reserved, 0 |
+//! | 8 | 4 | rank of the worker (sender of a push/hello; receiver of a result/abort) |
+//! | 12 | 4 | aux: the root rank of a broadcast, else 0 |
+//! | 16 | 8 | key |
+//! | 24 | 8 | round |
+//! | 32 | 8 | payload length in bytes (u64; bounded by [`max_payload_len`]) |
+//!
+//! The payload of a push or result is the chunk's encoded bytes; of an abort, a UTF-8 error
+//! message; of a hello, empty.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::config::{ClusterDigest, ParamMap};
+
+/// Protocol version; a node with another version is refused at registration.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
+/// far below this.
+pub const MAX_CONTROL_FRAME: u32 = 64 << 20;
+
+/// Largest allowed `partition_bytes` (1 GiB): keeps every payload bound below `u32::MAX`-ish
+/// sizes that a single QUIC stream handles comfortably.
+pub const MAX_PARTITION_BYTES: u64 = 1 << 30;
+
+/// Size of [`FrameHeader`] on the wire.
+pub const FRAME_HEADER_LEN: usize = 40;
+
+/// Data frame magic.
+pub const FRAME_MAGIC: [u8; 4] = *b"PPF1";
+
+/// The largest payload a data frame may carry for a cluster with this partition size: twice
+/// the partition plus 64 KiB (room for compressors whose worst case exceeds fp32, e.g. top-k
+/// with large k, and for headers).
+pub fn max_payload_len(partition_bytes: u64) -> u64 {
+    partition_bytes
+        .saturating_mul(2)
+        .saturating_add(64 * 1024)
+}
+
+/// Errors decoding frames or messages. Each says what was wrong.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// Fewer bytes than a header.
+    #[error("truncated frame header: {got} of {FRAME_HEADER_LEN} bytes")]
+    TruncatedHeader {
+        /// Bytes received.
+        got: usize,
+    },
+    /// Wrong magic.
+    #[error("bad frame magic {got:02x?} (expected {FRAME_MAGIC:02x?}): not a pushpull data frame")]
+    BadMagic {
+        /// What arrived.
+        got: [u8; 4],
+    },
+    /// Unknown kind byte.
+    #[error("unknown frame kind {0}")]
+    BadKind(u8),
+    /// Unknown op byte.
+    #[error("unknown reduce op {0}")]
+    BadOp(u8),
+    /// Payload larger than allowed.
+    #[error("frame payload of {len} bytes exceeds the limit of {max} bytes")]
+    Oversized {
+        /// Declared length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The stream ended before the declared payload length.
+    #[error("truncated frame payload: {got} of {expected} bytes")]
+    TruncatedPayload {
+        /// Received.
+        got: u64,
+        /// Declared.
+        expected: u64,
+    },
+    /// A control frame failed to decode.
+    #[error("malformed control message: {0}")]
+    Malformed(String),
+    /// A control frame longer than [`MAX_CONTROL_FRAME`].
+    #[error("control frame of {len} bytes exceeds the limit of {MAX_CONTROL_FRAME} bytes")]
+    ControlTooLarge {
+        /// Declared length.
+        len: u64,
+    },
+}
+
+/// What a data frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// Worker → server, first frame of a connection: "I am worker `rank`".
+    Hello = 1,
+    /// Worker → server: this worker's contribution to `(key, round)`.
+    Push = 2,
+    /// Server → worker: the aggregated `(key, round)`.
+    Result = 3,
+    /// Server → worker: `(key, round)` was aborted; the payload is the error message.
+    Abort = 4,
+}
+
+/// How a round combines the pushes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Sum in rank order (averaging is done by the worker after the pull).
+    #[default]
+    Sum = 0,
+    /// Everyone receives the root's payload (the root rank is the header's `aux`).
+    Broadcast = 1,
+}
+
+/// The fixed header of a data frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// What the frame is.
+    pub kind: FrameKind,
+    /// How the round combines pushes (pushes only).
+    pub op: ReduceOp,
+    /// The worker's rank.
+    pub rank: u32,
+    /// The broadcast root, else 0.
+    pub aux: u32,
+    /// The chunk's key.
+    pub key: u64,
+    /// The round of this key.
+    pub round: u64,
+    /// Payload length in bytes.
+    pub payload_len: u64,
+}
+
+impl FrameHeader {
+    /// Encodes the header into exactly [`FRAME_HEADER_LEN`] bytes.
+    pub fn encode(&self, out: &mut BytesMut) {
+        out.reserve(FRAME_HEADER_LEN);
+        out.put_slice(&FRAME_MAGIC);
+        out.put_u8(self.kind as u8);
+        out.put_u8(self.op as u8);
+        out.put_u16_le(0);
+        out.put_u32_le(self.rank);
+        out.put_u32_le(self.aux);
+        out.put_u64_le(self.key);
+        out.put_u64_le(self.round);
+        out.put_u64_le(self.payload_len);
+    }
+
+    /// The encoded header as bytes.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(FRAME_HEADER_LEN);
+        self.encode(&mut b);
+        b.freeze()
+    }
+
+    /// Decodes a header, checking the magic, the kind, the op and that the payload length is at
+    /// most `max_payload`.
+    pub fn decode(mut buf: &[u8], max_payload: u64) -> Result<FrameHeader, ProtocolError> {
+        if buf.len() < FRAME_HEADER_LEN {
+            return Err(ProtocolError::TruncatedHeader { got: buf.len() });
+        }
+        let mut magic = [0u8; 4];
+        buf.copy_to_slice(&mut magic);
+        if magic != FRAME_MAGIC {
+            return Err(ProtocolError::BadMagic { got: magic });
+        }
+        let kind = match buf.get_u8() {
+            1 => FrameKind::Hello,
+            2 => FrameKind::Push,
+            3 => FrameKind::Result,
+            4 => FrameKind::Abort,
+            k => return Err(ProtocolError::BadKind(k)),
+        };
+        let op = match buf.get_u8() {
+            0 => ReduceOp::Sum,
+            1 => ReduceOp::Broadcast,
+            o => return Err(ProtocolError::BadOp(o)),
+        };
+        let _reserved = buf.get_u16_le();
+        let rank = buf.get_u32_le();
+        let aux = buf.get_u32_le();
+        let key = buf.get_u64_le();
+        let round = buf.get_u64_le();
+        let payload_len = buf.get_u64_le();
+        if payload_len > max_payload {
+            return Err(ProtocolError::Oversized {
+                len: payload_len,
+                max: max_payload,
+            });
+        }
+        Ok(FrameHeader {
+            kind,
+            op,
+            rank,
+            aux,
+            key,
+            round,
+            payload_len,
+        })
+    }
+}
+
+/// A node's role in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub enum NodeRole {
+    /// The rendezvous point.
+    Scheduler,
+    /// Holds a shard of the keys, sums pushes.
+    Server,
+    /// Runs training code, pushes gradients.
+    Worker,
+}
+
+impl std::fmt::Display for NodeRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NodeRole::Scheduler => "scheduler",
+            NodeRole::Server => "server",
+            NodeRole::Worker => "worker",
+        })
+    }
+}
+
+/// Who a node is: role, id within the role (server id or worker rank) and address. Its
+/// `Display` is what error messages print, e.g. `worker 1 (127.0.0.1:50312)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeName {
+    /// The role.
+    pub role: NodeRole,
+    /// Server id or worker rank (0 for the scheduler).
+    pub id: u32,
+    /// The address the node is reached at (servers, scheduler) or connects from (workers).
+    pub addr: SocketAddr,
+}
+
+impl std::fmt::Display for NodeName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.role {
+            NodeRole::Scheduler => write!(f, "scheduler ({})", self.addr),
+            r => write!(f, "{r} {} ({})", self.id, self.addr),
+        }
+    }
+}
+
+/// Node → scheduler.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ToScheduler {
+    /// First message on the control stream.
+    Register {
+        /// [`PROTOCOL_VERSION`] of the sender.
+        version: u32,
+        /// `Server` or `Worker`.
+        role: NodeRole,
+        /// A worker may ask for a rank (a server for an id).
+        requested_id: Option<u32>,
+        /// Servers: the address workers dial.
+        listen_addr: Option<SocketAddr>,
+        /// The sender's cluster-relevant settings.
+        digest: ClusterDigest,
+    },
+    /// Worker: declare a tensor (a collective; answered by [`FromScheduler::Declared`]).
+    Declare {
+        /// Tensor name; keys derive from it.
+        name: String,
+        /// Number of f32 elements.
+        len: u64,
+        /// The tensor's parameter map (after the worker overlaid the config's).
+        params: ParamMap,
+    },
+    /// Server: it has set up the keys of a declared tensor (answer to
+    /// [`FromScheduler::Placement`]), or could not (`error`).
+    PlacementAck {
+        /// Tensor name.
+        name: String,
+        /// Why the server refused the tensor, if it did.
+        error: Option<String>,
+    },
+    /// Worker: enter barrier number `id` (barriers are numbered 0, 1, 2, … per worker).
+    Barrier {
+        /// The barrier's sequence number.
+        id: u64,
+    },
+    /// Liveness, every heartbeat interval.
+    Heartbeat,
+    /// Worker: this worker is done (clean `finish`).
+    Finished,
+}
+
+/// Scheduler → node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FromScheduler {
+    /// Registration accepted; sent once every node has registered.
+    Welcome {
+        /// This node's server id or worker rank.
+        id: u32,
+        /// Everyone's addresses and the job seed.
+        map: ClusterMap,
+    },
+    /// Registration refused (duplicate rank, config mismatch, version, cluster full); the
+    /// node must exit with this message.
+    Refused {
+        /// What was wrong, naming the setting and both values where relevant.
+        reason: String,
+    },
+    /// To servers: set up the keys of a tensor, then answer [`ToScheduler::PlacementAck`].
+    Placement(TensorPlacement),
+    /// To workers: the outcome of a declare collective.
+    Declared {
+        /// Tensor name.
+        name: String,
+        /// The placement, or the error every worker gets (e.g. lengths differ: names the
+        /// tensor and both values).
+        result: Result<TensorPlacement, String>,
+    },
+    /// To workers: barrier `id` is complete.
+    BarrierDone {
+        /// The barrier's sequence number.
+        id: u64,
+    },
+    /// Liveness, every heartbeat interval.
+    Heartbeat,
+    /// A node went silent past the heartbeat timeout (or its connection closed). Every pending
+    /// operation must fail with an error naming it.
+    NodeLost {
+        /// The lost node.
+        node: NodeName,
+        /// What the scheduler observed.
+        reason: String,
+    },
+    /// The job is over: exit. `error` is set when it ended because of a failure.
+    Shutdown {
+        /// Why, when not a clean end.
+        error: Option<String>,
+    },
+}
+
+/// The cluster map every node receives in [`FromScheduler::Welcome`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Servers, indexed by server id.
+    pub servers: Vec<SocketAddr>,
+    /// Workers' addresses (as seen by the scheduler), indexed by rank.
+    pub workers: Vec<SocketAddr>,
+    /// The job seed (configured, or picked by the scheduler).
+    pub job_seed: u64,
+}
+
+/// One chunk of a tensor: `len` elements starting at element `offset`, key `key`, held by
+/// server `server`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkPlacement {
+    /// The chunk's key (derived from the tensor name and chunk index).
+    pub key: u64,
+    /// First element (64-bit: tensors may exceed 4 Gi elements' worth of bytes).
+    pub offset: u64,
+    /// Number of elements.
+    pub len: u64,
+    /// Server id.
+    pub server: u32,
+}
+
+/// Where a declared tensor's chunks live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorPlacement {
+    /// Tensor name.
+    pub name: String,
+    /// Element count.
+    pub len: u64,
+    /// The agreed parameter map.
+    pub params: ParamMap,
+    /// The chunks, in element order.
+    pub chunks: Vec<ChunkPlacement>,
+}
+
+impl TensorPlacement {
+    /// Chunks held by server `server`.
+    pub fn chunks_on(&self, server: u32) -> impl Iterator<Item = &ChunkPlacement> {
+        self.chunks.iter().filter(move |c| c.server == server)
+    }
+}
+
+/// The bincode configuration every control message uses.
+fn bincode_config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Encodes a control message as a control frame (u32 LE length + bincode body).
+pub fn encode_control<T: Serialize>(msg: &T) -> Result<Bytes, ProtocolError> {
+    let body = bincode::serde::encode_to_vec(msg, bincode_config())
+        .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    if body.len() as u64 > MAX_CONTROL_FRAME as u64 {
+        return Err(ProtocolError::ControlTooLarge {
+            len: body.len() as u64,
+        });
+    }
+    let mut out = BytesMut::with_capacity(4 + body.len());
+    out.put_u32_le(body.len() as u32);
+    out.put_slice(&body);
+    Ok(out.freeze())
+}
+
+/// Decodes a control frame body (without the length prefix). Trailing bytes are an error.
+pub fn decode_control<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtocolError> {
+    let (msg, used) = bincode::serde::decode_from_slice(body, bincode_config())
+        .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    if used != body.len() {
+        return Err(ProtocolError::Malformed(format!(
+            "{} trailing bytes after the message",
+            body.len() - used
+        )));
+    }
+    Ok(msg)
+}
+
+/// Checks a control frame's length prefix.
+pub fn check_control_len(len: u32) -> Result<usize, ProtocolError> {
+    if len > MAX_CONTROL_FRAME {
+        Err(ProtocolError::ControlTooLarge { len: len as u64 })
+    } else {
+        Ok(len as usize)
+    }
+}
+
+/// A map from key to tensor name and chunk index, for error messages.
+pub type KeyNames = BTreeMap<u64, (String, u32)>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header() -> FrameHeader {
+        FrameHeader {
+            kind: FrameKind::Push,
+            op: ReduceOp::Broadcast,
+            rank: 3,
+            aux: 1,
+            key: 0xdead_beef_0123_4567,
+            round: 7,
+            payload_len: 5 << 32, // beyond 4 GiB: lengths are 64-bit
+        }
+    }
+
+    #[test]
+    fn header_round_trips_with_64_bit_lengths() {
+        let h = header();
+        let b = h.to_bytes();
+        assert_eq!(b.len(), FRAME_HEADER_LEN);
+        assert_eq!(FrameHeader::decode(&b, u64::MAX).unwrap(), h);
+    }
+
+    #[test]
+    fn bad_headers_are_errors() {
+        let b = header().to_bytes();
+        assert_eq!(
+            FrameHeader::decode(&b[..39], u64::MAX),
+            Err(ProtocolError::TruncatedHeader { got: 39 })
+        );
+        let mut m = b.to_vec();
+        m[0] = b'X';
+        assert!(matches!(
+            FrameHeader::decode(&m, u64::MAX),
+            Err(ProtocolError::BadMagic { .. })
+        ));
+        let mut m = b.to_vec();
+        m[4] = 9;
+        assert_eq!(FrameHeader::decode(&m, u64::MAX), Err(ProtocolError::BadKind(9)));
+        let mut m = b.to_vec();
+        m[5] = 7;
+        assert_eq!(FrameHeader::decode(&m, u64::MAX), Err(ProtocolError::BadOp(7)));
+        let e = FrameHeader::decode(&b, 1000).unwrap_err();
+        assert!(e.to_string().contains("exceeds the limit of 1000"), "{e}");
+    }
+
+    #[test]
+    fn control_round_trip_and_garbage() {
+        let msg = FromScheduler::Declared {
+            name: "fc1.weight".into(),
+            result: Err("lengths differ".into()),
+        };
+        let frame = encode_control(&msg).unwrap();
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        let back: FromScheduler = decode_control(&frame[4..]).unwrap();
+        assert_eq!(back, msg);
+        assert!(decode_control::<FromScheduler>(&frame[4..frame.len() - 1]).is_err());
+        let mut trailing = frame[4..].to_vec();
+        trailing.push(0);
+        assert!(decode_control::<FromScheduler>(&trailing).is_err());
+        assert!(check_control_len(MAX_CONTROL_FRAME + 1).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn header_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = FrameHeader::decode(&bytes, 1 << 20);
+        }
+
+        #[test]
+        fn control_decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_control::<FromScheduler>(&bytes);
+            let _ = decode_control::<ToScheduler>(&bytes);
+        }
+    }
+}

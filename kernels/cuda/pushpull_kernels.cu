@@ -1,0 +1,284 @@
+// pushpull_kernels.cu: the CUDA kernels of the fixed-width compressors.
+//
+// Compiled at run time by NVRTC (src/cuda/mod.rs prepends pushpull_elem.cuh to this file, so no
+// include path is needed; nvcc finds the header next to this file). Every kernel is a thin
+// wrapper: it maps threads to work units and calls the per-thread functions of
+// pushpull_elem.cuh, which the host emulation (host_shim.cpp) calls serially in the same way.
+// All element counts are 64-bit; pointers to payloads are u32 words (f32 values are stored as
+// their bits, so no type punning is needed).
+//
+// Launch contracts (src/cuda/codec.rs follows them):
+//   * pp_block_sums, pp_span_minmax and every *_compress of a bit-stream encoding need exactly
+//     256 threads per block (PP_REDUCE_BLOCK, PP_PACK_WORDS);
+//   * the pack kernels need dynamic shared memory of pp_pack_tile_capacity(w) floats;
+//   * all kernels use grid-stride loops, so any grid size is correct.
+
+#ifndef PUSHPULL_ELEM_CUH
+#include "pushpull_elem.cuh"
+#endif
+
+#define PP_TID() ((pp_u64)blockIdx.x * (pp_u64)blockDim.x + (pp_u64)threadIdx.x)
+#define PP_STRIDE() ((pp_u64)gridDim.x * (pp_u64)blockDim.x)
+
+// ------------------------------------------------------------------------------------------------
+// Utilities
+// ------------------------------------------------------------------------------------------------
+
+// dst[0..count) = value (zero-fills random-k outputs, writes onebit's unit scale).
+extern "C" __global__ void pp_fill_u32(pp_u32* dst, pp_u64 count, pp_u32 value) {
+    for (pp_u64 i = PP_TID(); i < count; i += PP_STRIDE()) {
+        dst[i] = value;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reductions
+// ------------------------------------------------------------------------------------------------
+
+// partials[g] = the f32 tree sum of f(x) over reduction block g (op 0: |x|, op 1: x*x), as f64.
+// 256 threads per block; block-level grid-stride over the pp_num_pieces(n, bucket, 256) blocks.
+extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op,
+                                         double* partials) {
+    __shared__ float s[PP_REDUCE_BLOCK];
+    pp_u64 blocks = pp_num_pieces(n, bucket, PP_REDUCE_BLOCK);
+    for (pp_u64 g = blockIdx.x; g < blocks; g += gridDim.x) {
+        s[threadIdx.x] = pp_block_sum_load(x, n, bucket, g, threadIdx.x, op);
+        __syncthreads();
+        for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
+            pp_tree_sum_step(s, threadIdx.x, stride);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            partials[g] = (double)s[0];
+        }
+        __syncthreads();
+    }
+}
+
+// hdr[b] = bucket b's statistic from the block partials (mode 0: mean, mode 1: sqrt of sum).
+// One thread per bucket.
+extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket,
+                                            pp_u32 mode, pp_u32* hdr) {
+    pp_u64 nb = pp_num_buckets(n, bucket);
+    for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
+        hdr[b] = pp_f32_bits(pp_finalize_sum(partials, n, bucket, b, mode));
+    }
+}
+
+// partials[2g], partials[2g+1] = (lo, hi) of span g (mode 0: min, max; mode 1: -, max |x|),
+// first of equal values in index order. 256 threads per block; block-level grid-stride.
+extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode,
+                                          float* partials) {
+    __shared__ float lo[PP_REDUCE_BLOCK];
+    __shared__ float hi[PP_REDUCE_BLOCK];
+    pp_u64 spans = pp_num_pieces(n, bucket, PP_SPAN);
+    for (pp_u64 g = blockIdx.x; g < spans; g += gridDim.x) {
+        pp_span_thread(x, n, bucket, g, threadIdx.x, mode, &lo[threadIdx.x], &hi[threadIdx.x]);
+        __syncthreads();
+        for (pp_u32 stride = 1; stride < PP_REDUCE_BLOCK; stride *= 2) {
+            pp_mm_tree_step(lo, hi, threadIdx.x, stride, mode);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            partials[2 * g] = lo[0];
+            partials[2 * g + 1] = hi[0];
+        }
+        __syncthreads();
+    }
+}
+
+// Header words of each bucket from the span partials. One thread per bucket.
+extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
+                                              pp_u32 mode, pp_u32* hdr) {
+    pp_u64 nb = pp_num_buckets(n, bucket);
+    for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
+        pp_finalize_minmax(partials, n, bucket, b, mode, hdr);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// fp16 / bf16: n x u16. One thread per element.
+// ------------------------------------------------------------------------------------------------
+
+extern "C" __global__ void pp_fp16_compress(const float* x, pp_u64 n, pp_u16* out) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        out[i] = pp_f32_to_f16_sat(x[i]);
+    }
+}
+
+extern "C" __global__ void pp_fp16_decompress(const pp_u16* in, pp_u64 n, float* out) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        out[i] = pp_f16_to_f32(in[i]);
+    }
+}
+
+extern "C" __global__ void pp_fp16_decompress_add(const pp_u16* in, pp_u64 n, float* acc) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        acc[i] = acc[i] + pp_f16_to_f32(in[i]);
+    }
+}
+
+extern "C" __global__ void pp_bf16_compress(const float* x, pp_u64 n, pp_u16* out) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        out[i] = pp_f32_to_bf16_sat(x[i]);
+    }
+}
+
+extern "C" __global__ void pp_bf16_decompress(const pp_u16* in, pp_u64 n, float* out) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        out[i] = pp_bf16_to_f32(in[i]);
+    }
+}
+
+extern "C" __global__ void pp_bf16_decompress_add(const pp_u16* in, pp_u64 n, float* acc) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        acc[i] = acc[i] + pp_bf16_to_f32(in[i]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Bit-stream packing: one thread per output word, PP_PACK_WORDS (256) words per block, the
+// elements they cover staged through dynamic shared memory with coalesced loads.
+// ------------------------------------------------------------------------------------------------
+
+template <class Enc>
+__device__ __forceinline__ void pp_pack_kernel(Enc enc, const float* x, pp_u64 n, pp_u32 w,
+                                               pp_u32* words, pp_u64 nwords) {
+    extern __shared__ float tile[];
+    for (pp_u64 w0 = (pp_u64)blockIdx.x * PP_PACK_WORDS; w0 < nwords;
+         w0 += (pp_u64)gridDim.x * PP_PACK_WORDS) {
+        pp_u64 e0, e1;
+        pp_pack_tile(n, w, nwords, w0, &e0, &e1);
+        for (pp_u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
+            tile[e - e0] = x[e];
+        }
+        __syncthreads();
+        pp_u64 word = w0 + threadIdx.x;
+        if (word < nwords) {
+            words[word] = pp_pack_word(enc, tile, e0, n, w, word);
+        }
+        __syncthreads();
+    }
+}
+
+// onebit: the sign bits after the 1-word scale header (written before by pp_finalize_sums or
+// pp_fill_u32). `words` points at the stream, past the header.
+extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* words) {
+    PPOneBitEnc enc;
+    pp_pack_kernel(enc, x, n, 1u, words, pp_stream_words(n, 1u));
+}
+
+// minmax: `payload` starts with the (min, max) header written by pp_finalize_minmax.
+extern "C" __global__ void pp_minmax_compress(const float* x, pp_u64 n, pp_u64 bucket,
+                                              pp_u32 bits, pp_u64 stream, pp_u32* payload) {
+    pp_u64 hw = pp_minmax_header_words(n, bucket);
+    pp_pack_kernel(pp_minmax_enc(payload, bucket, bits, stream), x, n, bits, payload + hw,
+                   pp_stream_words(n, bits));
+}
+
+// packed dithering: `payload` starts with the norms written by pp_finalize_sums (l2) or
+// pp_finalize_minmax (max). natural: 0 linear levels, 1 natural (powers of two).
+extern "C" __global__ void pp_dither_compress(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 s,
+                                              pp_u32 natural, pp_u64 stream, pp_u32* payload) {
+    pp_u64 hw = pp_dither_header_words(n, bucket);
+    pp_u32 w = pp_dither_width(s);
+    pp_pack_kernel(pp_dither_enc(payload, bucket, s, natural != 0, stream), x, n, w,
+                   payload + hw, pp_stream_words(n, w));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Bit-stream decoding: one thread per group of PP_GROUP elements; add != 0 adds into out.
+// ------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void pp_store_group(float* out, pp_u64 i0, pp_u32 count,
+                                               const float* vals, bool add) {
+    for (pp_u32 k = 0; k < count; ++k) {
+        out[i0 + k] = add ? out[i0 + k] + vals[k] : vals[k];
+    }
+}
+
+#define PP_GROUP_LOOP(body)                                                   \
+    pp_u64 groups = pp_div_ceil(n, PP_GROUP);                                 \
+    for (pp_u64 gi = PP_TID(); gi < groups; gi += PP_STRIDE()) {              \
+        pp_u64 i0 = gi * PP_GROUP;                                            \
+        pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, n - i0);                  \
+        float vals[PP_GROUP];                                                 \
+        body;                                                                 \
+        pp_store_group(out, i0, count, vals, add);                            \
+    }
+
+__device__ __forceinline__ void pp_onebit_decode(const pp_u32* payload, pp_u64 n, float* out,
+                                                 bool add) {
+    PP_GROUP_LOOP(pp_onebit_decode_group(payload, i0, count, vals))
+}
+
+extern "C" __global__ void pp_onebit_decompress(const pp_u32* payload, pp_u64 n, float* out) {
+    pp_onebit_decode(payload, n, out, false);
+}
+
+extern "C" __global__ void pp_onebit_decompress_add(const pp_u32* payload, pp_u64 n, float* acc) {
+    pp_onebit_decode(payload, n, acc, true);
+}
+
+__device__ __forceinline__ void pp_minmax_decode(const pp_u32* payload, pp_u64 n, pp_u64 bucket,
+                                                 pp_u32 bits, float* out, bool add) {
+    PP_GROUP_LOOP(pp_minmax_decode_group(payload, n, bucket, bits, i0, count, vals))
+}
+
+extern "C" __global__ void pp_minmax_decompress(const pp_u32* payload, pp_u64 n, pp_u64 bucket,
+                                                pp_u32 bits, float* out) {
+    pp_minmax_decode(payload, n, bucket, bits, out, false);
+}
+
+extern "C" __global__ void pp_minmax_decompress_add(const pp_u32* payload, pp_u64 n,
+                                                    pp_u64 bucket, pp_u32 bits, float* acc) {
+    pp_minmax_decode(payload, n, bucket, bits, acc, true);
+}
+
+__device__ __forceinline__ void pp_dither_decode(const pp_u32* payload, pp_u64 n, pp_u64 bucket,
+                                                 pp_u32 s, pp_u32 natural, float* out,
+                                                 bool add) {
+    PP_GROUP_LOOP(pp_dither_decode_group(payload, n, bucket, s, natural != 0, i0, count, vals))
+}
+
+extern "C" __global__ void pp_dither_decompress(const pp_u32* payload, pp_u64 n, pp_u64 bucket,
+                                                pp_u32 s, pp_u32 natural, float* out) {
+    pp_dither_decode(payload, n, bucket, s, natural, out, false);
+}
+
+extern "C" __global__ void pp_dither_decompress_add(const pp_u32* payload, pp_u64 n,
+                                                    pp_u64 bucket, pp_u32 s, pp_u32 natural,
+                                                    float* acc) {
+    pp_dither_decode(payload, n, bucket, s, natural, acc, true);
+}
+
+// ------------------------------------------------------------------------------------------------
+// random-k: k x f32 at the indices permute(0..k) of the keyed permutation of 0..n (distinct
+// indices, so the scatters need no atomics). One thread per value.
+// ------------------------------------------------------------------------------------------------
+
+extern "C" __global__ void pp_randomk_compress(const float* x, pp_u64 n, pp_u64 k, pp_u64 key,
+                                               float scale, pp_u32* payload) {
+    PPPerm p = pp_perm_new(n, key);
+    for (pp_u64 j = PP_TID(); j < k; j += PP_STRIDE()) {
+        payload[j] = pp_f32_bits(pp_randomk_value(x, p, j, scale));
+    }
+}
+
+// Writes value j at index permute(j); the other elements must have been zeroed (pp_fill_u32).
+extern "C" __global__ void pp_randomk_decompress(const pp_u32* payload, pp_u64 n, pp_u64 k,
+                                                 pp_u64 key, float* out) {
+    PPPerm p = pp_perm_new(n, key);
+    for (pp_u64 j = PP_TID(); j < k; j += PP_STRIDE()) {
+        out[pp_permute(p, j)] = pp_f32_from_bits(payload[j]);
+    }
+}
+
+extern "C" __global__ void pp_randomk_decompress_add(const pp_u32* payload, pp_u64 n, pp_u64 k,
+                                                     pp_u64 key, float* acc) {
+    PPPerm p = pp_perm_new(n, key);
+    for (pp_u64 j = PP_TID(); j < k; j += PP_STRIDE()) {
+        pp_u64 i = pp_permute(p, j);
+        acc[i] = acc[i] + pp_f32_from_bits(payload[j]);
+    }
+}

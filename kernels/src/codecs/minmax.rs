@@ -1,0 +1,189 @@
+//! `minmax` (QSGD-TF): b-bit codes between the per-bucket minimum and maximum.
+//!
+//! Wire format: `nb` pairs of little-endian f32 `(min, max)` (`elem::min_max` of each bucket,
+//! a zero written as +0.0, see [`elem::canonical_zero`]), then a bit stream of `n` codes of `b`
+//! bits, code `i = elem::minmax_code(x_i, min, step, 2^b - 1, u_i)` with
+//! `step = elem::minmax_step(min, max, 2^b - 1)` of element `i`'s bucket and `u_i` the rounding
+//! uniform of element `i`. Size `8 * nb + 4 * ceil(n * b / 32)`. Decoded by
+//! `elem::minmax_value(code, min, step)`.
+
+use super::{decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base};
+use crate::elem;
+use crate::error::KernelError;
+use crate::rng::Stream;
+use crate::simd::{multiversion, stream_bytes, with_width};
+use crate::stats::{bucket_min_max, Buckets};
+use crate::{Compressor, RoundCtx};
+
+/// The minmax compressor.
+pub(crate) struct MinMax {
+    base: Base,
+    bits: u32,
+    bk: Buckets,
+}
+
+/// Per-bucket `(min, step)`.
+type Params = [(f32, f32)];
+
+impl MinMax {
+    pub fn new(base: Base, bits: u32, bucket: Option<usize>) -> MinMax {
+        let bk = Buckets::new(base.n, bucket);
+        MinMax { base, bits, bk }
+    }
+
+    fn levels(&self) -> u32 {
+        (1u32 << self.bits) - 1
+    }
+
+    fn size(&self) -> usize {
+        8 * self.bk.count + stream_bytes(self.base.n, self.bits)
+    }
+}
+
+#[inline(always)]
+fn encode_impl(
+    x: &[f32],
+    i0: usize,
+    dst: &mut [u8],
+    stream: Stream,
+    p: &Params,
+    bk: &Buckets,
+    bits: u32,
+) {
+    let levels = (1u32 << bits) - 1;
+    let last = bk.n - 1;
+    with_width!(bits, W => encode_groups::<W>(x, i0, Some(stream), dst, |gi, xs, u, c| {
+        let b0 = gi / bk.size;
+        if (gi + 31).min(last) / bk.size == b0 {
+            let (mn, st) = p[b0];
+            for t in 0..32 {
+                c[t] = elem::minmax_code(xs[t], mn, st, levels, u[t]);
+            }
+        } else {
+            for t in 0..32 {
+                let (mn, st) = p[(gi + t).min(last) / bk.size];
+                c[t] = elem::minmax_code(xs[t], mn, st, levels, u[t]);
+            }
+        }
+    }))
+}
+
+multiversion! {
+    fn encode(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, p: &Params, bk: &Buckets, bits: u32) = encode_impl;
+}
+
+#[inline(always)]
+fn decode_impl<const ADD: bool>(
+    src: &[u8],
+    i0: usize,
+    out: &mut [f32],
+    p: &Params,
+    bk: &Buckets,
+    bits: u32,
+) {
+    let last = bk.n - 1;
+    with_width!(bits, W => decode_groups::<W, ADD>(src, i0, out, |gi, c, v| {
+        let b0 = gi / bk.size;
+        if (gi + 31).min(last) / bk.size == b0 {
+            let (mn, st) = p[b0];
+            for t in 0..32 {
+                v[t] = elem::minmax_value(c[t], mn, st);
+            }
+        } else {
+            for t in 0..32 {
+                let (mn, st) = p[(gi + t).min(last) / bk.size];
+                v[t] = elem::minmax_value(c[t], mn, st);
+            }
+        }
+    }))
+}
+
+multiversion! {
+    fn decode(src: &[u8], i0: usize, out: &mut [f32], p: &Params, bk: &Buckets, bits: u32) = decode_impl::<false>;
+}
+multiversion! {
+    fn decode_add(src: &[u8], i0: usize, out: &mut [f32], p: &Params, bk: &Buckets, bits: u32) = decode_impl::<true>;
+}
+
+impl MinMax {
+    fn run_decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
+        self.base.check_payload(self.size(), payload.len())?;
+        let nb = self.bk.count;
+        let levels = self.levels();
+        let mut params = Vec::with_capacity(nb);
+        for b in 0..nb {
+            let mn = crate::simd::get_f32(payload, 2 * b);
+            let mx = crate::simd::get_f32(payload, 2 * b + 1);
+            let step = elem::minmax_step(mn, mx, levels);
+            if !(mn.is_finite() && mx.is_finite() && mn <= mx && step.is_finite()) {
+                return Err(KernelError::malformed(
+                    &self.base.name,
+                    format!("bucket {b}: min {mn} and max {mx} are not finite with min <= max"),
+                ));
+            }
+            params.push((mn, step));
+        }
+        let bits = &payload[8 * nb..];
+        if !super::tail_bits_zero(bits, self.base.n, self.bits) {
+            return Err(KernelError::malformed(
+                &self.base.name,
+                "padding bits after the last code are not zero",
+            ));
+        }
+        let f = if add { decode_add } else { decode };
+        par_segments_out(bits, self.bits, out, |s, i0, o| {
+            f(s, i0, o, &params, &self.bk, self.bits)
+        });
+        Ok(())
+    }
+}
+
+impl Compressor for MinMax {
+    fn name(&self) -> &str {
+        &self.base.name
+    }
+    fn len(&self) -> usize {
+        self.base.n
+    }
+    fn max_compressed_len(&self) -> usize {
+        self.size()
+    }
+    fn is_stochastic(&self) -> bool {
+        true
+    }
+    fn compress(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<(), KernelError> {
+        self.base.check("input", input.len())?;
+        let (mm, bad) = bucket_min_max(input, &self.bk);
+        if bad {
+            return Err(self.base.non_finite(input));
+        }
+        let levels = self.levels();
+        let mut params = Vec::with_capacity(mm.len());
+        for (b, &(mn, mx)) in mm.iter().enumerate() {
+            let step = elem::minmax_step(mn, mx, levels);
+            if !step.is_finite() {
+                return Err(KernelError::overflow(
+                    &self.base.name,
+                    format!("bucket {b}: max - min = {mx} - {mn} overflows f32"),
+                ));
+            }
+            params.push((mn, step));
+        }
+        let dst = prepare(out, self.size());
+        let (head, bits) = dst.split_at_mut(8 * self.bk.count);
+        super::put_f32s(head, mm.iter().flat_map(|&(a, b)| [a, b]));
+        let stream = self.base.rounding(ctx.round);
+        par_segments(input, self.bits, bits, |xs, i0, d| {
+            encode(xs, i0, d, stream, &params, &self.bk, self.bits)
+        });
+        Ok(())
+    }
+    fn decompress(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32]) -> Result<(), KernelError> {
+        self.base.check("output", out.len())?;
+        self.run_decode(payload, out, false)
+    }
+    fn decompress_add(&self, payload: &[u8], _ctx: &RoundCtx, acc: &mut [f32]) -> Result<(), KernelError> {
+        self.base.check("accumulator", acc.len())?;
+        self.run_decode(payload, acc, true)
+    }
+}

@@ -1,0 +1,1 @@
+//! CUDA path (owned by the CUDA helper; placeholder).

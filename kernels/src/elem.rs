@@ -1,0 +1,283 @@
+//! Per-element math and fixed-order reductions: the reference that every path follows.
+//!
+//! Every quantity a compressor computes is defined here once, in plain f32/f64 arithmetic with
+//! no fused multiply-add, so that the serial CPU path, the rayon path and the CUDA kernels
+//! (`cuda/pushpull_elem.cuh`, compiled with NVRTC `--fmad=false`, no fast math) produce the
+//! same bits. Changing a formula here changes the wire format: change the CUDA header with it.
+//!
+//! # Reductions
+//! Sums (mean |x|, squared l2 norm) use one fixed blocked order: the input is cut into blocks
+//! of [`REDUCE_BLOCK`] = 256 elements (the last one padded with zeros); each block is reduced in
+//! f32 by a binary tree (`s[i] += s[i + stride]` for `stride = 128, 64, …, 1`), which is exactly
+//! what a 256-thread CUDA block does in shared memory; the block partials are then added in
+//! block order in f64. Maxima and minima are order-independent and need no such care (non-finite
+//! input is rejected before any reduction).
+//!
+//! # Stochastic rounding
+//! [`stochastic_round`] rounds `t >= 0` up with probability `frac(t)`, using the uniform number
+//! of [`crate::rng::Stream::uniform`] for that element; it is unbiased up to `2^-24` of a step.
+
+/// Elements per reduction block (one CUDA thread block).
+pub const REDUCE_BLOCK: usize = 256;
+
+/// Reduces one block of at most [`REDUCE_BLOCK`] values of `f(x)` by the fixed binary tree.
+#[inline]
+pub fn tree_sum_block(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    debug_assert!(x.len() <= REDUCE_BLOCK);
+    let mut s = [0.0f32; REDUCE_BLOCK];
+    for (d, &v) in s.iter_mut().zip(x) {
+        *d = f(v);
+    }
+    let mut stride = REDUCE_BLOCK / 2;
+    while stride > 0 {
+        let (lo, hi) = s.split_at_mut(stride);
+        for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
+            *a += *b;
+        }
+        stride /= 2;
+    }
+    s[0]
+}
+
+/// Sum of `f(x)` over `x` in the fixed blocked order: f32 trees per block, f64 across blocks.
+pub fn blocked_sum(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f64 {
+    x.chunks(REDUCE_BLOCK)
+        .map(|b| tree_sum_block(b, f) as f64)
+        .sum::<f64>()
+}
+
+/// Sum of `|x|` in the fixed blocked order.
+pub fn sum_abs(x: &[f32]) -> f64 {
+    blocked_sum(x, f32::abs)
+}
+
+/// Sum of `x²` (f32 products) in the fixed blocked order.
+pub fn sum_sq(x: &[f32]) -> f64 {
+    blocked_sum(x, |v| v * v)
+}
+
+/// Mean of `|x|` as f32: `(sum_abs(x) / n) as f32`; 0 for an empty slice.
+pub fn mean_abs(x: &[f32]) -> f32 {
+    if x.is_empty() {
+        0.0
+    } else {
+        (sum_abs(x) / x.len() as f64) as f32
+    }
+}
+
+/// The l2 norm as f32: `sqrt(sum_sq(x))` taken in f64, then rounded to f32.
+pub fn l2_norm(x: &[f32]) -> f32 {
+    sum_sq(x).sqrt() as f32
+}
+
+/// Largest `|x|` (0 for an empty slice).
+pub fn max_abs(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, &v| m.max(v.abs()))
+}
+
+/// Smallest and largest value; `(0, 0)` for an empty slice.
+pub fn min_max(x: &[f32]) -> (f32, f32) {
+    if x.is_empty() {
+        return (0.0, 0.0);
+    }
+    x.iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        })
+}
+
+/// `+0.0` for either zero, `x` otherwise.
+///
+/// The per-bucket `min` and `max` that minmax puts on the wire are `canonical_zero` of
+/// [`min_max`]'s results: `f32::min`/`f32::max` may return either zero when `-0.0` and `+0.0`
+/// meet, so the wire format fixes the sign (added for the minmax codec; the CUDA kernels must do
+/// the same).
+#[inline(always)]
+pub fn canonical_zero(x: f32) -> f32 {
+    if x == 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// Rounds `t >= 0` down or up: up when `u < t - floor(t)`. `t - floor(t)` is exact in f32.
+#[inline(always)]
+pub fn stochastic_round(t: f32, u: f32) -> u32 {
+    let fl = t.floor();
+    let frac = t - fl;
+    fl as u32 + (u < frac) as u32
+}
+
+/// The sign bit every sign-carrying code uses: 1 for `x < 0` (so `-0.0` gives 0).
+#[inline(always)]
+pub fn sign_bit(x: f32) -> u32 {
+    (x < 0.0) as u32
+}
+
+/// Saturating f32 → IEEE binary16 (round to nearest even; beyond ±65504 gives ±65504).
+#[inline(always)]
+pub fn f32_to_f16_sat(x: f32) -> u16 {
+    half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_bits()
+}
+
+/// binary16 bits → f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+/// Saturating f32 → bfloat16 (round to nearest even; beyond the largest finite bf16 saturates).
+#[inline(always)]
+pub fn f32_to_bf16_sat(x: f32) -> u16 {
+    const BF16_MAX: f32 = 3.389_531_4e38; // 0x7f7f as bf16
+    half::bf16::from_f32(x.clamp(-BF16_MAX, BF16_MAX)).to_bits()
+}
+
+/// bfloat16 bits → f32 (exact).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    half::bf16::from_bits(bits).to_f32()
+}
+
+/// Min-max quantisation step: `(max - min) / levels` with `levels = 2^b - 1`.
+#[inline(always)]
+pub fn minmax_step(min: f32, max: f32, levels: u32) -> f32 {
+    (max - min) / levels as f32
+}
+
+/// Min-max code of `x` in `0..=levels`: `stochastic_round(clamp((x - min) / step, 0, levels))`,
+/// or 0 when `step` is 0 (a constant bucket).
+#[inline(always)]
+pub fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 {
+    if step > 0.0 {
+        let t = ((x - min) / step).clamp(0.0, levels as f32);
+        stochastic_round(t, u).min(levels)
+    } else {
+        0
+    }
+}
+
+/// Min-max reconstruction: `min + q * step`.
+#[inline(always)]
+pub fn minmax_value(q: u32, min: f32, step: f32) -> f32 {
+    min + q as f32 * step
+}
+
+/// Linear dithering level of `x` in `0..=s` for a bucket scale `norm > 0`:
+/// `stochastic_round(clamp(|x| / norm * s, 0, s))`; 0 when `norm` is 0.
+#[inline(always)]
+pub fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+    if norm > 0.0 {
+        let t = (x.abs() / norm * s as f32).clamp(0.0, s as f32);
+        stochastic_round(t, u).min(s)
+    } else {
+        0
+    }
+}
+
+/// Linear dithering reconstruction `±(norm * level) / s`, negative when `sign` is 1.
+#[inline(always)]
+pub fn dither_linear_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
+    let v = norm * level as f32 / s as f32;
+    if sign != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+/// `2^e` as f32 for `-126 <= e <= 127` (exact).
+#[inline(always)]
+pub fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// Natural dithering level of `x` in `0..=s` (Horváth et al.): normalised levels
+/// `0, 2^-(s-1), …, 1/2, 1` with codes `0, 1, …, s` (code `c > 0` means `2^(c - s)`).
+///
+/// With `r = |x| / norm`: below `2^-(s-1)` it rounds between 0 and `2^-(s-1)` with
+/// `p = r * 2^(s-1)`; in `[2^e, 2^(e+1))` between those two with `p = r * 2^-e - 1`. Both are
+/// exact in f32, so the draw is unbiased up to the uniform's 2^-24 resolution. `1 <= s <= 32`.
+#[inline(always)]
+pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+    if !(norm > 0.0) {
+        return 0;
+    }
+    let r = (x.abs() / norm).min(1.0);
+    if r >= 1.0 {
+        return s;
+    }
+    let bottom = 1 - s as i32; // exponent of the smallest non-zero level
+    if r < pow2(bottom) {
+        let p = r * pow2(s as i32 - 1);
+        return (u < p) as u32;
+    }
+    // r is normal here (r >= 2^-31), so its exponent field gives floor(log2 r).
+    let e = ((r.to_bits() >> 23) & 0xff) as i32 - 127;
+    let p = r * pow2(-e) - 1.0;
+    let lower = (e - bottom + 1) as u32; // code of 2^e
+    lower + (u < p) as u32
+}
+
+/// Natural dithering reconstruction: 0 for code 0, else `±norm * 2^(code - s)`.
+#[inline(always)]
+pub fn dither_natural_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
+    if level == 0 {
+        return 0.0;
+    }
+    let v = norm * pow2(level as i32 - s as i32);
+    if sign != 0 {
+        -v
+    } else {
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tree_sum_matches_f64_within_f32_rounding() {
+        let x: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1013) as f32 * 0.01 - 5.0).collect();
+        let exact: f64 = x.iter().map(|&v| (v as f64).abs()).sum();
+        let got = sum_abs(&x);
+        assert!((got - exact).abs() <= exact * 1e-6, "{got} vs {exact}");
+    }
+
+    #[test]
+    fn tree_order_is_the_documented_one() {
+        // 1e8 + 1 - 1e8 depends on the order: the tree pairs x[0] with x[128] first.
+        let mut x = vec![0.0f32; 256];
+        x[0] = 1e8;
+        x[128] = -1e8;
+        x[1] = 1.0;
+        assert_eq!(tree_sum_block(&x, |v| v), 1.0);
+    }
+
+    #[test]
+    fn natural_levels_are_unbiased_in_expectation() {
+        let s = 4;
+        for &r in &[0.0f32, 0.01, 0.1, 0.126, 0.3, 0.5, 0.74, 0.99, 1.0] {
+            let n = 4096;
+            let mut mean = 0.0f64;
+            for i in 0..n {
+                let u = (i as f32 + 0.5) / n as f32; // a uniform grid instead of random draws
+                let l = dither_natural_level(r, 1.0, s, u);
+                assert!(l <= s);
+                mean += dither_natural_value(l, 0, 1.0, s) as f64;
+            }
+            mean /= n as f64;
+            assert!((mean - r as f64).abs() < 1e-3, "r = {r}: mean {mean}");
+        }
+    }
+
+    #[test]
+    fn saturating_casts() {
+        assert_eq!(f16_to_f32(f32_to_f16_sat(1e9)), 65504.0);
+        assert_eq!(f16_to_f32(f32_to_f16_sat(-1e9)), -65504.0);
+        assert_eq!(bf16_to_f32(f32_to_bf16_sat(f32::MAX)), 3.389_531_4e38);
+        assert_eq!(f16_to_f32(f32_to_f16_sat(1.5)), 1.5);
+    }
+}

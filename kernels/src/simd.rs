@@ -1,0 +1,247 @@
+//! Runtime CPU dispatch and the small vector-friendly building blocks the codecs share.
+//!
+//! The kernels are written as plain Rust loops over fixed-size groups (32 elements per output
+//! word for bit streams, [`crate::elem::REDUCE_BLOCK`] for reductions) so that LLVM vectorises
+//! them. The crate is compiled for the baseline target (SSE2 on x86-64), where `f32::floor` is a
+//! library call and nothing vectorises well, so every hot kernel is compiled twice by
+//! [`multiversion!`]: once with AVX2 enabled (picked at run time when the CPU has it) and once
+//! for the baseline. Both compile the *same* source with IEEE semantics (Rust never contracts
+//! `a * b + c` into an FMA, and AVX2 does not enable FMA), so both produce the same bits.
+
+/// Defines `fn $name(args) -> ret` that calls `$imp(args)` compiled with AVX2 when the CPU has
+/// it (x86-64 only), and the baseline build otherwise.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? = $imp:path;) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    #[target_feature(enable = "avx2")]
+                    unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                        $imp($($arg),*)
+                    }
+                    // SAFETY: the CPU supports AVX2 (checked just above); `avx2` has no other
+                    // safety requirement.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $imp($($arg),*)
+        }
+    };
+}
+pub(crate) use multiversion;
+
+/// Calls `$body` with the const generic `$W` set to the runtime width `$w` (1..=16).
+macro_rules! with_width {
+    ($w:expr, $W:ident => $body:expr) => {
+        match $w {
+            1 => { const $W: usize = 1; $body }
+            2 => { const $W: usize = 2; $body }
+            3 => { const $W: usize = 3; $body }
+            4 => { const $W: usize = 4; $body }
+            5 => { const $W: usize = 5; $body }
+            6 => { const $W: usize = 6; $body }
+            7 => { const $W: usize = 7; $body }
+            8 => { const $W: usize = 8; $body }
+            9 => { const $W: usize = 9; $body }
+            10 => { const $W: usize = 10; $body }
+            11 => { const $W: usize = 11; $body }
+            12 => { const $W: usize = 12; $body }
+            13 => { const $W: usize = 13; $body }
+            14 => { const $W: usize = 14; $body }
+            15 => { const $W: usize = 15; $body }
+            16 => { const $W: usize = 16; $body }
+            other => unreachable!("code width {other} outside 1..=16"),
+        }
+    };
+}
+pub(crate) use with_width;
+
+/// The f32 exponent mask: an element is non-finite iff `bits & EXP == EXP`.
+pub(crate) const EXP: u32 = 0x7f80_0000;
+
+/// Whether every element is finite (no NaN, no infinity).
+#[inline(always)]
+fn all_finite_impl(x: &[f32]) -> bool {
+    let mut bad = [0u32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (b, v) in bad.iter_mut().zip(c) {
+            *b |= ((v.to_bits() & EXP) == EXP) as u32;
+        }
+    }
+    let mut any = bad.iter().fold(0, |a, b| a | b);
+    for v in chunks.remainder() {
+        any |= ((v.to_bits() & EXP) == EXP) as u32;
+    }
+    any == 0
+}
+
+multiversion! {
+    /// Whether every element is finite.
+    pub(crate) fn all_finite_serial(x: &[f32]) -> bool = all_finite_impl;
+}
+
+/// Index of the first non-finite element, if any (parallel for long slices).
+pub(crate) fn first_non_finite(x: &[f32]) -> Option<usize> {
+    use rayon::prelude::*;
+    let seg = crate::par::SEG;
+    if crate::par::enabled(x.len()) {
+        let ok = x.par_chunks(seg).all(all_finite_serial);
+        if ok {
+            return None;
+        }
+    } else if all_finite_serial(x) {
+        return None;
+    }
+    x.iter().position(|v| !v.is_finite())
+}
+
+/// Copies `words` to `dst` as little-endian u32s (`dst.len() == 4 * words.len()`).
+#[inline(always)]
+pub(crate) fn put_words(dst: &mut [u8], words: &[u32]) {
+    for (d, w) in dst.chunks_exact_mut(4).zip(words) {
+        d.copy_from_slice(&w.to_le_bytes());
+    }
+}
+
+/// Reads little-endian u32 number `i` of `src`.
+#[inline(always)]
+pub(crate) fn get_u32(src: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([src[4 * i], src[4 * i + 1], src[4 * i + 2], src[4 * i + 3]])
+}
+
+/// Reads little-endian f32 number `i` of `src`.
+#[inline(always)]
+pub(crate) fn get_f32(src: &[u8], i: usize) -> f32 {
+    f32::from_bits(get_u32(src, i))
+}
+
+/// Packs 32 codes of `W` bits (each `< 2^W`) into `W` u32 words, code `t` at bits
+/// `[t*W, t*W + W)` of the 32*W-bit group.
+#[inline(always)]
+pub(crate) fn pack32<const W: usize>(c: &[u32; 32], out: &mut [u32]) {
+    let out = &mut out[..W];
+    if W == 1 || W == 2 || W == 4 || W == 8 || W == 16 {
+        // Codes never straddle words: word j holds codes j*per .. j*per+per.
+        let per = 32 / W;
+        for (j, o) in out.iter_mut().enumerate() {
+            let mut acc = 0u32;
+            for t in 0..per {
+                acc |= c[j * per + t] << (t * W);
+            }
+            *o = acc;
+        }
+    } else {
+        let mut acc = 0u64;
+        let mut nb = 0usize;
+        let mut o = 0usize;
+        for &v in c.iter() {
+            acc |= (v as u64) << nb;
+            nb += W;
+            if nb >= 32 {
+                out[o] = acc as u32;
+                o += 1;
+                acc >>= 32;
+                nb -= 32;
+            }
+        }
+    }
+}
+
+/// Unpacks the 32 codes of a `W`-word group (the inverse of [`pack32`]).
+#[inline(always)]
+pub(crate) fn unpack32<const W: usize>(words: &[u32], c: &mut [u32; 32]) {
+    let words = &words[..W];
+    let mask = if W == 32 { u32::MAX } else { (1u32 << W) - 1 };
+    if W == 1 || W == 2 || W == 4 || W == 8 || W == 16 {
+        let per = 32 / W;
+        for (j, &w) in words.iter().enumerate() {
+            for t in 0..per {
+                c[j * per + t] = (w >> (t * W)) & mask;
+            }
+        }
+    } else {
+        for (t, ct) in c.iter_mut().enumerate() {
+            let bit = t * W;
+            let word = bit / 32;
+            let off = bit % 32;
+            let mut v = words[word] >> off;
+            if off + W > 32 {
+                v |= words[word + 1] << (32 - off);
+            }
+            *ct = v & mask;
+        }
+    }
+}
+
+/// Loads the `W` words of group `g` from a byte bit stream.
+#[inline(always)]
+pub(crate) fn load_group<const W: usize>(src: &[u8], g: usize, words: &mut [u32; 16]) {
+    let bytes = &src[g * 4 * W..g * 4 * W + 4 * W];
+    for (w, b) in words[..W].iter_mut().zip(bytes.chunks_exact(4)) {
+        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+/// Number of bytes of a bit stream of `n` codes of `w` bits: `4 * ceil(n * w / 32)`.
+pub const fn stream_bytes(n: usize, w: u32) -> usize {
+    4 * (n * w as usize).div_ceil(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip<const W: usize>() {
+        let mut c = [0u32; 32];
+        for (t, v) in c.iter_mut().enumerate() {
+            *v = ((t as u32).wrapping_mul(2_654_435_761) >> 7) & ((1u32 << W) - 1);
+        }
+        let mut words = [0u32; 16];
+        pack32::<W>(&c, &mut words);
+        // Compare against the bit-by-bit definition.
+        for (t, &v) in c.iter().enumerate() {
+            for b in 0..W {
+                let j = t * W + b;
+                let got = (words[j / 32] >> (j % 32)) & 1;
+                assert_eq!(got, (v >> b) & 1, "W={W} t={t} b={b}");
+            }
+        }
+        let mut back = [0u32; 32];
+        unpack32::<W>(&words, &mut back);
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn pack_unpack_all_widths() {
+        roundtrip::<1>();
+        roundtrip::<2>();
+        roundtrip::<3>();
+        roundtrip::<4>();
+        roundtrip::<5>();
+        roundtrip::<6>();
+        roundtrip::<7>();
+        roundtrip::<8>();
+        roundtrip::<9>();
+        roundtrip::<10>();
+        roundtrip::<11>();
+        roundtrip::<12>();
+        roundtrip::<13>();
+        roundtrip::<14>();
+        roundtrip::<15>();
+        roundtrip::<16>();
+    }
+
+    #[test]
+    fn finiteness() {
+        let mut x = vec![1.0f32; 1000];
+        assert_eq!(first_non_finite(&x), None);
+        x[777] = f32::NAN;
+        x[900] = f32::INFINITY;
+        assert_eq!(first_non_finite(&x), Some(777));
+        x[3] = f32::NEG_INFINITY;
+        assert_eq!(first_non_finite(&x), Some(3));
+    }
+}
