@@ -43,7 +43,7 @@ pub fn num_chunks(len: u64, partition_bytes: u64) -> u64 {
 /// `(offset, len)` of every chunk: equal sizes, the first `len % n` one element longer.
 pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64, u64)> {
     let n = num_chunks(len, partition_bytes);
-    let (base, extra) = if n == 0 { (0, 0) } else { (len / n, len % n) };
+    let (base, extra) = len.checked_div(n).map_or((0, 0), |base| (base, len % n));
     (0..n).map(move |i| {
         let offset = i * base + i.min(extra);
         let clen = base + u64::from(i < extra);

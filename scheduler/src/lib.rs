@@ -1,1 +1,25 @@
-//! placeholder
+//! The pushpull scheduler: rendezvous, ranks, tensor placement, barriers, heartbeats and
+//! shutdown for a cluster of servers and workers (DESIGN.md §2; the rules are in the spine
+//! contract and in [`pushpull_common::protocol`]).
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`state`] | [`SchedulerState`]: the whole scheduler as a pure, deterministic state machine (no sockets, no clock): [`Event`]s in, [`Action`]s out; registration and refusals, ids, Welcome, declare collectives and placement, barriers, heartbeat loss, clean finish. Tested without a network. |
+//! | [`service`] | [`Scheduler`]: the thin async shell: binds the QUIC endpoint, one task per connection (control stream reader + writer), the timer, executes actions, shuts down with a bounded grace period. |
+//!
+//! Entry points (used by the `pushpull` binaries):
+//!
+//! ```no_run
+//! # async fn f(config: pushpull_common::Config,
+//! #            identity: pushpull_common::tls::TlsIdentity) -> Result<(), pushpull_scheduler::SchedulerError> {
+//! let scheduler = pushpull_scheduler::Scheduler::bind(config, identity).await?;
+//! println!("scheduler at {}", scheduler.local_addr());
+//! scheduler.run().await // Ok once every worker finished; Err naming a lost node
+//! # }
+//! ```
+
+pub mod service;
+pub mod state;
+
+pub use service::{Scheduler, SchedulerError};
+pub use state::{Action, ConnId, Event, JobFailure, SchedulerState, StateConfig};
