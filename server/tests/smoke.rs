@@ -1,0 +1,688 @@
+//! The server with real sockets: a fake scheduler (built from `common::transport`) and fake
+//! workers around one real `Server`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pushpull_common::codec::{ChunkCodec, Fp32Codec};
+use pushpull_common::config::ParamMap;
+use pushpull_common::placement::Placer;
+use pushpull_common::protocol::{
+    ClusterMap, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
+    TensorPlacement, ToScheduler,
+};
+use pushpull_common::tls::{generate_cluster, TlsIdentity};
+use pushpull_common::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
+use pushpull_common::Config;
+use pushpull_server::{CodecContext, Server, ServerError};
+use tokio::sync::{mpsc, Mutex};
+use tokio::task::JoinHandle;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Certs {
+    _dir: tempfile::TempDir,
+    scheduler: TlsIdentity,
+    server: TlsIdentity,
+    workers: Vec<TlsIdentity>,
+}
+
+fn certs(num_workers: usize) -> Certs {
+    let dir = tempfile::tempdir().unwrap();
+    let mut names = vec!["scheduler".to_string(), "server0".to_string()];
+    names.extend((0..num_workers).map(|i| format!("worker{i}")));
+    let cfgs = generate_cluster(dir.path(), "pushpull.cluster", &names).unwrap();
+    let ids: Vec<TlsIdentity> = cfgs.iter().map(|c| TlsIdentity::load(c).unwrap()).collect();
+    Certs {
+        _dir: dir,
+        scheduler: ids[0].clone(),
+        server: ids[1].clone(),
+        workers: ids[2..].to_vec(),
+    }
+}
+
+/// The scheduler's side of the server's control stream.
+struct FakeScheduler {
+    _ep: Endpoint,
+    addr: SocketAddr,
+    tx: Arc<Mutex<ControlSender>>,
+    rx: mpsc::UnboundedReceiver<ToScheduler>,
+    heartbeats: Option<JoinHandle<()>>,
+}
+
+impl FakeScheduler {
+    /// Binds; returns the scheduler and the config (pointing at it) the server should use.
+    fn bind(certs: &Certs, mut cfg: Config) -> (Endpoint, Config) {
+        let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &certs.scheduler, &cfg).unwrap();
+        cfg.cluster.scheduler = ep.local_addr().to_string();
+        (ep, cfg)
+    }
+
+    /// Accepts the server's connection and control stream, reads its Register.
+    async fn accept(ep: Endpoint, cfg: &Config, heartbeats: bool) -> (FakeScheduler, ToScheduler) {
+        let addr = ep.local_addr();
+        let conn = tokio::time::timeout(WAIT, async {
+            ep.quinn.accept().await.unwrap().await.unwrap()
+        })
+        .await
+        .unwrap();
+        let (send, recv) = conn.accept_bi().await.unwrap();
+        let (tx, mut rx) = ControlStream::new(send, recv, "server").split();
+        let (mtx, mrx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = rx.recv::<ToScheduler>().await {
+                if m != ToScheduler::Heartbeat && mtx.send(m).is_err() {
+                    break;
+                }
+            }
+        });
+        let tx = Arc::new(Mutex::new(tx));
+        let heartbeats = heartbeats.then(|| {
+            let tx = tx.clone();
+            let every = cfg.heartbeat_interval();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    if tx
+                        .lock()
+                        .await
+                        .send(&FromScheduler::Heartbeat)
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            })
+        });
+        let mut s = FakeScheduler {
+            _ep: ep,
+            addr,
+            tx,
+            rx: mrx,
+            heartbeats,
+        };
+        let reg = s.recv().await;
+        (s, reg)
+    }
+
+    async fn send(&self, m: FromScheduler) {
+        self.tx.lock().await.send(&m).await.unwrap();
+    }
+
+    async fn recv(&mut self) -> ToScheduler {
+        tokio::time::timeout(WAIT, self.rx.recv())
+            .await
+            .expect("scheduler waited too long")
+            .expect("control stream ended")
+    }
+
+    async fn welcome(&self, server_addr: SocketAddr) {
+        self.send(FromScheduler::Welcome {
+            id: 0,
+            map: ClusterMap {
+                servers: vec![server_addr],
+                workers: vec![],
+                job_seed: 42,
+            },
+        })
+        .await;
+    }
+
+    async fn place(&mut self, p: &TensorPlacement) -> Option<String> {
+        self.send(FromScheduler::Placement(p.clone())).await;
+        match self.recv().await {
+            ToScheduler::PlacementAck { name, error } => {
+                assert_eq!(name, p.name);
+                error
+            }
+            other => panic!("expected PlacementAck, got {other:?}"),
+        }
+    }
+}
+
+impl Drop for FakeScheduler {
+    fn drop(&mut self) {
+        if let Some(h) = &self.heartbeats {
+            h.abort();
+        }
+    }
+}
+
+/// A worker's data connection to the server.
+struct FakeWorker {
+    rank: u32,
+    conn: quinn::Connection,
+    rx: mpsc::UnboundedReceiver<(FrameHeader, Bytes)>,
+    stash: HashMap<(u64, u64), (FrameKind, Bytes)>,
+    _ep: Endpoint,
+}
+
+impl FakeWorker {
+    async fn connect(identity: &TlsIdentity, cfg: &Config, server: SocketAddr, rank: u32) -> Self {
+        let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), identity, cfg).unwrap();
+        let conn = ep.connect(server).await.unwrap();
+        let hello = FrameHeader {
+            kind: FrameKind::Hello,
+            op: ReduceOp::Sum,
+            rank,
+            aux: 0,
+            key: 0,
+            round: 0,
+            payload_len: 0,
+        };
+        send_frame(&conn, &hello, Bytes::new(), "server")
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let c = conn.clone();
+        tokio::spawn(async move {
+            while let Ok(mut s) = c.accept_uni().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let f = read_frame(&mut s, 1 << 30, "server").await.unwrap();
+                    let _ = tx.send(f);
+                });
+            }
+        });
+        FakeWorker {
+            rank,
+            conn,
+            rx,
+            stash: HashMap::new(),
+            _ep: ep,
+        }
+    }
+
+    async fn push(&self, key: u64, round: u64, op: ReduceOp, aux: u32, payload: Bytes) {
+        let h = FrameHeader {
+            kind: FrameKind::Push,
+            op,
+            rank: self.rank,
+            aux,
+            key,
+            round,
+            payload_len: payload.len() as u64,
+        };
+        send_frame(&self.conn, &h, payload, "server").await.unwrap();
+    }
+
+    /// Writes raw bytes as one stream (for malformed frames).
+    async fn raw(&self, parts: &[&[u8]]) {
+        let mut s = self.conn.open_uni().await.unwrap();
+        for p in parts {
+            s.write_all(p).await.unwrap();
+        }
+        s.finish().unwrap();
+    }
+
+    /// The frame for `(key, round)`, whatever order frames arrive in.
+    async fn expect(&mut self, key: u64, round: u64) -> (FrameKind, Bytes) {
+        if let Some(f) = self.stash.remove(&(key, round)) {
+            return f;
+        }
+        loop {
+            let (h, p) = tokio::time::timeout(WAIT, self.rx.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("rank {}: no frame for key {key} round {round}", self.rank)
+                })
+                .expect("connection ended");
+            assert_eq!(h.rank, self.rank);
+            if (h.key, h.round) == (key, round) {
+                return (h.kind, p);
+            }
+            self.stash.insert((h.key, h.round), (h.kind, p));
+        }
+    }
+
+    async fn expect_result(&mut self, key: u64, round: u64) -> Vec<f32> {
+        match self.expect(key, round).await {
+            (FrameKind::Result, p) => dec(&p),
+            (kind, p) => panic!("{kind:?}: {}", String::from_utf8_lossy(&p)),
+        }
+    }
+
+    async fn expect_abort(&mut self, key: u64, round: u64) -> String {
+        match self.expect(key, round).await {
+            (FrameKind::Abort, p) => String::from_utf8(p.to_vec()).unwrap(),
+            (kind, p) => panic!("expected an abort, got {kind:?} ({} bytes)", p.len()),
+        }
+    }
+}
+
+fn enc(x: &[f32]) -> Bytes {
+    let mut out = Vec::new();
+    Fp32Codec::new(x.len()).encode(x, 0, &mut out).unwrap();
+    Bytes::from(out)
+}
+
+fn dec(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Deterministic data of many magnitudes: rank-order and other orders give different bits.
+fn data(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let m = ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+            m * 2f32.powi(((s >> 20) % 16) as i32 - 8)
+        })
+        .collect()
+}
+
+fn placement(placer: &mut Placer, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
+    placer.place(name, len, params)
+}
+
+struct Setup {
+    certs: Certs,
+    cfg: Config,
+    sched: FakeScheduler,
+    server_addr: SocketAddr,
+    run: JoinHandle<Result<(), ServerError>>,
+}
+
+/// A server registered with a fake scheduler (welcomed unless `welcome` is false).
+async fn setup(mut cfg: Config, heartbeats: bool, welcome: bool) -> Setup {
+    let certs = certs(cfg.cluster.num_workers as usize);
+    cfg.server.listen = "127.0.0.1:0".into();
+    let (ep, cfg) = FakeScheduler::bind(&certs, cfg);
+    let server = Server::bind(cfg.clone(), certs.server.clone())
+        .await
+        .unwrap()
+        .with_codec_factory(
+            |ctx: &CodecContext<'_>| -> Result<Box<dyn ChunkCodec>, String> {
+                match ctx.tensor.params.get("compressor").map(String::as_str) {
+                    None | Some("none") => Ok(Box::new(Fp32Codec::new(ctx.chunk.len as usize))),
+                    Some(other) => Err(format!("unknown compressor {other:?}")),
+                }
+            },
+        );
+    let server_addr = server.local_addr();
+    let run = tokio::spawn(server.run());
+    let (sched, reg) = FakeScheduler::accept(ep, &cfg, heartbeats).await;
+    match reg {
+        ToScheduler::Register {
+            role,
+            listen_addr,
+            digest,
+            ..
+        } => {
+            assert_eq!(role, NodeRole::Server);
+            assert_eq!(listen_addr, Some(server_addr));
+            assert_eq!(digest, cfg.digest());
+        }
+        other => panic!("expected Register, got {other:?}"),
+    }
+    if welcome {
+        sched.welcome(server_addr).await;
+    }
+    Setup {
+        certs,
+        cfg,
+        sched,
+        server_addr,
+        run,
+    }
+}
+
+async fn finished(run: JoinHandle<Result<(), ServerError>>) -> Result<(), ServerError> {
+    tokio::time::timeout(WAIT, run)
+        .await
+        .expect("server did not exit")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sums_aborts_and_clean_shutdown() {
+    let mut cfg = Config::local(2, 1);
+    cfg.cluster.partition_bytes = 400; // 100 elements per chunk
+    let mut s = setup(cfg, true, true).await;
+    let mut placer = Placer::new(1, 400);
+    let a = placement(&mut placer, "a", 250, ParamMap::new());
+    let b = placement(&mut placer, "b", 10, ParamMap::new());
+    let mut params = ParamMap::new();
+    params.insert("compressor".into(), "nope".into());
+    let bad = placement(&mut placer, "bad", 10, params);
+    assert_eq!(a.chunks.len(), 3);
+    assert_eq!(s.sched.place(&a).await, None);
+    assert_eq!(s.sched.place(&b).await, None);
+    let err = s.sched.place(&bad).await.expect("the factory refuses");
+    assert!(
+        err.contains("unknown compressor \"nope\"") && err.contains("bad"),
+        "{err}"
+    );
+
+    let mut w0 = FakeWorker::connect(&s.certs.workers[0], &s.cfg, s.server_addr, 0).await;
+    let mut w1 = FakeWorker::connect(&s.certs.workers[1], &s.cfg, s.server_addr, 1).await;
+    let chunks: Vec<_> = a.chunks.iter().chain(&b.chunks).copied().collect();
+
+    // Round 0: every chunk, the two workers in opposite orders.
+    let inputs: Vec<[Vec<f32>; 2]> = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            [
+                data(i as u64, c.len as usize),
+                data(100 + i as u64, c.len as usize),
+            ]
+        })
+        .collect();
+    for (i, c) in chunks.iter().enumerate() {
+        w0.push(c.key, 0, ReduceOp::Sum, 0, enc(&inputs[i][0]))
+            .await;
+    }
+    for (i, c) in chunks.iter().enumerate().rev() {
+        w1.push(c.key, 0, ReduceOp::Sum, 0, enc(&inputs[i][1]))
+            .await;
+    }
+    for (i, c) in chunks.iter().enumerate() {
+        let expected: Vec<f32> = inputs[i][0]
+            .iter()
+            .zip(&inputs[i][1])
+            .map(|(x, y)| x + y)
+            .collect();
+        assert_eq!(bits(&w0.expect_result(c.key, 0).await), bits(&expected));
+        assert_eq!(bits(&w1.expect_result(c.key, 0).await), bits(&expected));
+    }
+
+    // Round 1: rank 1 pushes a wrong length for chunk 1 of "a"; everything else works.
+    let bad_key = a.chunks[1].key;
+    for c in &chunks {
+        let x = vec![1.0f32; c.len as usize];
+        w0.push(c.key, 1, ReduceOp::Sum, 0, enc(&x)).await;
+        let y = if c.key == bad_key {
+            vec![1.0f32; c.len as usize - 1]
+        } else {
+            x
+        };
+        w1.push(c.key, 1, ReduceOp::Sum, 0, enc(&y)).await;
+    }
+    for c in &chunks {
+        if c.key == bad_key {
+            let m0 = w0.expect_abort(bad_key, 1).await;
+            let m1 = w1.expect_abort(bad_key, 1).await;
+            assert_eq!(m0, m1);
+            for part in [
+                "tensor \"a\"",
+                "chunk 1",
+                &format!("key {bad_key}"),
+                "round 1",
+                "rank 1",
+                "328 bytes",
+            ] {
+                assert!(m0.contains(part), "{part} missing: {m0}");
+            }
+        } else {
+            assert_eq!(w0.expect_result(c.key, 1).await, vec![2.0; c.len as usize]);
+            assert_eq!(w1.expect_result(c.key, 1).await, vec![2.0; c.len as usize]);
+        }
+    }
+
+    // Round 2 of "b": rank 0 sends a truncated frame (header says 40 bytes, 12 follow).
+    let bk = b.chunks[0].key;
+    let h = FrameHeader {
+        kind: FrameKind::Push,
+        op: ReduceOp::Sum,
+        rank: 0,
+        aux: 0,
+        key: bk,
+        round: 2,
+        payload_len: 40,
+    };
+    w0.raw(&[&h.to_bytes(), &[0u8; 12]]).await;
+    for w in [&mut w0, &mut w1] {
+        let m = w.expect_abort(bk, 2).await;
+        assert!(
+            m.contains(&format!("key {bk}")) && m.contains("rank 0") && m.contains("truncated"),
+            "{m}"
+        );
+    }
+    // Garbage that isn't even a header is logged and ignored; the key keeps working.
+    w1.raw(&[b"not a frame"]).await;
+    w0.push(bk, 3, ReduceOp::Sum, 0, enc(&[1.0; 10])).await;
+    w1.push(bk, 3, ReduceOp::Sum, 0, enc(&[2.0; 10])).await;
+    assert_eq!(w0.expect_result(bk, 3).await, vec![3.0; 10]);
+    assert_eq!(w1.expect_result(bk, 3).await, vec![3.0; 10]);
+
+    // A key the server doesn't hold: an abort to the sender alone.
+    w1.push(12345, 0, ReduceOp::Sum, 0, enc(&[1.0])).await;
+    let m = w1.expect_abort(12345, 0).await;
+    assert!(
+        m.contains("key 12345") && m.contains("does not hold"),
+        "{m}"
+    );
+
+    // Broadcast from rank 1.
+    let root = enc(&data(7, 10));
+    w0.push(bk, 4, ReduceOp::Broadcast, 1, Bytes::new()).await;
+    w1.push(bk, 4, ReduceOp::Broadcast, 1, root.clone()).await;
+    assert_eq!(bits(&w0.expect_result(bk, 4).await), bits(&dec(&root)));
+    assert_eq!(bits(&w1.expect_result(bk, 4).await), bits(&dec(&root)));
+
+    s.sched.send(FromScheduler::Shutdown { error: None }).await;
+    finished(s.run).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_key_orders_beyond_stream_limits_never_deadlock() {
+    let mut cfg = Config::local(2, 1);
+    cfg.cluster.partition_bytes = 8; // 2 elements per chunk
+    let mut s = setup(cfg, true, true).await;
+    let mut placer = Placer::new(1, 8);
+    let t = placement(&mut placer, "many", 2 * 1200, ParamMap::new());
+    assert_eq!(t.chunks.len(), 1200);
+    assert_eq!(s.sched.place(&t).await, None);
+    let mut w0 = FakeWorker::connect(&s.certs.workers[0], &s.cfg, s.server_addr, 0).await;
+    let mut w1 = FakeWorker::connect(&s.certs.workers[1], &s.cfg, s.server_addr, 1).await;
+    let keys: Vec<u64> = t.chunks.iter().map(|c| c.key).collect();
+    let (c0, c1) = (w0.conn.clone(), w1.conn.clone());
+    let (k0, k1) = (keys.clone(), keys.clone());
+    let push_all = |conn: quinn::Connection, rank: u32, keys: Vec<u64>| async move {
+        for key in keys {
+            let p = enc(&[rank as f32 + 1.0, 0.5]);
+            let h = FrameHeader {
+                kind: FrameKind::Push,
+                op: ReduceOp::Sum,
+                rank,
+                aux: 0,
+                key,
+                round: 0,
+                payload_len: p.len() as u64,
+            };
+            send_frame(&conn, &h, p, "server").await.unwrap();
+        }
+    };
+    let a = tokio::spawn(push_all(c0, 0, k0));
+    let b = tokio::spawn(push_all(c1, 1, k1.into_iter().rev().collect()));
+    a.await.unwrap();
+    b.await.unwrap();
+    for &key in &keys {
+        assert_eq!(w0.expect_result(key, 0).await, vec![3.0, 1.0]);
+        assert_eq!(w1.expect_result(key, 0).await, vec![3.0, 1.0]);
+    }
+    s.sched.send(FromScheduler::Shutdown { error: None }).await;
+    finished(s.run).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_lost_aborts_open_rounds_and_run_fails_naming_it() {
+    let mut s = setup(Config::local(2, 1), true, true).await;
+    let mut placer = Placer::new(1, s.cfg.cluster.partition_bytes);
+    let t = placement(&mut placer, "w", 4, ParamMap::new());
+    assert_eq!(s.sched.place(&t).await, None);
+    let key = t.chunks[0].key;
+    let mut w0 = FakeWorker::connect(&s.certs.workers[0], &s.cfg, s.server_addr, 0).await;
+    w0.push(key, 0, ReduceOp::Sum, 0, enc(&[1.0; 4])).await;
+    // Let the push land, so the round is open when the loss is reported.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let node = NodeName {
+        role: NodeRole::Worker,
+        id: 1,
+        addr: "127.0.0.1:4999".parse().unwrap(),
+    };
+    s.sched
+        .send(FromScheduler::NodeLost {
+            node: node.clone(),
+            reason: "no heartbeat for 10.0 s".into(),
+        })
+        .await;
+    let m = w0.expect_abort(key, 0).await;
+    assert!(
+        m.contains("worker 1 (127.0.0.1:4999)") && m.contains(&format!("key {key}")),
+        "{m}"
+    );
+    s.sched
+        .send(FromScheduler::Shutdown {
+            error: Some("worker 1 lost".into()),
+        })
+        .await;
+    let e = finished(s.run).await.unwrap_err();
+    assert!(matches!(e, ServerError::NodeLost { .. }), "{e}");
+    assert!(e.to_string().contains("worker 1 (127.0.0.1:4999)"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_registration_is_an_error_with_the_reason() {
+    let s = setup(Config::local(1, 1), true, false).await;
+    s.sched
+        .send(FromScheduler::Refused {
+            reason: "cluster.partition_bytes differs: 4096000 vs 1024".into(),
+        })
+        .await;
+    let e = finished(s.run).await.unwrap_err();
+    assert!(
+        e.to_string().contains("cluster.partition_bytes differs"),
+        "{e}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_scheduler_is_fatal_and_named() {
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.heartbeat_interval_ms = 100;
+    cfg.cluster.heartbeat_timeout_ms = 600;
+    let s = setup(cfg, false, true).await;
+    let start = std::time::Instant::now();
+    let e = finished(s.run).await.unwrap_err();
+    let want = format!("scheduler ({})", s.sched.addr);
+    assert!(
+        e.to_string().contains(&want) && e.to_string().contains("heartbeat"),
+        "{e}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_scheduler_is_named_after_the_connect_timeout() {
+    let certs = certs(1);
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.connect_timeout_ms = 500;
+    // A bound UDP port nobody answers on.
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    cfg.cluster.scheduler = sock.local_addr().unwrap().to_string();
+    let server = Server::bind(cfg.clone(), certs.server.clone())
+        .await
+        .unwrap();
+    let e = finished(tokio::spawn(server.run())).await.unwrap_err();
+    let want = format!("scheduler ({})", cfg.cluster.scheduler);
+    assert!(e.to_string().contains(&want), "{e}");
+}
+
+/// Rough end-to-end throughput with default 4 MB chunks (run with `--ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput_of_large_chunks() {
+    let mut s = setup(Config::local(2, 1), true, true).await;
+    let mut placer = Placer::new(1, s.cfg.cluster.partition_bytes);
+    let t = placement(&mut placer, "big", 8 * 1_024_000, ParamMap::new());
+    assert_eq!(s.sched.place(&t).await, None);
+    let mut w0 = FakeWorker::connect(&s.certs.workers[0], &s.cfg, s.server_addr, 0).await;
+    let mut w1 = FakeWorker::connect(&s.certs.workers[1], &s.cfg, s.server_addr, 1).await;
+    let payload = enc(&data(1, 1_024_000));
+    let rounds = 5u64;
+    let start = std::time::Instant::now();
+    for round in 0..rounds {
+        for c in &t.chunks {
+            w0.push(c.key, round, ReduceOp::Sum, 0, payload.clone())
+                .await;
+            w1.push(c.key, round, ReduceOp::Sum, 0, payload.clone())
+                .await;
+        }
+        for c in &t.chunks {
+            w0.expect_result(c.key, round).await;
+            w1.expect_result(c.key, round).await;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = (rounds * 2 * t.len * 4) as f64;
+    println!(
+        "{rounds} rounds of {} MB x 2 workers in {secs:.2} s: {:.0} MB/s pushed into the server",
+        t.len * 4 / 1_000_000,
+        bytes / secs / 1e6
+    );
+    s.sched.send(FromScheduler::Shutdown { error: None }).await;
+    finished(s.run).await.unwrap();
+}
+
+/// Baseline for `throughput_of_large_chunks`: the same bytes over bare endpoints, no server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput_baseline_bare_quinn() {
+    let certs = certs(1);
+    let cfg = Config::local(1, 1);
+    let sink = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &certs.server, &cfg).unwrap();
+    let addr = sink.local_addr();
+    let recv = tokio::spawn(async move {
+        let conn = sink.quinn.accept().await.unwrap().await.unwrap();
+        let mut n = 0u64;
+        for _ in 0..80 {
+            let mut s = conn.accept_uni().await.unwrap();
+            n += read_frame(&mut s, 1 << 30, "w").await.unwrap().1.len() as u64;
+        }
+        n
+    });
+    let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &certs.workers[0], &cfg).unwrap();
+    let conn = ep.connect(addr).await.unwrap();
+    let payload = enc(&data(1, 1_024_000));
+    let start = std::time::Instant::now();
+    for i in 0..80 {
+        let h = FrameHeader {
+            kind: FrameKind::Push,
+            op: ReduceOp::Sum,
+            rank: 0,
+            aux: 0,
+            key: i,
+            round: 0,
+            payload_len: payload.len() as u64,
+        };
+        send_frame(&conn, &h, payload.clone(), "sink")
+            .await
+            .unwrap();
+    }
+    let n = recv.await.unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "bare quinn: {} MB in {secs:.2} s: {:.0} MB/s",
+        n / 1_000_000,
+        n as f64 / secs / 1e6
+    );
+}
