@@ -19,7 +19,8 @@
 //!    [`FromScheduler::Welcome`]. A node that disconnects or goes silent *before* that moment
 //!    only withdraws its registration (its slot becomes free again): nobody depends on it yet.
 //! 2. **Declare** (a collective): once every worker declared a name, lengths and parameter
-//!    maps are compared (an error names the tensor, the two ranks and both values), the tensor
+//!    maps are compared (an error names the tensor, the two ranks and both values), a tensor
+//!    of more than [`MAX_CHUNKS_PER_TENSOR`] chunks is refused, the tensor
 //!    is placed with the job's one [`Placer`], its chunk keys are checked against every other
 //!    tensor's, the placement goes to every server, and once every server acknowledged it the
 //!    workers get [`FromScheduler::Declared`]. A placed name declared again is answered at once.
@@ -42,13 +43,20 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use pushpull_common::config::{ClusterDigest, Config, ParamMap};
-use pushpull_common::placement::Placer;
+use pushpull_common::placement::{num_chunks, Placer};
 use pushpull_common::protocol::{
     ClusterMap, FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler, PROTOCOL_VERSION,
 };
 
 /// Identifies one accepted connection (assigned by the shell, never reused).
 pub type ConnId = u64;
+
+/// The most chunks one tensor may have (about 4.3 TB of fp32 at the default 4,096,000-byte
+/// partition).
+/// A declare beyond it fails naming the tensor: its placement (about 28 bytes per chunk at most)
+/// must fit a control frame ([`pushpull_common::protocol::MAX_CONTROL_FRAME`]), and a mistyped
+/// length must not make the scheduler build billions of chunks.
+pub const MAX_CHUNKS_PER_TENSOR: u64 = 1 << 20;
 
 /// An input to the state machine. The time of the event is passed to
 /// [`SchedulerState::handle`] alongside it.
@@ -776,6 +784,21 @@ impl SchedulerState {
             return self.send_workers(self.all_ranks(), &msg);
         }
         let (len, params) = (*len, params.clone());
+        let chunks = num_chunks(len, self.cfg.partition_bytes);
+        if chunks > MAX_CHUNKS_PER_TENSOR {
+            let msg = format!(
+                "tensor {name:?}: {len} elements make {chunks} chunks of at most {} bytes, more \
+                 than the limit of {MAX_CHUNKS_PER_TENSOR} chunks per tensor (split the tensor \
+                 or raise cluster.partition_bytes)",
+                self.cfg.partition_bytes
+            );
+            tracing::warn!("declare failed: {msg}");
+            let msg = FromScheduler::Declared {
+                name,
+                result: Err(msg),
+            };
+            return self.send_workers(self.all_ranks(), &msg);
+        }
         let mut trial = self.placer.clone();
         let placement = trial.place(&name, len, params);
         if let Some(msg) = self.collision(&placement) {
@@ -1136,6 +1159,7 @@ impl fmt::Display for Shown<'_> {
 mod tests {
     use super::*;
     use pushpull_common::placement::chunk_key;
+    use pushpull_common::protocol::ChunkPlacement;
 
     const SEED: u64 = 42;
 
@@ -1797,6 +1821,54 @@ mod tests {
             h.s.key_owner.is_empty(),
             "keys of a failed tensor are freed"
         );
+    }
+
+    #[test]
+    fn a_tensor_with_too_many_chunks_fails_the_declare_naming_it() {
+        // A mistyped length must not make the scheduler build (or send) billions of chunks.
+        let (mut h, srv, wrk) = H::start(2, 1);
+        for &w in &wrk {
+            h.declare(w, "huge", u64::MAX, &[]);
+        }
+        let acts = h.take();
+        assert!(placements(&acts, srv[0]).is_empty());
+        for &w in &wrk {
+            let (_, r) = declared(&acts, w).remove(0);
+            let e = r.unwrap_err();
+            assert!(
+                e.contains("tensor \"huge\"")
+                    && e.contains(&u64::MAX.to_string())
+                    && e.contains(&MAX_CHUNKS_PER_TENSOR.to_string())
+                    && e.contains("cluster.partition_bytes"),
+                "{e}"
+            );
+        }
+        assert_eq!(h.s.placer.load_bytes(), &[0]);
+        // One chunk over the limit (100 elements per chunk here) fails too.
+        for &w in &wrk {
+            h.declare(w, "big", MAX_CHUNKS_PER_TENSOR * 100 + 1, &[]);
+        }
+        let acts = h.take();
+        assert!(placements(&acts, srv[0]).is_empty());
+        assert!(declared(&acts, wrk[0]).remove(0).1.is_err());
+        // The largest allowed placement, with every field at its widest encoding, fits a
+        // control frame.
+        let widest = ChunkPlacement {
+            key: u64::MAX,
+            offset: u64::MAX,
+            len: u64::MAX,
+            server: u32::MAX,
+        };
+        let msg = FromScheduler::Declared {
+            name: "big".into(),
+            result: Ok(TensorPlacement {
+                name: "big".into(),
+                len: u64::MAX,
+                params: ParamMap::new(),
+                chunks: vec![widest; MAX_CHUNKS_PER_TENSOR as usize],
+            }),
+        };
+        assert!(pushpull_common::protocol::encode_control(&msg).is_ok());
     }
 
     #[test]

@@ -71,11 +71,12 @@ pub struct KeyInfo {
 }
 
 impl fmt::Display for KeyInfo {
-    /// `tensor "fc1.weight" chunk 3 (key 1234)`.
+    /// `tensor "fc1.weight" chunk 3 (key 0x00000000000004d2)`: keys in hex, as the scheduler
+    /// and the workers print them.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "tensor {:?} chunk {} (key {})",
+            "tensor {:?} chunk {} (key {:#018x})",
             self.tensor, self.chunk, self.key
         )
     }
@@ -745,7 +746,7 @@ mod tests {
         for part in [
             "\"fc1.weight\"",
             "chunk 3",
-            "key 77",
+            "key 0x000000000000004d",
             "round 0",
             "rank 1",
             "twice",
@@ -775,7 +776,7 @@ mod tests {
         for part in [
             "worker 1 (127.0.0.1:4000)",
             "no heartbeat",
-            "key 77",
+            "key 0x000000000000004d",
             "round 0",
             "chunk 3",
         ] {
@@ -821,7 +822,7 @@ mod tests {
             for part in [
                 format!("rank {bad_rank}"),
                 "12 bytes".to_string(),
-                "key 77".into(),
+                "key 0x000000000000004d".into(),
                 "round 0".into(),
                 "chunk 3".into(),
                 "fc1.weight".into(),
@@ -1097,7 +1098,7 @@ mod tests {
         let mut k = KeyRounds::new(info, Box::new(FailingEncode(Fp32Codec::new(1))));
         let msg = expect_abort(&k.push(0, 0, ReduceOp::Sum, 0, enc(&[1.0])), 0, &[0]);
         assert!(
-            msg.contains("out of ideas") && msg.contains("key 9"),
+            msg.contains("out of ideas") && msg.contains("key 0x0000000000000009"),
             "{msg}"
         );
         assert_eq!(k.current_round(), 1);

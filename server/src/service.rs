@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use common::codec::ChunkCodec;
-use common::config::parse_addr;
+use common::config::{parse_addr, ConfigError};
 use common::protocol::{
     max_payload_len, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
     TensorPlacement, ToScheduler, FRAME_HEADER_LEN, PROTOCOL_VERSION,
@@ -71,6 +71,9 @@ pub enum ServerError {
         /// What is wrong.
         message: String,
     },
+    /// Another setting is invalid (names the key and the allowed values).
+    #[error("server: {0}")]
+    InvalidConfig(#[from] ConfigError),
     /// Binding the endpoint failed.
     #[error(transparent)]
     Transport(#[from] TransportError),
@@ -135,7 +138,8 @@ impl std::fmt::Debug for Server {
 
 impl Server {
     /// Binds a QUIC endpoint at `server.listen` (port 0 picks a free port) with this node's TLS
-    /// identity. Nothing is sent until [`Server::run`].
+    /// identity, after validating `config` ([`Config::validate`]). Nothing is sent until
+    /// [`Server::run`].
     pub async fn bind(config: Config, identity: TlsIdentity) -> Result<Server, ServerError> {
         let listen = parse_addr(&config.server.listen).map_err(|message| ServerError::Config {
             key: "listen",
@@ -149,6 +153,8 @@ impl Server {
                 message,
             })?;
         }
+        // The rest (the scheduler address `run` dials, counts, timeouts) must hold too.
+        config.validate("server config")?;
         let endpoint = Endpoint::bind(listen, &identity, &config)?;
         info!(addr = %endpoint.local_addr(), "server bound");
         Ok(Server {
@@ -432,59 +438,90 @@ impl Control<'_> {
             ));
         };
         let job_seed = self.job_seed.unwrap_or_default();
-        let mut new = Vec::new();
-        for (index, chunk) in p.chunks.iter().enumerate() {
-            if chunk.server != server_id {
-                continue;
-            }
-            let index = index as u32;
-            if let Some(existing) = self.shared.keys.get(&chunk.key) {
-                let k = existing.lock().unwrap_or_else(|e| e.into_inner());
-                let info = k.info();
+        place_keys(
+            self.shared,
+            &*self.factory,
+            self.config,
+            server_id,
+            job_seed,
+            p,
+        )
+    }
+}
+
+/// Sets up server `server_id`'s keys of a placed tensor (all or none): one [`KeyRounds`] per
+/// chunk placed on it, with a codec from `factory`.
+fn place_keys(
+    shared: &Shared,
+    factory: &dyn CodecFactory,
+    config: &Config,
+    server_id: u32,
+    job_seed: u64,
+    p: &TensorPlacement,
+) -> Result<(), String> {
+    let mut new = Vec::new();
+    for (index, chunk) in p.chunks.iter().enumerate() {
+        if chunk.server != server_id {
+            continue;
+        }
+        let index = index as u32;
+        if let Some(existing) = shared.keys.get(&chunk.key) {
+            let k = existing.lock().unwrap_or_else(|e| e.into_inner());
+            let info = k.info();
+            // The scheduler places a name again only after its earlier placement failed on
+            // some server: a key of that name that never saw a push is left over from it and
+            // is rebuilt from the new placement (its parameters or length may differ).
+            let leftover = info.tensor == p.name && k.current_round() == 0 && !k.is_open();
+            if !leftover {
                 if info.tensor == p.name && info.chunk == index && info.len as u64 == chunk.len {
-                    continue; // placed again: keep the running state
+                    continue; // placed again while in use: keep the running state
                 }
                 return Err(format!(
-                    "tensor {:?} chunk {index}: key {} is already held by server {server_id} for {}",
+                    "tensor {:?} chunk {index}: key {:#018x} is already held by server \
+                     {server_id} for {}",
                     p.name, chunk.key, info
                 ));
             }
-            let ctx = CodecContext {
-                tensor: p,
-                chunk,
-                chunk_index: index,
-                job_seed,
-                server_id,
-                config: self.config,
-            };
-            let codec: Box<dyn ChunkCodec> = self.factory.make(&ctx).map_err(|e| {
-                format!("tensor {:?} chunk {index} (key {}): {e}", p.name, chunk.key)
-            })?;
-            if codec.len() as u64 != chunk.len {
-                return Err(format!(
-                    "tensor {:?} chunk {index} (key {}): the codec is for {} elements, the chunk has {}",
-                    p.name,
-                    chunk.key,
-                    codec.len(),
-                    chunk.len
-                ));
-            }
-            let info = KeyInfo {
-                tensor: p.name.clone(),
-                chunk: index,
-                key: chunk.key,
-                len: codec.len(),
-                num_workers: self.shared.num_workers,
-            };
-            new.push((chunk.key, KeyRounds::new(info, codec)));
         }
-        let n = new.len();
-        for (key, rounds) in new {
-            self.shared.keys.insert(key, Arc::new(Mutex::new(rounds)));
+        let ctx = CodecContext {
+            tensor: p,
+            chunk,
+            chunk_index: index,
+            job_seed,
+            server_id,
+            config,
+        };
+        let codec: Box<dyn ChunkCodec> = factory.make(&ctx).map_err(|e| {
+            format!(
+                "tensor {:?} chunk {index} (key {:#018x}): {e}",
+                p.name, chunk.key
+            )
+        })?;
+        if codec.len() as u64 != chunk.len {
+            return Err(format!(
+                "tensor {:?} chunk {index} (key {:#018x}): the codec is for {} elements, the chunk \
+                 has {}",
+                p.name,
+                chunk.key,
+                codec.len(),
+                chunk.len
+            ));
         }
-        info!(tensor = %p.name, keys = n, "placed");
-        Ok(())
+        let info = KeyInfo {
+            tensor: p.name.clone(),
+            chunk: index,
+            key: chunk.key,
+            len: codec.len(),
+            num_workers: shared.num_workers,
+        };
+        new.push((chunk.key, KeyRounds::new(info, codec)));
     }
+    let n = new.len();
+    for (key, rounds) in new {
+        shared.keys.insert(key, Arc::new(Mutex::new(rounds)));
+    }
+    info!(tensor = %p.name, keys = n, "placed");
+    Ok(())
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
@@ -760,12 +797,18 @@ async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
         warn!(%addr, "worker connection refused: {why}");
         conn.close(quinn::VarInt::from_u32(CLOSE_REFUSED), why.as_bytes());
     };
-    let mut first = match tokio::time::timeout(shared.heartbeat_timeout, conn.accept_uni()).await {
-        Ok(Ok(s)) => s,
+    // The first stream and its whole frame, within the bound: a peer that opens the stream
+    // and stalls must not hold this task forever.
+    let hello = async {
+        let mut first = conn.accept_uni().await?;
+        Ok::<_, quinn::ConnectionError>(read_incoming(&mut first, 0).await)
+    };
+    let hello = match tokio::time::timeout(shared.heartbeat_timeout, hello).await {
+        Ok(Ok(frame)) => frame,
         Ok(Err(e)) => return debug!(%addr, "connection closed before Hello: {e}"),
         Err(_) => return refuse("no Hello within the heartbeat timeout".into()),
     };
-    let rank = match read_incoming(&mut first, 0).await {
+    let rank = match hello {
         Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
         Incoming::Frame(h, _) | Incoming::Bad(h, _) => {
             return refuse(format!("the first frame must be Hello, got {:?}", h.kind))
@@ -844,7 +887,7 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
     let Some(k) = shared.keys.get(&key).map(|e| e.value().clone()) else {
         let why =
             format!(
-            "key {key} round {round}: push from rank {rank} for a key that {} does not hold (no \
+            "key {key:#018x} round {round}: push from rank {rank} for a key that {} does not hold (no \
              tensor placed on it has this key){}",
             shared.id_str(),
             bad.as_deref().map(|b| format!("; also: {b}")).unwrap_or_default()
@@ -873,6 +916,75 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A factory that records the parameter `k` of every codec it builds.
+    fn recording_factory(seen: Arc<Mutex<Vec<String>>>) -> impl CodecFactory {
+        move |ctx: &CodecContext<'_>| -> Result<Box<dyn ChunkCodec>, String> {
+            let k = ctx.tensor.params.get("k").cloned().unwrap_or_default();
+            seen.lock().unwrap().push(k);
+            Ok(Box::new(common::codec::Fp32Codec::new(
+                ctx.chunk.len as usize,
+            )))
+        }
+    }
+
+    fn two_chunk_placement(name: &str, len: u64, k: &str) -> TensorPlacement {
+        let mut placer = common::placement::Placer::new(2, 400);
+        let mut params = common::config::ParamMap::new();
+        params.insert("k".into(), k.into());
+        let p = placer.place(name, len, params);
+        assert_eq!(p.chunks.len(), 2);
+        assert_eq!(p.chunks[0].server, 0);
+        p
+    }
+
+    #[test]
+    fn a_tensor_placed_again_after_a_failed_declare_gets_fresh_keys() {
+        // Server 0 accepted "t" but server 1 refused it, so the declare failed; the workers
+        // declare "t" again with other parameters (or another length). Server 0 must build
+        // its key from the new placement, not keep the codec of the failed one, nor refuse
+        // the key it still holds.
+        let mut config = Config::local(2, 2);
+        config.cluster.partition_bytes = 400;
+        let shared = Shared::new(&config);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let factory = recording_factory(seen.clone());
+        let first = two_chunk_placement("t", 150, "1");
+        place_keys(&shared, &factory, &config, 0, 7, &first).unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["1"]);
+        let again = two_chunk_placement("t", 150, "2");
+        place_keys(&shared, &factory, &config, 0, 7, &again).unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["1", "2"]);
+        let longer = two_chunk_placement("t", 180, "2");
+        place_keys(&shared, &factory, &config, 0, 7, &longer).unwrap();
+        let key = longer.chunks[0].key;
+        let k = shared.keys.get(&key).unwrap().value().clone();
+        assert_eq!(k.lock().unwrap().info().len, 90);
+        // A key in use is never replaced: the same chunk keeps its state, another length is
+        // refused; another tensor's key is refused by name.
+        let acts = k
+            .lock()
+            .unwrap()
+            .push(0, 0, ReduceOp::Sum, 0, Bytes::from(vec![0u8; 360]));
+        assert!(acts.is_empty());
+        let n = seen.lock().unwrap().len();
+        place_keys(&shared, &factory, &config, 0, 7, &longer).unwrap();
+        assert_eq!(seen.lock().unwrap().len(), n);
+        assert!(k.lock().unwrap().is_open());
+        let e = place_keys(&shared, &factory, &config, 0, 7, &again).unwrap_err();
+        assert!(
+            e.contains("already held") && e.contains("tensor \"t\" chunk 0"),
+            "{e}"
+        );
+        assert!(k.lock().unwrap().is_open());
+        let mut other = two_chunk_placement("u", 150, "2");
+        other.chunks[0].key = key;
+        let e = place_keys(&shared, &factory, &config, 0, 7, &other).unwrap_err();
+        assert!(
+            e.contains("tensor \"u\" chunk 0") && e.contains("tensor \"t\""),
+            "{e}"
+        );
+    }
 
     #[test]
     fn advertised_address_rules() {

@@ -420,7 +420,7 @@ async fn sums_aborts_and_clean_shutdown() {
             for part in [
                 "tensor \"a\"",
                 "chunk 1",
-                &format!("key {bad_key}"),
+                &format!("key {bad_key:#018x}"),
                 "round 1",
                 "rank 1",
                 "328 bytes",
@@ -448,7 +448,9 @@ async fn sums_aborts_and_clean_shutdown() {
     for w in [&mut w0, &mut w1] {
         let m = w.expect_abort(bk, 2).await;
         assert!(
-            m.contains(&format!("key {bk}")) && m.contains("rank 0") && m.contains("truncated"),
+            m.contains(&format!("key {bk:#018x}"))
+                && m.contains("rank 0")
+                && m.contains("truncated"),
             "{m}"
         );
     }
@@ -463,7 +465,7 @@ async fn sums_aborts_and_clean_shutdown() {
     w1.push(12345, 0, ReduceOp::Sum, 0, enc(&[1.0])).await;
     let m = w1.expect_abort(12345, 0).await;
     assert!(
-        m.contains("key 12345") && m.contains("does not hold"),
+        m.contains("key 0x0000000000003039") && m.contains("does not hold"),
         "{m}"
     );
 
@@ -543,7 +545,7 @@ async fn node_lost_aborts_open_rounds_and_run_fails_naming_it() {
         .await;
     let m = w0.expect_abort(key, 0).await;
     assert!(
-        m.contains("worker 1 (127.0.0.1:4999)") && m.contains(&format!("key {key}")),
+        m.contains("worker 1 (127.0.0.1:4999)") && m.contains(&format!("key {key:#018x}")),
         "{m}"
     );
     s.sched
@@ -605,6 +607,41 @@ async fn an_unreachable_scheduler_is_named_after_the_connect_timeout() {
     let e = finished(tokio::spawn(server.run())).await.unwrap_err();
     let want = format!("scheduler ({})", cfg.cluster.scheduler);
     assert!(e.to_string().contains(&want), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_hello_is_refused_within_the_heartbeat_timeout() {
+    // A peer that opens its first stream but never completes the Hello (while keeping the
+    // connection alive) must not hold the server's connection task forever.
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.heartbeat_interval_ms = 100;
+    cfg.cluster.heartbeat_timeout_ms = 600;
+    let s = setup(cfg, true, true).await;
+    let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &s.certs.workers[0], &s.cfg).unwrap();
+    let conn = ep.connect(s.server_addr).await.unwrap();
+    let mut stream = conn.open_uni().await.unwrap();
+    stream.write_all(b"PPF1").await.unwrap(); // a third of a header, never finished
+    let reason = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("the server kept the stalled connection");
+    assert!(reason.to_string().contains("Hello"), "{reason}");
+    s.sched.send(FromScheduler::Shutdown { error: None }).await;
+    finished(s.run).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_config_is_refused_at_bind_naming_the_key() {
+    // `run` used to panic on an unparsable scheduler address (Config::scheduler_addr expects
+    // a validated config); bind must refuse it instead, like every other invalid setting.
+    let certs = certs(1);
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.scheduler = "scheduler.example:9000".into();
+    let e = Server::bind(cfg, certs.server.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("cluster.scheduler"), "{e}");
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.num_workers = 0;
+    let e = Server::bind(cfg, certs.server.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("cluster.num_workers"), "{e}");
 }
 
 /// Rough end-to-end throughput with default 4 MB chunks (run with `--ignored --nocapture`).
