@@ -1,1 +1,75 @@
-//! placeholder
+//! The pushpull worker library: what training code calls to sum gradients over a job.
+//!
+//! ```no_run
+//! use pushpull_worker::{JoinOptions, ParamMap, Reduce, Worker};
+//! # async fn train() -> Result<(), pushpull_worker::WorkerError> {
+//! let worker = Worker::join_with_config_file("configs/local.toml", JoinOptions::default()).await?;
+//! let grad = worker.declare("fc1.weight", 1_000_000, ParamMap::new()).await?;
+//! let mut buf = vec![0.0f32; 1_000_000];
+//! for _step in 0..10 {
+//!     // ... fill buf with this worker's gradient ...
+//!     buf = worker.push_pull(&grad, buf, Reduce::Average).await?;
+//! }
+//! worker.finish().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Map of the crate
+//! | item | what it is |
+//! |---|---|
+//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`], [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`] |
+//! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
+//! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
+//! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
+//! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
+//! | [`Metrics`], [`TensorMetrics`] | payload bytes pushed and pulled, per tensor and in total |
+//! | [`CodecFactory`], [`CodecContext`], [`Fp32Factory`] | the hook that builds each chunk's [`ChunkCodec`] (fp32 by default; compressors plug in here, as on the server) |
+//!
+//! Internals: `shared` (state shared with the background tasks: the control writer and
+//! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
+//! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
+//! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
+//! `chunks` (u64 placement ↔ buffer slices). The protocol itself is documented in
+//! [`pushpull_common::protocol`].
+//!
+//! # How a push_pull travels
+//! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
+//! by one server. A call takes the tensor's lock (calls on one tensor are serialised, and
+//! each call is one round), then in a spawned task encodes each chunk with its codec, pushes it
+//! to its server on a QUIC stream of its own, and awaits the `Result` frame that the
+//! connection's reader task hands over once every worker has pushed that chunk. Results are
+//! decoded straight into the caller's buffer, which is handed back.
+//!
+//! # Failures
+//! Every wait is bounded by failure detection: when the scheduler reports a lost node, when a
+//! connection to the scheduler or a server fails, or when the scheduler is silent for
+//! `cluster.heartbeat_timeout_ms`, every pending and later call fails with
+//! [`WorkerError::NodeLost`] naming the node (`worker 1 (10.0.0.2:50312)`,
+//! `server 0 (10.0.0.3:9100)`, `scheduler (10.0.0.1:9000)`).
+//!
+//! # Running a job
+//! Start a scheduler (`pushpull-scheduler --config FILE`) and the servers
+//! (`pushpull-server --config FILE`), or a whole local cluster with `pushpull local`; then
+//! run training processes that join with the same cluster file. See `examples/basic.rs`.
+//!
+//! [`ChunkCodec`]: pushpull_common::codec::ChunkCodec
+
+#![warn(missing_docs)]
+
+mod blocking;
+mod chunks;
+mod control;
+mod dispatch;
+mod error;
+mod round;
+mod shared;
+mod tensor;
+mod worker;
+
+pub use blocking::BlockingWorker;
+pub use error::WorkerError;
+pub use tensor::{CodecContext, CodecFactory, Fp32Factory, Metrics, Reduce, Tensor, TensorMetrics};
+pub use worker::{JoinOptions, Worker};
+
+pub use pushpull_common::tls::TlsIdentity;
+pub use pushpull_common::{Config, NodeName, NodeRole, ParamMap};

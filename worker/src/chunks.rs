@@ -1,0 +1,180 @@
+//! Pure arithmetic between a placement (u64 offsets and lengths) and a caller's buffer.
+//!
+//! The scheduler's placement describes chunks with u64 offsets and lengths; a buffer is
+//! indexed by `usize`. [`chunk_ranges`] checks once, at declare time, that the chunks tile the
+//! tensor exactly, in order, on servers that exist, and converts them to `usize` ranges
+//! (failing cleanly on a 32-bit machine instead of truncating). [`split_chunks`] then cuts a
+//! buffer into disjoint mutable slices, one per chunk, without copying; [`server_queues`]
+//! lists each server's chunks in placement order, the order every worker issues them in.
+
+use std::ops::Range;
+
+use pushpull_common::protocol::ChunkPlacement;
+
+/// Checks that `chunks` tile `[0, len)` exactly, in order, each non-empty and on a server id
+/// below `num_servers`, and returns their element ranges as `usize`. The error says which chunk
+/// is wrong and how.
+pub(crate) fn chunk_ranges(
+    len: u64,
+    chunks: &[ChunkPlacement],
+    num_servers: u32,
+) -> Result<Vec<Range<usize>>, String> {
+    let mut out = Vec::with_capacity(chunks.len());
+    let mut next: u64 = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        if c.offset != next {
+            return Err(format!(
+                "chunk {i} (key {:#018x}) starts at element {}, expected {next}",
+                c.key, c.offset
+            ));
+        }
+        if c.len == 0 {
+            return Err(format!("chunk {i} (key {:#018x}) is empty", c.key));
+        }
+        if c.server >= num_servers {
+            return Err(format!(
+                "chunk {i} (key {:#018x}) is placed on server {}, but the job has {num_servers} servers",
+                c.key, c.server
+            ));
+        }
+        let end = c.offset.checked_add(c.len).ok_or_else(|| {
+            format!(
+                "chunk {i} (key {:#018x}): offset + length overflows u64",
+                c.key
+            )
+        })?;
+        let to_usize = |v: u64| {
+            usize::try_from(v).map_err(|_| {
+                format!(
+                    "chunk {i} (key {:#018x}) ends at element {v}, beyond this machine's address space",
+                    c.key
+                )
+            })
+        };
+        out.push(to_usize(c.offset)?..to_usize(end)?);
+        next = end;
+    }
+    if next != len {
+        return Err(format!(
+            "the chunks cover {next} elements of a tensor of {len}"
+        ));
+    }
+    Ok(out)
+}
+
+/// Cuts `buf` into one disjoint mutable slice per range. `ranges` must come from
+/// [`chunk_ranges`] for a tensor of `buf.len()` elements (contiguous, in order, covering the
+/// buffer); anything else panics, which would be a bug in this crate.
+pub(crate) fn split_chunks<'a>(
+    mut buf: &'a mut [f32],
+    ranges: &[Range<usize>],
+) -> Vec<&'a mut [f32]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut pos = 0usize;
+    for r in ranges {
+        assert_eq!(r.start, pos, "chunk ranges must be contiguous");
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(r.end - r.start);
+        out.push(head);
+        buf = tail;
+        pos = r.end;
+    }
+    assert!(buf.is_empty(), "chunk ranges must cover the buffer");
+    out
+}
+
+/// For each server id below `num_servers`, the indices of its chunks in placement order.
+pub(crate) fn server_queues(chunks: &[ChunkPlacement], num_servers: u32) -> Vec<Vec<usize>> {
+    let mut queues = vec![Vec::new(); num_servers as usize];
+    for (i, c) in chunks.iter().enumerate() {
+        if let Some(q) = queues.get_mut(c.server as usize) {
+            q.push(i);
+        }
+    }
+    queues
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pushpull_common::placement::Placer;
+    use pushpull_common::ParamMap;
+
+    const P: u64 = 4_096_000;
+
+    #[test]
+    fn one_billion_elements_without_allocating_a_buffer() {
+        let len = 1_000_000_000u64;
+        let t = Placer::new(3, P).place("huge", len, ParamMap::new());
+        let ranges = chunk_ranges(len, &t.chunks, 3).unwrap();
+        assert_eq!(ranges.len(), 977);
+        assert_eq!(ranges.first().unwrap().start, 0);
+        assert_eq!(ranges.last().unwrap().end, 1_000_000_000usize);
+        let bytes: u64 = ranges.iter().map(|r| (r.end - r.start) as u64 * 4).sum();
+        assert_eq!(bytes, 4_000_000_000); // beyond u32::MAX, exact in u64
+        assert!(ranges.iter().all(|r| (r.end - r.start) as u64 * 4 <= P));
+        let queues = server_queues(&t.chunks, 3);
+        assert_eq!(queues.iter().map(Vec::len).sum::<usize>(), 977);
+        for q in &queues {
+            assert!(q.windows(2).all(|w| w[0] < w[1]), "placement order");
+        }
+    }
+
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn more_elements_than_u32_max() {
+        let len = 5_000_000_000u64; // 20 GB of fp32: only the arithmetic, no buffer
+        let t = Placer::new(2, P).place("bigger", len, ParamMap::new());
+        let ranges = chunk_ranges(len, &t.chunks, 2).unwrap();
+        assert_eq!(ranges.last().unwrap().end as u64, len);
+        let last = t.chunks.last().unwrap();
+        assert!(last.offset > u32::MAX as u64);
+    }
+
+    #[test]
+    fn slices_are_disjoint_and_cover_the_buffer() {
+        let len = 1003u64;
+        let t = Placer::new(2, 400).place("t", len, ParamMap::new());
+        let ranges = chunk_ranges(len, &t.chunks, 2).unwrap();
+        let mut buf: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let slices = split_chunks(&mut buf, &ranges);
+        assert_eq!(slices.len(), t.chunks.len());
+        for (s, c) in slices.into_iter().zip(&t.chunks) {
+            assert_eq!(s.len() as u64, c.len);
+            assert_eq!(s[0], c.offset as f32);
+            for v in s.iter_mut() {
+                *v = -*v;
+            }
+        }
+        assert!(buf.iter().enumerate().all(|(i, v)| *v == -(i as f32)));
+    }
+
+    #[test]
+    fn empty_tensor_has_no_chunks() {
+        assert!(chunk_ranges(0, &[], 1).unwrap().is_empty());
+        let mut buf: Vec<f32> = Vec::new();
+        assert!(split_chunks(&mut buf, &[]).is_empty());
+    }
+
+    #[test]
+    fn bad_placements_are_named() {
+        let c = |offset, len, server| ChunkPlacement {
+            key: 0x42,
+            offset,
+            len,
+            server,
+        };
+        let e = chunk_ranges(10, &[c(0, 4, 0), c(5, 5, 0)], 1).unwrap_err();
+        assert!(
+            e.contains("chunk 1") && e.contains("starts at element 5, expected 4"),
+            "{e}"
+        );
+        let e = chunk_ranges(10, &[c(0, 10, 2)], 2).unwrap_err();
+        assert!(e.contains("server 2") && e.contains("2 servers"), "{e}");
+        let e = chunk_ranges(10, &[c(0, 4, 0)], 1).unwrap_err();
+        assert!(e.contains("cover 4 elements of a tensor of 10"), "{e}");
+        let e = chunk_ranges(10, &[c(0, 0, 0)], 1).unwrap_err();
+        assert!(e.contains("empty"), "{e}");
+        let e = chunk_ranges(u64::MAX, &[c(0, 5, 0), c(5, u64::MAX, 0)], 1).unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+    }
+}

@@ -1,0 +1,293 @@
+//! [`WorkerError`]: everything a worker call can fail with.
+//!
+//! Errors are `Clone` (one node loss fails every pending call with the same error), so they
+//! carry messages rather than the underlying I/O errors. Every message names what it is about:
+//! the tensor (and its chunk, key and round on the data path), or the node that was lost, as
+//! [`NodeName`] prints it (`worker 1 (10.0.0.2:50312)`, `server 0 (10.0.0.3:9100)`,
+//! `scheduler (10.0.0.1:9000)`).
+
+use pushpull_common::NodeName;
+
+/// An error from a [`crate::Worker`] call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkerError {
+    /// The configuration is invalid, or the TLS identity named by `[tls]` could not be loaded.
+    /// Fix the file; retrying won't help.
+    #[error("worker configuration: {0}")]
+    Config(String),
+
+    /// A node could not be reached while joining (the scheduler within
+    /// `cluster.connect_timeout_ms`, or a server named in the cluster map).
+    #[error("cannot connect to {node}: {message}")]
+    Connect {
+        /// The node, e.g. `scheduler (127.0.0.1:9000)` or `server 1 (10.0.0.3:9100)`.
+        node: String,
+        /// Why (quinn's or rustls's message, or how long it tried).
+        message: String,
+    },
+
+    /// The scheduler refused the registration (duplicate or out-of-range rank, a setting that
+    /// differs from the scheduler's, cluster full, protocol version). The reason names the
+    /// setting and both values where there are two.
+    #[error("the scheduler refused this worker: {reason}")]
+    Refused {
+        /// The scheduler's message.
+        reason: String,
+    },
+
+    /// A node of the job was lost: the scheduler reported it (`NodeLost`), or this worker lost
+    /// its connection to it, or the scheduler went silent for longer than
+    /// `cluster.heartbeat_timeout_ms`. The job cannot continue; every pending and later call
+    /// of this worker fails with this error.
+    #[error("{node} was lost: {reason}")]
+    NodeLost {
+        /// Who.
+        node: NodeName,
+        /// What was observed.
+        reason: String,
+    },
+
+    /// The scheduler ended the job because of a failure (`Shutdown` with an error) without
+    /// first naming a lost node. Every pending and later call fails with this error.
+    #[error("the scheduler ended the job: {reason}")]
+    JobFailed {
+        /// The scheduler's message.
+        reason: String,
+    },
+
+    /// The scheduler ended the job cleanly, but this worker had not finished. Happens only when
+    /// the scheduler and this worker disagree about the job's end.
+    #[error("the scheduler shut the job down (it considers every worker finished)")]
+    ShutDown,
+
+    /// A peer broke the protocol (a malformed frame or an unexpected message). The connection
+    /// can't be trusted, so the job fails as for a lost node.
+    #[error("protocol error from {peer}: {message}")]
+    Protocol {
+        /// The peer, e.g. `server 0 (127.0.0.1:9100)`.
+        peer: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// [`crate::Worker::finish`] was called (on this handle or a clone): no more operations.
+    #[error("this worker has finished (finish() was called); no more operations are possible")]
+    Finished,
+
+    /// The last [`crate::Worker`] handle was dropped without `finish` while this operation
+    /// was running in the background.
+    #[error("the worker was dropped without finish(); its operations were cancelled")]
+    Dropped,
+
+    /// The scheduler answered a declare with an error (lengths or parameters differ between
+    /// workers, a key collision, a server refused the tensor). Names the tensor and both
+    /// values. Other tensors keep working.
+    #[error("declare of tensor {name:?} failed: {message}")]
+    Declare {
+        /// The tensor.
+        name: String,
+        /// The scheduler's message.
+        message: String,
+    },
+
+    /// The tensor is not declared on this worker: a name-based lookup failed, or a
+    /// [`crate::Tensor`] handle from another `Worker` was passed.
+    #[error("tensor {name:?} is not declared on this worker (call declare first; a Tensor from another Worker can't be used)")]
+    Undeclared {
+        /// The tensor's name.
+        name: String,
+    },
+
+    /// The buffer passed to push_pull/broadcast does not have the declared length. Nothing was
+    /// sent and no round was used.
+    #[error("tensor {name:?} was declared with {declared} elements, but the buffer has {got}")]
+    LengthMismatch {
+        /// The tensor.
+        name: String,
+        /// Its declared length.
+        declared: u64,
+        /// The buffer's length.
+        got: u64,
+    },
+
+    /// A broadcast root that is not a rank of the job. Nothing was sent.
+    #[error("broadcast of tensor {name:?}: root {root} is not a rank (the job has {num_workers} workers)")]
+    BadRoot {
+        /// The tensor.
+        name: String,
+        /// The requested root.
+        root: u32,
+        /// Workers in the job.
+        num_workers: u32,
+    },
+
+    /// A server aborted a round of one chunk (a bad push from some worker: wrong length,
+    /// undecodable payload, mismatching op, ...). The message is the server's and names the
+    /// worker that caused it. The round still completed for every other chunk, so the tensor's
+    /// rounds stay in step with the other workers; the next call may succeed.
+    #[error("{op} of tensor {name:?} aborted by {server} at chunk {chunk} (key {key:#018x}, round {round}): {message}")]
+    Aborted {
+        /// `push_pull` or `broadcast`.
+        op: &'static str,
+        /// The tensor.
+        name: String,
+        /// Chunk index within the tensor.
+        chunk: u32,
+        /// The chunk's key.
+        key: u64,
+        /// The tensor's round.
+        round: u64,
+        /// The server that aborted, e.g. `server 0 (127.0.0.1:9100)`.
+        server: String,
+        /// The server's message.
+        message: String,
+    },
+
+    /// The chunk's codec failed to encode this worker's data or to decode a result.
+    #[error(
+        "tensor {name:?} chunk {chunk} (key {key:#018x}, round {round}): codec error: {message}"
+    )]
+    Codec {
+        /// The tensor.
+        name: String,
+        /// Chunk index.
+        chunk: u32,
+        /// The chunk's key.
+        key: u64,
+        /// The round.
+        round: u64,
+        /// The codec's message.
+        message: String,
+    },
+
+    /// The placement the scheduler sent cannot be applied here (chunks that don't tile the
+    /// tensor, a server id outside the map, a chunk too large for this machine's address space,
+    /// or the codec factory refused a chunk).
+    #[error("tensor {name:?}: unusable placement: {message}")]
+    Placement {
+        /// The tensor.
+        name: String,
+        /// What was wrong.
+        message: String,
+    },
+
+    /// A bug or a runtime failure (a background task panicked, the blocking wrapper could not
+    /// start its runtime).
+    #[error("internal worker error: {0}")]
+    Internal(String),
+}
+
+impl WorkerError {
+    /// Whether this error ends the job for this worker (a lost node, a failed job, a protocol
+    /// violation, finish, drop): every later call fails too. The other errors concern one call
+    /// or one tensor.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::NodeLost { .. }
+                | WorkerError::JobFailed { .. }
+                | WorkerError::ShutDown
+                | WorkerError::Protocol { .. }
+                | WorkerError::Finished
+                | WorkerError::Dropped
+                | WorkerError::Refused { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pushpull_common::NodeRole;
+
+    fn node(role: NodeRole, id: u32, port: u16) -> NodeName {
+        NodeName {
+            role,
+            id,
+            addr: ([127, 0, 0, 1], port).into(),
+        }
+    }
+
+    #[test]
+    fn lost_nodes_are_named_by_role_id_and_address() {
+        let e = WorkerError::NodeLost {
+            node: node(NodeRole::Worker, 1, 5000),
+            reason: "no heartbeat for 10.0 s".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "worker 1 (127.0.0.1:5000) was lost: no heartbeat for 10.0 s"
+        );
+        let e = WorkerError::NodeLost {
+            node: node(NodeRole::Server, 0, 9100),
+            reason: "connection lost".into(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("server 0 (127.0.0.1:9100) was lost"),
+            "{e}"
+        );
+        let e = WorkerError::NodeLost {
+            node: node(NodeRole::Scheduler, 0, 9000),
+            reason: "silent".into(),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("scheduler (127.0.0.1:9000) was lost"),
+            "{e}"
+        );
+        assert!(e.is_fatal());
+    }
+
+    #[test]
+    fn tensor_errors_name_the_tensor_and_values() {
+        let e = WorkerError::LengthMismatch {
+            name: "fc1.weight".into(),
+            declared: 1_000_000_000,
+            got: 999,
+        };
+        assert_eq!(
+            e.to_string(),
+            "tensor \"fc1.weight\" was declared with 1000000000 elements, but the buffer has 999"
+        );
+        assert!(!e.is_fatal());
+        let e = WorkerError::Undeclared { name: "b".into() };
+        assert!(
+            e.to_string().contains("tensor \"b\" is not declared"),
+            "{e}"
+        );
+        let e = WorkerError::Aborted {
+            op: "push_pull",
+            name: "w".into(),
+            chunk: 3,
+            key: 0xabc,
+            round: 7,
+            server: "server 1 (127.0.0.1:9101)".into(),
+            message: "rank 1 pushed 8 bytes, expected 16".into(),
+        };
+        let s = e.to_string();
+        for part in [
+            "\"w\"",
+            "server 1",
+            "chunk 3",
+            "0x0000000000000abc",
+            "round 7",
+            "rank 1",
+        ] {
+            assert!(s.contains(part), "{s} lacks {part}");
+        }
+        let e = WorkerError::BadRoot {
+            name: "w".into(),
+            root: 4,
+            num_workers: 2,
+        };
+        assert!(e.to_string().contains("root 4") && e.to_string().contains("2 workers"));
+        let e = WorkerError::Declare {
+            name: "fc1.weight".into(),
+            message:
+                "tensor \"fc1.weight\": worker 0 declared 1000 elements, worker 1 declared 999"
+                    .into(),
+        };
+        assert!(e.to_string().contains("1000") && e.to_string().contains("999"));
+    }
+}

@@ -1,0 +1,276 @@
+//! One round of one tensor: push every chunk, wait for its result, decode into the buffer.
+//!
+//! Chunks run concurrently as futures of the round's task, each borrowing its own disjoint
+//! slice of the buffer (no copies, no `unsafe`). Per server, at most `max_inflight_chunks`
+//! chunks are in flight, and they are started strictly in placement order; every worker
+//! follows the same order, so the smallest unfinished chunk of a server is always pushed by
+//! every worker and the windows can never deadlock (the window is per call: chunks of another
+//! tensor never take this call's slots).
+//!
+//! A server's abort, or a codec error, fails the call but not the round: the other chunks are
+//! still pushed and awaited, so the tensor's round counter stays in step with the other
+//! workers and the servers. A fatal error (a lost node) ends the call at once.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use pushpull_common::protocol::{FrameHeader, FrameKind, ReduceOp};
+use pushpull_common::transport::send_frame;
+use pushpull_common::NodeName;
+
+use crate::chunks::split_chunks;
+use crate::dispatch::{Outcome, Waiter};
+use crate::error::WorkerError;
+use crate::shared::{transport_reason, Shared};
+use crate::tensor::TensorInner;
+
+/// A worker's connection to one server.
+pub(crate) struct ServerLink {
+    pub(crate) name: NodeName,
+    pub(crate) peer: String,
+    pub(crate) conn: quinn::Connection,
+}
+
+/// What a round needs from its worker.
+#[derive(Clone)]
+pub(crate) struct RoundCtx {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) links: Arc<Vec<ServerLink>>,
+    pub(crate) rank: u32,
+    pub(crate) num_workers: u32,
+    pub(crate) max_inflight: usize,
+}
+
+/// What kind of round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoundKind {
+    /// Sum over workers, optionally divided by the number of workers.
+    Sum {
+        /// Divide by `num_workers` after decoding.
+        average: bool,
+    },
+    /// Everyone gets the root's data.
+    Broadcast {
+        /// The root rank.
+        root: u32,
+    },
+}
+
+impl RoundKind {
+    fn op_name(self) -> &'static str {
+        match self {
+            RoundKind::Sum { .. } => "push_pull",
+            RoundKind::Broadcast { .. } => "broadcast",
+        }
+    }
+}
+
+/// Runs `round` of `tensor` over `buf` (already checked to have the tensor's length) and
+/// returns the buffer holding the result.
+pub(crate) async fn run_round(
+    ctx: RoundCtx,
+    tensor: Arc<TensorInner>,
+    round: u64,
+    kind: RoundKind,
+    mut buf: Vec<f32>,
+) -> Result<Vec<f32>, WorkerError> {
+    let mut first_error: Option<WorkerError> = None;
+    {
+        let mut slices: Vec<Option<&mut [f32]>> = split_chunks(&mut buf, &tensor.ranges)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut next = vec![0usize; tensor.queues.len()];
+        let mut running = FuturesUnordered::new();
+        // Starts the next chunk of `server` in placement order, if it has one left.
+        macro_rules! start_next {
+            ($server:expr) => {{
+                let server: usize = $server;
+                if let Some(&i) = tensor.queues[server].get(next[server]) {
+                    next[server] += 1;
+                    let slice = slices[i].take().expect("each chunk starts once");
+                    running.push(chunk_round(&ctx, &tensor, i, round, kind, slice));
+                }
+            }};
+        }
+        for server in 0..tensor.queues.len() {
+            for _ in 0..ctx.max_inflight {
+                start_next!(server);
+            }
+        }
+        while let Some((server, result)) = running.next().await {
+            if let Err(e) = result {
+                if e.is_fatal() {
+                    return Err(e);
+                }
+                tracing::debug!("worker {}: {e}", ctx.rank);
+                first_error.get_or_insert(e);
+            }
+            start_next!(server);
+        }
+    }
+    match first_error {
+        Some(e @ WorkerError::Aborted { .. }) => Err(prefer_fatal(&ctx.shared, e).await),
+        Some(e) => Err(e),
+        None => Ok(buf),
+    }
+}
+
+/// When a node is lost, servers abort their open rounds (naming the node) at about the moment
+/// the scheduler's `NodeLost` reaches this worker; the abort may win the race. So an abort
+/// waits a moment ([`ABORT_GRACE`] at most, less with a shorter heartbeat interval) for the
+/// job's fatal error and returns that instead, so that a call pending when a node is lost fails
+/// with [`WorkerError::NodeLost`] like every later call. A genuine abort (a bad push) is
+/// reported that much later.
+async fn prefer_fatal(shared: &Shared, abort: WorkerError) -> WorkerError {
+    let grace = ABORT_GRACE.min(shared.heartbeat_interval);
+    let mut rx = shared.subscribe();
+    let fatal = tokio::time::timeout(grace, async {
+        match rx.wait_for(|s| s.fatal.is_some()).await {
+            Ok(s) => s.fatal.clone(),
+            Err(_) => None,
+        }
+    })
+    .await;
+    match fatal {
+        Ok(Some(fatal)) => fatal,
+        _ => abort,
+    }
+}
+
+/// Longest wait of [`prefer_fatal`].
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// One chunk of one round; returns the chunk's server id with the outcome.
+async fn chunk_round(
+    ctx: &RoundCtx,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    slice: &mut [f32],
+) -> (usize, Result<(), WorkerError>) {
+    let chunk = tensor.placement.chunks[index];
+    let server = chunk.server as usize;
+    (
+        server,
+        chunk_round_inner(ctx, tensor, index, round, kind, slice).await,
+    )
+}
+
+async fn chunk_round_inner(
+    ctx: &RoundCtx,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    slice: &mut [f32],
+) -> Result<(), WorkerError> {
+    let chunk = tensor.placement.chunks[index];
+    let link = &ctx.links[chunk.server as usize];
+    let dispatch = &ctx.shared.dispatch[chunk.server as usize];
+    let codec_error = |message: String| WorkerError::Codec {
+        name: tensor.placement.name.clone(),
+        chunk: index as u32,
+        key: chunk.key,
+        round,
+        message,
+    };
+    let (op, aux, encode) = match kind {
+        RoundKind::Sum { .. } => (ReduceOp::Sum, 0, true),
+        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root, root == ctx.rank),
+    };
+
+    // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
+    // the round for every worker, instead of leaving the others waiting for this push.
+    let mut encode_error = None;
+    let payload = if encode {
+        let mut out = Vec::new();
+        let mut codec = tensor.codecs[index]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match codec.encode(slice, round, &mut out) {
+            Ok(()) => Bytes::from(out),
+            Err(e) => {
+                encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
+                Bytes::new()
+            }
+        }
+    } else {
+        Bytes::new()
+    };
+
+    let outcome = match dispatch.register(chunk.key, round)? {
+        // The round was aborted before this worker pushed (another worker's push was bad).
+        Waiter::Ready(outcome) => outcome,
+        Waiter::Pending(rx) => {
+            let header = FrameHeader {
+                kind: FrameKind::Push,
+                op,
+                rank: ctx.rank,
+                aux,
+                key: chunk.key,
+                round,
+                payload_len: payload.len() as u64,
+            };
+            let pushed = payload.len() as u64;
+            if let Err(e) = send_frame(&link.conn, &header, payload, &link.peer).await {
+                dispatch.cancel(chunk.key, round);
+                let error = WorkerError::NodeLost {
+                    node: link.name.clone(),
+                    reason: transport_reason(&e),
+                };
+                ctx.shared.server_gone(&link.name, error.clone());
+                return Err(ctx.shared.state().fatal.unwrap_or(error));
+            }
+            tensor.bytes_pushed.fetch_add(pushed, Ordering::Relaxed);
+            match rx.await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(fatal)) => return Err(fatal),
+                Err(_) => {
+                    return Err(ctx.shared.state().fatal.unwrap_or_else(|| {
+                        WorkerError::Internal(format!(
+                            "the dispatch table dropped key {:#018x} round {round}",
+                            chunk.key
+                        ))
+                    }))
+                }
+            }
+        }
+    };
+    if let Some(e) = encode_error {
+        return Err(e);
+    }
+    match outcome {
+        Outcome::Result(payload) => {
+            tensor
+                .bytes_pulled
+                .fetch_add(payload.len() as u64, Ordering::Relaxed);
+            let codec = tensor.codecs[index]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            codec
+                .decode(&payload, round, slice)
+                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))?;
+            drop(codec);
+            if let RoundKind::Sum { average: true } = kind {
+                let w = ctx.num_workers as f32;
+                for x in slice.iter_mut() {
+                    *x /= w;
+                }
+            }
+            Ok(())
+        }
+        Outcome::Abort(message) => Err(WorkerError::Aborted {
+            op: kind.op_name(),
+            name: tensor.placement.name.clone(),
+            chunk: index as u32,
+            key: chunk.key,
+            round,
+            server: link.name.to_string(),
+            message,
+        }),
+    }
+}

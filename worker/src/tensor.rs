@@ -1,0 +1,264 @@
+//! Declared tensors, reduce operations, the codec hook and byte counters.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pushpull_common::codec::{ChunkCodec, Fp32Codec};
+use pushpull_common::protocol::{ChunkPlacement, TensorPlacement};
+use pushpull_common::{Config, ParamMap};
+
+/// How [`crate::Worker::push_pull`] combines the workers' buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduce {
+    /// The element-wise sum over all workers, added in rank order by the servers (so every
+    /// worker gets the same bits, whatever order the pushes arrived in).
+    #[default]
+    Sum,
+    /// The sum, then every element divided by the number of workers on this worker: exactly
+    /// `sum / num_workers as f32` (an IEEE division, not a multiplication by the reciprocal),
+    /// so every worker still gets the same bits.
+    Average,
+}
+
+/// What a [`CodecFactory`] is told about the chunk it builds a codec for (the same fields as
+/// the server's `CodecContext`, with this worker's rank instead of a server id).
+#[derive(Debug, Clone, Copy)]
+pub struct CodecContext<'a> {
+    /// The whole tensor's placement: name, element count, agreed parameter map (config
+    /// defaults < per-tensor table < declare map), all chunks.
+    pub tensor: &'a TensorPlacement,
+    /// The chunk: key, offset, element count, server.
+    pub chunk: &'a ChunkPlacement,
+    /// The chunk's index in `tensor.chunks`.
+    pub chunk_index: u32,
+    /// The job seed (the same on every node).
+    pub job_seed: u64,
+    /// This worker's rank.
+    pub rank: u32,
+    /// The cluster file this worker joined with (e.g. `cluster.min_compress_bytes`: smaller
+    /// tensors travel uncompressed, DESIGN.md §3).
+    pub config: &'a Config,
+}
+
+/// Builds the codec of each chunk (key) of a tensor this worker declares: called once per
+/// chunk at declare time, and the codec is kept for every round of that chunk (so it may keep
+/// state, e.g. error feedback). Servers build the codec of the same key with their own
+/// factory; both must agree on the payload format. Must return a codec whose `len()` is
+/// `ctx.chunk.len`; an `Err` fails the declare with a [`crate::WorkerError::Placement`]
+/// naming the tensor.
+///
+/// Any `Fn(&CodecContext) -> Result<Box<dyn ChunkCodec>, String> + Send + Sync` is a factory.
+pub trait CodecFactory: Send + Sync {
+    /// A fresh codec (with fresh state) for `ctx.chunk`.
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String>;
+}
+
+impl<F> CodecFactory for F
+where
+    F: Fn(&CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> + Send + Sync,
+{
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
+        self(ctx)
+    }
+}
+
+/// The default factory: [`Fp32Codec`] (raw little-endian fp32) for every chunk, whatever the
+/// parameters say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fp32Factory;
+
+impl CodecFactory for Fp32Factory {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
+        let len = usize::try_from(ctx.chunk.len)
+            .map_err(|_| format!("chunk of {} elements is too large", ctx.chunk.len))?;
+        Ok(Box::new(Fp32Codec::new(len)))
+    }
+}
+
+/// A declared tensor: a cheap `Clone` handle (an `Arc`) to its name, length, placement, codecs
+/// and round counter.
+///
+/// Obtained from [`crate::Worker::declare`] (or [`crate::Worker::tensor`] by name) and valid
+/// only with the `Worker` that declared it. Declaring the same name again on the same worker
+/// returns a handle to the same tensor (the same round counter). Dropping a handle does
+/// nothing; the worker keeps the tensor for the job's lifetime.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Arc<TensorInner>,
+}
+
+pub(crate) struct TensorInner {
+    pub(crate) placement: TensorPlacement,
+    /// Element range of each chunk, checked against the placement at declare time.
+    pub(crate) ranges: Vec<Range<usize>>,
+    /// Chunk indices per server id, in placement order.
+    pub(crate) queues: Vec<Vec<usize>>,
+    /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
+    /// a time; the mutex is never held across an await.
+    pub(crate) codecs: Vec<Mutex<Box<dyn ChunkCodec>>>,
+    /// The next round number; holding this lock is holding the tensor.
+    pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
+    pub(crate) rounds_started: AtomicU64,
+    pub(crate) bytes_pushed: AtomicU64,
+    pub(crate) bytes_pulled: AtomicU64,
+}
+
+impl Tensor {
+    /// The tensor's name (its keys derive from it).
+    pub fn name(&self) -> &str {
+        &self.inner.placement.name
+    }
+
+    /// Number of f32 elements.
+    pub fn len(&self) -> u64 {
+        self.inner.placement.len
+    }
+
+    /// Whether the tensor has no elements (its push_pulls send nothing).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The agreed parameter map.
+    pub fn params(&self) -> &ParamMap {
+        &self.inner.placement.params
+    }
+
+    /// The chunks and the servers holding them, as the scheduler placed them.
+    pub fn placement(&self) -> &TensorPlacement {
+        &self.inner.placement
+    }
+
+    /// Number of chunks (keys).
+    pub fn num_chunks(&self) -> usize {
+        self.inner.placement.chunks.len()
+    }
+
+    /// How many push_pull/broadcast rounds of this tensor this worker has started; the next
+    /// call uses this number as its round.
+    pub fn rounds_started(&self) -> u64 {
+        self.inner.rounds_started.load(Ordering::Relaxed)
+    }
+
+    /// This tensor's byte counters.
+    pub fn metrics(&self) -> TensorMetrics {
+        TensorMetrics {
+            len: self.len(),
+            chunks: self.num_chunks(),
+            rounds: self.rounds_started(),
+            bytes_pushed: self.inner.bytes_pushed.load(Ordering::Relaxed),
+            bytes_pulled: self.inner.bytes_pulled.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("name", &self.name())
+            .field("len", &self.len())
+            .field("chunks", &self.num_chunks())
+            .field("rounds_started", &self.rounds_started())
+            .finish()
+    }
+}
+
+/// Byte counters of one tensor. Bytes are payload bytes of data frames (the encoded chunks a
+/// worker pushes and the results it pulls); the 40-byte frame headers and QUIC/TLS overhead are
+/// not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TensorMetrics {
+    /// Elements.
+    pub len: u64,
+    /// Chunks (keys).
+    pub chunks: usize,
+    /// Rounds started (push_pull and broadcast calls that got past validation).
+    pub rounds: u64,
+    /// Payload bytes pushed to servers.
+    pub bytes_pushed: u64,
+    /// Payload bytes of results pulled from servers.
+    pub bytes_pulled: u64,
+}
+
+/// A worker's byte counters: totals and per tensor (see [`TensorMetrics`] for what counts).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Metrics {
+    /// Payload bytes pushed, all tensors.
+    pub bytes_pushed: u64,
+    /// Payload bytes pulled, all tensors.
+    pub bytes_pulled: u64,
+    /// Rounds started, all tensors.
+    pub rounds: u64,
+    /// Per tensor, by name.
+    pub tensors: BTreeMap<String, TensorMetrics>,
+}
+
+impl Metrics {
+    /// Totals over a set of tensors.
+    pub(crate) fn from_tensors<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Metrics {
+        let mut m = Metrics::default();
+        for t in tensors {
+            let tm = t.metrics();
+            m.bytes_pushed += tm.bytes_pushed;
+            m.bytes_pulled += tm.bytes_pulled;
+            m.rounds += tm.rounds;
+            m.tensors.insert(t.name().to_string(), tm);
+        }
+        m
+    }
+}
+
+impl std::fmt::Display for Metrics {
+    /// One line of totals, e.g. `161 tensors, 1771 rounds: pushed 1.130 GB (1130364096 B),
+    /// pulled 1.130 GB (1130364096 B)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} tensors, {} rounds: pushed {} ({} B), pulled {} ({} B)",
+            self.tensors.len(),
+            self.rounds,
+            human_bytes(self.bytes_pushed),
+            self.bytes_pushed,
+            human_bytes(self.bytes_pulled),
+            self.bytes_pulled
+        )
+    }
+}
+
+/// `1234567` -> `1.235 MB` (decimal units).
+fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1e9 {
+        format!("{:.3} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.3} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.3} kB", b / 1e3)
+    } else {
+        format!("{b} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_line_names_totals() {
+        let mut m = Metrics {
+            bytes_pushed: 1_130_364_096,
+            bytes_pulled: 999,
+            rounds: 1771,
+            ..Metrics::default()
+        };
+        m.tensors.insert("a".into(), TensorMetrics::default());
+        assert_eq!(
+            m.to_string(),
+            "1 tensors, 1771 rounds: pushed 1.130 GB (1130364096 B), pulled 999 B (999 B)"
+        );
+        assert_eq!(human_bytes(40_040), "40.040 kB");
+        assert_eq!(human_bytes(4_096_000), "4.096 MB");
+    }
+}

@@ -1,0 +1,753 @@
+//! [`Worker`]: joining the cluster and the collective operations.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pushpull_common::protocol::{
+    max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler, PROTOCOL_VERSION,
+};
+use pushpull_common::tls::TlsIdentity;
+use pushpull_common::transport::{send_frame, Endpoint, TransportError};
+use pushpull_common::{Config, NodeName, NodeRole, ParamMap};
+use tokio::task::JoinHandle;
+
+use crate::chunks::{chunk_ranges, server_queues};
+use crate::error::WorkerError;
+use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
+use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
+use crate::tensor::{
+    CodecContext, CodecFactory, Fp32Factory, Metrics, Reduce, Tensor, TensorInner,
+};
+
+/// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
+/// closing the control stream's acknowledgement) before closing the connections anyway.
+const CLOSE_CONTROL_BOUND: Duration = Duration::from_secs(2);
+/// How long closing waits for the connections to be acknowledged closed.
+const WAIT_IDLE_BOUND: Duration = Duration::from_secs(1);
+
+/// Options for [`Worker::join`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JoinOptions {
+    /// Ask the scheduler for this rank (`0..num_workers`). The scheduler refuses the worker if
+    /// the rank is out of range or already taken; `None` takes the lowest free rank once every
+    /// node has registered.
+    pub requested_rank: Option<u32>,
+}
+
+/// A member of a pushpull job: the handle users' training code calls.
+///
+/// `Worker` is a cheap `Clone` handle (an `Arc`); clones share the connections, the declared
+/// tensors and the round counters, and may be used from several tasks at once.
+///
+/// # Life cycle
+/// 1. [`Worker::join`] registers with the scheduler, waits until every node of the job has
+///    registered, and connects to every server.
+/// 2. [`Worker::declare`] each tensor (a collective: every worker declares every tensor).
+/// 3. [`Worker::push_pull`] / [`Worker::broadcast`] rounds, [`Worker::barrier`]s.
+/// 4. [`Worker::finish`] once the last operation is done.
+///
+/// # Failures
+/// If any node of the job is lost (the scheduler reports it, a connection to the scheduler or a
+/// server fails, or the scheduler is silent for `cluster.heartbeat_timeout_ms`), every pending
+/// and later call fails with a [`WorkerError::NodeLost`] naming that node. Nothing waits
+/// forever for a dead node.
+///
+/// # Dropping
+/// Dropping the last handle without [`Worker::finish`] closes every connection at once and
+/// fails operations still running in the background with [`WorkerError::Dropped`]. The
+/// scheduler sees this worker vanish without `Finished`, declares it lost, and the whole job
+/// fails (the other nodes get an error naming this worker). Call `finish` for a clean end.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<WorkerInner>,
+}
+
+struct WorkerInner {
+    shared: Arc<Shared>,
+    links: Arc<Vec<ServerLink>>,
+    endpoint: Endpoint,
+    rank: u32,
+    map: ClusterMap,
+    config: Config,
+    tensors: Mutex<HashMap<String, Tensor>>,
+    codec_factory: Mutex<Arc<dyn CodecFactory>>,
+    barrier_seq: AtomicU64,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Closes what a join attempt started if it fails or is cancelled.
+struct JoinCleanup {
+    endpoint: Option<Endpoint>,
+    shared: Option<Arc<Shared>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for JoinCleanup {
+    fn drop(&mut self) {
+        if let Some(endpoint) = self.endpoint.take() {
+            if let Some(shared) = &self.shared {
+                shared.set_phase(Phase::Closed);
+            }
+            for t in &self.tasks {
+                t.abort();
+            }
+            endpoint.quinn.close(0u32.into(), b"join failed");
+        }
+    }
+}
+
+fn connect_message(e: &TransportError) -> String {
+    match e {
+        TransportError::Connect { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Resolves with the job's fatal error once one is recorded.
+async fn until_fatal(shared: &Shared) -> WorkerError {
+    let mut rx = shared.subscribe();
+    let fatal = match rx.wait_for(|s| s.fatal.is_some()).await {
+        Ok(s) => s.fatal.clone(),
+        Err(_) => None,
+    };
+    fatal.unwrap_or_else(|| WorkerError::Internal("worker state dropped".into()))
+}
+
+impl Worker {
+    /// Joins the job described by `config` with the TLS `identity` (this node's certificate
+    /// and the cluster CA).
+    ///
+    /// Dials the scheduler at `cluster.scheduler`, retrying for `cluster.connect_timeout_ms`;
+    /// registers (with `opts.requested_rank`, if any, and the digest of the cluster-relevant
+    /// settings); waits until every server and worker of the job has registered and the
+    /// scheduler sends the cluster map; then connects to every server. Must be called inside a
+    /// tokio runtime (use [`crate::BlockingWorker`] from synchronous code).
+    ///
+    /// # Errors
+    /// * [`WorkerError::Config`]: the config does not validate, or the scheduler's port is 0
+    ///   (workers must dial the scheduler's real port);
+    /// * [`WorkerError::Connect`]: the scheduler or a server could not be reached (names it);
+    /// * [`WorkerError::Refused`]: the scheduler refused the registration; the reason names
+    ///   what was wrong (a setting that differs, with both values; a rank taken or out of
+    ///   range; the cluster full);
+    /// * [`WorkerError::NodeLost`] / [`WorkerError::JobFailed`]: the job failed while joining.
+    ///
+    /// Dropping the returned future cancels the join and closes everything it opened.
+    pub async fn join(
+        config: &Config,
+        identity: TlsIdentity,
+        opts: JoinOptions,
+    ) -> Result<Worker, WorkerError> {
+        config
+            .validate("(worker config)")
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        let sched_addr = config.scheduler_addr();
+        if sched_addr.port() == 0 {
+            return Err(WorkerError::Config(format!(
+                "`cluster.scheduler` = {sched_addr}: workers need the scheduler's actual port, not 0"
+            )));
+        }
+        if let Some(r) = opts.requested_rank {
+            if r >= config.cluster.num_workers {
+                return Err(WorkerError::Config(format!(
+                    "requested rank {r} is out of range: `cluster.num_workers` = {}",
+                    config.cluster.num_workers
+                )));
+            }
+        }
+        let scheduler = NodeName {
+            role: NodeRole::Scheduler,
+            id: 0,
+            addr: sched_addr,
+        };
+        let bind: SocketAddr = if sched_addr.is_ipv6() {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint = Endpoint::bind(bind, &identity, config).map_err(|e| match e {
+            TransportError::Tls(t) => WorkerError::Config(t.to_string()),
+            other => WorkerError::Internal(other.to_string()),
+        })?;
+        let mut cleanup = JoinCleanup {
+            endpoint: Some(endpoint.clone()),
+            shared: None,
+            tasks: Vec::new(),
+        };
+        let connect_err = |node: &NodeName, message: String| WorkerError::Connect {
+            node: node.to_string(),
+            message,
+        };
+
+        // Register.
+        let conn = endpoint
+            .connect_with_retry(sched_addr, config.connect_timeout())
+            .await
+            .map_err(|e| connect_err(&scheduler, connect_message(&e)))?;
+        tracing::debug!("worker: connected to {scheduler}");
+        let (send, recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| connect_err(&scheduler, format!("opening the control stream: {e}")))?;
+        let (shared, outgoing, welcome) = Shared::new(scheduler.clone(), config);
+        cleanup.shared = Some(shared.clone());
+        shared.send(ToScheduler::Register {
+            version: PROTOCOL_VERSION,
+            role: NodeRole::Worker,
+            requested_id: opts.requested_rank,
+            listen_addr: None,
+            digest: config.digest(),
+        })?;
+        cleanup
+            .tasks
+            .push(tokio::spawn(control_writer(shared.clone(), send, outgoing)));
+        cleanup
+            .tasks
+            .push(tokio::spawn(control_reader(shared.clone(), recv)));
+        cleanup.tasks.push(tokio::spawn(heartbeat(shared.clone())));
+
+        tracing::debug!("worker: registered with {scheduler}; waiting for the other nodes");
+        // Wait for the cluster map.
+        let (rank, map) = tokio::select! {
+            w = welcome => w.map_err(|_| WorkerError::Internal("welcome channel dropped".into()))?,
+            e = until_fatal(&shared) => return Err(e),
+        };
+        let (num_workers, num_servers) = (config.cluster.num_workers, config.cluster.num_servers);
+        if map.servers.len() != num_servers as usize || rank >= num_workers {
+            return Err(WorkerError::Protocol {
+                peer: scheduler.to_string(),
+                message: format!(
+                    "Welcome with rank {rank} and {} server addresses for a job of {num_workers} workers and {num_servers} servers",
+                    map.servers.len()
+                ),
+            });
+        }
+
+        tracing::debug!(
+            "worker: welcomed as rank {rank}; connecting to {} servers",
+            map.servers.len()
+        );
+        // Connect to every server and say hello.
+        let timeout = config.connect_timeout();
+        let connects = map.servers.iter().enumerate().map(|(id, &addr)| {
+            let endpoint = endpoint.clone();
+            async move {
+                let name = NodeName {
+                    role: NodeRole::Server,
+                    id: id as u32,
+                    addr,
+                };
+                let err = |message: String| WorkerError::Connect {
+                    node: name.to_string(),
+                    message,
+                };
+                let conn = endpoint
+                    .connect_with_retry(addr, timeout)
+                    .await
+                    .map_err(|e| err(connect_message(&e)))?;
+                let hello = FrameHeader {
+                    kind: FrameKind::Hello,
+                    op: ReduceOp::Sum,
+                    rank,
+                    aux: 0,
+                    key: 0,
+                    round: 0,
+                    payload_len: 0,
+                };
+                send_frame(&conn, &hello, Bytes::new(), &name.to_string())
+                    .await
+                    .map_err(|e| err(format!("sending Hello: {e}")))?;
+                Ok::<_, WorkerError>(ServerLink {
+                    peer: name.to_string(),
+                    name,
+                    conn,
+                })
+            }
+        });
+        let links = tokio::select! {
+            links = futures_util::future::try_join_all(connects) => links?,
+            e = until_fatal(&shared) => return Err(e),
+        };
+        let max_payload = max_payload_len(config.cluster.partition_bytes);
+        for link in &links {
+            cleanup.tasks.push(tokio::spawn(server_reader(
+                shared.clone(),
+                link.name.clone(),
+                link.conn.clone(),
+                rank,
+                max_payload,
+            )));
+        }
+        shared.set_phase(Phase::Running);
+        shared.check()?;
+        tracing::info!(
+            "worker {rank} of {num_workers} joined: {num_servers} servers, job seed {}",
+            map.job_seed
+        );
+
+        cleanup.endpoint = None; // disarm
+        let tasks = std::mem::take(&mut cleanup.tasks);
+        Ok(Worker {
+            inner: Arc::new(WorkerInner {
+                shared,
+                links: Arc::new(links),
+                endpoint,
+                rank,
+                map,
+                config: config.clone(),
+                tensors: Mutex::new(HashMap::new()),
+                codec_factory: Mutex::new(Arc::new(Fp32Factory)),
+                barrier_seq: AtomicU64::new(0),
+                tasks: Mutex::new(tasks),
+            }),
+        })
+    }
+
+    /// Reads the cluster file at `path`, loads the TLS identity its `[tls]` section names
+    /// (`ca`, `cert`, `key`), and [`join`](Worker::join)s.
+    ///
+    /// # Errors
+    /// [`WorkerError::Config`] naming the file and key, or the PEM file that could not be
+    /// loaded; then as for `join`.
+    pub async fn join_with_config_file(
+        path: impl AsRef<Path>,
+        opts: JoinOptions,
+    ) -> Result<Worker, WorkerError> {
+        let config = Config::from_file(path).map_err(|e| WorkerError::Config(e.to_string()))?;
+        let identity =
+            TlsIdentity::load(&config.tls).map_err(|e| WorkerError::Config(e.to_string()))?;
+        Worker::join(&config, identity, opts).await
+    }
+
+    /// This worker's rank, `0..num_workers`.
+    pub fn rank(&self) -> u32 {
+        self.inner.rank
+    }
+
+    /// Number of workers in the job.
+    pub fn num_workers(&self) -> u32 {
+        self.inner.config.cluster.num_workers
+    }
+
+    /// Number of servers in the job.
+    pub fn num_servers(&self) -> u32 {
+        self.inner.config.cluster.num_servers
+    }
+
+    /// The job seed: `cluster.seed`, or the one the scheduler picked (the same on every node).
+    pub fn job_seed(&self) -> u64 {
+        self.inner.map.job_seed
+    }
+
+    /// The cluster map the scheduler sent (server addresses by id, workers by rank, job seed).
+    pub fn cluster_map(&self) -> &ClusterMap {
+        &self.inner.map
+    }
+
+    /// The config this worker joined with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// This worker's local UDP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.endpoint.local_addr()
+    }
+
+    /// Replaces the factory that builds each chunk's codec (default: [`Fp32Factory`]): the
+    /// plug-in point for compressors. Applies to tensors declared after this call; workers and
+    /// servers must build matching codecs for a key.
+    pub fn set_codec_factory(&self, factory: impl CodecFactory + 'static) {
+        *lock(&self.inner.codec_factory) = Arc::new(factory);
+    }
+
+    /// Byte counters: totals and per tensor.
+    pub fn metrics(&self) -> Metrics {
+        let tensors = lock(&self.inner.tensors);
+        Metrics::from_tensors(tensors.values())
+    }
+
+    /// Declares tensor `name` of `len` f32 elements, a collective: returns once every worker of
+    /// the job has declared `name`, with the placement the scheduler chose.
+    ///
+    /// The parameter map sent is the config's `tensor_params(name)` (`[tensors.default]`
+    /// overlaid with `[tensors."name"]`) overlaid with `params`; every worker must end up with
+    /// the same map and length. Declaring a name again with the same length and parameters
+    /// returns the same tensor (same round counter).
+    ///
+    /// Dropping the future before it resolves is harmless: the declare message is already
+    /// sent whole; a later `declare` of the same name picks up the answer.
+    ///
+    /// # Errors
+    /// [`WorkerError::Declare`] when the workers disagree (the message names the tensor and
+    /// both values) or a server refused the tensor; [`WorkerError::Placement`] when the
+    /// placement can't be used here or the codec factory refused a chunk; a fatal error if the
+    /// job failed.
+    pub async fn declare(
+        &self,
+        name: &str,
+        len: u64,
+        params: ParamMap,
+    ) -> Result<Tensor, WorkerError> {
+        let shared = &self.inner.shared;
+        shared.check()?;
+        let mut merged = self.inner.config.tensor_params(name);
+        merged.extend(params);
+        let (rx, first) = lock(&shared.pending).wait_declare(name)?;
+        if first {
+            shared.send(ToScheduler::Declare {
+                name: name.to_string(),
+                len,
+                params: merged.clone(),
+            })?;
+        }
+        let answer = rx.await.map_err(|_| {
+            shared
+                .state()
+                .fatal
+                .unwrap_or_else(|| WorkerError::Internal("declare waiter dropped".into()))
+        })?;
+        let placement = answer?.map_err(|message| WorkerError::Declare {
+            name: name.to_string(),
+            message,
+        })?;
+        if placement.name != name || placement.len != len || placement.params != merged {
+            return Err(WorkerError::Declare {
+                name: name.to_string(),
+                message: format!(
+                    "the scheduler answered with {} elements and parameters {:?}, but this call declared {len} elements with {merged:?} (concurrent declares of one name must agree)",
+                    placement.len, placement.params
+                ),
+            });
+        }
+        self.register_tensor(placement)
+    }
+
+    fn register_tensor(
+        &self,
+        placement: pushpull_common::protocol::TensorPlacement,
+    ) -> Result<Tensor, WorkerError> {
+        let mut tensors = lock(&self.inner.tensors);
+        let name = placement.name.clone();
+        let bad = |message: String| WorkerError::Placement {
+            name: name.clone(),
+            message,
+        };
+        if let Some(t) = tensors.get(&name) {
+            return if t.inner.placement == placement {
+                Ok(t.clone())
+            } else {
+                Err(bad(
+                    "already declared on this worker with another placement".into(),
+                ))
+            };
+        }
+        let num_servers = self.num_servers();
+        let ranges = chunk_ranges(placement.len, &placement.chunks, num_servers).map_err(bad)?;
+        let queues = server_queues(&placement.chunks, num_servers);
+        let factory = lock(&self.inner.codec_factory).clone();
+        let mut codecs = Vec::with_capacity(placement.chunks.len());
+        for (i, (c, r)) in placement.chunks.iter().zip(&ranges).enumerate() {
+            let ctx = CodecContext {
+                tensor: &placement,
+                chunk: c,
+                chunk_index: i as u32,
+                job_seed: self.inner.map.job_seed,
+                rank: self.inner.rank,
+                config: &self.inner.config,
+            };
+            let codec = factory
+                .make(&ctx)
+                .map_err(|e| bad(format!("the codec factory refused chunk {i}: {e}")))?;
+            if codec.len() != r.end - r.start {
+                return Err(bad(format!(
+                    "the codec of chunk {i} is for {} elements, the chunk has {}",
+                    codec.len(),
+                    r.end - r.start
+                )));
+            }
+            codecs.push(Mutex::new(codec));
+        }
+        let tensor = Tensor {
+            inner: Arc::new(TensorInner {
+                placement,
+                ranges,
+                queues,
+                codecs,
+                round: Arc::new(tokio::sync::Mutex::new(0)),
+                rounds_started: AtomicU64::new(0),
+                bytes_pushed: AtomicU64::new(0),
+                bytes_pulled: AtomicU64::new(0),
+            }),
+        };
+        tensors.insert(name, tensor.clone());
+        Ok(tensor)
+    }
+
+    /// The tensor declared under `name` on this worker.
+    ///
+    /// # Errors
+    /// [`WorkerError::Undeclared`] naming it.
+    pub fn tensor(&self, name: &str) -> Result<Tensor, WorkerError> {
+        lock(&self.inner.tensors)
+            .get(name)
+            .cloned()
+            .ok_or_else(|| WorkerError::Undeclared {
+                name: name.to_string(),
+            })
+    }
+
+    fn check_tensor(&self, tensor: &Tensor) -> Result<(), WorkerError> {
+        match lock(&self.inner.tensors).get(tensor.name()) {
+            Some(t) if Arc::ptr_eq(&t.inner, &tensor.inner) => Ok(()),
+            _ => Err(WorkerError::Undeclared {
+                name: tensor.name().to_string(),
+            }),
+        }
+    }
+
+    /// Sums `buf` element-wise over every worker of the job and hands the buffer back holding
+    /// the result ([`Reduce::Sum`]), or the sum divided by the number of workers
+    /// ([`Reduce::Average`]: each element becomes exactly `sum / num_workers as f32`).
+    ///
+    /// Every worker must call `push_pull` on the tensor as many times as the others (the n-th
+    /// call of every worker forms round n). Results are bit-identical on every worker: servers
+    /// add the workers' chunks in rank order. Works for any length the machine can hold
+    /// (offsets are 64-bit throughout); the tensor is cut into chunks that travel concurrently
+    /// (at most `cluster.max_inflight_chunks` per server per call).
+    ///
+    /// Calls on *different* tensors may run concurrently. Calls on the *same* tensor are
+    /// serialised: each waits for the tensor's previous call to finish, and the tensor's round
+    /// counter advances by one per call.
+    ///
+    /// # Cancellation
+    /// The call is safe to cancel. Once the call holds the tensor (after any earlier call on
+    /// it finished), it runs in a spawned task that owns `buf` and the tensor: dropping the
+    /// returned future detaches that task, the round still completes in the background (so the
+    /// tensor's rounds stay in step with the other workers and the servers), and `buf` is
+    /// dropped when it finishes. Dropping the future while it still waits for the tensor
+    /// cancels the call: no round is used and `buf` is dropped. [`Worker::finish`] waits for
+    /// detached rounds.
+    ///
+    /// # Errors
+    /// * [`WorkerError::Undeclared`], [`WorkerError::LengthMismatch`]: nothing was sent and no
+    ///   round was used;
+    /// * [`WorkerError::Aborted`] (a server rejected some worker's push for a chunk) or
+    ///   [`WorkerError::Codec`]: the round completed for the other chunks, the call failed, the
+    ///   next call may succeed. (Servers also abort open rounds when a node is lost; the call
+    ///   then waits up to half a second for the scheduler's report and fails with
+    ///   `NodeLost`, or, if that report is slower, with the server's abort, which names the
+    ///   lost node too);
+    /// * [`WorkerError::NodeLost`] and the other fatal errors ([`WorkerError::is_fatal`]): the
+    ///   job is over.
+    ///
+    /// On error, `buf` is dropped.
+    pub async fn push_pull(
+        &self,
+        tensor: &Tensor,
+        buf: Vec<f32>,
+        op: Reduce,
+    ) -> Result<Vec<f32>, WorkerError> {
+        let average = op == Reduce::Average;
+        self.submit(tensor, buf, RoundKind::Sum { average }).await
+    }
+
+    /// Makes every worker's `buf` equal to the `root` worker's: a round of op `Broadcast` in
+    /// which the root pushes its encoded data and the others push empty payloads; every worker
+    /// (the root included) gets the root's payload back and decodes it into its buffer. With
+    /// the default fp32 codec that is the root's bits exactly; a lossy codec would deliver
+    /// the root's data as encoded by it.
+    ///
+    /// Uses one round of the tensor like [`Worker::push_pull`], with the same serialisation,
+    /// cancellation behaviour and errors, plus [`WorkerError::BadRoot`] for a root that is not
+    /// a rank (nothing sent). Non-root buffers must still have the tensor's length; their
+    /// contents are ignored.
+    pub async fn broadcast(
+        &self,
+        tensor: &Tensor,
+        buf: Vec<f32>,
+        root: u32,
+    ) -> Result<Vec<f32>, WorkerError> {
+        if root >= self.num_workers() {
+            return Err(WorkerError::BadRoot {
+                name: tensor.name().to_string(),
+                root,
+                num_workers: self.num_workers(),
+            });
+        }
+        self.submit(tensor, buf, RoundKind::Broadcast { root })
+            .await
+    }
+
+    async fn submit(
+        &self,
+        tensor: &Tensor,
+        buf: Vec<f32>,
+        kind: RoundKind,
+    ) -> Result<Vec<f32>, WorkerError> {
+        self.check_tensor(tensor)?;
+        if buf.len() as u64 != tensor.len() {
+            return Err(WorkerError::LengthMismatch {
+                name: tensor.name().to_string(),
+                declared: tensor.len(),
+                got: buf.len() as u64,
+            });
+        }
+        let shared = &self.inner.shared;
+        let guard = shared.op_guard()?;
+        let next_round = tensor.inner.round.clone().lock_owned().await;
+        if let Some(e) = shared.state().fatal {
+            return Err(e);
+        }
+        let ctx = RoundCtx {
+            shared: shared.clone(),
+            links: self.inner.links.clone(),
+            rank: self.inner.rank,
+            num_workers: self.num_workers(),
+            max_inflight: self.inner.config.cluster.max_inflight_chunks as usize,
+        };
+        let t = tensor.inner.clone();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            let mut next_round = next_round;
+            let round = *next_round;
+            *next_round += 1;
+            t.rounds_started.store(*next_round, Ordering::Relaxed);
+            run_round(ctx, t, round, kind, buf).await
+        });
+        task.await.map_err(|e| {
+            WorkerError::Internal(format!(
+                "the round task of tensor {:?} failed: {e}",
+                tensor.name()
+            ))
+        })?
+    }
+
+    /// Waits until every worker of the job has entered the same barrier (barriers are counted
+    /// per worker: the n-th `barrier` call of every worker forms barrier n).
+    ///
+    /// Dropping the future after it was first polled still counts as entering the barrier.
+    ///
+    /// # Errors
+    /// A fatal error if the job failed (names the lost node); [`WorkerError::Finished`] after
+    /// `finish`.
+    pub async fn barrier(&self) -> Result<(), WorkerError> {
+        let shared = &self.inner.shared;
+        shared.check()?;
+        let id = self.inner.barrier_seq.fetch_add(1, Ordering::Relaxed);
+        let rx = lock(&shared.pending).wait_barrier(id)?;
+        shared.send(ToScheduler::Barrier { id })?;
+        rx.await.map_err(|_| {
+            shared
+                .state()
+                .fatal
+                .unwrap_or_else(|| WorkerError::Internal("barrier waiter dropped".into()))
+        })?
+    }
+
+    /// Ends this worker cleanly: stops new operations (on every clone), waits for running
+    /// push_pulls/broadcasts (detached ones included) to complete (they complete when the other
+    /// workers push their share, or fail when a node is lost), tells the scheduler
+    /// `Finished`, waits for its `Shutdown` (sent once every worker has finished) for at most
+    /// `cluster.heartbeat_timeout_ms`, and closes every connection.
+    ///
+    /// Returns `Ok` when this worker's part ended cleanly, or the error that ended the job
+    /// (e.g. another node was lost before the scheduler could shut the job down).
+    /// Declares and barriers still waiting on other clones fail with
+    /// [`WorkerError::Finished`]. Calling `finish` a second time (on a clone) returns
+    /// `Err(WorkerError::Finished)`.
+    pub async fn finish(self) -> Result<(), WorkerError> {
+        let shared = self.inner.shared.clone();
+        if !shared.begin_finish() {
+            return Err(WorkerError::Finished);
+        }
+        let mut rx = shared.subscribe();
+        let _ = rx.wait_for(|s| s.inflight == 0 || s.fatal.is_some()).await;
+        if shared.state().fatal.is_none() {
+            lock(&shared.pending).poison(&WorkerError::Finished);
+            // From here on, connections closing are the expected end.
+            shared.set_phase(Phase::FinishedSent);
+            let bound = shared.heartbeat_timeout;
+            match tokio::time::timeout(bound, shared.send_flushed(ToScheduler::Finished)).await {
+                Ok(Ok(())) => {
+                    let done = tokio::time::timeout(
+                        bound,
+                        rx.wait_for(|s| s.shutdown || s.fatal.is_some() || s.scheduler_closed),
+                    )
+                    .await;
+                    if done.is_err() {
+                        tracing::debug!(
+                            "worker {}: no Shutdown within {:.1} s of Finished; closing",
+                            self.inner.rank,
+                            bound.as_secs_f64()
+                        );
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("worker {}: sending Finished: {e}", self.inner.rank),
+                Err(_) => tracing::warn!(
+                    "worker {}: Finished not sent within {:.1} s",
+                    self.inner.rank,
+                    bound.as_secs_f64()
+                ),
+            }
+            shared.close_control(CLOSE_CONTROL_BOUND).await;
+        }
+        let result = match shared.state().fatal {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+        self.inner.close(b"finished");
+        let _ = tokio::time::timeout(WAIT_IDLE_BOUND, self.inner.endpoint.quinn.wait_idle()).await;
+        result
+    }
+}
+
+impl WorkerInner {
+    /// Closes every connection and stops the background tasks.
+    fn close(&self, reason: &[u8]) {
+        self.shared.set_phase(Phase::Closed);
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        for link in self.links.iter() {
+            link.conn.close(0u32.into(), reason);
+        }
+        self.endpoint.quinn.close(0u32.into(), reason);
+    }
+}
+
+impl Drop for WorkerInner {
+    fn drop(&mut self) {
+        let state = self.shared.state();
+        if state.phase < Phase::Closed {
+            if state.fatal.is_none() {
+                tracing::warn!(
+                    "worker {} dropped without finish(): closing its connections; the scheduler will report it lost",
+                    self.rank
+                );
+            }
+            self.shared.fail(WorkerError::Dropped);
+            self.close(b"dropped without finish");
+        }
+    }
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("rank", &self.rank())
+            .field("num_workers", &self.num_workers())
+            .field("num_servers", &self.num_servers())
+            .field("scheduler", &self.inner.shared.scheduler.addr)
+            .finish()
+    }
+}

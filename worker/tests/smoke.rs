@@ -1,0 +1,366 @@
+//! In-process smoke test of the whole stack: the real scheduler and servers (as tokio tasks on
+//! 127.0.0.1, port 0), certificates from `generate_cluster`, and workers of this crate.
+//! Results are compared bit for bit with the rank-order f32 sum computed here.
+
+use std::time::Duration;
+
+use pushpull_common::tls::{generate_cluster, TlsIdentity};
+use pushpull_common::Config;
+use pushpull_scheduler::Scheduler;
+use pushpull_server::Server;
+use pushpull_worker::{JoinOptions, ParamMap, Reduce, Tensor, Worker, WorkerError};
+use tokio::task::JoinHandle;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    config: Config,
+    scheduler: JoinHandle<Result<(), pushpull_scheduler::SchedulerError>>,
+    servers: Vec<JoinHandle<Result<(), pushpull_server::ServerError>>>,
+    workers: Vec<Worker>,
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .try_init();
+}
+
+async fn stack(workers: u32, servers: u32, partition_bytes: u64) -> Stack {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<String> = std::iter::once("scheduler".to_string())
+        .chain((0..servers).map(|s| format!("server{s}")))
+        .chain((0..workers).map(|w| format!("worker{w}")))
+        .collect();
+    let ids: Vec<TlsIdentity> = generate_cluster(dir.path(), "pushpull.cluster", &names)
+        .unwrap()
+        .iter()
+        .map(|c| TlsIdentity::load(c).unwrap())
+        .collect();
+    let mut config = Config::local(workers, servers);
+    config.cluster.partition_bytes = partition_bytes;
+    config.cluster.heartbeat_interval_ms = 200;
+    // Generous: this machine may be heavily loaded; no test here relies on timeouts.
+    config.cluster.heartbeat_timeout_ms = 10_000;
+    config.cluster.connect_timeout_ms = 10_000;
+    let scheduler = Scheduler::bind(config.clone(), ids[0].clone())
+        .await
+        .unwrap();
+    config.cluster.scheduler = scheduler.local_addr().to_string();
+    let scheduler = tokio::spawn(scheduler.run());
+    let mut server_tasks = Vec::new();
+    for s in 0..servers as usize {
+        let server = Server::bind(config.clone(), ids[1 + s].clone())
+            .await
+            .unwrap();
+        server_tasks.push(tokio::spawn(server.run()));
+    }
+    let joins: Vec<_> = (0..workers as usize)
+        .map(|w| {
+            let (config, id) = (config.clone(), ids[1 + servers as usize + w].clone());
+            tokio::spawn(async move { Worker::join(&config, id, JoinOptions::default()).await })
+        })
+        .collect();
+    let mut ws = Vec::new();
+    for j in joins {
+        ws.push(j.await.unwrap().unwrap());
+    }
+    ws.sort_by_key(|w| w.rank());
+    Stack {
+        _dir: dir,
+        config,
+        scheduler,
+        servers: server_tasks,
+        workers: ws,
+    }
+}
+
+async fn declare_all(s: &Stack, name: &str, len: u64) -> Vec<Tensor> {
+    futures_util::future::join_all(
+        s.workers
+            .iter()
+            .map(|w| w.declare(name, len, ParamMap::new())),
+    )
+    .await
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+/// Deterministic pseudo-random f32 data (SplitMix64).
+fn data(seed: u64, len: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 100.0
+        })
+        .collect()
+}
+
+fn rank_order_sum(bufs: &[Vec<f32>]) -> Vec<f32> {
+    let mut acc = bufs[0].clone();
+    for b in &bufs[1..] {
+        for (a, x) in acc.iter_mut().zip(b) {
+            *a += x;
+        }
+    }
+    acc
+}
+
+fn seed() -> u64 {
+    let s = std::env::var("PUSHPULL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    println!("seed {s} (set PUSHPULL_TEST_SEED to repeat)");
+    s
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_two_servers_bit_exact() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        // 4 KiB partitions: the 100_003-element tensor has 98 chunks over 2 servers.
+        let s = stack(2, 2, 4096).await;
+        let w = &s.workers;
+        assert_eq!(w[0].num_workers(), 2);
+        assert_eq!(w[1].rank(), 1);
+        assert_eq!(w[0].job_seed(), w[1].job_seed());
+        let sizes = [1usize, 1000, 100_003];
+        let mut tensors = Vec::new();
+        for (i, len) in sizes.iter().enumerate() {
+            tensors.push(declare_all(&s, &format!("t{i}"), *len as u64).await);
+        }
+        for round in 0..3u64 {
+            let op = if round == 2 { Reduce::Average } else { Reduce::Sum };
+            let inputs: Vec<Vec<Vec<f32>>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| {
+                    (0..2u64)
+                        .map(|r| data(seed ^ (r << 48) ^ ((i as u64) << 32) ^ round, len))
+                        .collect()
+                })
+                .collect();
+            // All tensors of both workers at once (different tensors run concurrently).
+            let calls = (0..2usize).flat_map(|r| {
+                let inputs = &inputs;
+                let tensors = &tensors;
+                (0..sizes.len()).map(move |i| {
+                    let (w, t) = (w[r].clone(), tensors[i][r].clone());
+                    let buf = inputs[i][r].clone();
+                    async move { (r, i, w.push_pull(&t, buf, op).await.unwrap()) }
+                })
+            });
+            for (r, i, got) in futures_util::future::join_all(calls).await {
+                let mut expected = rank_order_sum(&inputs[i]);
+                if op == Reduce::Average {
+                    expected.iter_mut().for_each(|x| *x /= 2.0);
+                }
+                assert!(
+                    same_bits(&got, &expected),
+                    "round {round}, tensor t{i}, worker {r}: differs from the rank-order sum (seed {seed})"
+                );
+            }
+        }
+        // Broadcast from rank 1.
+        let t = &tensors[2];
+        let root_data = data(seed ^ 0xb0, sizes[2]);
+        let (a, b) = tokio::join!(
+            w[0].broadcast(&t[0], vec![0.0; sizes[2]], 1),
+            w[1].broadcast(&t[1], root_data.clone(), 1)
+        );
+        assert!(same_bits(&a.unwrap(), &root_data));
+        assert!(same_bits(&b.unwrap(), &root_data));
+
+        let m = w[0].metrics();
+        println!("worker 0: {m}");
+        assert_eq!(m.rounds, 3 * 3 + 1);
+        let elems: u64 = sizes.iter().map(|&l| l as u64).sum();
+        assert_eq!(m.bytes_pushed, 3 * 4 * elems); // non-root broadcast pushes are empty
+        assert_eq!(m.bytes_pulled, 3 * 4 * elems + 4 * sizes[2] as u64);
+
+        let (x, y) = tokio::join!(w[0].barrier(), w[1].barrier());
+        x.unwrap();
+        y.unwrap();
+        let Stack {
+            workers,
+            scheduler,
+            servers,
+            ..
+        } = s;
+        let fin: Vec<_> = workers.into_iter().map(|w| tokio::spawn(w.finish())).collect();
+        for f in fin {
+            f.await.unwrap().unwrap();
+        }
+        scheduler.await.unwrap().unwrap();
+        for srv in servers {
+            srv.await.unwrap().unwrap();
+        }
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_100_keys_in_opposite_orders() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        // 16-byte partitions: the 1000-element tensor has 250 keys on one server; 120
+        // one-key tensors are issued in opposite orders by the two workers.
+        let mut s = stack(2, 1, 16).await;
+        s.config.cluster.max_inflight_chunks = 64;
+        let n = 120;
+        let mut small = Vec::new();
+        for i in 0..n {
+            small.push(declare_all(&s, &format!("s{i:03}"), 2).await);
+        }
+        let long = declare_all(&s, "long", 1000).await;
+        assert_eq!(long[0].num_chunks(), 250);
+        let input =
+            |r: usize, i: usize, len: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len);
+        let run = |r: usize| {
+            let w = s.workers[r].clone();
+            let mut order: Vec<usize> = (0..n).collect();
+            if r == 1 {
+                order.reverse();
+            }
+            let calls: Vec<_> = order
+                .into_iter()
+                .map(|i| {
+                    let (w, t) = (w.clone(), small[i][r].clone());
+                    let buf = input(r, i, 2);
+                    async move { (i, w.push_pull(&t, buf, Reduce::Sum).await.unwrap()) }
+                })
+                .collect();
+            let (w, t) = (w.clone(), long[r].clone());
+            let long_buf = input(r, 9999, 1000);
+            async move {
+                let (results, long_result) = tokio::join!(
+                    futures_util::future::join_all(calls),
+                    w.push_pull(&t, long_buf, Reduce::Sum)
+                );
+                (results, long_result.unwrap())
+            }
+        };
+        let (a, b) = tokio::join!(run(0), run(1));
+        for (i, got) in a.0.iter().chain(&b.0) {
+            let expected = rank_order_sum(&[input(0, *i, 2), input(1, *i, 2)]);
+            assert!(same_bits(got, &expected), "tensor s{i:03} (seed {seed})");
+        }
+        let expected = rank_order_sum(&[input(0, 9999, 1000), input(1, 9999, 1000)]);
+        assert!(same_bits(&a.1, &expected));
+        assert!(same_bits(&b.1, &expected));
+        let fin: Vec<_> = s
+            .workers
+            .drain(..)
+            .map(|w| tokio::spawn(w.finish()))
+            .collect();
+        for f in fin {
+            f.await.unwrap().unwrap();
+        }
+        s.scheduler.await.unwrap().unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_worker_fails_the_others_naming_it() {
+    tokio::time::timeout(TIMEOUT, async {
+        let mut s = stack(2, 1, 4096).await;
+        let t = declare_all(&s, "grad", 100).await;
+        let pending = {
+            let (w, t) = (s.workers[0].clone(), t[0].clone());
+            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 100], Reduce::Sum).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let w1 = s.workers.pop().unwrap();
+        drop(t);
+        drop(w1); // no finish: the scheduler sees worker 1 vanish
+        let e = pending.await.unwrap().unwrap_err();
+        println!("worker 0 got: {e}");
+        assert!(e.to_string().contains("worker 1"), "{e}");
+        // The server's abort and the scheduler's report race; the worker waits briefly for
+        // the report, so the pending call normally fails with NodeLost too.
+        assert!(
+            e.is_fatal() || matches!(e, WorkerError::Aborted { .. }),
+            "{e}"
+        );
+        let e = s.workers[0].barrier().await.unwrap_err();
+        assert!(e.to_string().contains("worker 1"), "{e}");
+        let e = s.scheduler.await.unwrap().unwrap_err();
+        assert!(e.to_string().contains("worker 1"), "{e}");
+        assert!(matches!(
+            s.workers[0].clone().finish().await,
+            Err(WorkerError::NodeLost { .. }
+                | WorkerError::JobFailed { .. }
+                | WorkerError::Aborted { .. })
+        ));
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// A ResNet-50-sized gradient (25.6 M elements, 100 MB) in one tensor with the default
+/// partition size, a few rounds, checked bit for bit; prints seconds per round. Ignored by
+/// default (slow in debug builds); `PUSHPULL_SMOKE_LEN` sets the element count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn large_tensor_rounds() {
+    let len: usize = std::env::var("PUSHPULL_SMOKE_LEN")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(25_600_000);
+    let seed = seed();
+    let mut s = stack(2, 2, 4_096_000).await;
+    let t = declare_all(&s, "resnet50.flat", len as u64).await;
+    println!("{} elements in {} chunks", len, t[0].num_chunks());
+    let inputs: Vec<Vec<f32>> = (0..2u64).map(|r| data(seed ^ (r << 48), len)).collect();
+    let expected = rank_order_sum(&inputs);
+    for round in 0..3 {
+        let start = std::time::Instant::now();
+        let (a, b) = tokio::join!(
+            s.workers[0].push_pull(&t[0], inputs[0].clone(), Reduce::Sum),
+            s.workers[1].push_pull(&t[1], inputs[1].clone(), Reduce::Sum)
+        );
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "round {round}: {secs:.2} s ({:.0} MB/s of fp32 per worker)",
+            4.0 * len as f64 / secs / 1e6
+        );
+        let a = a.unwrap_or_else(|e| panic!("worker 0, round {round}: {e}"));
+        let b = b.unwrap_or_else(|e| panic!("worker 1, round {round}: {e}"));
+        assert!(same_bits(&a, &expected), "seed {seed}");
+        assert!(same_bits(&b, &expected), "seed {seed}");
+    }
+    println!("worker 0: {}", s.workers[0].metrics());
+    let fin: Vec<_> = s
+        .workers
+        .drain(..)
+        .map(|w| tokio::spawn(w.finish()))
+        .collect();
+    for f in fin {
+        f.await.unwrap().unwrap();
+    }
+    s.scheduler.await.unwrap().unwrap();
+}
