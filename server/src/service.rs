@@ -57,6 +57,8 @@ const LOST_GRACE: Duration = Duration::from_secs(5);
 const CLOSE_OK: u32 = 0;
 /// QUIC application error code for a refused worker connection.
 const CLOSE_REFUSED: u32 = 1;
+/// Close code when the server stops because of a failure; the reason names it.
+const CLOSE_FAILED: u32 = 2;
 
 /// Why a server failed. Each variant's message names the node or setting involved.
 #[derive(Debug, thiserror::Error)]
@@ -231,13 +233,20 @@ impl Server {
         if let Some(mut s) = control.sender.take() {
             s.finish();
         }
+        // Workers read the close reason: on failure it names the cause (e.g. the lost
+        // scheduler), so a worker that sees this connection close first still reports the node
+        // that was really lost rather than just this server.
+        let (code, reason) = match &result {
+            Ok(()) => (CLOSE_OK, "server exiting".to_string()),
+            Err(e) => (CLOSE_FAILED, format!("server exiting: {e}")),
+        };
         if let Some(conn) = control.conn.take() {
-            conn.close(quinn::VarInt::from_u32(CLOSE_OK), b"server exiting");
+            conn.close(quinn::VarInt::from_u32(code), reason.as_bytes());
         }
         accept.abort();
         endpoint
             .quinn
-            .close(quinn::VarInt::from_u32(CLOSE_OK), b"server exiting");
+            .close(quinn::VarInt::from_u32(code), reason.as_bytes());
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.quinn.wait_idle()).await;
         result
     }

@@ -1,1 +1,6 @@
-fn main() {}
+//! `pushpull`: the launcher (`pushpull local`) and tools; see `pushpull --help` and
+//! [`pushpull::cli`].
+
+fn main() -> std::process::ExitCode {
+    pushpull::cli::pushpull_main()
+}

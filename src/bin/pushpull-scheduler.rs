@@ -1,0 +1,5 @@
+//! `pushpull-scheduler`: see `pushpull-scheduler --help` and [`pushpull::cli`].
+
+fn main() -> std::process::ExitCode {
+    pushpull::cli::scheduler_main()
+}

@@ -1,0 +1,5 @@
+//! `pushpull-worker`: see `pushpull-worker --help` and [`pushpull::cli`].
+
+fn main() -> std::process::ExitCode {
+    pushpull::cli::worker_main()
+}

@@ -1,0 +1,463 @@
+//! Command-line interfaces (clap derive) of the four binaries and their entry points.
+//!
+//! `pushpull-scheduler`, `pushpull-server` and `pushpull-worker` call [`scheduler_main`],
+//! [`server_main`] and [`worker_main`]; `pushpull` calls [`pushpull_main`], whose `scheduler`,
+//! `server` and `worker` subcommands take the same flags and run the same functions.
+//! Exit codes: 0 success, 1 a failed run, 2 bad input (clap's usage errors included).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use pushpull_common::Config;
+
+use crate::error::{CliError, CliResult};
+use crate::local::{default_config, run_local, LocalOptions};
+use crate::node::{run_scheduler, run_server, run_worker, NodeArgs, WorkerOptions};
+use crate::procs::Programs;
+use crate::{bench, certs, logging};
+
+/// `pushpull-scheduler`: the rendezvous point of a cluster.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "pushpull-scheduler",
+    version,
+    about = "The pushpull scheduler: registers servers and workers, assigns ranks and tensor \
+             placements, runs barriers and heartbeats, and ends the job.",
+    long_about = None,
+    after_help = "Prints `pushpull-scheduler listening on ADDR` once bound, and \
+                  `pushpull-scheduler cpu_seconds S` at exit. Exit code 0 when every worker \
+                  finished, 1 when a node was lost (the error names it), 2 for bad input."
+)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub node: NodeArgs,
+}
+
+/// `pushpull-server`: holds a shard of the keys and sums pushes.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "pushpull-server",
+    version,
+    about = "A pushpull server: holds a shard of the keys, sums every round's pushes in rank \
+             order and answers each worker.",
+    after_help = "Prints `pushpull-server listening on ADDR` once bound, and \
+                  `pushpull-server cpu_seconds S` at exit. Exit code 0 on a clean shutdown, 1 \
+                  when the job failed (the error names the lost node), 2 for bad input."
+)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub node: NodeArgs,
+    /// The address to bind, IP:PORT (overrides `server.listen`; port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+}
+
+/// `pushpull-worker`: runs the built-in benchmark job as one worker.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "pushpull-worker",
+    version,
+    about = "A pushpull worker running the built-in job ([job] in the cluster file): push_pull \
+             of a ResNet-50-like tensor set on random data, every result checked bit for bit.",
+    after_help = "Prints a report (or with --json one JSON object) on stdout. Exit code 0 when \
+                  the job passed, 1 when it failed (a lost node, a failed check), 2 for bad input."
+)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub node: NodeArgs,
+    /// Ask the scheduler for this rank (0-based; default: the lowest free one).
+    #[arg(long, value_name = "N")]
+    pub rank: Option<u32>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Print `pushpull-worker progress rank=R round=N total=T` after every round (what
+    /// `pushpull local` reads).
+    #[arg(long)]
+    pub progress: bool,
+}
+
+/// `pushpull`: the launcher and tools.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pushpull",
+    version,
+    about = "pushpull: a parameter server for data-parallel training over QUIC with mutual TLS.",
+    after_help = "Start with `pushpull local`: a whole cluster on this machine."
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `pushpull`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a whole cluster on this machine (scheduler, servers and workers as separate
+    /// processes on loopback, throw-away certificates) with the built-in benchmark job.
+    Local(LocalArgs),
+    /// Make a cluster CA and node certificates for a multi-host cluster.
+    Certs(CertsArgs),
+    /// Benchmarks.
+    Bench(BenchArgs),
+    /// Run the scheduler (same as `pushpull-scheduler`).
+    Scheduler(SchedulerArgs),
+    /// Run a server (same as `pushpull-server`).
+    Server(ServerArgs),
+    /// Run a worker with the built-in job (same as `pushpull-worker`).
+    Worker(WorkerArgs),
+}
+
+/// Overrides of the cluster file shared by `local` and `bench transport --compare-cluster`.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterOverrides {
+    /// The cluster file (default: configs/local.toml, built in).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Number of workers (overrides `cluster.num_workers`).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<u32>,
+    /// Number of servers (overrides `cluster.num_servers`).
+    #[arg(long, value_name = "N")]
+    pub servers: Option<u32>,
+    /// Timed rounds (overrides `job.rounds`).
+    #[arg(long, value_name = "N")]
+    pub rounds: Option<u32>,
+    /// Warm-up rounds (overrides `job.warmup`).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u32>,
+    /// Fraction of the ResNet-50 tensor set's size (overrides `job.scale`; 1.0 = 25.6 M
+    /// elements).
+    #[arg(long, value_name = "F")]
+    pub scale: Option<f64>,
+}
+
+impl ClusterOverrides {
+    /// The cluster file with the overrides applied and validated.
+    pub fn load(&self) -> CliResult<Config> {
+        let (mut config, origin) = match &self.config {
+            Some(p) => (
+                Config::from_file(p).map_err(CliError::usage)?,
+                p.display().to_string(),
+            ),
+            None => (
+                default_config(),
+                "configs/local.toml (built in)".to_string(),
+            ),
+        };
+        if let Some(w) = self.workers {
+            config.cluster.num_workers = w;
+        }
+        if let Some(s) = self.servers {
+            config.cluster.num_servers = s;
+        }
+        if let Some(r) = self.rounds {
+            config.job.rounds = r;
+        }
+        if let Some(r) = self.warmup {
+            config.job.warmup = r;
+        }
+        if let Some(s) = self.scale {
+            config.job.scale = s;
+        }
+        config
+            .validate(&format!("{origin} with the command-line overrides"))
+            .map_err(CliError::usage)?;
+        Ok(config)
+    }
+}
+
+/// `pushpull local`.
+#[derive(Debug, Clone, Args)]
+pub struct LocalArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub cluster: ClusterOverrides,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Show every process's log lines (stderr), prefixed with its name.
+    #[arg(long)]
+    pub logs: bool,
+}
+
+/// `pushpull certs`.
+#[derive(Debug, Clone, Args)]
+pub struct CertsArgs {
+    /// Folder to write ca.pem, ca.key and NAME.pem / NAME.key per node into.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Node names, comma-separated (e.g. scheduler,server0,server1,worker0,worker1).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with_all = ["servers", "workers"])]
+    pub nodes: Option<Vec<String>>,
+    /// Without --nodes: certificates for `scheduler`, `server0..N-1` …
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub servers: u32,
+    /// … and `worker0..N-1`.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub workers: u32,
+    /// The DNS name every certificate carries and clients verify (`tls.server_name`).
+    #[arg(long, value_name = "NAME", default_value = "pushpull.cluster")]
+    pub server_name: String,
+    /// Replace an existing CA in --out.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `pushpull bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub which: BenchCommand,
+}
+
+/// `pushpull bench` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum BenchCommand {
+    /// Raw quinn throughput with the cluster's transport settings and TLS (separate sender and
+    /// sink processes, like workers and servers), optionally next to the local cluster.
+    Transport(TransportArgs),
+    /// (internal) The receiving side of `bench transport`.
+    #[command(hide = true)]
+    Sink(SinkArgs),
+    /// (internal) The sending side of `bench transport`.
+    #[command(hide = true)]
+    Send(SendArgs),
+}
+
+/// `pushpull bench transport`.
+#[derive(Debug, Clone, Args)]
+pub struct TransportArgs {
+    /// Connections in all (default 4: a 2-worker x 2-server cluster).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub connections: u32,
+    /// Sink processes (the servers' role); senders = ceil(connections / sinks).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub sinks: u32,
+    /// Bytes sent over each connection, in frames of `partition_bytes`.
+    #[arg(long, value_name = "B", default_value_t = 256 << 20)]
+    pub bytes: u64,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Then run the local cluster benchmark and print the ratio of its push+pull payload
+    /// throughput (summed over workers) to the raw number.
+    #[arg(long)]
+    pub compare_cluster: bool,
+    /// With --compare-cluster: show the cluster processes' logs.
+    #[arg(long)]
+    pub logs: bool,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub cluster: ClusterOverrides,
+}
+
+/// `pushpull bench sink` (internal).
+#[derive(Debug, Clone, Args)]
+pub struct SinkArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub node: NodeArgs,
+    /// Connections to accept.
+    #[arg(long)]
+    pub connections: u32,
+    /// Bytes to expect per connection.
+    #[arg(long)]
+    pub bytes: u64,
+}
+
+/// `pushpull bench send` (internal).
+#[derive(Debug, Clone, Args)]
+pub struct SendArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub node: NodeArgs,
+    /// Sink addresses, comma-separated.
+    #[arg(long)]
+    pub to: String,
+    /// Bytes per connection.
+    #[arg(long)]
+    pub bytes: u64,
+}
+
+/// Turns a command's result into the process exit code, printing the error on stderr.
+pub fn exit(result: CliResult<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Runs a scheduler (`pushpull-scheduler`, `pushpull scheduler`).
+pub fn scheduler(args: SchedulerArgs) -> CliResult<()> {
+    multi_thread().block_on(run_scheduler(&args.node))
+}
+
+/// Runs a server (`pushpull-server`, `pushpull server`).
+pub fn server(args: ServerArgs) -> CliResult<()> {
+    multi_thread().block_on(run_server(&args.node, args.listen.as_deref()))
+}
+
+/// Runs a worker (`pushpull-worker`, `pushpull worker`).
+pub fn worker(args: WorkerArgs) -> CliResult<()> {
+    let opts = WorkerOptions {
+        rank: args.rank,
+        json: args.json,
+        progress: args.progress,
+    };
+    multi_thread().block_on(run_worker(&args.node, &opts))
+}
+
+fn print(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+/// `pushpull local`.
+pub fn local(args: LocalArgs) -> CliResult<()> {
+    let config = args.cluster.load()?;
+    let opts = LocalOptions {
+        config,
+        programs: Programs::from_current_exe()?,
+        progress_bar: !args.json,
+        logs: args.logs,
+    };
+    let summary = current_thread().block_on(run_local(&opts))?;
+    if args.json {
+        print(&serde_json::to_string(&summary).expect("summary serializes"));
+    } else {
+        print(&summary.to_text());
+    }
+    Ok(())
+}
+
+/// `pushpull certs`.
+pub fn certs(args: CertsArgs) -> CliResult<()> {
+    let nodes = match args.nodes {
+        Some(n) => n.into_iter().map(|s| s.trim().to_string()).collect(),
+        None => certs::default_node_names(args.servers, args.workers),
+    };
+    let text = certs::make_certs(&args.out, &nodes, &args.server_name, args.force)?;
+    print(text.trim_end());
+    Ok(())
+}
+
+/// `pushpull bench ...`.
+pub fn bench(args: BenchArgs) -> CliResult<()> {
+    match args.which {
+        BenchCommand::Transport(t) => {
+            let config = t.cluster.load()?;
+            let programs = Programs::from_current_exe()?;
+            let topts = bench::TransportOptions {
+                config: config.clone(),
+                connections: t.connections,
+                sinks: t.sinks,
+                bytes: t.bytes,
+                programs: programs.clone(),
+            };
+            let rt = current_thread();
+            if t.compare_cluster {
+                let lopts = LocalOptions {
+                    config,
+                    programs,
+                    progress_bar: !t.json,
+                    logs: t.logs,
+                };
+                let r = rt.block_on(bench::run_compare(&topts, &lopts))?;
+                if t.json {
+                    print(&serde_json::to_string(&r).expect("serializes"));
+                } else {
+                    print(&r.to_text());
+                }
+            } else {
+                let r = rt.block_on(bench::run_transport(&topts))?;
+                if t.json {
+                    print(&serde_json::to_string(&r).expect("serializes"));
+                } else {
+                    print(&r.to_text());
+                }
+            }
+            Ok(())
+        }
+        BenchCommand::Sink(s) => {
+            multi_thread().block_on(bench::run_sink(&s.node, s.connections, s.bytes))
+        }
+        BenchCommand::Send(s) => {
+            multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))
+        }
+    }
+}
+
+/// Entry point of `pushpull-scheduler`.
+pub fn scheduler_main() -> ExitCode {
+    let args = SchedulerArgs::parse();
+    logging::init();
+    exit(scheduler(args))
+}
+
+/// Entry point of `pushpull-server`.
+pub fn server_main() -> ExitCode {
+    let args = ServerArgs::parse();
+    logging::init();
+    exit(server(args))
+}
+
+/// Entry point of `pushpull-worker`.
+pub fn worker_main() -> ExitCode {
+    let args = WorkerArgs::parse();
+    logging::init();
+    exit(worker(args))
+}
+
+/// Entry point of `pushpull`.
+pub fn pushpull_main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init();
+    exit(match cli.command {
+        Command::Local(a) => local(a),
+        Command::Certs(a) => certs(a),
+        Command::Bench(a) => bench(a),
+        Command::Scheduler(a) => scheduler(a),
+        Command::Server(a) => server(a),
+        Command::Worker(a) => worker(a),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clis_are_consistent() {
+        Cli::command().debug_assert();
+        SchedulerArgs::command().debug_assert();
+        ServerArgs::command().debug_assert();
+        WorkerArgs::command().debug_assert();
+    }
+}

@@ -1,0 +1,298 @@
+//! The built-in benchmark job (`[job] kind = "benchmark"`), run by every worker of
+//! `pushpull-worker` and `pushpull local`.
+//!
+//! 1. Declares the ResNet-50 parameter set ([`crate::resnet`]: 161 tensors, 25.6 M elements),
+//!    each tensor scaled by `job.scale` (at least one element).
+//! 2. Rank 0 broadcasts every tensor once (its data for the pseudo-round
+//!    [`BROADCAST_ROUND`]); everyone checks it received rank 0's bytes.
+//! 3. `job.warmup` + `job.rounds` rounds: every worker generates its data ([`crate::data`], a
+//!    pure function of the job seed, round, rank and tensor index), starts a `push_pull(Sum)`
+//!    of every tensor at once (all in flight together), and waits for all of them. Only this
+//!    part is timed. Then (with `job.check`) it regenerates every worker's data and checks each
+//!    result bit for bit against the rank-order f32 sum.
+//!
+//! Throughput is reported per worker: rounds/s; gradient GB/s (raw fp32 bytes of all tensors
+//! per round / seconds; GB = 1e9 bytes); and push + pull QUIC payload bytes per second (the
+//! encoded chunk bytes this worker sent and received, frame headers excluded).
+
+use std::time::Instant;
+
+use pushpull_common::Config;
+use pushpull_worker::{Reduce, Tensor, Worker};
+use serde::{Deserialize, Serialize};
+
+use crate::cpu::process_cpu_seconds;
+use crate::data;
+use crate::error::{CliError, CliResult};
+use crate::resnet;
+
+/// The data round used for the initial broadcast (distinct from every push_pull round).
+pub const BROADCAST_ROUND: u64 = u64::MAX;
+
+/// Prefix of the progress lines `pushpull-worker --progress` prints on stdout after each round:
+/// `pushpull-worker progress rank=R round=N total=T`.
+pub const PROGRESS_PREFIX: &str = "pushpull-worker progress ";
+
+/// One tensor of the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobTensor {
+    /// Its name (torchvision's).
+    pub name: String,
+    /// Elements after scaling.
+    pub len: u64,
+}
+
+/// The ResNet-50 tensor set with every tensor's element count multiplied by `scale` (rounded,
+/// at least 1).
+pub fn tensor_set(scale: f64) -> Vec<JobTensor> {
+    resnet::resnet50()
+        .into_iter()
+        .map(|p| JobTensor {
+            len: ((p.numel() as f64 * scale).round() as u64).max(1),
+            name: p.name,
+        })
+        .collect()
+}
+
+/// What one worker measured; printed as text or (`--json`) as one JSON object.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobReport {
+    /// This worker's rank.
+    pub rank: u32,
+    /// Workers in the job.
+    pub num_workers: u32,
+    /// Servers in the job.
+    pub num_servers: u32,
+    /// Tensors declared.
+    pub tensors: usize,
+    /// Elements of all tensors.
+    pub elements: u64,
+    /// `job.scale`.
+    pub scale: f64,
+    /// Warm-up rounds (not timed).
+    pub warmup: u32,
+    /// Timed rounds.
+    pub rounds: u32,
+    /// The job seed the data was generated from.
+    pub seed: u64,
+    /// Seconds spent in the timed push_pull rounds.
+    pub seconds: f64,
+    /// Timed rounds per second.
+    pub rounds_per_second: f64,
+    /// Raw fp32 bytes of all tensors (one round's gradient).
+    pub gradient_bytes_per_round: u64,
+    /// Gradient GB/s: `gradient_bytes_per_round * rounds / seconds / 1e9`.
+    pub gradient_gb_per_second: f64,
+    /// Payload bytes this worker pushed in the timed rounds.
+    pub push_payload_bytes: u64,
+    /// Payload bytes this worker pulled (results) in the timed rounds.
+    pub pull_payload_bytes: u64,
+    /// Push + pull payload GB/s.
+    pub payload_gb_per_second: f64,
+    /// `passed`, or `skipped` when `job.check` is false.
+    pub check: String,
+    /// Rounds whose every result was checked (plus the broadcast).
+    pub checked_rounds: u32,
+    /// CPU seconds of this process during the timed push_pulls (all threads).
+    pub cpu_seconds_push_pull: f64,
+    /// CPU seconds of this process in total, at the time of the report.
+    pub cpu_seconds: f64,
+}
+
+impl JobReport {
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        format!(
+            "pushpull-worker rank {} of {} ({} servers): {} tensors, {} elements ({:.1} MB fp32), \
+             {} rounds after {} warm-up, seed {}\n  \
+             rounds/s: {:.3}\n  \
+             gradient GB/s per worker: {:.3}\n  \
+             push+pull payload GB/s: {:.3} ({} bytes pushed, {} pulled)\n  \
+             check: {} ({} rounds + broadcast, bit-exact against rank-order f32 sums)\n  \
+             CPU seconds: {:.2} total, {:.2} during push_pull",
+            self.rank,
+            self.num_workers,
+            self.num_servers,
+            self.tensors,
+            self.elements,
+            self.gradient_bytes_per_round as f64 / 1e6,
+            self.rounds,
+            self.warmup,
+            self.seed,
+            self.rounds_per_second,
+            self.gradient_gb_per_second,
+            self.payload_gb_per_second,
+            self.push_payload_bytes,
+            self.pull_payload_bytes,
+            self.check,
+            self.checked_rounds,
+            self.cpu_seconds,
+            self.cpu_seconds_push_pull,
+        )
+    }
+}
+
+fn op_err(what: &str, name: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::failed(format!("{what} of tensor {name:?} failed: {e}"))
+}
+
+/// Runs the job on a joined worker. `progress(done, total)` is called after every round.
+/// A result that differs from the expected sum is an error naming the tensor, round and
+/// element.
+pub async fn run_benchmark(
+    worker: &Worker,
+    config: &Config,
+    mut progress: impl FnMut(u32, u32),
+) -> CliResult<JobReport> {
+    let job = &config.job;
+    let rank = worker.rank();
+    let num_workers = worker.num_workers();
+    let seed = worker.job_seed();
+    let specs = tensor_set(job.scale);
+    let elements: u64 = specs.iter().map(|t| t.len).sum();
+
+    // Declare every tensor (collectives, all at once).
+    let mut set = tokio::task::JoinSet::new();
+    for (i, t) in specs.iter().enumerate() {
+        let (w, name, len) = (worker.clone(), t.name.clone(), t.len);
+        set.spawn(async move {
+            let r = w.declare(&name, len, Default::default()).await;
+            (i, name, r)
+        });
+    }
+    let mut tensors: Vec<Option<Tensor>> = vec![None; specs.len()];
+    while let Some(joined) = set.join_next().await {
+        let (i, name, r) = joined.map_err(|e| CliError::failed(format!("declare task: {e}")))?;
+        tensors[i] = Some(r.map_err(|e| op_err("declare", &name, e))?);
+    }
+    let tensors: Vec<Tensor> = tensors.into_iter().map(|t| t.expect("declared")).collect();
+
+    // Broadcast from rank 0 once.
+    let mut set = tokio::task::JoinSet::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let (w, t) = (worker.clone(), t.clone());
+        let len = specs[i].len as usize;
+        let buf = if rank == 0 {
+            data::generate(seed, BROADCAST_ROUND, 0, i as u32, len)
+        } else {
+            vec![0.0; len]
+        };
+        set.spawn(async move { (i, w.broadcast(&t, buf, 0).await) });
+    }
+    while let Some(joined) = set.join_next().await {
+        let (i, r) = joined.map_err(|e| CliError::failed(format!("broadcast task: {e}")))?;
+        let out = r.map_err(|e| op_err("broadcast", &specs[i].name, e))?;
+        if job.check {
+            data::check_equal(data::stream(seed, BROADCAST_ROUND, 0, i as u32), &out).map_err(
+                |m| {
+                    CliError::failed(format!(
+                        "check failed: broadcast of tensor {:?} from rank 0: {m}",
+                        specs[i].name
+                    ))
+                },
+            )?;
+        }
+    }
+
+    let total = job.warmup + job.rounds;
+    let mut seconds = 0.0f64;
+    let mut cpu_push_pull = 0.0f64;
+    let mut timed_start_metrics = worker.metrics();
+    let mut checked = 0u32;
+    for round in 0..total {
+        if round == job.warmup {
+            timed_start_metrics = worker.metrics();
+        }
+        let inputs: Vec<Vec<f32>> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| data::generate(seed, round as u64, rank, i as u32, t.len as usize))
+            .collect();
+        let cpu0 = process_cpu_seconds();
+        let start = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for (i, buf) in inputs.into_iter().enumerate() {
+            let (w, t) = (worker.clone(), tensors[i].clone());
+            set.spawn(async move { (i, w.push_pull(&t, buf, Reduce::Sum).await) });
+        }
+        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; specs.len()];
+        while let Some(joined) = set.join_next().await {
+            let (i, r) = joined.map_err(|e| CliError::failed(format!("push_pull task: {e}")))?;
+            outputs[i] = Some(r.map_err(|e| {
+                CliError::failed(format!(
+                    "push_pull of tensor {:?} (round {round}) failed: {e}",
+                    specs[i].name
+                ))
+            })?);
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        if round >= job.warmup {
+            seconds += elapsed;
+            cpu_push_pull += process_cpu_seconds() - cpu0;
+        }
+        if job.check {
+            for (i, out) in outputs.iter().enumerate() {
+                let out = out.as_ref().expect("every push_pull answered");
+                data::check_sum(seed, round as u64, num_workers, i as u32, out).map_err(|m| {
+                    CliError::failed(format!(
+                        "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \
+                         (expected the rank-order f32 sum of {num_workers} workers' data)",
+                        specs[i].name
+                    ))
+                })?;
+            }
+            checked += 1;
+        }
+        progress(round + 1, total);
+    }
+    let m1 = worker.metrics();
+    let push = m1
+        .bytes_pushed
+        .saturating_sub(timed_start_metrics.bytes_pushed);
+    let pull = m1
+        .bytes_pulled
+        .saturating_sub(timed_start_metrics.bytes_pulled);
+    let gradient_bytes = elements * 4;
+    let per_s = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+    Ok(JobReport {
+        rank,
+        num_workers,
+        num_servers: worker.num_servers(),
+        tensors: specs.len(),
+        elements,
+        scale: job.scale,
+        warmup: job.warmup,
+        rounds: job.rounds,
+        seed,
+        seconds,
+        rounds_per_second: per_s(job.rounds as f64),
+        gradient_bytes_per_round: gradient_bytes,
+        gradient_gb_per_second: per_s(gradient_bytes as f64 * job.rounds as f64) / 1e9,
+        push_payload_bytes: push,
+        pull_payload_bytes: pull,
+        payload_gb_per_second: per_s((push + pull) as f64) / 1e9,
+        check: if job.check { "passed" } else { "skipped" }.to_string(),
+        checked_rounds: checked,
+        cpu_seconds_push_pull: cpu_push_pull,
+        cpu_seconds: process_cpu_seconds(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaled_sets_keep_every_tensor() {
+        let full = tensor_set(1.0);
+        assert_eq!(full.len(), 161);
+        assert_eq!(
+            full.iter().map(|t| t.len).sum::<u64>(),
+            resnet::RESNET50_ELEMENTS
+        );
+        let tiny = tensor_set(0.001);
+        assert_eq!(tiny.len(), 161);
+        assert!(tiny.iter().all(|t| t.len >= 1));
+        assert!(tiny.iter().map(|t| t.len).sum::<u64>() < 30_000);
+    }
+}

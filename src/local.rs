@@ -1,0 +1,347 @@
+//! `pushpull local`: a whole cluster on this machine, as separate processes of the real
+//! binaries on loopback.
+//!
+//! 1. Makes a throw-away cluster CA and node certificates in a temporary folder
+//!    ([`pushpull_common::tls::generate_cluster`]) and writes the effective cluster file there.
+//! 2. Starts the scheduler (it binds port 0 and prints `pushpull-scheduler listening on ADDR`),
+//!    then S servers and W workers with `--scheduler ADDR`; every process binds port 0.
+//! 3. Drives a progress bar from worker 0's `pushpull-worker progress ...` lines, collects every
+//!    worker's JSON report and every process's CPU seconds, and returns a [`LocalSummary`].
+//!
+//! If any process fails, the others are killed and the error names the failed process with its
+//! last stderr lines. Ctrl-C kills everything. See [`crate::procs`] for why children cannot
+//! outlive the launcher.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use pushpull_common::tls::generate_cluster;
+use pushpull_common::Config;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CliError, CliResult};
+use crate::job::{JobReport, PROGRESS_PREFIX};
+use crate::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
+use crate::procs::{Event, ProcGroup, Programs};
+
+/// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
+pub const LOCAL_TOML: &str = include_str!("../configs/local.toml");
+
+/// How long a process may take to print its `listening on` line.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// The cluster file (its `[tls]` is ignored: the launcher makes certificates).
+    pub config: Config,
+    /// Where the binaries are.
+    pub programs: Programs,
+    /// Draw a progress bar on stderr (only when stderr is a terminal).
+    pub progress_bar: bool,
+    /// Forward every child's stderr (logs) to ours, prefixed with its name.
+    pub logs: bool,
+}
+
+/// What a successful local run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LocalSummary {
+    /// Workers.
+    pub num_workers: u32,
+    /// Servers.
+    pub num_servers: u32,
+    /// The scheduler's address.
+    pub scheduler: String,
+    /// The servers' addresses, in start order.
+    pub servers: Vec<String>,
+    /// Seconds from the first process start to the last exit.
+    pub wall_seconds: f64,
+    /// Every worker's report, by rank.
+    pub workers: Vec<JobReport>,
+    /// CPU seconds of every process (`scheduler`, `server 0`, …, `worker 0`, …).
+    pub cpu_seconds: BTreeMap<String, f64>,
+}
+
+impl LocalSummary {
+    /// Sum over workers of push + pull payload bytes per second (GB/s, 1e9 bytes).
+    pub fn aggregate_payload_gb_per_second(&self) -> f64 {
+        self.workers.iter().map(|w| w.payload_gb_per_second).sum()
+    }
+
+    /// The human-readable summary.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let w0 = self.workers.first();
+        if let Some(w) = w0 {
+            s.push_str(&format!(
+                "pushpull local: {} workers x {} servers on loopback; {} tensors, {} elements \
+                 ({:.1} MB fp32 per worker per round); {} rounds after {} warm-up; seed {}\n",
+                self.num_workers,
+                self.num_servers,
+                w.tensors,
+                w.elements,
+                w.gradient_bytes_per_round as f64 / 1e6,
+                w.rounds,
+                w.warmup,
+                w.seed
+            ));
+        }
+        for w in &self.workers {
+            s.push_str(&format!(
+                "  worker {}: {:.3} rounds/s, gradient {:.3} GB/s, push+pull payload {:.3} GB/s, \
+                 check {}\n",
+                w.rank,
+                w.rounds_per_second,
+                w.gradient_gb_per_second,
+                w.payload_gb_per_second,
+                w.check
+            ));
+        }
+        s.push_str(&format!(
+            "  all workers: push+pull payload {:.3} GB/s\n",
+            self.aggregate_payload_gb_per_second()
+        ));
+        s.push_str("  CPU seconds:");
+        for (name, cpu) in &self.cpu_seconds {
+            s.push_str(&format!(" {name} {cpu:.2};"));
+        }
+        s.pop();
+        s.push('\n');
+        s.push_str(&format!(
+            "all {} processes exited 0 in {:.1} s",
+            1 + self.num_servers + self.num_workers,
+            self.wall_seconds
+        ));
+        s
+    }
+}
+
+/// The embedded default cluster file, parsed.
+pub fn default_config() -> Config {
+    Config::from_toml_str(LOCAL_TOML, "configs/local.toml (built in)")
+        .expect("configs/local.toml is a valid cluster file")
+}
+
+/// Writes `config` (without `[tls]`) to `dir/cluster.toml`.
+pub fn write_config(config: &Config, dir: &Path) -> CliResult<PathBuf> {
+    let mut c = config.clone();
+    c.tls.ca = None;
+    c.tls.cert = None;
+    c.tls.key = None;
+    let text = toml::to_string(&c)
+        .map_err(|e| CliError::failed(format!("cannot write the cluster file: {e}")))?;
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, text)
+        .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
+    Ok(path)
+}
+
+fn tls_args(tls: &pushpull_common::config::TlsConfig) -> Vec<String> {
+    let p = |p: &Option<PathBuf>| p.as_ref().expect("generated").display().to_string();
+    vec![
+        "--ca".into(),
+        p(&tls.ca),
+        "--cert".into(),
+        p(&tls.cert),
+        "--key".into(),
+        p(&tls.key),
+    ]
+}
+
+/// Runs the cluster to the end. Must be called on a runtime whose thread outlives the run
+/// (see [`crate::procs`]); the CLI uses a current-thread runtime.
+pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
+    let config = &opts.config;
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    let dir = tempfile::Builder::new()
+        .prefix("pushpull-local-")
+        .tempdir()
+        .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
+    let names = crate::certs::default_node_names(ns, nw);
+    let tls = generate_cluster(dir.path(), &config.tls.server_name, &names)
+        .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
+    let config_path = write_config(config, dir.path())?;
+    let config_arg = config_path.display().to_string();
+
+    let total_rounds = config.job.warmup + config.job.rounds;
+    let bar = if opts.progress_bar {
+        ProgressBar::new(total_rounds as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} rounds {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+
+    let mut group = ProcGroup::new();
+    if opts.logs {
+        let bar = bar.clone();
+        group.forward_stderr(Arc::new(move |name: &str, line: &str| {
+            bar.suspend(|| eprintln!("[{name}] {line}"));
+        }));
+    }
+    let start = Instant::now();
+    let result = run_group(opts, &mut group, &bar, &tls, &config_arg).await;
+    bar.finish_and_clear();
+    let (scheduler, servers, workers, cpu) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            group.kill_all();
+            return Err(e);
+        }
+    };
+    Ok(LocalSummary {
+        num_workers: nw,
+        num_servers: ns,
+        scheduler,
+        servers,
+        wall_seconds: start.elapsed().as_secs_f64(),
+        workers,
+        cpu_seconds: cpu,
+    })
+}
+
+type GroupResult = (String, Vec<String>, Vec<JobReport>, BTreeMap<String, f64>);
+
+async fn run_group(
+    opts: &LocalOptions,
+    group: &mut ProcGroup,
+    bar: &ProgressBar,
+    tls: &[pushpull_common::config::TlsConfig],
+    config_arg: &str,
+) -> CliResult<GroupResult> {
+    let config = &opts.config;
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    let p = &opts.programs;
+    let base = |prog: &(PathBuf, Vec<String>), tls: &pushpull_common::config::TlsConfig| {
+        let mut a = prog.1.clone();
+        a.extend(["--config".to_string(), config_arg.to_string()]);
+        a.extend(tls_args(tls));
+        a
+    };
+
+    bar.set_message("starting the scheduler");
+    let sched = group.spawn("scheduler", &p.scheduler.0, &base(&p.scheduler, &tls[0]))?;
+    let sched_addr = group
+        .wait_line(sched, SCHEDULER_LISTENING, STARTUP_TIMEOUT)
+        .await?;
+    let mut server_idx = Vec::new();
+    for s in 0..ns {
+        let mut a = base(&p.server, &tls[1 + s as usize]);
+        a.extend(["--scheduler".to_string(), sched_addr.clone()]);
+        server_idx.push(group.spawn(&format!("server {s}"), &p.server.0, &a)?);
+    }
+    let mut worker_idx = Vec::new();
+    for w in 0..nw {
+        let mut a = base(&p.worker, &tls[1 + ns as usize + w as usize]);
+        a.extend([
+            "--scheduler".to_string(),
+            sched_addr.clone(),
+            "--rank".to_string(),
+            w.to_string(),
+            "--json".to_string(),
+            "--progress".to_string(),
+        ]);
+        worker_idx.push(group.spawn(&format!("worker {w}"), &p.worker.0, &a)?);
+    }
+    bar.set_message(format!(
+        "waiting for {ns} servers and {nw} workers to register and declare"
+    ));
+
+    let mut servers = vec![String::new(); ns as usize];
+    let mut reports: Vec<Option<JobReport>> = vec![None; nw as usize];
+    let mut cpu = BTreeMap::new();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let ev = tokio::select! {
+            ev = group.next_event() => ev,
+            _ = &mut ctrl_c => {
+                group.kill_all();
+                return Err(CliError::failed("interrupted (Ctrl-C): killed every process of the cluster"));
+            }
+        };
+        let Some(ev) = ev else { break };
+        match ev {
+            Event::Line { proc, line } => {
+                if let Some(addr) = line.strip_prefix(SERVER_LISTENING) {
+                    if let Some(s) = server_idx.iter().position(|&i| i == proc) {
+                        servers[s] = addr.trim().to_string();
+                    }
+                } else if let Some(rest) = line.strip_prefix(PROGRESS_PREFIX) {
+                    if worker_idx.first() == Some(&proc) {
+                        if let Some(done) = parse_kv(rest, "round") {
+                            bar.set_message("");
+                            bar.set_position(done);
+                        }
+                    }
+                } else if let Some(rest) = line
+                    .strip_prefix("pushpull-scheduler cpu_seconds ")
+                    .or_else(|| line.strip_prefix("pushpull-server cpu_seconds "))
+                {
+                    if let Ok(c) = rest.trim().parse::<f64>() {
+                        cpu.insert(group.name(proc).to_string(), c);
+                    }
+                } else if line.starts_with('{') {
+                    if let Some(w) = worker_idx.iter().position(|&i| i == proc) {
+                        let report: JobReport = serde_json::from_str(&line).map_err(|e| {
+                            CliError::failed(format!(
+                                "worker {w} printed an unreadable report: {e}"
+                            ))
+                        })?;
+                        cpu.insert(group.name(proc).to_string(), report.cpu_seconds);
+                        reports[w] = Some(report);
+                    }
+                }
+            }
+            Event::Exit { proc, status } => {
+                if !status.success() {
+                    let msg = group.failure_message(proc, status);
+                    group.kill_all();
+                    return Err(CliError::failed(format!("pushpull local: {msg}")));
+                }
+            }
+        }
+    }
+    let workers = reports
+        .into_iter()
+        .enumerate()
+        .map(|(w, r)| {
+            r.ok_or_else(|| CliError::failed(format!("worker {w} exited 0 without a report")))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    Ok((sched_addr, servers, workers, cpu))
+}
+
+fn parse_kv(s: &str, key: &str) -> Option<u64> {
+    s.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_config_parses_and_round_trips() {
+        let c = default_config();
+        assert_eq!(c.cluster.scheduler, "127.0.0.1:0");
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_config(&c, dir.path()).unwrap();
+        let back = Config::from_file(&path).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn progress_lines_parse() {
+        assert_eq!(parse_kv("rank=0 round=3 total=12", "round"), Some(3));
+        assert_eq!(parse_kv("rank=0 total=12", "round"), None);
+    }
+}

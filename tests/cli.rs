@@ -1,0 +1,230 @@
+//! Bad input to the binaries: exit code 2 and a message naming the offending thing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(60);
+
+const GOOD: &str = r#"
+[cluster]
+scheduler = "127.0.0.1:0"
+num_workers = 1
+num_servers = 1
+"#;
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+/// Runs `program --config FILE extra...` with valid certificates; returns (code, stderr).
+fn run_with_config(
+    program: &str,
+    certs: &Certs,
+    node: &str,
+    text: &str,
+    extra: &[&str],
+) -> (Option<i32>, String) {
+    let cfg = write(certs.path(), &format!("{node}-test.toml"), text);
+    let mut args: Vec<String> = vec!["--config".into(), cfg];
+    args.extend(certs.args(node));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, _out, err) = run_bin(program, &refs, T);
+    (code, err)
+}
+
+fn expect_usage(code: Option<i32>, err: &str, needles: &[&str]) {
+    assert_eq!(code, Some(2), "expected exit code 2; stderr:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr should name {n:?}:\n{err}");
+    }
+}
+
+#[test]
+fn config_errors_name_the_key_for_every_binary() {
+    let certs = Certs::cluster(1, 1);
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (format!("{GOOD}num_wrokers = 3\n"), vec!["num_wrokers"]),
+        (
+            "[cluster]\nscheduler = \"127.0.0.1:0\"\nnum_workers = 1\n".to_string(),
+            vec!["num_servers"],
+        ),
+        (
+            GOOD.replace("num_workers = 1", "num_workers = \"two\""),
+            vec!["num_workers"],
+        ),
+        (
+            GOOD.replace("num_workers = 1", "num_workers = 0"),
+            vec!["cluster.num_workers", "at least 1"],
+        ),
+        (
+            GOOD.replace("127.0.0.1:0", "localhost:x"),
+            vec!["cluster.scheduler", "localhost:x"],
+        ),
+        (
+            format!("{GOOD}\n[server]\nlisten = \"10.0.0.300:1\"\n"),
+            vec!["server.listen", "10.0.0.300:1"],
+        ),
+        (format!("{GOOD}\n[job]\nrounds = -1\n"), vec!["rounds"]),
+    ];
+    for (text, needles) in &cases {
+        for (program, node) in [
+            (SCHEDULER, "scheduler"),
+            (SERVER, "server0"),
+            (WORKER, "worker0"),
+        ] {
+            let (code, err) = run_with_config(program, &certs, node, text, &[]);
+            expect_usage(code, &err, needles);
+            assert!(
+                err.contains(&format!("{node}-test.toml")),
+                "names the file:\n{err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_addresses_in_flags_are_named() {
+    let certs = Certs::cluster(1, 1);
+    for (program, node) in [
+        (SCHEDULER, "scheduler"),
+        (SERVER, "server0"),
+        (WORKER, "worker0"),
+    ] {
+        let (code, err) = run_with_config(program, &certs, node, GOOD, &["--scheduler", "1.2.3:4"]);
+        expect_usage(code, &err, &["--scheduler", "1.2.3:4"]);
+    }
+    let (code, err) = run_with_config(SERVER, &certs, "server0", GOOD, &["--listen", "nowhere"]);
+    expect_usage(code, &err, &["--listen", "nowhere"]);
+}
+
+#[test]
+fn missing_config_file_and_unreadable_certificates_are_named() {
+    let certs = Certs::cluster(1, 1);
+    let (code, _, err) = run_bin(SCHEDULER, &["--config", "/nonexistent/cluster.toml"], T);
+    expect_usage(code, &err, &["/nonexistent/cluster.toml"]);
+
+    let cfg = write(certs.path(), "good.toml", GOOD);
+    for (program, node) in [
+        (SCHEDULER, "scheduler"),
+        (SERVER, "server0"),
+        (WORKER, "worker0"),
+    ] {
+        let mut args = vec!["--config".to_string(), cfg.clone()];
+        args.extend(certs.args(node));
+        // Replace the key with a file that is not a key, then with one that does not exist.
+        let not_a_key = certs.path().join("ca.pem").display().to_string();
+        let n = args.len();
+        args[n - 1] = not_a_key.clone();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = run_bin(program, &refs, T);
+        expect_usage(code, &err, &[&not_a_key]);
+        args[n - 1] = "/nonexistent/node.key".into();
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = run_bin(program, &refs, T);
+        expect_usage(code, &err, &["/nonexistent/node.key"]);
+    }
+    // No [tls] at all.
+    let (code, _, err) = run_bin(SCHEDULER, &["--config", &cfg], T);
+    expect_usage(code, &err, &["tls.ca"]);
+}
+
+#[test]
+fn a_port_in_use_is_named() {
+    let certs = Certs::cluster(1, 1);
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let text = GOOD.replace("127.0.0.1:0", &addr.to_string());
+    let (code, err) = run_with_config(SCHEDULER, &certs, "scheduler", &text, &[]);
+    expect_usage(code, &err, &[&addr.to_string()]);
+    assert!(err.to_lowercase().contains("in use"), "{err}");
+    let (code, err) = run_with_config(
+        SERVER,
+        &certs,
+        "server0",
+        GOOD,
+        &["--listen", &addr.to_string()],
+    );
+    expect_usage(code, &err, &[&addr.to_string()]);
+    drop(taken);
+}
+
+#[test]
+fn usage_errors_and_help() {
+    let (code, _, err) = run_bin(SCHEDULER, &["--config", "x.toml", "--bogus"], T);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--bogus"), "{err}");
+    let (code, _, err) = run_bin(WORKER, &["--rank", "x", "--config", "c.toml"], T);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--rank"), "{err}");
+    for (program, flags) in [
+        (
+            SCHEDULER,
+            &["--config", "--scheduler", "--ca", "--cert", "--key"][..],
+        ),
+        (SERVER, &["--listen"][..]),
+        (WORKER, &["--rank", "--json", "--progress"][..]),
+    ] {
+        let (code, out, err) = run_bin(program, &["--help"], T);
+        assert_eq!(code, Some(0), "{err}");
+        for f in flags {
+            assert!(out.contains(f), "{program} --help lacks {f}:\n{out}");
+        }
+    }
+    let (code, out, _) = run_bin(PUSHPULL, &["--help"], T);
+    assert_eq!(code, Some(0));
+    for sub in ["local", "certs", "bench", "scheduler", "server", "worker"] {
+        assert!(out.contains(sub), "pushpull --help lacks {sub}:\n{out}");
+    }
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--workers", "0"], T);
+    expect_usage(code, &err, &["cluster.num_workers"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--scale", "0"], T);
+    expect_usage(code, &err, &["job.scale"]);
+}
+
+#[test]
+fn certs_command_writes_a_usable_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("certs");
+    let out_s = out.display().to_string();
+    let (code, stdout, err) = run_bin(
+        PUSHPULL,
+        &[
+            "certs",
+            "--out",
+            &out_s,
+            "--nodes",
+            "scheduler,server0,worker0",
+        ],
+        T,
+    );
+    assert_eq!(code, Some(0), "{err}");
+    for f in [
+        "ca.pem",
+        "ca.key",
+        "scheduler.pem",
+        "server0.key",
+        "worker0.pem",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    assert!(
+        stdout.contains("# server0") && stdout.contains("server0.pem"),
+        "{stdout}"
+    );
+    let tls = pushpull_common::config::TlsConfig {
+        ca: Some(out.join("ca.pem")),
+        cert: Some(out.join("worker0.pem")),
+        key: Some(out.join("worker0.key")),
+        server_name: "pushpull.cluster".into(),
+    };
+    pushpull_common::tls::TlsIdentity::load(&tls).unwrap();
+    // A second run refuses to overwrite the CA.
+    let (code, _, err) = run_bin(PUSHPULL, &["certs", "--out", &out_s], T);
+    expect_usage(code, &err, &["--force"]);
+}
