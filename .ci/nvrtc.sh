@@ -32,7 +32,9 @@ _pp_nvrtc_setup() {
         echo "nvrtc.sh: creating $venv" >&2
         "$py" -m venv "$venv" || { echo "nvrtc.sh: cannot create a venv with $py" >&2; return 1; }
     fi
-    if ! "$venv/bin/python" -m pip show nvidia-cuda-nvrtc-cu12 2>/dev/null | grep -qx 'Version: 12.4.127'; then
+    local installed
+    installed="$("$venv/bin/python" -m pip show nvidia-cuda-nvrtc-cu12 2>/dev/null || true)"
+    if [[ $'\n'"$installed"$'\n' != *$'\nVersion: 12.4.127\n'* ]]; then
         echo "nvrtc.sh: installing $pin" >&2
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin" \
             || { echo "nvrtc.sh: pip install $pin failed" >&2; return 1; }
@@ -40,7 +42,9 @@ _pp_nvrtc_setup() {
 
     # The wheel puts the library under site-packages/nvidia/cuda_nvrtc/lib; find it rather than
     # guessing the python version in the path.
-    lib="$(find "$venv" -name 'libnvrtc.so*' ! -name '*builtins*' \( -type f -o -type l \) 2>/dev/null | sort | head -n 1)"
+    local found
+    found="$(find "$venv" -name 'libnvrtc.so.*' ! -name '*builtins*' \( -type f -o -type l \) 2>/dev/null || true)"
+    lib="${found%%$'\n'*}"
     if [ -z "$lib" ]; then
         echo "nvrtc.sh: no libnvrtc.so* found under $venv after installing $pin" >&2
         return 1
@@ -59,7 +63,7 @@ _pp_nvrtc_setup() {
     esac
     export PUSHPULL_NVRTC_LIB_DIR="$libdir"
     export PUSHPULL_REQUIRE_NVRTC=1
-    echo "nvrtc.sh: NVRTC from $libdir ($(cd "$libdir" && ls libnvrtc.so* | tr '\n' ' '))" >&2
+    echo "nvrtc.sh: NVRTC from $libdir: $(cd "$libdir" && echo libnvrtc.so*)" >&2
 }
 
 _pp_nvrtc_setup

@@ -573,25 +573,48 @@ PP_HD float pp_tree_sum_256(float* s) {
 
 // Bucket b's statistic from its block partials, added in block order in f64 (starting from
 // -0.0 like Rust's f64 Sum). mode 0: (sum / len) as f32 (elem::mean_abs); mode 1:
-// sqrt(sum) as f32 (elem::l2_norm).
-PP_HD float pp_finalize_sum(const double* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
-                            pp_u32 mode) {
-    pp_u64 per = pp_div_ceil(bucket, PP_REDUCE_BLOCK);
-    pp_u64 len = pp_bucket_len(n, bucket, b);
-    pp_u64 blocks = pp_div_ceil(len, PP_REDUCE_BLOCK);
-    double sum = -0.0;
-    for (pp_u64 l = 0; l < blocks; ++l) {
-        sum = sum + partials[b * per + l];
+// sqrt(sum) as f32 (elem::l2_norm). The kernel (one block per bucket) stages the partials
+// through shared memory PP_REDUCE_BLOCK at a time and calls pp_add_in_order on each piece;
+// chaining the pieces is the same sequence of additions.
+PP_HD double pp_add_in_order(double sum, const double* p, pp_u64 count) {
+    for (pp_u64 k = 0; k < count; ++k) {
+        sum = sum + p[k];
     }
+    return sum;
+}
+
+PP_HD float pp_finalize_value(double sum, pp_u64 len, pp_u32 mode) {
     if (mode == 0) {
         return (float)(sum / (double)len);
     }
     return (float)sqrt(sum);
 }
 
-// Min/max reductions keep the *first* of equal values in index order (what
-// `if v < lo { lo = v }` and elem::min_max's fold give; it only matters for +0 vs -0). Every
-// combine has the lower-index operand on the left and prefers it on ties.
+// The partials of bucket b: its first index and how many there are.
+PP_HD void pp_bucket_pieces(pp_u64 n, pp_u64 bucket, pp_u64 unit, pp_u64 b, pp_u64* first,
+                            pp_u64* count) {
+    *first = b * pp_div_ceil(bucket, unit);
+    *count = pp_div_ceil(pp_bucket_len(n, bucket, b), unit);
+}
+
+PP_HD float pp_finalize_sum(const double* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
+                            pp_u32 mode) {
+    pp_u64 first, count;
+    pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
+    double sum = pp_add_in_order(-0.0, partials + first, count);
+    return pp_finalize_value(sum, pp_bucket_len(n, bucket, b), mode);
+}
+
+// elem::canonical_zero: +0.0 for either zero (the wire's min and max never carry -0.0).
+PP_HD float pp_canonical_zero(float x) { return x == 0.0f ? 0.0f : x; }
+
+// Whether x is finite (not NaN, not +-Inf).
+PP_HD bool pp_is_finite(float x) { return (pp_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+
+// Min/max reductions. Only +0 and -0 can compare equal with different bits, and the header
+// stores canonical_zero(min), canonical_zero(max), so the result does not depend on the order;
+// still, every combine keeps the lower-index operand on the left and prefers it on ties (the
+// first of equal values in index order, like elem::min_max's fold).
 // mode 0: (min x, max x), starting from (+inf, -inf); mode 1: max |x| (in hi), starting from 0.
 PP_HD void pp_mm_init(pp_u32 mode, float* lo, float* hi) {
     *lo = pp_f32_from_bits(0x7f800000u);
@@ -635,32 +658,42 @@ PP_HD void pp_mm_tree_step(float* lo, float* hi, pp_u32 t, pp_u32 stride, pp_u32
     }
 }
 
-// Bucket b's min/max from its span partials (lo/hi pairs) in span order; writes the header:
-// mode 0: words 2b, 2b+1 = min, max; mode 1: word b = max |x|.
-PP_HD void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
-                              pp_u32 mode, pp_u32* hdr) {
-    pp_u64 per = pp_div_ceil(bucket, PP_SPAN);
-    pp_u64 spans = pp_div_ceil(pp_bucket_len(n, bucket, b), PP_SPAN);
-    float lo, hi;
-    pp_mm_init(mode, &lo, &hi);
-    for (pp_u64 l = 0; l < spans; ++l) {
-        pp_u64 g = b * per + l;
-        pp_mm_combine(mode, &lo, &hi, partials[2 * g], partials[2 * g + 1]);
+// Folds span partials (lo, hi pairs) [0, count) into (lo, hi) in span order.
+PP_HD void pp_mm_fold_partials(pp_u32 mode, float* lo, float* hi, const float* p, pp_u64 count) {
+    for (pp_u64 k = 0; k < count; ++k) {
+        pp_mm_combine(mode, lo, hi, p[2 * k], p[2 * k + 1]);
     }
+}
+
+// Writes bucket b's header words: mode 0: words 2b, 2b+1 = canonical_zero(min),
+// canonical_zero(max); mode 1: word b = max |x|.
+PP_HD void pp_mm_store(pp_u32 mode, float lo, float hi, pp_u64 b, pp_u32* hdr) {
     if (mode == 0) {
-        hdr[2 * b] = pp_f32_bits(lo);
-        hdr[2 * b + 1] = pp_f32_bits(hi);
+        hdr[2 * b] = pp_f32_bits(pp_canonical_zero(lo));
+        hdr[2 * b + 1] = pp_f32_bits(pp_canonical_zero(hi));
     } else {
         hdr[b] = pp_f32_bits(hi);
     }
+}
+
+// Bucket b's min/max from its span partials in span order, into the header (serially; the
+// kernel stages the partials through shared memory and folds them with the same functions).
+PP_HD void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
+                              pp_u32 mode, pp_u32* hdr) {
+    pp_u64 first, count;
+    pp_bucket_pieces(n, bucket, PP_SPAN, b, &first, &count);
+    float lo, hi;
+    pp_mm_init(mode, &lo, &hi);
+    pp_mm_fold_partials(mode, &lo, &hi, partials + 2 * first, count);
+    pp_mm_store(mode, lo, hi, b, hdr);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Packing: the compress kernels have one thread per output u32 word. The thread computes every
 // code that overlaps its word (a code that straddles two words is computed by both threads, the
 // same way, since its draw is a pure function of its index) and writes the whole word: no
-// atomics. xs[i - xs_base] is element i (the kernel passes a shared-memory tile, the host
-// emulation the chunk itself).
+// atomics. The elements come from a PPTile (the kernel stages them in shared memory, the host
+// emulation in a buffer laid out the same way).
 // ------------------------------------------------------------------------------------------------
 
 // Element range [i0, i1) whose codes overlap word `word`.
@@ -670,15 +703,32 @@ PP_HD void pp_word_elems(pp_u64 n, pp_u32 w, pp_u64 word, pp_u64* i0, pp_u64* i1
     *i1 = pp_min_u64(pp_div_ceil(bit0 + 32u, w), n);
 }
 
+// The staged elements of a pack block: element i is at slot pp_tile_slot(i - base). One padding
+// float after every 32 keeps the threads of a warp, which read elements 32/w apart, on distinct
+// shared-memory banks.
+PP_HD pp_u64 pp_tile_slot(pp_u64 e) { return e + (e >> 5); }
+
+struct PPTile {
+    const float* t;
+    pp_u64 base;
+    PP_HD float at(pp_u64 i) const { return t[pp_tile_slot(i - base)]; }
+};
+
+PP_HD PPTile pp_tile(const float* t, pp_u64 base) {
+    PPTile tile;
+    tile.t = t;
+    tile.base = base;
+    return tile;
+}
+
 template <class Enc>
-PP_HD pp_u32 pp_pack_word(Enc enc, const float* xs, pp_u64 xs_base, pp_u64 n, pp_u32 w,
-                          pp_u64 word) {
+PP_HD pp_u32 pp_pack_word(Enc enc, PPTile xs, pp_u64 n, pp_u32 w, pp_u64 word) {
     pp_u64 i0, i1;
     pp_word_elems(n, w, word, &i0, &i1);
     pp_u64 bit0 = word * 32u;
     pp_u32 out = 0;
     for (pp_u64 i = i0; i < i1; ++i) {
-        pp_u32 c = enc.code(i, xs[i - xs_base]);
+        pp_u32 c = enc.code(i, xs.at(i));
         pp_u64 bit = i * (pp_u64)w;
         if (bit >= bit0) {
             out |= c << (pp_u32)(bit - bit0);  // bits past 32 belong to the next word
@@ -766,8 +816,12 @@ PP_HD void pp_pack_tile(pp_u64 n, pp_u32 w, pp_u64 nwords, pp_u64 w0, pp_u64* e0
     pp_word_elems(n, w, last - 1, &a, e1);
 }
 
-// Shared-memory floats a pack block needs for code width w (an upper bound over all tiles).
-PP_HD pp_u64 pp_pack_tile_capacity(pp_u32 w) { return (pp_u64)PP_PACK_WORDS * 32u / w + 2u; }
+// Shared-memory floats a pack block needs for code width w (an upper bound over all tiles,
+// padding included).
+PP_HD pp_u64 pp_pack_tile_capacity(pp_u32 w) {
+    pp_u64 elems = (pp_u64)PP_PACK_WORDS * 32u / w + 2u;
+    return pp_tile_slot(elems) + 1u;
+}
 
 // ------------------------------------------------------------------------------------------------
 // Decoding: the decompress kernels have one thread per group of PP_GROUP consecutive elements.
@@ -815,6 +869,13 @@ PP_HD void pp_dither_decode_group(const pp_u32* payload, pp_u64 n, pp_u64 bucket
         pp_u32 sign = c & 1u;
         vals[k] = natural ? pp_dither_natural_value(level, sign, norm, s)
                           : pp_dither_linear_value(level, sign, norm, s);
+    }
+}
+
+// Writes (add false) or adds (add true) the decoded group into out[i0 .. i0 + count).
+PP_HD void pp_store_group(float* out, pp_u64 i0, pp_u32 count, const float* vals, bool add) {
+    for (pp_u32 k = 0; k < count; ++k) {
+        out[i0 + k] = add ? out[i0 + k] + vals[k] : vals[k];
     }
 }
 

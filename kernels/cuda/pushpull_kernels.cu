@@ -56,12 +56,30 @@ extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket
 }
 
 // hdr[b] = bucket b's statistic from the block partials (mode 0: mean, mode 1: sqrt of sum).
-// One thread per bucket.
+// One 256-thread block per bucket (block-level grid-stride): the partials are staged through
+// shared memory with coalesced loads and thread 0 adds them in block order.
 extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket,
                                             pp_u32 mode, pp_u32* hdr) {
+    __shared__ double buf[PP_REDUCE_BLOCK];
     pp_u64 nb = pp_num_buckets(n, bucket);
-    for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
-        hdr[b] = pp_f32_bits(pp_finalize_sum(partials, n, bucket, b, mode));
+    for (pp_u64 b = blockIdx.x; b < nb; b += gridDim.x) {
+        pp_u64 first, count;
+        pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
+        double sum = -0.0;
+        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
+            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
+            if (threadIdx.x < m) {
+                buf[threadIdx.x] = partials[first + c0 + threadIdx.x];
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                sum = pp_add_in_order(sum, buf, m);
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            hdr[b] = pp_f32_bits(pp_finalize_value(sum, pp_bucket_len(n, bucket, b), mode));
+        }
     }
 }
 
@@ -87,12 +105,32 @@ extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucke
     }
 }
 
-// Header words of each bucket from the span partials. One thread per bucket.
+// Header words of each bucket from the span partials. One 256-thread block per bucket
+// (block-level grid-stride), partials staged through shared memory, folded by thread 0 in span
+// order.
 extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
                                               pp_u32 mode, pp_u32* hdr) {
+    __shared__ float buf[2 * PP_REDUCE_BLOCK];
     pp_u64 nb = pp_num_buckets(n, bucket);
-    for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
-        pp_finalize_minmax(partials, n, bucket, b, mode, hdr);
+    for (pp_u64 b = blockIdx.x; b < nb; b += gridDim.x) {
+        pp_u64 first, count;
+        pp_bucket_pieces(n, bucket, PP_SPAN, b, &first, &count);
+        float lo, hi;
+        pp_mm_init(mode, &lo, &hi);
+        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
+            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
+            for (pp_u64 k = threadIdx.x; k < 2 * m; k += blockDim.x) {
+                buf[k] = partials[2 * (first + c0) + k];
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                pp_mm_fold_partials(mode, &lo, &hi, buf, m);
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            pp_mm_store(mode, lo, hi, b, hdr);
+        }
     }
 }
 
@@ -150,12 +188,12 @@ __device__ __forceinline__ void pp_pack_kernel(Enc enc, const float* x, pp_u64 n
         pp_u64 e0, e1;
         pp_pack_tile(n, w, nwords, w0, &e0, &e1);
         for (pp_u64 e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-            tile[e - e0] = x[e];
+            tile[pp_tile_slot(e - e0)] = x[e];
         }
         __syncthreads();
         pp_u64 word = w0 + threadIdx.x;
         if (word < nwords) {
-            words[word] = pp_pack_word(enc, tile, e0, n, w, word);
+            words[word] = pp_pack_word(enc, pp_tile(tile, e0), n, w, word);
         }
         __syncthreads();
     }
@@ -190,21 +228,34 @@ extern "C" __global__ void pp_dither_compress(const float* x, pp_u64 n, pp_u64 b
 // Bit-stream decoding: one thread per group of PP_GROUP elements; add != 0 adds into out.
 // ------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void pp_store_group(float* out, pp_u64 i0, pp_u32 count,
-                                               const float* vals, bool add) {
-    for (pp_u32 k = 0; k < count; ++k) {
-        out[i0 + k] = add ? out[i0 + k] + vals[k] : vals[k];
+// Stores a decoded group: one float4 access when the group is whole and 16-byte aligned (the
+// same per-element operations as pp_store_group), else pp_store_group.
+__device__ __forceinline__ void pp_store_group_dev(float* out, pp_u64 i0, pp_u32 count,
+                                                   const float* vals, bool add) {
+    float* p = out + i0;
+    if (count == 4u && ((unsigned long long)p & 15u) == 0) {
+        float4 v = make_float4(vals[0], vals[1], vals[2], vals[3]);
+        if (add) {
+            float4 a = *(const float4*)p;
+            v.x = a.x + v.x;
+            v.y = a.y + v.y;
+            v.z = a.z + v.z;
+            v.w = a.w + v.w;
+        }
+        *(float4*)p = v;
+    } else {
+        pp_store_group(out, i0, count, vals, add);
     }
 }
 
-#define PP_GROUP_LOOP(body)                                                   \
+#define PP_GROUP_LOOP(...)                                                   \
     pp_u64 groups = pp_div_ceil(n, PP_GROUP);                                 \
     for (pp_u64 gi = PP_TID(); gi < groups; gi += PP_STRIDE()) {              \
         pp_u64 i0 = gi * PP_GROUP;                                            \
         pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, n - i0);                  \
         float vals[PP_GROUP];                                                 \
-        body;                                                                 \
-        pp_store_group(out, i0, count, vals, add);                            \
+        __VA_ARGS__;                                                          \
+        pp_store_group_dev(out, i0, count, vals, add);                        \
     }
 
 __device__ __forceinline__ void pp_onebit_decode(const pp_u32* payload, pp_u64 n, float* out,
@@ -254,7 +305,8 @@ extern "C" __global__ void pp_dither_decompress_add(const pp_u32* payload, pp_u6
 
 // ------------------------------------------------------------------------------------------------
 // random-k: k x f32 at the indices permute(0..k) of the keyed permutation of 0..n (distinct
-// indices, so the scatters need no atomics). One thread per value.
+// indices, so the scatters need no atomics). One thread per value. decompress: pp_fill_u32(0)
+// then pp_randomk_decompress; decompress_add: the three steps below.
 // ------------------------------------------------------------------------------------------------
 
 extern "C" __global__ void pp_randomk_compress(const float* x, pp_u64 n, pp_u64 k, pp_u64 key,
@@ -274,11 +326,29 @@ extern "C" __global__ void pp_randomk_decompress(const pp_u32* payload, pp_u64 n
     }
 }
 
+// decompress_add, step 1 of 3: r[j] = acc[permute(j)] + value j (from the original acc).
+// Step 2 is pp_add_zero over all of acc (off the support, acc + 0.0 turns -0.0 into +0.0, as
+// adding a decompressed zero does), step 3 pp_randomk_decompress with r as its payload.
 extern "C" __global__ void pp_randomk_decompress_add(const pp_u32* payload, pp_u64 n, pp_u64 k,
-                                                     pp_u64 key, float* acc) {
+                                                     pp_u64 key, const float* acc, pp_u32* r) {
     PPPerm p = pp_perm_new(n, key);
     for (pp_u64 j = PP_TID(); j < k; j += PP_STRIDE()) {
-        pp_u64 i = pp_permute(p, j);
-        acc[i] = acc[i] + pp_f32_from_bits(payload[j]);
+        r[j] = pp_f32_bits(acc[pp_permute(p, j)] + pp_f32_from_bits(payload[j]));
+    }
+}
+
+// acc[i] = acc[i] + 0.0 for every i.
+extern "C" __global__ void pp_add_zero(float* acc, pp_u64 n) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        acc[i] = acc[i] + 0.0f;
+    }
+}
+
+// *first = the smallest index of a non-finite element (*first must start at ~0).
+extern "C" __global__ void pp_first_nonfinite(const float* x, pp_u64 n, pp_u64* first) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        if (!pp_is_finite(x[i])) {
+            atomicMin(first, i);
+        }
     }
 }

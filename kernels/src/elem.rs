@@ -201,7 +201,7 @@ pub fn pow2(e: i32) -> f32 {
 /// exact in f32, so the draw is unbiased up to the uniform's 2^-24 resolution. `1 <= s <= 32`.
 #[inline(always)]
 pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
-    if !(norm > 0.0) {
+    if norm.is_nan() || norm <= 0.0 {
         return 0;
     }
     let r = (x.abs() / norm).min(1.0);
@@ -240,7 +240,9 @@ mod tests {
 
     #[test]
     fn tree_sum_matches_f64_within_f32_rounding() {
-        let x: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1013) as f32 * 0.01 - 5.0).collect();
+        let x: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.01 - 5.0)
+            .collect();
         let exact: f64 = x.iter().map(|&v| (v as f64).abs()).sum();
         let got = sum_abs(&x);
         assert!((got - exact).abs() <= exact * 1e-6, "{got} vs {exact}");

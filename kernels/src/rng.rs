@@ -106,7 +106,11 @@ impl Stream {
     #[inline(always)]
     pub const fn uniform(self, i: u64) -> f32 {
         let d = self.draw(i >> 1);
-        let half = if i & 1 == 0 { d as u32 } else { (d >> 32) as u32 };
+        let half = if i & 1 == 0 {
+            d as u32
+        } else {
+            (d >> 32) as u32
+        };
         uniform_from_bits(half)
     }
 }

@@ -36,22 +36,70 @@ pub(crate) use multiversion;
 macro_rules! with_width {
     ($w:expr, $W:ident => $body:expr) => {
         match $w {
-            1 => { const $W: usize = 1; $body }
-            2 => { const $W: usize = 2; $body }
-            3 => { const $W: usize = 3; $body }
-            4 => { const $W: usize = 4; $body }
-            5 => { const $W: usize = 5; $body }
-            6 => { const $W: usize = 6; $body }
-            7 => { const $W: usize = 7; $body }
-            8 => { const $W: usize = 8; $body }
-            9 => { const $W: usize = 9; $body }
-            10 => { const $W: usize = 10; $body }
-            11 => { const $W: usize = 11; $body }
-            12 => { const $W: usize = 12; $body }
-            13 => { const $W: usize = 13; $body }
-            14 => { const $W: usize = 14; $body }
-            15 => { const $W: usize = 15; $body }
-            16 => { const $W: usize = 16; $body }
+            1 => {
+                const $W: usize = 1;
+                $body
+            }
+            2 => {
+                const $W: usize = 2;
+                $body
+            }
+            3 => {
+                const $W: usize = 3;
+                $body
+            }
+            4 => {
+                const $W: usize = 4;
+                $body
+            }
+            5 => {
+                const $W: usize = 5;
+                $body
+            }
+            6 => {
+                const $W: usize = 6;
+                $body
+            }
+            7 => {
+                const $W: usize = 7;
+                $body
+            }
+            8 => {
+                const $W: usize = 8;
+                $body
+            }
+            9 => {
+                const $W: usize = 9;
+                $body
+            }
+            10 => {
+                const $W: usize = 10;
+                $body
+            }
+            11 => {
+                const $W: usize = 11;
+                $body
+            }
+            12 => {
+                const $W: usize = 12;
+                $body
+            }
+            13 => {
+                const $W: usize = 13;
+                $body
+            }
+            14 => {
+                const $W: usize = 14;
+                $body
+            }
+            15 => {
+                const $W: usize = 15;
+                $body
+            }
+            16 => {
+                const $W: usize = 16;
+                $body
+            }
             other => unreachable!("code width {other} outside 1..=16"),
         }
     };
@@ -64,18 +112,11 @@ pub(crate) const EXP: u32 = 0x7f80_0000;
 /// Whether every element is finite (no NaN, no infinity).
 #[inline(always)]
 fn all_finite_impl(x: &[f32]) -> bool {
-    let mut bad = [0u32; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (b, v) in bad.iter_mut().zip(c) {
-            *b |= ((v.to_bits() & EXP) == EXP) as u32;
-        }
+    let mut bad = 0u32;
+    for v in x {
+        bad |= ((v.to_bits() & EXP) == EXP) as u32;
     }
-    let mut any = bad.iter().fold(0, |a, b| a | b);
-    for v in chunks.remainder() {
-        any |= ((v.to_bits() & EXP) == EXP) as u32;
-    }
-    any == 0
+    bad == 0
 }
 
 multiversion! {
@@ -98,11 +139,54 @@ pub(crate) fn first_non_finite(x: &[f32]) -> Option<usize> {
     x.iter().position(|v| !v.is_finite())
 }
 
-/// Copies `words` to `dst` as little-endian u32s (`dst.len() == 4 * words.len()`).
+/// Stores `v` little-endian at u32 number `i` of the byte buffer at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `4 * i + 4` bytes.
+#[inline(always)]
+pub(crate) unsafe fn store_u32(dst: *mut u8, i: usize, v: u32) {
+    // SAFETY: guaranteed by the caller; unaligned writes are allowed.
+    unsafe { (dst as *mut u32).add(i).write_unaligned(v.to_le()) }
+}
+
+/// Loads the little-endian u32 number `i` of the byte buffer at `src`.
+///
+/// # Safety
+/// `src` must be valid for reads of `4 * i + 4` bytes.
+#[inline(always)]
+pub(crate) unsafe fn load_u32(src: *const u8, i: usize) -> u32 {
+    // SAFETY: guaranteed by the caller; unaligned reads are allowed.
+    u32::from_le(unsafe { (src as *const u32).add(i).read_unaligned() })
+}
+
+/// Stores `v` little-endian at u16 number `i` of the byte buffer at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `2 * i + 2` bytes.
+#[inline(always)]
+pub(crate) unsafe fn store_u16(dst: *mut u8, i: usize, v: u16) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { (dst as *mut u16).add(i).write_unaligned(v.to_le()) }
+}
+
+/// Loads the little-endian u16 number `i` of the byte buffer at `src`.
+///
+/// # Safety
+/// `src` must be valid for reads of `2 * i + 2` bytes.
+#[inline(always)]
+pub(crate) unsafe fn load_u16(src: *const u8, i: usize) -> u16 {
+    // SAFETY: guaranteed by the caller.
+    u16::from_le(unsafe { (src as *const u16).add(i).read_unaligned() })
+}
+
+/// Copies `words` to `dst` as little-endian u32s (`dst.len() >= 4 * words.len()`).
 #[inline(always)]
 pub(crate) fn put_words(dst: &mut [u8], words: &[u32]) {
-    for (d, w) in dst.chunks_exact_mut(4).zip(words) {
-        d.copy_from_slice(&w.to_le_bytes());
+    assert!(dst.len() >= 4 * words.len());
+    let p = dst.as_mut_ptr();
+    for (i, &w) in words.iter().enumerate() {
+        // SAFETY: 4 * i + 4 <= 4 * words.len() <= dst.len().
+        unsafe { store_u32(p, i, w) }
     }
 }
 
@@ -179,9 +263,11 @@ pub(crate) fn unpack32<const W: usize>(words: &[u32], c: &mut [u32; 32]) {
 /// Loads the `W` words of group `g` from a byte bit stream.
 #[inline(always)]
 pub(crate) fn load_group<const W: usize>(src: &[u8], g: usize, words: &mut [u32; 16]) {
-    let bytes = &src[g * 4 * W..g * 4 * W + 4 * W];
-    for (w, b) in words[..W].iter_mut().zip(bytes.chunks_exact(4)) {
-        *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    assert!(src.len() >= (g + 1) * 4 * W);
+    let p = src.as_ptr();
+    for (k, w) in words[..W].iter_mut().enumerate() {
+        // SAFETY: 4 * (g * W + k) + 4 <= 4 * (g + 1) * W <= src.len().
+        *w = unsafe { load_u32(p, g * W + k) };
     }
 }
 

@@ -8,7 +8,9 @@
 //! `bpb = ceil(size / 256)`; slots are computed independently (in parallel for long inputs) and
 //! combined per bucket in block order.
 
-use crate::elem::{tree_sum_block, REDUCE_BLOCK};
+#[cfg(doc)]
+use crate::elem::tree_sum_block;
+use crate::elem::REDUCE_BLOCK;
 use crate::simd::{multiversion, EXP};
 use rayon::prelude::*;
 use std::ops::Range;
@@ -79,16 +81,36 @@ fn for_slots<T: Send + Copy + Default>(
     out
 }
 
+/// [`tree_sum_block`] of `|v|` or `v²`, written without a closure so that it inlines into the
+/// AVX2 kernels (the same operations in the same order).
+#[inline(always)]
+pub(crate) fn tree_sum(v: &[f32], square: bool) -> f32 {
+    let mut s = [0.0f32; REDUCE_BLOCK];
+    if square {
+        for (d, &a) in s.iter_mut().zip(v) {
+            *d = a * a;
+        }
+    } else {
+        for (d, &a) in s.iter_mut().zip(v) {
+            *d = a.abs();
+        }
+    }
+    let mut stride = REDUCE_BLOCK / 2;
+    while stride > 0 {
+        let (lo, hi) = s.split_at_mut(stride);
+        for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
+            *a += *b;
+        }
+        stride /= 2;
+    }
+    s[0]
+}
+
 #[inline(always)]
 fn sums_impl(x: &[f32], bk: &Buckets, first: usize, out: &mut [f32], square: bool) {
     for (t, o) in out.iter_mut().enumerate() {
         let r = bk.slot_range(first + t);
-        let v = &x[r];
-        *o = if square {
-            tree_sum_block(v, |a| a * a)
-        } else {
-            tree_sum_block(v, f32::abs)
-        };
+        *o = tree_sum(&x[r], square);
     }
 }
 
@@ -133,15 +155,8 @@ pub(crate) fn bucket_sums(x: &[f32], bk: &Buckets, square: bool) -> Vec<f64> {
 fn max_abs_bits_impl(x: &[f32], bk: &Buckets, first: usize, out: &mut [u32]) {
     for (t, o) in out.iter_mut().enumerate() {
         let v = &x[bk.slot_range(first + t)];
-        let mut m = [0u32; 8];
-        let mut ch = v.chunks_exact(8);
-        for c in &mut ch {
-            for (mi, a) in m.iter_mut().zip(c) {
-                *mi = (*mi).max(a.to_bits() & 0x7fff_ffff);
-            }
-        }
-        let mut r = m.iter().copied().max().unwrap_or(0);
-        for a in ch.remainder() {
+        let mut r = 0u32;
+        for a in v {
             r = r.max(a.to_bits() & 0x7fff_ffff);
         }
         *o = r;
@@ -190,19 +205,9 @@ fn unordered(k: i32) -> f32 {
 fn min_max_keys_impl(x: &[f32], bk: &Buckets, first: usize, out: &mut [(i32, i32)]) {
     for (t, o) in out.iter_mut().enumerate() {
         let v = &x[bk.slot_range(first + t)];
-        let mut lo = [i32::MAX; 8];
-        let mut hi = [i32::MIN; 8];
-        let mut ch = v.chunks_exact(8);
-        for c in &mut ch {
-            for ((l, h), a) in lo.iter_mut().zip(hi.iter_mut()).zip(c) {
-                let k = ordered(a.to_bits());
-                *l = (*l).min(k);
-                *h = (*h).max(k);
-            }
-        }
-        let mut l = lo.iter().copied().min().unwrap_or(i32::MAX);
-        let mut h = hi.iter().copied().max().unwrap_or(i32::MIN);
-        for a in ch.remainder() {
+        let mut l = i32::MAX;
+        let mut h = i32::MIN;
+        for a in v {
             let k = ordered(a.to_bits());
             l = l.min(k);
             h = h.max(k);

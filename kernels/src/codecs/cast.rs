@@ -7,7 +7,7 @@
 use super::{prepare, Base};
 use crate::elem;
 use crate::error::KernelError;
-use crate::simd::{multiversion, EXP};
+use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
 use crate::{Compressor, RoundCtx};
 use rayon::prelude::*;
 
@@ -47,14 +47,29 @@ impl CastCodec {
 
 #[inline(always)]
 fn copy_f32_impl(x: &[f32], dst: &mut [u8]) -> bool {
-    let mut bad = [0u32; 8];
-    for (xs, ds) in x.chunks(8).zip(dst.chunks_mut(32)) {
-        for ((b, v), d) in bad.iter_mut().zip(xs).zip(ds.chunks_exact_mut(4)) {
-            *b |= ((v.to_bits() & EXP) == EXP) as u32;
-            d.copy_from_slice(&v.to_le_bytes());
+    assert_eq!(dst.len(), 4 * x.len());
+    if cfg!(target_endian = "big") {
+        let p = dst.as_mut_ptr();
+        for (i, v) in x.iter().enumerate() {
+            // SAFETY: i < x.len() and dst holds 4 * x.len() bytes.
+            unsafe { store_u32(p, i, v.to_bits()) };
         }
+        return crate::simd::all_finite_serial(x);
     }
-    bad.iter().all(|&b| b == 0)
+    // Little-endian: the payload is the input's bytes. Check and copy in cache-sized pieces.
+    let mut ok = true;
+    for (xs, d) in x.chunks(2048).zip(dst.chunks_mut(4 * 2048)) {
+        let mut bad = 0u32;
+        for v in xs {
+            bad |= ((v.to_bits() & EXP) == EXP) as u32;
+        }
+        ok &= bad == 0;
+        // SAFETY: any f32 slice may be viewed as bytes (no padding, u8 has no alignment or
+        // validity requirement); the view lives only for this copy.
+        let bytes = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const u8, 4 * xs.len()) };
+        d.copy_from_slice(bytes);
+    }
+    ok
 }
 
 multiversion! {
@@ -93,14 +108,15 @@ fn bf16_bits(x: f32) -> u16 {
 
 #[inline(always)]
 fn to_bf16_impl(x: &[f32], dst: &mut [u8]) -> bool {
-    let mut bad = [0u32; 8];
-    for (xs, ds) in x.chunks(8).zip(dst.chunks_mut(16)) {
-        for ((b, v), d) in bad.iter_mut().zip(xs).zip(ds.chunks_exact_mut(2)) {
-            *b |= ((v.to_bits() & EXP) == EXP) as u32;
-            d.copy_from_slice(&bf16_bits(*v).to_le_bytes());
-        }
+    assert!(dst.len() >= 2 * x.len());
+    let p = dst.as_mut_ptr();
+    let mut bad = 0u32;
+    for (i, v) in x.iter().enumerate() {
+        bad |= ((v.to_bits() & EXP) == EXP) as u32;
+        // SAFETY: i < x.len(), and dst holds 2 * x.len() bytes.
+        unsafe { store_u16(p, i, bf16_bits(*v)) };
     }
-    bad.iter().all(|&b| b == 0)
+    bad == 0
 }
 
 multiversion! {
@@ -109,8 +125,11 @@ multiversion! {
 
 #[inline(always)]
 fn from_bf16_impl<const ADD: bool>(src: &[u8], out: &mut [f32]) {
-    for (o, s) in out.iter_mut().zip(src.chunks_exact(2)) {
-        let v = f32::from_bits((u16::from_le_bytes([s[0], s[1]]) as u32) << 16);
+    assert!(src.len() >= 2 * out.len());
+    let p = src.as_ptr();
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: i < out.len() and src holds 2 * out.len() bytes.
+        let v = f32::from_bits((unsafe { load_u16(p, i) } as u32) << 16);
         if ADD {
             *o += v;
         } else {
@@ -130,10 +149,13 @@ multiversion! {
 
 #[inline(always)]
 fn to_f16_generic(x: &[f32], dst: &mut [u8]) -> bool {
+    assert!(dst.len() >= 2 * x.len());
+    let p = dst.as_mut_ptr();
     let mut bad = 0u32;
-    for (v, d) in x.iter().zip(dst.chunks_exact_mut(2)) {
+    for (i, v) in x.iter().enumerate() {
         bad |= ((v.to_bits() & EXP) == EXP) as u32;
-        d.copy_from_slice(&elem::f32_to_f16_sat(*v).to_le_bytes());
+        // SAFETY: i < x.len(), and dst holds 2 * x.len() bytes.
+        unsafe { store_u16(p, i, elem::f32_to_f16_sat(*v)) };
     }
     bad == 0
 }
@@ -305,7 +327,12 @@ impl Compressor for CastCodec {
             Err(self.base.non_finite(input))
         }
     }
-    fn decompress(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32]) -> Result<(), KernelError> {
+    fn decompress(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         self.base.check("output", out.len())?;
         self.check_payload(payload)?;
         self.decode(payload, out, false);
@@ -331,9 +358,29 @@ mod tests {
     #[test]
     fn fast_casts_match_elem() {
         let mut vals: Vec<f32> = vec![
-            0.0, -0.0, 1.0, -1.0, 65504.0, 65505.0, 65519.99, 65520.0, 1e9, -1e9, f32::MAX,
-            -f32::MAX, 3.389_531_4e38, 3.3895e38, 6.1e-5, 5.96e-8, 2.98e-8, 2.99e-8, 1e-40,
-            -1e-45, 1.000_976_6, 1.000_488_3, 1.000_488_4,
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            65504.0,
+            65505.0,
+            65519.99,
+            65520.0,
+            1e9,
+            -1e9,
+            f32::MAX,
+            -f32::MAX,
+            3.389_531_4e38,
+            3.3895e38,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            2.99e-8,
+            1e-40,
+            -1e-45,
+            1.000_976_6,
+            1.000_488_3,
+            1.000_488_4,
         ];
         let mut h = 1u64;
         for _ in 0..200_000 {
@@ -349,9 +396,19 @@ mod tests {
         assert!(to_bf16(&vals, &mut db));
         for (i, &v) in vals.iter().enumerate() {
             let a = u16::from_le_bytes([d16[2 * i], d16[2 * i + 1]]);
-            assert_eq!(a, elem::f32_to_f16_sat(v), "fp16 of {v:e} ({:#x})", v.to_bits());
+            assert_eq!(
+                a,
+                elem::f32_to_f16_sat(v),
+                "fp16 of {v:e} ({:#x})",
+                v.to_bits()
+            );
             let b = u16::from_le_bytes([db[2 * i], db[2 * i + 1]]);
-            assert_eq!(b, elem::f32_to_bf16_sat(v), "bf16 of {v:e} ({:#x})", v.to_bits());
+            assert_eq!(
+                b,
+                elem::f32_to_bf16_sat(v),
+                "bf16 of {v:e} ({:#x})",
+                v.to_bits()
+            );
         }
         let mut back = vec![0f32; vals.len()];
         from_f16::<false>(&d16, &mut back);

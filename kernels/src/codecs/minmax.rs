@@ -2,12 +2,15 @@
 //!
 //! Wire format: `nb` pairs of little-endian f32 `(min, max)` (`elem::min_max` of each bucket,
 //! a zero written as +0.0, see [`elem::canonical_zero`]), then a bit stream of `n` codes of `b`
-//! bits, code `i = elem::minmax_code(x_i, min, step, 2^b - 1, u_i)` with
+//! bits, code `i = super::fast::minmax_code(x_i, min, step, 2^b - 1, u_i)` with
 //! `step = elem::minmax_step(min, max, 2^b - 1)` of element `i`'s bucket and `u_i` the rounding
 //! uniform of element `i`. Size `8 * nb + 4 * ceil(n * b / 32)`. Decoded by
-//! `elem::minmax_value(code, min, step)`.
+//! `super::fast::minmax_value(code, min, step)`.
 
-use super::{decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base};
+use super::{
+    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
+    GroupDecoder, GroupEncoder,
+};
 use crate::elem;
 use crate::error::KernelError;
 use crate::rng::Stream;
@@ -40,6 +43,48 @@ impl MinMax {
     }
 }
 
+/// Min-max codes with per-bucket `(min, step)`.
+struct Coder<'a> {
+    p: &'a Params,
+    size: usize,
+    last: usize,
+    levels: u32,
+}
+
+impl GroupEncoder for Coder<'_> {
+    const STOCHASTIC: bool = true;
+    #[inline(always)]
+    fn codes(&self, gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]) {
+        for (b, s, e) in bucket_runs(gi, xs.len(), self.size, self.last) {
+            let (mn, st) = self.p[b];
+            for ((ci, &x), &ui) in c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]) {
+                *ci = super::fast::minmax_code(x, mn, st, self.levels, ui);
+            }
+        }
+    }
+}
+
+impl GroupDecoder for Coder<'_> {
+    #[inline(always)]
+    fn values(&self, gi: usize, c: &[u32], v: &mut [f32]) {
+        for (b, s, e) in bucket_runs(gi, c.len(), self.size, self.last) {
+            let (mn, st) = self.p[b];
+            for (vi, &ci) in v[s..e].iter_mut().zip(&c[s..e]) {
+                *vi = super::fast::minmax_value(ci, mn, st);
+            }
+        }
+    }
+}
+
+fn coder<'a>(p: &'a Params, bk: &Buckets, bits: u32) -> Coder<'a> {
+    Coder {
+        p,
+        size: bk.size,
+        last: bk.n.saturating_sub(1),
+        levels: (1u32 << bits) - 1,
+    }
+}
+
 #[inline(always)]
 fn encode_impl(
     x: &[f32],
@@ -50,22 +95,8 @@ fn encode_impl(
     bk: &Buckets,
     bits: u32,
 ) {
-    let levels = (1u32 << bits) - 1;
-    let last = bk.n - 1;
-    with_width!(bits, W => encode_groups::<W>(x, i0, Some(stream), dst, |gi, xs, u, c| {
-        let b0 = gi / bk.size;
-        if (gi + 31).min(last) / bk.size == b0 {
-            let (mn, st) = p[b0];
-            for t in 0..32 {
-                c[t] = elem::minmax_code(xs[t], mn, st, levels, u[t]);
-            }
-        } else {
-            for t in 0..32 {
-                let (mn, st) = p[(gi + t).min(last) / bk.size];
-                c[t] = elem::minmax_code(xs[t], mn, st, levels, u[t]);
-            }
-        }
-    }))
+    let enc = coder(p, bk, bits);
+    with_width!(bits, W => encode_groups::<W, _>(x, i0, stream, dst, &enc))
 }
 
 multiversion! {
@@ -81,21 +112,8 @@ fn decode_impl<const ADD: bool>(
     bk: &Buckets,
     bits: u32,
 ) {
-    let last = bk.n - 1;
-    with_width!(bits, W => decode_groups::<W, ADD>(src, i0, out, |gi, c, v| {
-        let b0 = gi / bk.size;
-        if (gi + 31).min(last) / bk.size == b0 {
-            let (mn, st) = p[b0];
-            for t in 0..32 {
-                v[t] = elem::minmax_value(c[t], mn, st);
-            }
-        } else {
-            for t in 0..32 {
-                let (mn, st) = p[(gi + t).min(last) / bk.size];
-                v[t] = elem::minmax_value(c[t], mn, st);
-            }
-        }
-    }))
+    let dec = coder(p, bk, bits);
+    with_width!(bits, W => decode_groups::<W, ADD, _>(src, i0, out, &dec))
 }
 
 multiversion! {
@@ -151,7 +169,12 @@ impl Compressor for MinMax {
     fn is_stochastic(&self) -> bool {
         true
     }
-    fn compress(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<(), KernelError> {
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
         self.base.check("input", input.len())?;
         let (mm, bad) = bucket_min_max(input, &self.bk);
         if bad {
@@ -178,11 +201,21 @@ impl Compressor for MinMax {
         });
         Ok(())
     }
-    fn decompress(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32]) -> Result<(), KernelError> {
+    fn decompress(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         self.base.check("output", out.len())?;
         self.run_decode(payload, out, false)
     }
-    fn decompress_add(&self, payload: &[u8], _ctx: &RoundCtx, acc: &mut [f32]) -> Result<(), KernelError> {
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
         self.base.check("accumulator", acc.len())?;
         self.run_decode(payload, acc, true)
     }

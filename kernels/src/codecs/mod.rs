@@ -97,6 +97,107 @@ impl Base {
     }
 }
 
+/// Element math of [`crate::elem`] rewritten so that it vectorises (f32 → i32 conversions
+/// instead of f32 → u32, which AVX2 lacks; `if`-based clamps without the assertion), with the
+/// same results: the unit tests compare them with the `elem` originals.
+pub(crate) mod fast {
+    use crate::elem::pow2;
+
+    /// `elem::clamp`-equivalent: `f32::clamp(t, lo, hi)` for `lo <= hi`.
+    #[inline(always)]
+    fn clamp(t: f32, lo: f32, hi: f32) -> f32 {
+        let t = if t < lo { lo } else { t };
+        if t > hi {
+            hi
+        } else {
+            t
+        }
+    }
+
+    /// `v as u32` for an integer-valued `0 <= v < 2^23`, without Rust's saturating cast
+    /// (which AVX2 cannot vectorise): `v + 2^23` is exact and its mantissa is `v`.
+    #[inline(always)]
+    pub fn small_int(v: f32) -> u32 {
+        (v + 8_388_608.0).to_bits() - 0x4b00_0000
+    }
+
+    /// `q as f32` for `q < 2^31` through a signed conversion (AVX2 has no unsigned one).
+    #[inline(always)]
+    pub fn to_f32(q: u32) -> f32 {
+        q as i32 as f32
+    }
+
+    /// [`crate::elem::stochastic_round`] for `0 <= t < 2^23`.
+    #[inline(always)]
+    pub fn stochastic_round(t: f32, u: f32) -> u32 {
+        let fl = t.floor();
+        let frac = t - fl;
+        small_int(fl) + (u < frac) as u32
+    }
+
+    /// [`crate::elem::minmax_value`] for `q < 2^31`.
+    #[inline(always)]
+    pub fn minmax_value(q: u32, min: f32, step: f32) -> f32 {
+        min + to_f32(q) * step
+    }
+
+    /// [`crate::elem::dither_linear_value`] for `level < 2^31`.
+    #[inline(always)]
+    pub fn dither_linear_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
+        let v = norm * to_f32(level) / to_f32(s);
+        if sign != 0 {
+            -v
+        } else {
+            v
+        }
+    }
+
+    /// [`crate::elem::minmax_code`] (`levels < 2^23`).
+    #[inline(always)]
+    pub fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 {
+        if step > 0.0 {
+            let t = clamp((x - min) / step, 0.0, levels as f32);
+            stochastic_round(t, u).min(levels)
+        } else {
+            0
+        }
+    }
+
+    /// [`crate::elem::dither_linear_level`] (`s < 2^23`).
+    #[inline(always)]
+    pub fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+        if norm > 0.0 {
+            let t = clamp(x.abs() / norm * s as f32, 0.0, s as f32);
+            stochastic_round(t, u).min(s)
+        } else {
+            0
+        }
+    }
+
+    /// [`crate::elem::dither_natural_level`], branch-free (all paths computed, one selected).
+    #[inline(always)]
+    pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+        if norm.is_nan() || norm <= 0.0 {
+            return 0;
+        }
+        let r = (x.abs() / norm).min(1.0);
+        let bottom = 1 - s as i32;
+        let small = (u < r * pow2(s as i32 - 1)) as u32;
+        let e = ((r.to_bits() >> 23) & 0xff) as i32 - 127;
+        // 2^-e for e in [-127, 0] (r in (0, 1)); other e only occur on unselected paths.
+        let inv = f32::from_bits((((127 - e) as u32) & 0xff) << 23);
+        let p = r * inv - 1.0;
+        let big = ((e - bottom + 1) as u32).wrapping_add((u < p) as u32);
+        if r >= 1.0 {
+            s
+        } else if r < pow2(bottom) {
+            small
+        } else {
+            big
+        }
+    }
+}
+
 /// Sets `out` to exactly `len` bytes, keeping (not re-zeroing) bytes that are already there:
 /// every codec overwrites every byte of its payload.
 #[inline]
@@ -114,60 +215,136 @@ pub(crate) fn put_f32s(dst: &mut [u8], v: impl IntoIterator<Item = f32>) {
     }
 }
 
-/// The uniforms of the 32 elements starting at `i0` (even): one 64-bit draw per pair.
+/// Elements per block of the encoders and decoders (a multiple of 32).
+pub(crate) const BLOCK: usize = 256;
+
+/// The uniforms of elements `i0 .. i0 + u.len()` (`i0` and `u.len()` even, `u.len() <=
+/// BLOCK`): one 64-bit draw per pair, element `i0 + 2p` from the low and `i0 + 2p + 1` from the
+/// high 32 bits of draw `i0 / 2 + p` ([`Stream::uniform`]).
 #[inline(always)]
-pub(crate) fn uniforms32(s: Stream, i0: usize, u: &mut [f32; 32]) {
+pub(crate) fn uniforms(s: Stream, i0: usize, u: &mut [f32]) {
     let base = (i0 as u64) >> 1;
-    for p in 0..16 {
-        let d = s.draw(base + p as u64);
-        u[2 * p] = uniform_from_bits(d as u32);
-        u[2 * p + 1] = uniform_from_bits((d >> 32) as u32);
+    let mut d = [0u64; BLOCK / 2];
+    let pairs = u.len() / 2;
+    for (p, dp) in d[..pairs].iter_mut().enumerate() {
+        *dp = s.draw(base + p as u64);
+    }
+    // The 32-bit halves in element order: on little-endian targets this is the memory layout
+    // of `d` itself, so no shuffles are needed.
+    #[cfg(target_endian = "little")]
+    let halves: [u32; BLOCK] = {
+        // SAFETY: both are plain integer arrays of the same size; every bit pattern is valid.
+        unsafe { std::mem::transmute::<[u64; BLOCK / 2], [u32; BLOCK]>(d) }
+    };
+    #[cfg(not(target_endian = "little"))]
+    let halves: [u32; BLOCK] = std::array::from_fn(|i| (d[i / 2] >> (32 * (i % 2))) as u32);
+    for (ui, &h) in u.iter_mut().zip(halves.iter()) {
+        *ui = uniform_from_bits(h);
     }
 }
 
-/// Encodes `x` (elements `i0 .. i0 + x.len()` of the chunk, `i0 % 32 == 0`) into the bit stream
-/// bytes `dst` (`stream_bytes(x.len(), W)` long) with `code(first index, values, uniforms,
-/// codes)` per group of 32. The last group is padded with zero values, and its codes past the
-/// end are zeroed before packing. Uniforms are drawn only when `stream` is `Some`.
+/// Per-block quantisation: the codes of consecutive elements.
+///
+/// Implementations mark `codes` `#[inline(always)]` (closures would not be inlined into the
+/// AVX2 build of the kernels and would fall back to the baseline target).
+pub(crate) trait GroupEncoder {
+    /// Whether `codes` uses the uniforms (they are drawn only then).
+    const STOCHASTIC: bool;
+    /// Codes of elements `gi .. gi + xs.len()` (`xs` their values, `u` their uniforms; the
+    /// length is a multiple of 32 and at most [`BLOCK`]; elements past the chunk are zeros).
+    fn codes(&self, gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]);
+}
+
+/// Per-block reconstruction: the values of consecutive codes.
+pub(crate) trait GroupDecoder {
+    /// Values of elements `gi .. gi + c.len()` from their codes (length as for
+    /// [`GroupEncoder::codes`]).
+    fn values(&self, gi: usize, c: &[u32], v: &mut [f32]);
+}
+
+/// The runs `(bucket, start, end)` of `gi + start .. gi + end` that lie in one bucket of `size`
+/// elements, covering `0 .. len`; indices past `last` count as in `last`'s bucket. (An iterator,
+/// not a closure-taking function: closures are not reliably inlined into the AVX2 kernels.)
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BucketRuns {
+    gi: usize,
+    len: usize,
+    size: usize,
+    last: usize,
+    s: usize,
+}
+
 #[inline(always)]
-pub(crate) fn encode_groups<const W: usize>(
+pub(crate) fn bucket_runs(gi: usize, len: usize, size: usize, last: usize) -> BucketRuns {
+    BucketRuns {
+        gi,
+        len,
+        size,
+        last,
+        s: 0,
+    }
+}
+
+impl Iterator for BucketRuns {
+    type Item = (usize, usize, usize);
+    #[inline(always)]
+    fn next(&mut self) -> Option<(usize, usize, usize)> {
+        if self.s >= self.len {
+            return None;
+        }
+        let s = self.s;
+        let b = (self.gi + s).min(self.last) / self.size;
+        let b_last = (self.gi + self.len - 1).min(self.last) / self.size;
+        let end = if b == b_last {
+            self.len
+        } else {
+            (b + 1) * self.size - self.gi
+        };
+        self.s = end;
+        Some((b, s, end))
+    }
+}
+
+/// Encodes `x` (elements `i0 .. i0 + x.len()` of the chunk, `i0 % BLOCK == 0`) into the bit
+/// stream bytes `dst` (`stream_bytes(x.len(), W)` long) with `enc` per block. The last group
+/// of 32 is padded with zero values, and its codes past the end are zeroed before packing.
+#[inline(always)]
+pub(crate) fn encode_groups<const W: usize, E: GroupEncoder>(
     x: &[f32],
     i0: usize,
-    stream: Option<Stream>,
+    stream: Stream,
     dst: &mut [u8],
-    code: impl Fn(usize, &[f32; 32], &[f32; 32], &mut [u32; 32]),
+    enc: &E,
 ) {
-    let mut u = [0f32; 32];
-    let mut c = [0u32; 32];
+    let mut u = [0f32; BLOCK];
+    let mut c = [0u32; BLOCK];
+    let mut pad = [0f32; BLOCK];
     let mut words = [0u32; 16];
-    let mut groups = x.chunks_exact(32);
-    let mut dchunks = dst.chunks_exact_mut(4 * W);
-    for (g, (xs, d)) in (&mut groups).zip(&mut dchunks).enumerate() {
-        let xs: &[f32; 32] = xs.try_into().expect("32");
-        let gi = i0 + 32 * g;
-        if let Some(s) = stream {
-            uniforms32(s, gi, &mut u);
+    let total_words = dst.len() / 4;
+    for (bi, xs) in x.chunks(BLOCK).enumerate() {
+        let gi = i0 + bi * BLOCK;
+        let len = xs.len();
+        let glen = len.div_ceil(32) * 32;
+        let xs: &[f32] = if glen == len {
+            xs
+        } else {
+            pad[..len].copy_from_slice(xs);
+            pad[len..glen].fill(0.0);
+            &pad[..glen]
+        };
+        if E::STOCHASTIC {
+            uniforms(stream, gi, &mut u[..glen]);
         }
-        code(gi, xs, &u, &mut c);
-        pack32::<W>(&c, &mut words);
-        put_words(d, &words[..W]);
-    }
-    let rem = groups.remainder();
-    if !rem.is_empty() {
-        let gi = i0 + x.len() - rem.len();
-        let mut xs = [0f32; 32];
-        xs[..rem.len()].copy_from_slice(rem);
-        if let Some(s) = stream {
-            uniforms32(s, gi, &mut u);
+        enc.codes(gi, xs, &u[..glen], &mut c[..glen]);
+        c[len..glen].fill(0);
+        let wbase = bi * BLOCK / 32 * W;
+        for g in 0..glen / 32 {
+            let cg: &[u32; 32] = c[32 * g..32 * g + 32].try_into().expect("32");
+            pack32::<W>(cg, &mut words);
+            let at = wbase + g * W;
+            let nw = (total_words - at).min(W);
+            put_words(&mut dst[4 * at..], &words[..nw]);
         }
-        code(gi, &xs, &u, &mut c);
-        for v in c[rem.len()..].iter_mut() {
-            *v = 0;
-        }
-        pack32::<W>(&c, &mut words);
-        let tail = dchunks.into_remainder();
-        let nw = tail.len() / 4;
-        put_words(tail, &words[..nw]);
     }
 }
 
@@ -211,49 +388,46 @@ pub(crate) fn par_segments_out(
 }
 
 /// Decodes the `W`-bit stream `src` (`stream_bytes(out.len(), W)` bytes) for elements
-/// `i0 .. i0 + out.len()` (`i0 % 32 == 0`): `value(first index, codes, values)` per group of 32;
-/// the values are stored (`ADD = false`) or added (`ADD = true`) to `out`.
+/// `i0 .. i0 + out.len()` (`i0 % BLOCK == 0`) with `dec` per block; the values are stored
+/// (`ADD = false`) or added (`ADD = true`) to `out`.
 #[inline(always)]
-pub(crate) fn decode_groups<const W: usize, const ADD: bool>(
+pub(crate) fn decode_groups<const W: usize, const ADD: bool, D: GroupDecoder>(
     src: &[u8],
     i0: usize,
     out: &mut [f32],
-    value: impl Fn(usize, &[u32; 32], &mut [f32; 32]),
+    dec: &D,
 ) {
     let mut words = [0u32; 16];
-    let mut c = [0u32; 32];
-    let mut v = [0f32; 32];
-    let full = out.len() / 32;
-    let (head, tail) = out.split_at_mut(full * 32);
-    for (g, o) in head.chunks_exact_mut(32).enumerate() {
-        load_group::<W>(src, g, &mut words);
-        unpack32::<W>(&words, &mut c);
-        value(i0 + 32 * g, &c, &mut v);
+    let mut c = [0u32; BLOCK];
+    let mut v = [0f32; BLOCK];
+    let total_words = src.len() / 4;
+    for (bi, o) in out.chunks_mut(BLOCK).enumerate() {
+        let len = o.len();
+        let glen = len.div_ceil(32) * 32;
+        let wbase = bi * BLOCK / 32 * W;
+        for g in 0..glen / 32 {
+            let at = wbase + g * W;
+            if at + W <= total_words {
+                load_group::<W>(src, at / W, &mut words);
+            } else {
+                for (k, wd) in words[..W].iter_mut().enumerate() {
+                    *wd = if at + k < total_words {
+                        crate::simd::get_u32(src, at + k)
+                    } else {
+                        0
+                    };
+                }
+            }
+            let cg: &mut [u32; 32] = (&mut c[32 * g..32 * g + 32]).try_into().expect("32");
+            unpack32::<W>(&words, cg);
+        }
+        dec.values(i0 + bi * BLOCK, &c[..glen], &mut v[..glen]);
         if ADD {
-            for (a, b) in o.iter_mut().zip(&v) {
+            for (a, b) in o.iter_mut().zip(&v[..len]) {
                 *a += *b;
             }
         } else {
-            o.copy_from_slice(&v);
-        }
-    }
-    if !tail.is_empty() {
-        let start = full * 4 * W;
-        let rest = &src[start..];
-        for (wd, b) in words.iter_mut().zip(rest.chunks_exact(4)) {
-            *wd = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-        for wd in words[rest.len() / 4..].iter_mut() {
-            *wd = 0;
-        }
-        unpack32::<W>(&words, &mut c);
-        value(i0 + 32 * full, &c, &mut v);
-        for (a, b) in tail.iter_mut().zip(&v) {
-            if ADD {
-                *a += *b;
-            } else {
-                *a = *b;
-            }
+            o.copy_from_slice(&v[..len]);
         }
     }
 }
@@ -267,4 +441,95 @@ pub(crate) fn tail_bits_zero(stream: &[u8], n: usize, w: u32) -> bool {
     }
     let last = crate::simd::get_u32(stream, words - 1);
     (last >> (bits % 32)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fast;
+    use crate::elem;
+    use crate::rng::mix64;
+
+    fn f(h: u64) -> f32 {
+        // Mostly ordinary magnitudes, sometimes extreme bit patterns.
+        if h >> 61 == 0 {
+            let v = f32::from_bits(h as u32);
+            if v.is_finite() {
+                return v;
+            }
+        }
+        ((h >> 40) as f32 / 16_777_216.0 - 0.5) * 8.0
+    }
+
+    #[test]
+    fn fast_element_math_matches_elem() {
+        let mut h = 99u64;
+        let mut next = || {
+            h = mix64(h.wrapping_add(1));
+            h
+        };
+        let edge = [0.0f32, -0.0, 1.0, -1.0, 0.5, 1e-30, 3.0, 255.0];
+        for i in 0..400_000 {
+            let x = if i % 7 == 0 {
+                edge[i % edge.len()]
+            } else {
+                f(next())
+            };
+            let u = crate::rng::uniform_from_bits(next() as u32);
+            let (lo, hi) = {
+                let a = f(next());
+                let b = f(next());
+                if a <= b {
+                    (a, b)
+                } else {
+                    (b, a)
+                }
+            };
+            let x = if i % 3 == 0 { x.clamp(lo, hi) } else { x };
+            for bits in [1u32, 3, 8] {
+                let levels = (1 << bits) - 1;
+                let step = elem::minmax_step(lo, hi, levels);
+                if step.is_finite() {
+                    assert_eq!(
+                        fast::minmax_code(x, lo, step, levels, u),
+                        elem::minmax_code(x, lo, step, levels, u),
+                        "minmax x={x} lo={lo} hi={hi} u={u}"
+                    );
+                }
+            }
+            let norm = if i % 5 == 0 {
+                x.abs()
+            } else {
+                hi.abs().max(lo.abs())
+            };
+            for s in [1u32, 2, 3, 7, 8, 31, 32] {
+                assert_eq!(
+                    fast::dither_natural_level(x, norm, s, u),
+                    elem::dither_natural_level(x, norm, s, u),
+                    "natural x={x} norm={norm} s={s} u={u}"
+                );
+            }
+            for q in [0u32, 1, 5, 255] {
+                let st = elem::minmax_step(lo, hi, 255);
+                assert_eq!(
+                    fast::minmax_value(q, lo, st).to_bits(),
+                    elem::minmax_value(q, lo, st).to_bits()
+                );
+                for s in [1u32, 7, 255, 32767] {
+                    for sign in [0, 1] {
+                        assert_eq!(
+                            fast::dither_linear_value(q.min(s), sign, norm, s).to_bits(),
+                            elem::dither_linear_value(q.min(s), sign, norm, s).to_bits()
+                        );
+                    }
+                }
+            }
+            for s in [1u32, 2, 7, 127, 32767] {
+                assert_eq!(
+                    fast::dither_linear_level(x, norm, s, u),
+                    elem::dither_linear_level(x, norm, s, u),
+                    "linear x={x} norm={norm} s={s} u={u}"
+                );
+            }
+        }
+    }
 }

@@ -4,12 +4,13 @@
 //! 1.0), then a bit stream of `n` sign bits (`elem::sign_bit`: set for `x < 0`).
 //! Size `4 + 4 * ceil(n / 32)`. Element `i` decodes to `-scale` if its bit is set, else `scale`.
 
-use super::{decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base};
+use super::{decode_groups, par_segments_out, prepare, Base, GroupDecoder};
 use crate::elem;
+use crate::elem::REDUCE_BLOCK;
 use crate::error::KernelError;
-use crate::simd::{multiversion, stream_bytes, EXP};
-use crate::stats::{bucket_sums, Buckets};
+use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
 use crate::{Compressor, RoundCtx};
+use rayon::prelude::*;
 
 /// The onebit compressor.
 pub(crate) struct OneBit {
@@ -27,31 +28,66 @@ impl OneBit {
     }
 }
 
+/// Sign words of `x` (elements `i0..`, `i0 % 256 == 0`) into `dst`, and the abs-sum of each
+/// 256-element block into `partials` (the blocked order of `elem::sum_abs`), in one pass;
+/// returns non-zero if some element is not finite.
 #[inline(always)]
-fn signs_impl(x: &[f32], i0: usize, dst: &mut [u8]) -> u32 {
-    let bad = std::cell::Cell::new(0u32);
-    encode_groups::<1>(x, i0, None, dst, |_, xs, _, c| {
-        let mut b = 0u32;
-        for (ct, v) in c.iter_mut().zip(xs) {
-            *ct = elem::sign_bit(*v);
-            b |= ((v.to_bits() & EXP) == EXP) as u32;
+fn signs_sums_impl(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 {
+    let mut bad = 0u32;
+    let words = dst.len() / 4;
+    assert!(words >= x.len().div_ceil(32) && partials.len() >= x.len().div_ceil(REDUCE_BLOCK));
+    let p = dst.as_mut_ptr();
+    for (bi, blk) in x.chunks(REDUCE_BLOCK).enumerate() {
+        partials[bi] = crate::stats::tree_sum(blk, false);
+        let mut groups = blk.chunks_exact(32);
+        let mut wi = bi * (REDUCE_BLOCK / 32);
+        for g in &mut groups {
+            let mut w = 0u32;
+            let mut b = 0u32;
+            for (t, &v) in g.iter().enumerate() {
+                w |= elem::sign_bit(v) << t;
+                b |= ((v.to_bits() & EXP) == EXP) as u32;
+            }
+            bad |= b;
+            // SAFETY: wi < ceil(x.len() / 32) <= words.
+            unsafe { store_u32(p, wi, w) };
+            wi += 1;
         }
-        bad.set(bad.get() | b);
-    });
-    bad.get()
+        let rem = groups.remainder();
+        if !rem.is_empty() {
+            let mut w = 0u32;
+            for (t, &v) in rem.iter().enumerate() {
+                w |= elem::sign_bit(v) << t;
+                bad |= ((v.to_bits() & EXP) == EXP) as u32;
+            }
+            // SAFETY: as above.
+            unsafe { store_u32(p, wi, w) };
+        }
+    }
+    bad
 }
 
 multiversion! {
-    fn signs(x: &[f32], i0: usize, dst: &mut [u8]) -> u32 = signs_impl;
+    fn signs_sums(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 = signs_sums_impl;
+}
+
+/// `±scale`.
+struct Expand {
+    scale: f32,
+}
+
+impl GroupDecoder for Expand {
+    #[inline(always)]
+    fn values(&self, _gi: usize, c: &[u32], v: &mut [f32]) {
+        for (vt, &ct) in v.iter_mut().zip(c) {
+            *vt = if ct != 0 { -self.scale } else { self.scale };
+        }
+    }
 }
 
 #[inline(always)]
 fn expand_impl<const ADD: bool>(src: &[u8], i0: usize, out: &mut [f32], scale: f32) {
-    decode_groups::<1, ADD>(src, i0, out, |_, c, v| {
-        for (vt, &ct) in v.iter_mut().zip(c) {
-            *vt = if ct != 0 { -scale } else { scale };
-        }
-    });
+    decode_groups::<1, ADD, _>(src, i0, out, &Expand { scale });
 }
 
 multiversion! {
@@ -105,31 +141,49 @@ impl Compressor for OneBit {
     ) -> Result<(), KernelError> {
         self.base.check("input", input.len())?;
         let n = self.base.n;
+        // One pass: sign words and the blocked |x| sums (the scale), in parallel segments.
+        let mut partials = vec![0f32; n.div_ceil(REDUCE_BLOCK)];
+        let size = self.size();
+        let dst = prepare(out, size);
+        let (head, bits) = dst.split_at_mut(4);
+        let bad = if crate::par::enabled(n) {
+            let seg = crate::par::SEG;
+            input
+                .par_chunks(seg)
+                .zip(bits.par_chunks_mut(seg / 8))
+                .zip(partials.par_chunks_mut(seg / REDUCE_BLOCK))
+                .map(|((xs, d), ps)| signs_sums(xs, d, ps))
+                .reduce(|| 0, |a, b| a | b)
+        } else {
+            signs_sums(input, bits, &mut partials)
+        };
+        if bad != 0 {
+            out.clear();
+            return Err(self.base.non_finite(input));
+        }
         let scale = if self.scaling {
-            let s = bucket_sums(input, &Buckets::new(n, None), false);
-            let sum = s.first().copied().unwrap_or(0.0);
+            let sum: f64 = partials.iter().map(|&p| p as f64).sum();
             let m = if n == 0 { 0.0 } else { (sum / n as f64) as f32 };
             if !m.is_finite() {
-                return Err(self.base.non_finite(input));
+                out.clear();
+                return Err(KernelError::overflow(
+                    &self.base.name,
+                    "the sum of |x| overflows f32 within a block of 256 elements",
+                ));
             }
             m
         } else {
             1.0
         };
-        let dst = prepare(out, self.size());
-        dst[..4].copy_from_slice(&scale.to_le_bytes());
-        let bad = std::sync::atomic::AtomicU32::new(0);
-        par_segments(input, 1, &mut dst[4..], |xs, i0, d| {
-            let b = signs(xs, i0, d);
-            bad.fetch_or(b, std::sync::atomic::Ordering::Relaxed);
-        });
-        if bad.into_inner() != 0 {
-            out.clear();
-            return Err(self.base.non_finite(input));
-        }
+        head.copy_from_slice(&scale.to_le_bytes());
         Ok(())
     }
-    fn decompress(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32]) -> Result<(), KernelError> {
+    fn decompress(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         self.base.check("output", out.len())?;
         self.decode(payload, out, false)
     }

@@ -1,0 +1,742 @@
+//! `dithering` (QSGD): stochastic quantisation of `|x| / norm` to `s` levels, with a sign.
+//!
+//! Levels: `linear` (`0, 1/s, …, 1`, [`elem::dither_linear_level`]) or `natural`
+//! (`0, 2^-(s-1), …, 1/2, 1`, [`elem::dither_natural_level`]); `norm` per bucket is `max |x|`
+//! ([`elem::max_abs`]) or the l2 norm ([`elem::l2_norm`]). Element `i` draws its level with the
+//! rounding uniform of element `i`; the level is unbiased: `E[value] = x` (up to 2^-24 of a
+//! step). An all-zero bucket has norm 0 and every level 0.
+//!
+//! # `encoding = packed` (fixed width; the CUDA kernels produce the same bytes)
+//! `nb` little-endian f32 norms, then a bit stream of `n` codes of `w = 1 + bitlen(s)` bits
+//! (`bitlen(s) = 32 - s.leading_zeros()`), code `= (level << 1) | sign_bit(x)`.
+//! Size `4 * nb + 4 * ceil(n * w / 32)`. A level-0 element with its sign bit set decodes to
+//! `-0.0`.
+//!
+//! # `encoding = elias` (variable length; CPU only)
+//! * u32 `m`: the number of elements with a non-zero level;
+//! * `nb` f32 norms;
+//! * a bit stream (same bit order as the packed stream: stream bit `j` is bit `j % 32` of u32
+//!   word `j / 32`) holding, for each element with a non-zero level in increasing index order:
+//!   `gamma(gap)`, the sign bit, `gamma(level)`; `gap = i - previous i` (the previous index
+//!   starts at -1, so `gap >= 1`); padded with zero bits to a whole word.
+//!
+//! `gamma(v)` for `v >= 1` is an Elias gamma code written least significant bit first: with
+//! `N = floor(log2 v)`, `N` zero bits, a one bit, then the `N` low bits of `v`, least
+//! significant first (`2N + 1` bits, like QSGD's Elias code of gaps and levels; cheap to
+//! decode with one `trailing_zeros`). Size `4 + 4 * nb + 4 * ceil(bits / 32)`, at most
+//! `4 + 4 * nb + 4 * ceil(n * (3 + 2 * floor(log2 s)) / 32)` (each gap costs at most
+//! `2 * gap - 1` bits and the gaps add up to at most `n`). Zero levels are not sent, so they
+//! decode to `+0.0` whatever the sign: the values equal the packed encoding's (`==`).
+
+use super::{
+    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
+    GroupDecoder, GroupEncoder,
+};
+use crate::elem;
+use crate::error::KernelError;
+use crate::params::{Encoding, Normalize, Partition};
+use crate::rng::Stream;
+use crate::simd::{multiversion, stream_bytes, with_width};
+use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
+use crate::{Compressor, RoundCtx};
+use rayon::prelude::*;
+
+/// The dithering compressor.
+pub(crate) struct Dithering {
+    base: Base,
+    s: u32,
+    partition: Partition,
+    normalize: Normalize,
+    encoding: Encoding,
+    bk: Buckets,
+}
+
+/// Code width of the packed encoding for `s` levels.
+pub fn packed_width(s: u32) -> u32 {
+    1 + (32 - s.leading_zeros())
+}
+
+impl Dithering {
+    pub fn new(
+        base: Base,
+        s: u32,
+        partition: Partition,
+        normalize: Normalize,
+        encoding: Encoding,
+        bucket: Option<usize>,
+    ) -> Dithering {
+        let bk = Buckets::new(base.n, bucket);
+        Dithering {
+            base,
+            s,
+            partition,
+            normalize,
+            encoding,
+            bk,
+        }
+    }
+
+    fn w(&self) -> u32 {
+        packed_width(self.s)
+    }
+
+    fn packed_size(&self) -> usize {
+        4 * self.bk.count + stream_bytes(self.base.n, self.w())
+    }
+
+    fn elias_max_size(&self) -> usize {
+        let lg = 31 - self.s.leading_zeros();
+        4 + 4 * self.bk.count + stream_bytes(self.base.n, 3 + 2 * lg)
+    }
+
+    /// The per-bucket norms, or the error for non-finite input / overflow.
+    fn norms(&self, x: &[f32]) -> Result<Vec<f32>, KernelError> {
+        match self.normalize {
+            Normalize::Max => {
+                let (v, bad) = bucket_max_abs(x, &self.bk);
+                if bad {
+                    return Err(self.base.non_finite(x));
+                }
+                Ok(v)
+            }
+            Normalize::L2 => {
+                let sums = bucket_sums(x, &self.bk, true);
+                let v: Vec<f32> = sums.iter().map(|s| s.sqrt() as f32).collect();
+                if v.iter().any(|n| !n.is_finite()) {
+                    if let Some(i) = x.iter().position(|a| !a.is_finite()) {
+                        return Err(KernelError::NonFinite {
+                            compressor: self.base.name.clone(),
+                            what: "input",
+                            index: i,
+                            value: x[i],
+                        });
+                    }
+                    return Err(KernelError::overflow(
+                        &self.base.name,
+                        "the sum of squares of a bucket overflows f32 (|x| above ~1.8e19); \
+                         use normalize=max",
+                    ));
+                }
+                Ok(v)
+            }
+        }
+    }
+}
+
+/// The level of `x` (`NATURAL` selects the partition).
+#[inline(always)]
+fn level<const NATURAL: bool>(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+    if NATURAL {
+        super::fast::dither_natural_level(x, norm, s, u)
+    } else {
+        super::fast::dither_linear_level(x, norm, s, u)
+    }
+}
+
+/// The value of a level.
+#[inline(always)]
+fn value<const NATURAL: bool>(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
+    if NATURAL {
+        elem::dither_natural_value(level, sign, norm, s)
+    } else {
+        super::fast::dither_linear_value(level, sign, norm, s)
+    }
+}
+
+/// Dithering codes `(level << 1) | sign` with per-bucket norms.
+struct Coder<'a, const NATURAL: bool> {
+    norms: &'a [f32],
+    size: usize,
+    last: usize,
+    s: u32,
+}
+
+impl<const NATURAL: bool> GroupEncoder for Coder<'_, NATURAL> {
+    const STOCHASTIC: bool = true;
+    #[inline(always)]
+    fn codes(&self, gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]) {
+        for (b, s, e) in bucket_runs(gi, xs.len(), self.size, self.last) {
+            let nm = self.norms[b];
+            for ((ci, &x), &ui) in c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]) {
+                *ci = (level::<NATURAL>(x, nm, self.s, ui) << 1) | elem::sign_bit(x);
+            }
+        }
+    }
+}
+
+impl<const NATURAL: bool> GroupDecoder for Coder<'_, NATURAL> {
+    #[inline(always)]
+    fn values(&self, gi: usize, c: &[u32], v: &mut [f32]) {
+        for (b, s, e) in bucket_runs(gi, c.len(), self.size, self.last) {
+            let nm = self.norms[b];
+            for (vi, &ci) in v[s..e].iter_mut().zip(&c[s..e]) {
+                *vi = value::<NATURAL>(ci >> 1, ci & 1, nm, self.s);
+            }
+        }
+    }
+}
+
+fn coder<'a, const NATURAL: bool>(norms: &'a [f32], bk: &Buckets, s: u32) -> Coder<'a, NATURAL> {
+    Coder {
+        norms,
+        size: bk.size,
+        last: bk.n.saturating_sub(1),
+        s,
+    }
+}
+
+#[inline(always)]
+fn encode_impl<const NATURAL: bool>(
+    x: &[f32],
+    i0: usize,
+    dst: &mut [u8],
+    stream: Stream,
+    norms: &[f32],
+    bk: &Buckets,
+    s: u32,
+) {
+    let enc = coder::<NATURAL>(norms, bk, s);
+    with_width!(packed_width(s), W => encode_groups::<W, _>(x, i0, stream, dst, &enc))
+}
+
+multiversion! {
+    fn encode_linear(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, norms: &[f32], bk: &Buckets, s: u32) = encode_impl::<false>;
+}
+multiversion! {
+    fn encode_natural(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, norms: &[f32], bk: &Buckets, s: u32) = encode_impl::<true>;
+}
+
+#[inline(always)]
+fn decode_impl<const NATURAL: bool, const ADD: bool>(
+    src: &[u8],
+    i0: usize,
+    out: &mut [f32],
+    norms: &[f32],
+    bk: &Buckets,
+    s: u32,
+) {
+    let dec = coder::<NATURAL>(norms, bk, s);
+    with_width!(packed_width(s), W => decode_groups::<W, ADD, _>(src, i0, out, &dec))
+}
+
+multiversion! {
+    fn decode_linear(src: &[u8], i0: usize, out: &mut [f32], norms: &[f32], bk: &Buckets, s: u32) = decode_impl::<false, false>;
+}
+multiversion! {
+    fn decode_linear_add(src: &[u8], i0: usize, out: &mut [f32], norms: &[f32], bk: &Buckets, s: u32) = decode_impl::<false, true>;
+}
+multiversion! {
+    fn decode_natural(src: &[u8], i0: usize, out: &mut [f32], norms: &[f32], bk: &Buckets, s: u32) = decode_impl::<true, false>;
+}
+multiversion! {
+    fn decode_natural_add(src: &[u8], i0: usize, out: &mut [f32], norms: &[f32], bk: &Buckets, s: u32) = decode_impl::<true, true>;
+}
+
+/// Whether every packed code of the segment has a level `<= s`.
+#[inline(always)]
+fn levels_ok_impl(src: &[u8], n: usize, s: u32) -> bool {
+    let mut bad = 0u32;
+    with_width!(packed_width(s), W => {
+        let mut words = [0u32; 16];
+        let mut c = [0u32; 32];
+        let groups = n.div_ceil(32);
+        for g in 0..groups {
+            let start = g * 4 * W;
+            let end = (start + 4 * W).min(src.len());
+            for (k, wd) in words[..W].iter_mut().enumerate() {
+                let o = start + 4 * k;
+                *wd = if o + 4 <= end { crate::simd::get_u32(src, o / 4) } else { 0 };
+            }
+            crate::simd::unpack32::<W>(&words, &mut c);
+            for &ct in c.iter() {
+                bad |= ((ct >> 1) > s) as u32;
+            }
+        }
+    });
+    bad == 0
+}
+
+multiversion! {
+    fn levels_ok(src: &[u8], n: usize, s: u32) -> bool = levels_ok_impl;
+}
+
+// ---- Elias ---------------------------------------------------------------------------------
+
+/// LSB-first bit writer into u32 words.
+struct BitWriter {
+    words: Vec<u32>,
+    acc: u64,
+    nbits: u32,
+}
+
+impl BitWriter {
+    fn new(cap_words: usize) -> BitWriter {
+        BitWriter {
+            words: Vec::with_capacity(cap_words),
+            acc: 0,
+            nbits: 0,
+        }
+    }
+
+    /// Appends the low `count <= 32` bits of `v`.
+    #[inline(always)]
+    fn put(&mut self, v: u32, count: u32) {
+        debug_assert!(count <= 32);
+        let v = if count == 32 {
+            v as u64
+        } else {
+            (v & ((1u32 << count) - 1)) as u64
+        };
+        self.acc |= v << self.nbits;
+        self.nbits += count;
+        if self.nbits >= 32 {
+            self.words.push(self.acc as u32);
+            self.acc >>= 32;
+            self.nbits -= 32;
+        }
+    }
+
+    /// Appends `gamma(v)`, `v >= 1`.
+    #[inline(always)]
+    fn gamma(&mut self, v: u64) {
+        debug_assert!(v >= 1);
+        let n = 63 - v.leading_zeros();
+        // n zeros then a one.
+        if n < 32 {
+            self.put(1 << n, n + 1);
+        } else {
+            self.put(0, 32);
+            self.put(1 << (n - 32), n - 32 + 1);
+        }
+        // The n low bits, least significant first.
+        if n <= 32 {
+            self.put(v as u32, n);
+        } else {
+            self.put(v as u32, 32);
+            self.put((v >> 32) as u32, n - 32);
+        }
+    }
+
+    fn finish(mut self) -> Vec<u32> {
+        if self.nbits > 0 {
+            self.words.push(self.acc as u32);
+        }
+        self.words
+    }
+}
+
+/// LSB-first bit reader over little-endian u32 words of a byte slice.
+struct BitReader<'a> {
+    src: &'a [u8],
+    /// Next word to load.
+    next: usize,
+    acc: u64,
+    nbits: u32,
+}
+
+impl<'a> BitReader<'a> {
+    fn new(src: &'a [u8]) -> BitReader<'a> {
+        BitReader {
+            src,
+            next: 0,
+            acc: 0,
+            nbits: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn refill(&mut self) {
+        while self.nbits <= 32 && self.next * 4 < self.src.len() {
+            self.acc |= (crate::simd::get_u32(self.src, self.next) as u64) << self.nbits;
+            self.next += 1;
+            self.nbits += 32;
+        }
+    }
+
+    /// Reads `count <= 32` bits; `None` past the end.
+    #[inline(always)]
+    fn get(&mut self, count: u32) -> Option<u32> {
+        if count == 0 {
+            return Some(0);
+        }
+        self.refill();
+        if self.nbits < count {
+            return None;
+        }
+        let v = (self.acc & ((1u64 << count) - 1)) as u32;
+        self.acc >>= count;
+        self.nbits -= count;
+        Some(v)
+    }
+
+    /// Reads `gamma(v)` with `v <= max`; `None` if malformed or past the end.
+    #[inline(always)]
+    fn gamma(&mut self, max: u64) -> Option<u64> {
+        self.refill();
+        let low = self.acc as u32;
+        let n = if low != 0 && self.nbits >= 32 {
+            low.trailing_zeros()
+        } else {
+            // Slow path: count zeros one by one (near the end of the stream or > 31 zeros).
+            let mut n = 0u32;
+            while self.get(1)? == 0 {
+                n += 1;
+                if n > 40 {
+                    return None;
+                }
+            }
+            let v = self.low_bits(n)?;
+            return if v <= max { Some(v) } else { None };
+        };
+        self.acc >>= n + 1;
+        self.nbits -= n + 1;
+        let v = self.low_bits(n)?;
+        if v <= max {
+            Some(v)
+        } else {
+            None
+        }
+    }
+
+    /// Reads the `n` low bits of a gamma code and adds the leading one.
+    #[inline(always)]
+    fn low_bits(&mut self, n: u32) -> Option<u64> {
+        let lo = if n <= 32 {
+            self.get(n)? as u64
+        } else {
+            let a = self.get(32)? as u64;
+            let b = self.get(n - 32)? as u64;
+            a | (b << 32)
+        };
+        Some((1u64 << n) | lo)
+    }
+
+    /// Number of bits consumed so far.
+    fn consumed(&self) -> usize {
+        self.next * 32 - self.nbits as usize
+    }
+}
+
+impl Dithering {
+    fn compress_elias(
+        &self,
+        x: &[f32],
+        norms: &[f32],
+        stream: Stream,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let n = self.base.n;
+        // The levels and signs come from the packed encoder (the same draws, so both encodings
+        // decode to the same values); the serial entropy coder then walks the packed codes.
+        let w = self.w();
+        let mut packed = vec![0u8; stream_bytes(n, w)];
+        let f = match self.partition {
+            Partition::Linear => encode_linear,
+            Partition::Natural => encode_natural,
+        };
+        par_segments(x, w, &mut packed, |xs, i0, d| {
+            f(xs, i0, d, stream, norms, &self.bk, self.s)
+        });
+        let mut wr = BitWriter::new(self.elias_max_size() / 4);
+        let mut prev: i64 = -1;
+        let mut m = 0u32;
+        with_width!(w, W => {
+            let mut words = [0u32; 16];
+            let mut c = [0u32; 32];
+            let total = packed.len() / 4;
+            for g in 0..n.div_ceil(32) {
+                for (k, wd) in words[..W].iter_mut().enumerate() {
+                    let at = g * W + k;
+                    *wd = if at < total { crate::simd::get_u32(&packed, at) } else { 0 };
+                }
+                crate::simd::unpack32::<W>(&words, &mut c);
+                if c.iter().all(|&v| v >> 1 == 0) {
+                    continue;
+                }
+                for (t, &code) in c.iter().enumerate() {
+                    let i = 32 * g + t;
+                    if code >> 1 != 0 && i < n {
+                        wr.gamma((i as i64 - prev) as u64);
+                        wr.put(code & 1, 1);
+                        wr.gamma((code >> 1) as u64);
+                        prev = i as i64;
+                        m += 1;
+                    }
+                }
+            }
+        });
+        let words = wr.finish();
+        let nb = self.bk.count;
+        let size = 4 + 4 * nb + 4 * words.len();
+        let dst = prepare(out, size);
+        dst[..4].copy_from_slice(&m.to_le_bytes());
+        super::put_f32s(&mut dst[4..4 + 4 * nb], norms.iter().copied());
+        crate::simd::put_words(&mut dst[4 + 4 * nb..], &words);
+        Ok(())
+    }
+
+    /// Decodes an Elias payload into `(index, value)` pairs after full validation.
+    fn elias_entries(&self, payload: &[u8]) -> Result<Vec<(u32, f32)>, KernelError> {
+        let nb = self.bk.count;
+        let name = &self.base.name;
+        let min = 4 + 4 * nb;
+        let max = self.elias_max_size();
+        if payload.len() < min || payload.len() > max || payload.len() % 4 != 0 {
+            return Err(KernelError::PayloadLength {
+                compressor: name.clone(),
+                expected: format!("a multiple of 4 between {min} and {max} bytes"),
+                actual: payload.len(),
+            });
+        }
+        let m = crate::simd::get_u32(payload, 0) as usize;
+        if m > self.base.n {
+            return Err(KernelError::malformed(
+                name,
+                format!("{m} non-zero levels announced for {} elements", self.base.n),
+            ));
+        }
+        let norms: Vec<f32> = (0..nb)
+            .map(|b| crate::simd::get_f32(payload, 1 + b))
+            .collect();
+        self.check_norms(&norms)?;
+        let body = &payload[min..];
+        let mut rd = BitReader::new(body);
+        let mut entries = Vec::with_capacity(m);
+        let natural = self.partition == Partition::Natural;
+        let mut next: u64 = 0; // smallest index the next entry may have
+        for e in 0..m {
+            let bad = |what: &str| KernelError::malformed(name, format!("entry {e}: {what}"));
+            let max_gap = self.base.n as u64 - next;
+            let gap = rd
+                .gamma(max_gap)
+                .ok_or_else(|| bad("bad or truncated index gap"))?;
+            let i = next + gap - 1;
+            let sign = rd.get(1).ok_or_else(|| bad("truncated sign"))?;
+            let l = rd
+                .gamma(self.s as u64)
+                .ok_or_else(|| bad("bad or truncated level"))? as u32;
+            let nm = norms[i as usize / self.bk.size];
+            let v = if natural {
+                value::<true>(l, sign, nm, self.s)
+            } else {
+                value::<false>(l, sign, nm, self.s)
+            };
+            entries.push((i as u32, v));
+            next = i + 1;
+        }
+        let used = rd.consumed();
+        let words = body.len() / 4;
+        if used.div_ceil(32) != words || rd.get((words * 32 - used) as u32) != Some(0) {
+            return Err(KernelError::malformed(
+                name,
+                format!(
+                    "{} bytes of codes after the header, the {m} entries use {used} bits",
+                    body.len()
+                ),
+            ));
+        }
+        Ok(entries)
+    }
+
+    /// Norms read from a payload: finite, `>= 0`, and (linear) `norm * s` finite.
+    fn check_norms(&self, norms: &[f32]) -> Result<(), KernelError> {
+        let linear = self.partition == Partition::Linear;
+        match norms.iter().enumerate().find(|(_, v)| {
+            !(v.is_finite() && **v >= 0.0 && (!linear || (**v * self.s as f32).is_finite()))
+        }) {
+            Some((b, v)) => Err(KernelError::malformed(
+                &self.base.name,
+                format!("bucket {b}: norm {v} is not a finite number >= 0 (with norm * s finite)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn decode_packed(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
+        self.base.check_payload(self.packed_size(), payload.len())?;
+        let nb = self.bk.count;
+        let norms: Vec<f32> = (0..nb).map(|b| crate::simd::get_f32(payload, b)).collect();
+        self.check_norms(&norms)?;
+        let bits = &payload[4 * nb..];
+        let w = self.w();
+        if !super::tail_bits_zero(bits, self.base.n, w) {
+            return Err(KernelError::malformed(
+                &self.base.name,
+                "padding bits after the last code are not zero",
+            ));
+        }
+        // Codes whose level exceeds s can only exist when s + 1 is not a power of two.
+        if (self.s + 1).count_ones() != 1 {
+            let seg = crate::par::SEG;
+            let seg_bytes = seg / 8 * w as usize;
+            let n = self.base.n;
+            let ok = if crate::par::enabled(n) {
+                bits.par_chunks(seg_bytes)
+                    .enumerate()
+                    .all(|(i, c)| levels_ok(c, seg.min(n - i * seg), self.s))
+            } else {
+                levels_ok(bits, n, self.s)
+            };
+            if !ok {
+                return Err(KernelError::malformed(
+                    &self.base.name,
+                    format!("a code has a level above s = {}", self.s),
+                ));
+            }
+        }
+        let natural = self.partition == Partition::Natural;
+        let f = match (natural, add) {
+            (false, false) => decode_linear,
+            (false, true) => decode_linear_add,
+            (true, false) => decode_natural,
+            (true, true) => decode_natural_add,
+        };
+        par_segments_out(bits, w, out, |s, i0, o| {
+            f(s, i0, o, &norms, &self.bk, self.s)
+        });
+        Ok(())
+    }
+
+    fn decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
+        match self.encoding {
+            Encoding::Packed => self.decode_packed(payload, out, add),
+            Encoding::Elias => {
+                let entries = self.elias_entries(payload)?;
+                let mut next = 0usize;
+                for &(i, v) in &entries {
+                    let i = i as usize;
+                    for o in out[next..i].iter_mut() {
+                        if add {
+                            *o += 0.0;
+                        } else {
+                            *o = 0.0;
+                        }
+                    }
+                    if add {
+                        out[i] += v;
+                    } else {
+                        out[i] = v;
+                    }
+                    next = i + 1;
+                }
+                for o in out[next..].iter_mut() {
+                    if add {
+                        *o += 0.0;
+                    } else {
+                        *o = 0.0;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Compressor for Dithering {
+    fn name(&self) -> &str {
+        &self.base.name
+    }
+    fn len(&self) -> usize {
+        self.base.n
+    }
+    fn max_compressed_len(&self) -> usize {
+        match self.encoding {
+            Encoding::Packed => self.packed_size(),
+            Encoding::Elias => self.elias_max_size(),
+        }
+    }
+    fn is_stochastic(&self) -> bool {
+        true
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        self.base.check("input", input.len())?;
+        let norms = self.norms(input)?;
+        if self.partition == Partition::Linear {
+            // Linear values are (norm * level) / s: norm * s must stay finite.
+            if let Some((b, nm)) = norms
+                .iter()
+                .enumerate()
+                .find(|(_, nm)| !(**nm * self.s as f32).is_finite())
+            {
+                return Err(KernelError::overflow(
+                    &self.base.name,
+                    format!(
+                        "bucket {b}: norm {nm} times s = {} overflows f32 (decoded values are \
+                         norm * level / s)",
+                        self.s
+                    ),
+                ));
+            }
+        }
+        let stream = self.base.rounding(ctx.round);
+        match self.encoding {
+            Encoding::Elias => self.compress_elias(input, &norms, stream, out),
+            Encoding::Packed => {
+                let nb = self.bk.count;
+                let dst = prepare(out, self.packed_size());
+                let (head, bits) = dst.split_at_mut(4 * nb);
+                super::put_f32s(head, norms.iter().copied());
+                let f = match self.partition {
+                    Partition::Linear => encode_linear,
+                    Partition::Natural => encode_natural,
+                };
+                par_segments(input, self.w(), bits, |xs, i0, d| {
+                    f(xs, i0, d, stream, &norms, &self.bk, self.s)
+                });
+                Ok(())
+            }
+        }
+    }
+    fn decompress(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base.check("output", out.len())?;
+        self.decode(payload, out, false)
+    }
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base.check("accumulator", acc.len())?;
+        self.decode(payload, acc, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gamma_roundtrip() {
+        let vals: Vec<u64> = (1..300)
+            .chain([1 << 31, (1 << 32) - 1, 1 << 32, (1 << 40) + 12345])
+            .collect();
+        let mut w = BitWriter::new(0);
+        for &v in &vals {
+            w.gamma(v);
+            w.put(1, 1);
+        }
+        let words = w.finish();
+        let mut bytes = vec![0u8; words.len() * 4];
+        crate::simd::put_words(&mut bytes, &words);
+        let mut r = BitReader::new(&bytes);
+        for &v in &vals {
+            assert_eq!(r.gamma(u64::MAX >> 1), Some(v));
+            assert_eq!(r.get(1), Some(1));
+        }
+        // The documented bit layout: gamma(5) = 0 0 1 then 5's two low bits (1, 0) LSB first.
+        let mut w = BitWriter::new(0);
+        w.gamma(5);
+        assert_eq!(w.finish(), vec![0b0_1100]);
+    }
+}

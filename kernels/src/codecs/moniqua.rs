@@ -1,0 +1,331 @@
+//! `moniqua`: b-bit codes of `(x / B_θ) mod 1`, decoded against a reference (Moniqua, Lu and
+//! De Sa 2020, Algorithm 1 and Lemma 2). CPU only.
+//!
+//! With `δ = 2^-(b+1)` (nearest rounding) or `δ = 2^-b` (stochastic rounding), `δ < 1/2`, and
+//! `B_θ = 2θ / (1 - 2δ)`, all in f64:
+//! * encode: `f = z - floor(z)` with `z = x / B_θ` (so `f` in `[0, 1)` is `(x / B_θ) mod 1`
+//!   up to the representative), `t = f * 2^b`, `code = round(t) mod 2^b` where `round` is
+//!   `floor(t + 1/2)` (nearest) or `floor(t) + (u < t - floor(t))` (stochastic, `u` the element's
+//!   rounding uniform). A code that rounds up to `2^b` (the value 1, i.e. +1/2 in the paper's
+//!   `[-1/2, 1/2)` representative) wraps to 0.
+//! * decode with reference `y`: `q = code * 2^-b`, `x̂ = ((B_θ q - y) mod B_θ) + y` with
+//!   `a mod B = a - B * floor(a / B + 1/2)` in `[-B/2, B/2)`, rounded to f32 at the end.
+//!
+//! Lemma 2: if `|x - y| < θ` then `|x̂ - x| <= δ B_θ = 2θδ / (1 - 2δ)` (plus the final f32
+//! rounding of `x̂`), however large `|x|` is.
+//!
+//! Wire format: a bit stream of `n` codes of `b` bits. Size `4 * ceil(n * b / 32)`.
+//!
+//! # The reference
+//! [`RoundCtx::reference`] carries it: compress ignores it (it is checked for length when
+//! given); decompress and decompress-add require it (`len` values, the receiver's own copy,
+//! within θ of the sender's values). A sender gets Algorithm 1's "local biased term" by
+//! decompressing its own payload with its own values as the reference.
+
+use super::{par_segments, prepare, Base, GroupDecoder, GroupEncoder};
+use crate::error::KernelError;
+use crate::params::Rounding;
+use crate::rng::Stream;
+use crate::simd::{multiversion, stream_bytes, with_width};
+use crate::{Compressor, RoundCtx};
+
+/// The Moniqua compressor.
+pub(crate) struct Moniqua {
+    base: Base,
+    bits: u32,
+    rounding: Rounding,
+    /// `B_θ`.
+    b_theta: f64,
+}
+
+/// `δ` for `bits` and the rounding mode.
+pub fn delta(bits: u32, rounding: Rounding) -> f64 {
+    match rounding {
+        Rounding::Nearest => 0.5f64.powi(bits as i32 + 1),
+        Rounding::Stochastic => 0.5f64.powi(bits as i32),
+    }
+}
+
+/// `B_θ = 2θ / (1 - 2δ)`.
+pub fn b_theta(theta: f64, bits: u32, rounding: Rounding) -> f64 {
+    2.0 * theta / (1.0 - 2.0 * delta(bits, rounding))
+}
+
+impl Moniqua {
+    pub fn new(base: Base, theta: f64, bits: u32, rounding: Rounding) -> Moniqua {
+        Moniqua {
+            base,
+            bits,
+            rounding,
+            b_theta: b_theta(theta, bits, rounding),
+        }
+    }
+
+    fn size(&self) -> usize {
+        stream_bytes(self.base.n, self.bits)
+    }
+}
+
+/// Moniqua codes.
+struct Enc<const STOCHASTIC: bool> {
+    b: f64,
+    scale: f64,
+    mask: u32,
+}
+
+impl<const S: bool> GroupEncoder for Enc<S> {
+    const STOCHASTIC: bool = S;
+    #[inline(always)]
+    fn codes(&self, _gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]) {
+        for t in 0..xs.len() {
+            let z = xs[t] as f64 / self.b;
+            let f = z - z.floor();
+            let tt = f * self.scale;
+            c[t] = if S {
+                let fl = tt.floor();
+                (small_int(fl) + ((u[t] as f64) < tt - fl) as u32) & self.mask
+            } else {
+                small_int((tt + 0.5).floor()) & self.mask
+            };
+        }
+    }
+}
+
+/// `v as u32` for an integer-valued `0 <= v < 2^32` without the saturating cast (which does not
+/// vectorise): `v + 2^52` is exact and its low mantissa bits are `v`.
+#[inline(always)]
+fn small_int(v: f64) -> u32 {
+    ((v + 4_503_599_627_370_496.0).to_bits() - 0x4330_0000_0000_0000) as u32
+}
+
+#[inline(always)]
+fn encode_impl(
+    x: &[f32],
+    i0: usize,
+    dst: &mut [u8],
+    stream: Stream,
+    b: f64,
+    bits: u32,
+    stochastic: bool,
+) {
+    let scale = (1u64 << bits) as f64;
+    let mask = (1u32 << bits) - 1;
+    if stochastic {
+        let enc = Enc::<true> { b, scale, mask };
+        with_width!(bits, W => super::encode_groups::<W, _>(x, i0, stream, dst, &enc))
+    } else {
+        let enc = Enc::<false> { b, scale, mask };
+        with_width!(bits, W => super::encode_groups::<W, _>(x, i0, stream, dst, &enc))
+    }
+}
+
+multiversion! {
+    fn encode(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, b: f64, bits: u32, stochastic: bool) = encode_impl;
+}
+
+#[inline(always)]
+fn recover(c: u32, y: f32, b: f64, inv_scale: f64) -> f32 {
+    let q = c as f64 * inv_scale;
+    let a = b * q - y as f64;
+    let m = a - b * (a / b + 0.5).floor();
+    (m + y as f64) as f32
+}
+
+/// Recovery against the reference segment (`reference[0]` is element `i0`).
+struct Dec<'a> {
+    reference: &'a [f32],
+    i0: usize,
+    b: f64,
+    inv_scale: f64,
+}
+
+impl GroupDecoder for Dec<'_> {
+    #[inline(always)]
+    fn values(&self, gi: usize, c: &[u32], v: &mut [f32]) {
+        let r = gi - self.i0;
+        let n = self.reference.len();
+        let m = c.len().min(n.saturating_sub(r));
+        let y = &self.reference[r..r + m];
+        for ((vi, &ci), &yi) in v[..m].iter_mut().zip(&c[..m]).zip(y) {
+            *vi = recover(ci, yi, self.b, self.inv_scale);
+        }
+        for (vi, &ci) in v[m..].iter_mut().zip(&c[m..]) {
+            *vi = recover(ci, 0.0, self.b, self.inv_scale);
+        }
+    }
+}
+
+#[inline(always)]
+fn decode_impl<const ADD: bool>(
+    src: &[u8],
+    i0: usize,
+    out: &mut [f32],
+    reference: &[f32],
+    b: f64,
+    bits: u32,
+) {
+    let dec = Dec {
+        reference,
+        i0,
+        b,
+        inv_scale: 1.0 / (1u64 << bits) as f64,
+    };
+    with_width!(bits, W => super::decode_groups::<W, ADD, _>(src, i0, out, &dec))
+}
+
+multiversion! {
+    fn decode(src: &[u8], i0: usize, out: &mut [f32], reference: &[f32], b: f64, bits: u32) = decode_impl::<false>;
+}
+multiversion! {
+    fn decode_add(src: &[u8], i0: usize, out: &mut [f32], reference: &[f32], b: f64, bits: u32) = decode_impl::<true>;
+}
+
+impl Moniqua {
+    fn reference<'a>(&self, ctx: &RoundCtx<'a>) -> Result<&'a [f32], KernelError> {
+        let r = ctx.reference.ok_or_else(|| {
+            KernelError::context(
+                &self.base.name,
+                "decoding needs the receiver's reference values in RoundCtx::reference (its own \
+                 copy, within theta of the sender's values)",
+            )
+        })?;
+        self.base.check("reference", r.len())?;
+        if let Some(i) = crate::simd::first_non_finite(r) {
+            return Err(KernelError::NonFinite {
+                compressor: self.base.name.clone(),
+                what: "reference",
+                index: i,
+                value: r[i],
+            });
+        }
+        Ok(r)
+    }
+
+    fn run_decode(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+        add: bool,
+    ) -> Result<(), KernelError> {
+        self.base.check_payload(self.size(), payload.len())?;
+        if !super::tail_bits_zero(payload, self.base.n, self.bits) {
+            return Err(KernelError::malformed(
+                &self.base.name,
+                "padding bits after the last code are not zero",
+            ));
+        }
+        let r = self.reference(ctx)?;
+        let f = if add { decode_add } else { decode };
+        let seg = crate::par::SEG;
+        if crate::par::enabled(out.len()) {
+            use rayon::prelude::*;
+            let seg_bytes = seg / 8 * self.bits as usize;
+            out.par_chunks_mut(seg)
+                .zip(payload.par_chunks(seg_bytes))
+                .zip(r.par_chunks(seg))
+                .enumerate()
+                .for_each(|(i, ((o, s), rr))| f(s, i * seg, o, rr, self.b_theta, self.bits));
+        } else {
+            f(payload, 0, out, r, self.b_theta, self.bits);
+        }
+        Ok(())
+    }
+}
+
+impl Compressor for Moniqua {
+    fn name(&self) -> &str {
+        &self.base.name
+    }
+    fn len(&self) -> usize {
+        self.base.n
+    }
+    fn max_compressed_len(&self) -> usize {
+        self.size()
+    }
+    fn is_stochastic(&self) -> bool {
+        self.rounding == Rounding::Stochastic
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        self.base.check("input", input.len())?;
+        if let Some(r) = ctx.reference {
+            self.base.check("reference", r.len())?;
+        }
+        self.base.require_finite(input)?;
+        let stream = self.base.rounding(ctx.round);
+        let stochastic = self.rounding == Rounding::Stochastic;
+        let dst = prepare(out, self.size());
+        let (b, bits) = (self.b_theta, self.bits);
+        par_segments(input, bits, dst, |xs, i0, d| {
+            encode(xs, i0, d, stream, b, bits, stochastic)
+        });
+        Ok(())
+    }
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base.check("output", out.len())?;
+        self.run_decode(payload, ctx, out, false)
+    }
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base.check("accumulator", acc.len())?;
+        self.run_decode(payload, ctx, acc, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_value_roundtrip_respects_lemma_2() {
+        for rounding in [Rounding::Nearest, Rounding::Stochastic] {
+            for bits in 1..=8 {
+                if delta(bits, rounding) >= 0.5 {
+                    continue;
+                }
+                let theta = 0.37;
+                let b = b_theta(theta, bits, rounding);
+                let bound = delta(bits, rounding) * b;
+                for &(x, y) in &[
+                    (0.0f32, 0.3f32),
+                    (1000.25, 1000.0),
+                    (-5e4, -5e4 + 0.36),
+                    (3.0, 2.64),
+                ] {
+                    for ui in 0..16 {
+                        let u = ui as f32 / 16.0;
+                        let z = x as f64 / b;
+                        let f = z - z.floor();
+                        let t = f * (1u64 << bits) as f64;
+                        let cc = if rounding == Rounding::Stochastic {
+                            (t.floor() as u32 + ((u as f64) < t - t.floor()) as u32)
+                                & ((1 << bits) - 1)
+                        } else {
+                            ((t + 0.5).floor() as u32) & ((1 << bits) - 1)
+                        };
+                        let xh = recover(cc, y, b, 1.0 / (1u64 << bits) as f64);
+                        let slack = (x.abs() as f64) * f32::EPSILON as f64;
+                        assert!(
+                            ((xh as f64) - x as f64).abs() <= bound * (1.0 + 1e-9) + slack,
+                            "bits {bits} {rounding:?}: x {x} y {y} -> {xh}, bound {bound}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

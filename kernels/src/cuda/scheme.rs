@@ -1,0 +1,346 @@
+//! [`GpuScheme`]: the fixed-width encodings the CUDA kernels implement, their parameters and
+//! payload sizes; [`RoundStreams`]: the random streams of one round.
+//!
+//! The formats are the ones documented in [`crate::cuda`]; the CPU compressors write the same
+//! bytes. Elias-coded dithering, top-k, column-wise onebit and Moniqua stay on the CPU.
+
+use super::CudaError;
+use crate::rng::{Role, Stream};
+
+/// A fixed-width encoding and its parameters, as the CUDA path sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuScheme {
+    /// n × IEEE binary16, saturating at ±65504.
+    Fp16,
+    /// n × bfloat16, saturating at the largest finite bf16.
+    Bf16,
+    /// f32 scale + n sign bits.
+    OneBit {
+        /// Scale = mean |x| of the chunk when true, 1.0 when false.
+        scaling: bool,
+    },
+    /// Per-bucket (min, max) + n codes of `bits` bits with stochastic rounding.
+    MinMax {
+        /// Bits per code, 1..=8.
+        bits: u32,
+        /// Elements per bucket; `None` = the whole chunk.
+        bucket: Option<usize>,
+    },
+    /// QSGD stochastic quantisation, packed: per-bucket norm + n codes of
+    /// `1 + bit_length(levels)` bits.
+    Dithering {
+        /// Number of levels s (1..=32 for natural levels; 1..2^31 for linear).
+        levels: u32,
+        /// Natural (powers of two) levels instead of linear ones.
+        natural: bool,
+        /// Normalise by the l2 norm of the bucket instead of its max |x|.
+        l2: bool,
+        /// Elements per bucket; `None` = the whole chunk.
+        bucket: Option<usize>,
+    },
+    /// k values at the keyed permutation's first k indices.
+    RandomK {
+        /// Number of values sent (at most the chunk length).
+        k: usize,
+        /// Scale by n / k so the decoded chunk is unbiased.
+        unbiased: bool,
+    },
+}
+
+impl GpuScheme {
+    /// Checks the parameters for a chunk of `len` elements.
+    pub fn validate(&self, len: usize) -> Result<(), CudaError> {
+        let bad = |m: String| Err(CudaError::Invalid(m));
+        match *self {
+            GpuScheme::MinMax { bits, bucket } => {
+                if !(1..=8).contains(&bits) {
+                    return bad(format!("minmax bits = {bits}, allowed 1..=8"));
+                }
+                check_bucket(bucket)
+            }
+            GpuScheme::Dithering {
+                levels,
+                natural,
+                bucket,
+                ..
+            } => {
+                if natural && !(1..=32).contains(&levels) {
+                    return bad(format!(
+                        "natural dithering levels = {levels}, allowed 1..=32"
+                    ));
+                }
+                if !(1..1u32 << 31).contains(&levels) {
+                    return bad(format!("dithering levels = {levels}, allowed 1..2^31"));
+                }
+                check_bucket(bucket)
+            }
+            GpuScheme::RandomK { k, .. } => {
+                if k > len {
+                    return bad(format!("randomk k = {k} exceeds the chunk length {len}"));
+                }
+                Ok(())
+            }
+            GpuScheme::Fp16 | GpuScheme::Bf16 | GpuScheme::OneBit { .. } => Ok(()),
+        }
+    }
+
+    /// The bucket length used for a chunk of `len` elements: the configured one clamped to
+    /// `1..=max(len, 1)`, the chunk itself by default (never 0, so geometry never divides by
+    /// zero; the same rule as the CPU compressors).
+    pub fn bucket_len(&self, len: usize) -> usize {
+        let b = match *self {
+            GpuScheme::MinMax { bucket, .. } | GpuScheme::Dithering { bucket, .. } => bucket,
+            _ => None,
+        };
+        b.unwrap_or(len).clamp(1, len.max(1))
+    }
+
+    /// The GPU scheme of a parsed parameter map, for a chunk of `len` elements
+    /// (`full_chunk_len`: the tensor's full chunk length when this chunk is its shorter last
+    /// one, as in [`crate::BuildOptions`]), on a node of `role`. `Ok(None)` for the compressors
+    /// that stay on the CPU (`none`, `topk`, column-wise `onebit`, Elias-coded `dithering`,
+    /// `moniqua`). Only the codec proper: error feedback and momentum are not part of it.
+    /// Random-k scales by n/k only on workers, as the CPU compressor does.
+    pub fn from_spec(
+        spec: &crate::CompressorSpec,
+        len: usize,
+        full_chunk_len: Option<usize>,
+        role: Role,
+    ) -> Result<Option<GpuScheme>, crate::KernelError> {
+        use crate::{CodecSpec, Encoding, Normalize, Partition};
+        Ok(Some(match spec.codec {
+            CodecSpec::Fp16 => GpuScheme::Fp16,
+            CodecSpec::Bf16 => GpuScheme::Bf16,
+            CodecSpec::OneBit { scaling } => GpuScheme::OneBit { scaling },
+            CodecSpec::MinMax { bits, bucket } => GpuScheme::MinMax { bits, bucket },
+            CodecSpec::Dithering {
+                s,
+                partition,
+                normalize,
+                bucket,
+                encoding: Encoding::Packed,
+            } => GpuScheme::Dithering {
+                levels: s,
+                natural: partition == Partition::Natural,
+                l2: normalize == Normalize::L2,
+                bucket,
+            },
+            CodecSpec::RandomK { unbiased, .. } => {
+                let k = spec
+                    .chunk_k(len, full_chunk_len.unwrap_or(len))?
+                    .unwrap_or(0);
+                GpuScheme::RandomK {
+                    k,
+                    unbiased: unbiased && role == Role::Worker,
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Code width in bits of the bit-stream encodings (`None` for the others).
+    pub fn code_bits(&self) -> Option<u32> {
+        match *self {
+            GpuScheme::OneBit { .. } => Some(1),
+            GpuScheme::MinMax { bits, .. } => Some(bits),
+            GpuScheme::Dithering { levels, .. } => Some(1 + (32 - levels.leading_zeros())),
+            _ => None,
+        }
+    }
+
+    /// Payload bytes for a chunk of `len` elements (the documented formulas).
+    pub fn compressed_len(&self, len: usize) -> usize {
+        let nb = num_buckets(len, self.bucket_len(len));
+        let stream = |w: u32| 4 * (len * w as usize).div_ceil(32);
+        match *self {
+            GpuScheme::Fp16 | GpuScheme::Bf16 => 2 * len,
+            GpuScheme::OneBit { .. } => 4 + stream(1),
+            GpuScheme::MinMax { bits, .. } => 8 * nb + stream(bits),
+            GpuScheme::Dithering { .. } => 4 * nb + stream(self.code_bits().unwrap_or(1)),
+            GpuScheme::RandomK { k, .. } => 4 * k,
+        }
+    }
+
+    /// What the CPU compressors would have refused, read from a compressed chunk's header:
+    /// a onebit scale, a minmax bucket's `max - min` or a dithering norm that overflows f32.
+    /// `None` when the payload is fine (or too short to hold the header).
+    pub fn header_problem(&self, len: usize, payload: &[u8]) -> Option<String> {
+        let nb = num_buckets(len, self.bucket_len(len));
+        let f = |i: usize| {
+            payload
+                .get(4 * i..4 * i + 4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        match *self {
+            GpuScheme::OneBit { .. } => f(0)
+                .filter(|v| !v.is_finite())
+                .map(|v| format!("the scale (mean |x|) is {v}: the sum of |x| overflows f32")),
+            GpuScheme::MinMax { .. } => (0..nb).find_map(|b| {
+                let (mn, mx) = (f(2 * b)?, f(2 * b + 1)?);
+                (!(mx - mn).is_finite())
+                    .then(|| format!("bucket {b}: max - min = {mx} - {mn} overflows f32"))
+            }),
+            GpuScheme::Dithering { .. } => (0..nb).find_map(|b| {
+                let v = f(b)?;
+                (!v.is_finite()).then(|| {
+                    format!(
+                        "bucket {b}: norm {v} is not finite (the sum of squares overflows f32; \
+                         use normalize=max)"
+                    )
+                })
+            }),
+            _ => None,
+        }
+    }
+
+    /// Random-k's value scale: `len as f32 / k as f32` when unbiased, else 1.
+    pub fn randomk_scale(len: usize, k: usize, unbiased: bool) -> f32 {
+        if unbiased && k > 0 {
+            len as f32 / k as f32
+        } else {
+            1.0
+        }
+    }
+}
+
+fn check_bucket(bucket: Option<usize>) -> Result<(), CudaError> {
+    match bucket {
+        Some(0) => Err(CudaError::Invalid(
+            "bucket = 0, allowed: at least 1 (or unset for the whole chunk)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `ceil(len / bucket)`, 0 for an empty chunk.
+pub fn num_buckets(len: usize, bucket: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        len.div_ceil(bucket.max(1))
+    }
+}
+
+/// Pieces of `unit` elements (reduction blocks, min/max spans) of a chunk of `n` elements, counted
+/// from each bucket start: `pp_num_pieces` of the CUDA header.
+pub fn num_pieces(n: u64, bucket: u64, unit: u64) -> u64 {
+    let nb = num_buckets(n as usize, bucket as usize) as u64;
+    if nb == 0 {
+        return 0;
+    }
+    let last = n - (nb - 1) * bucket;
+    (nb - 1) * bucket.div_ceil(unit) + last.div_ceil(unit)
+}
+
+/// Elements per reduction block (`PP_REDUCE_BLOCK`; [`crate::elem::REDUCE_BLOCK`]).
+pub const REDUCE_BLOCK: u64 = 256;
+/// Elements per min/max span (`PP_SPAN`).
+pub const SPAN: u64 = 2048;
+/// Output words per pack block (`PP_PACK_WORDS`).
+pub const PACK_WORDS: u64 = 256;
+/// Elements per decode thread (`PP_GROUP`).
+pub const GROUP: u64 = 4;
+
+/// Shared-memory floats a pack (compress) block needs for code width `w`:
+/// `pp_pack_tile_capacity` of the CUDA header (256 words of codes, one padding float per 32).
+pub fn pack_tile_capacity(w: u32) -> u64 {
+    let elems = 256 * 32 / w.max(1) as u64 + 2;
+    elems + (elems >> 5) + 1
+}
+
+/// The two random streams of one (key, round) on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundStreams {
+    /// Stochastic rounding: [`Stream::rounding`] of (job seed, key, round, role, rank).
+    pub rounding: Stream,
+    /// Random-k indices: [`Stream::indices`] of (job seed, key, round), the same on every node.
+    pub indices: Stream,
+}
+
+impl RoundStreams {
+    /// The streams a node of `role` and `rank` uses for `key` in `round`.
+    pub fn new(job_seed: u64, key: u64, round: u64, role: Role, rank: u32) -> RoundStreams {
+        RoundStreams {
+            rounding: Stream::rounding(job_seed, key, round, role, rank),
+            indices: Stream::indices(job_seed, key, round),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_the_formulas() {
+        let mm = GpuScheme::MinMax {
+            bits: 3,
+            bucket: Some(10),
+        };
+        assert_eq!(mm.compressed_len(0), 0);
+        assert_eq!(mm.compressed_len(1), 8 + 4);
+        assert_eq!(mm.compressed_len(21), 3 * 8 + 4 * 2); // 63 bits
+        let d = GpuScheme::Dithering {
+            levels: 4,
+            natural: false,
+            l2: true,
+            bucket: None,
+        };
+        assert_eq!(d.code_bits(), Some(4));
+        assert_eq!(d.compressed_len(33), 4 + 4 * 5);
+        assert_eq!(GpuScheme::OneBit { scaling: true }.compressed_len(0), 4);
+        assert_eq!(GpuScheme::OneBit { scaling: true }.compressed_len(33), 12);
+        assert_eq!(GpuScheme::Fp16.compressed_len(7), 14);
+        let rk = GpuScheme::RandomK {
+            k: 5,
+            unbiased: true,
+        };
+        assert_eq!(rk.compressed_len(100), 20);
+    }
+
+    #[test]
+    fn geometry_constants_match_the_header() {
+        for (name, v) in [
+            ("PP_REDUCE_BLOCK", REDUCE_BLOCK),
+            ("PP_PACK_WORDS", PACK_WORDS),
+            ("PP_GROUP", GROUP),
+        ] {
+            let line = format!("#define {name} {v}u");
+            assert!(
+                super::super::SOURCE.contains(&line),
+                "{line} not in the header"
+            );
+        }
+        assert!(super::super::SOURCE.contains("#define PP_SPAN_PER_THREAD 8u"));
+        assert_eq!(SPAN, REDUCE_BLOCK * 8);
+        assert_eq!(REDUCE_BLOCK as usize, crate::elem::REDUCE_BLOCK);
+    }
+
+    #[test]
+    fn validation_names_the_value() {
+        let e = GpuScheme::MinMax {
+            bits: 9,
+            bucket: None,
+        }
+        .validate(10)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains('9') && e.contains("1..=8"), "{e}");
+        let e = GpuScheme::RandomK {
+            k: 11,
+            unbiased: false,
+        }
+        .validate(10)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("11") && e.contains("10"), "{e}");
+        assert!(GpuScheme::Dithering {
+            levels: 33,
+            natural: true,
+            l2: false,
+            bucket: None
+        }
+        .validate(1)
+        .is_err());
+    }
+}

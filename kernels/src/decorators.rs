@@ -1,0 +1,315 @@
+//! Decorators: error feedback and Nesterov momentum, wrapping any [`Compressor`].
+//!
+//! The registry builds `Momentum(ErrorFeedback(codec))` (momentum on workers only). Both keep
+//! one state vector per chunk and change it only when the whole round succeeds: a round that
+//! fails (non-finite input, an overflow, a bad context) leaves the state as it was.
+//! `decompress` and `decompress_add` go straight to the wrapped compressor.
+
+use crate::error::KernelError;
+use crate::params::EfKind;
+use crate::simd::multiversion;
+use crate::{Compressor, RoundCtx};
+
+/// Error feedback: `p = g + e` (vanilla) or `p = g + (η_{t−1}/η_t)·e` (corrected), send
+/// `C(p)`, keep `e ← p − D(C(p))`.
+///
+/// The residual is computed from the bytes actually sent: `e = fl(p − D(C(p)))` bit for bit,
+/// with `D` the wrapped compressor's decompress (with the same [`RoundCtx`]). For `corrected`,
+/// `RoundCtx::lr` must hold the learning rate η_t of every round (finite, > 0): the factor is
+/// `η_{t−1} / η_t` computed in f32 (1 in the first round), and `p = g + factor * e` in f32.
+pub struct ErrorFeedback {
+    inner: Box<dyn Compressor>,
+    kind: EfKind,
+    name: String,
+    e: Vec<f32>,
+    p: Vec<f32>,
+    d: Vec<f32>,
+    prev_lr: Option<f32>,
+}
+
+impl ErrorFeedback {
+    /// Wraps `inner` with a zero residual.
+    pub fn new(inner: Box<dyn Compressor>, kind: EfKind) -> ErrorFeedback {
+        let n = inner.len();
+        let k = match kind {
+            EfKind::Vanilla => "vanilla",
+            EfKind::Corrected => "corrected",
+        };
+        ErrorFeedback {
+            name: format!("ef({k}, {})", inner.name()),
+            inner,
+            kind,
+            e: vec![0.0; n],
+            p: vec![0.0; n],
+            d: vec![0.0; n],
+            prev_lr: None,
+        }
+    }
+}
+
+#[inline(always)]
+fn add_scaled_impl(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool {
+    let mut bad = 0u32;
+    for ((pi, gi), ei) in p.iter_mut().zip(g).zip(e) {
+        let v = if vanilla { *gi + *ei } else { *gi + f * *ei };
+        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        *pi = v;
+    }
+    bad == 0
+}
+
+multiversion! {
+    fn add_scaled(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool = add_scaled_impl;
+}
+
+/// `d = p - d`; whether every result is finite.
+#[inline(always)]
+fn sub_into_impl(p: &[f32], d: &mut [f32]) -> bool {
+    let mut bad = 0u32;
+    for (di, pi) in d.iter_mut().zip(p) {
+        let v = *pi - *di;
+        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        *di = v;
+    }
+    bad == 0
+}
+
+multiversion! {
+    fn sub_into(p: &[f32], d: &mut [f32]) -> bool = sub_into_impl;
+}
+
+fn first_bad(name: &str, what: &'static str, g: &[f32]) -> Option<KernelError> {
+    crate::simd::first_non_finite(g).map(|i| KernelError::NonFinite {
+        compressor: name.to_string(),
+        what,
+        index: i,
+        value: g[i],
+    })
+}
+
+impl Compressor for ErrorFeedback {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn max_compressed_len(&self) -> usize {
+        self.inner.max_compressed_len()
+    }
+    fn is_stochastic(&self) -> bool {
+        self.inner.is_stochastic()
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let n = self.e.len();
+        if input.len() != n {
+            return Err(KernelError::len(&self.name, "input", n, input.len()));
+        }
+        let (factor, lr) = match self.kind {
+            EfKind::Vanilla => (1.0f32, None),
+            EfKind::Corrected => {
+                let lr = ctx.lr.ok_or_else(|| {
+                    KernelError::context(
+                        &self.name,
+                        "corrected error feedback needs the learning rate of this round in \
+                         RoundCtx::lr",
+                    )
+                })?;
+                if !(lr.is_finite() && lr > 0.0) {
+                    return Err(KernelError::context(
+                        &self.name,
+                        format!("learning rate {lr} in RoundCtx::lr must be finite and > 0"),
+                    ));
+                }
+                (self.prev_lr.map(|p| p / lr).unwrap_or(1.0), Some(lr))
+            }
+        };
+        if !factor.is_finite() {
+            return Err(KernelError::context(
+                &self.name,
+                format!("learning-rate ratio {factor} is not finite"),
+            ));
+        }
+        let vanilla = self.kind == EfKind::Vanilla;
+        if !add_scaled(input, &self.e, factor, vanilla, &mut self.p) {
+            if let Some(err) = first_bad(&self.name, "input", input) {
+                return Err(err);
+            }
+            let i = self.p.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            return Err(KernelError::overflow(
+                &self.name,
+                format!(
+                    "element {i}: gradient {} plus residual {} overflows f32",
+                    input[i], self.e[i]
+                ),
+            ));
+        }
+        self.inner.compress(&self.p, ctx, out)?;
+        // e <- p - D(C(p)), computed in `d` and committed only when finite.
+        self.inner.decompress(out, ctx, &mut self.d)?;
+        if !sub_into(&self.p, &mut self.d) {
+            let i = self.d.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            out.clear();
+            return Err(KernelError::overflow(
+                &self.name,
+                format!("element {i}: the new residual p - D(C(p)) overflows f32"),
+            ));
+        }
+        std::mem::swap(&mut self.e, &mut self.d);
+        if lr.is_some() {
+            self.prev_lr = lr;
+        }
+        Ok(())
+    }
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress(payload, ctx, out)
+    }
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress_add(payload, ctx, acc)
+    }
+    fn residual(&self) -> Option<&[f32]> {
+        Some(&self.e)
+    }
+    fn momentum(&self) -> Option<&[f32]> {
+        self.inner.momentum()
+    }
+    fn reset(&mut self) {
+        self.e.fill(0.0);
+        self.prev_lr = None;
+        self.inner.reset();
+    }
+}
+
+/// Nesterov momentum: `m ← μ·m + g; p ← g + μ·m` (with the new `m`), then compress `p`.
+///
+/// The training code's own optimizer momentum must then be 0 (the RFC's precaution 4: this is
+/// dist-EF-SGDM, where momentum comes before compression). Built on workers only.
+pub struct Momentum {
+    inner: Box<dyn Compressor>,
+    mu: f32,
+    name: String,
+    m: Vec<f32>,
+    p: Vec<f32>,
+}
+
+impl Momentum {
+    /// Wraps `inner` with a zero momentum buffer.
+    pub fn new(inner: Box<dyn Compressor>, mu: f32) -> Momentum {
+        let n = inner.len();
+        Momentum {
+            name: format!("nesterov(mu={mu}, {})", inner.name()),
+            inner,
+            mu,
+            m: vec![0.0; n],
+            p: vec![0.0; n],
+        }
+    }
+}
+
+#[inline(always)]
+fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool {
+    let mut bad = 0u32;
+    for ((pi, gi), mi) in p.iter_mut().zip(g).zip(m) {
+        let mn = mu * *mi + *gi;
+        let v = *gi + mu * mn;
+        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
+            | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        *pi = v;
+    }
+    bad == 0
+}
+
+multiversion! {
+    fn nesterov(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool = nesterov_impl;
+}
+
+#[inline(always)]
+fn momentum_update_impl(g: &[f32], m: &mut [f32], mu: f32) {
+    for (mi, gi) in m.iter_mut().zip(g) {
+        *mi = mu * *mi + *gi;
+    }
+}
+
+multiversion! {
+    fn momentum_update(g: &[f32], m: &mut [f32], mu: f32) = momentum_update_impl;
+}
+
+impl Compressor for Momentum {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn max_compressed_len(&self) -> usize {
+        self.inner.max_compressed_len()
+    }
+    fn is_stochastic(&self) -> bool {
+        self.inner.is_stochastic()
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let n = self.m.len();
+        if input.len() != n {
+            return Err(KernelError::len(&self.name, "input", n, input.len()));
+        }
+        if !nesterov(input, &self.m, self.mu, &mut self.p) {
+            if let Some(err) = first_bad(&self.name, "input", input) {
+                return Err(err);
+            }
+            return Err(KernelError::overflow(
+                &self.name,
+                "the momentum update overflows f32",
+            ));
+        }
+        self.inner.compress(&self.p, ctx, out)?;
+        // Commit the new momentum only once the round succeeded (same expression, same bits).
+        momentum_update(input, &mut self.m, self.mu);
+        Ok(())
+    }
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress(payload, ctx, out)
+    }
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress_add(payload, ctx, acc)
+    }
+    fn residual(&self) -> Option<&[f32]> {
+        self.inner.residual()
+    }
+    fn momentum(&self) -> Option<&[f32]> {
+        Some(&self.m)
+    }
+    fn reset(&mut self) {
+        self.m.fill(0.0);
+        self.inner.reset();
+    }
+}

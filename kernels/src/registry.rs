@@ -1,0 +1,134 @@
+//! The registry: from a tensor's string map (or a parsed [`CompressorSpec`]) to the whole chain
+//! `Momentum(ErrorFeedback(codec))`.
+
+use crate::codecs::{
+    cast::{Cast, CastCodec},
+    dithering::Dithering,
+    minmax::MinMax,
+    moniqua::Moniqua,
+    onebit::OneBit,
+    onebit_col::OneBitColumns,
+    randomk::RandomK,
+    topk::TopK,
+    Base,
+};
+use crate::decorators::{ErrorFeedback, Momentum};
+use crate::error::KernelError;
+use crate::params::{parse_params, CodecSpec, CompressorSpec};
+use crate::rng::Role;
+use crate::{Compressor, NodeIdentity};
+use std::collections::BTreeMap;
+
+/// What the values being compressed are; some compressors only make sense for one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Purpose {
+    /// Gradients in push_pull (the default). Moniqua is refused: it needs a reference within
+    /// θ of the values, which gradients do not have.
+    #[default]
+    Gradient,
+    /// Model parameters in a model-averaging exchange (Moniqua's setting: the reference is the
+    /// previous average on the server and each worker's own parameters on the way back).
+    ModelAveraging,
+}
+
+/// Options of [`build_from_spec`] beyond the chunk length and identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BuildOptions {
+    /// What is compressed.
+    pub purpose: Purpose,
+    /// Length of the tensor's full-size chunks when this chunk may be shorter (the tensor's
+    /// last chunk); `None` means this chunk is full-size. Top-k's and random-k's count `k` is
+    /// validated against it and scaled down for a shorter chunk
+    /// ([`CompressorSpec::chunk_k`]).
+    pub full_chunk_len: Option<usize>,
+}
+
+/// Builds the chain for gradient push_pull of one chunk of `len` elements, from the tensor's
+/// parameter map (see the crate docs for the keys). Top-k/random-k counts are checked against
+/// `len`; for a tensor's shorter last chunk use [`build_from_spec`] with
+/// [`BuildOptions::full_chunk_len`].
+pub fn build_compressor(
+    params: &BTreeMap<String, String>,
+    len: usize,
+    who: &NodeIdentity,
+) -> Result<Box<dyn Compressor>, KernelError> {
+    let spec = parse_params(params)?;
+    build_from_spec(&spec, len, who, BuildOptions::default())
+}
+
+/// Builds the chain `Momentum(ErrorFeedback(codec))` from a parsed spec: momentum only on
+/// workers (a server ignores it), error feedback wherever configured.
+pub fn build_from_spec(
+    spec: &CompressorSpec,
+    len: usize,
+    who: &NodeIdentity,
+    opts: BuildOptions,
+) -> Result<Box<dyn Compressor>, KernelError> {
+    let codec = build_codec(spec, len, who, opts)?;
+    let mut c: Box<dyn Compressor> = codec;
+    if let Some(ef) = spec.ef {
+        c = Box::new(ErrorFeedback::new(c, ef));
+    }
+    if let (Some(mu), Role::Worker) = (spec.momentum_mu, who.role) {
+        c = Box::new(Momentum::new(c, mu));
+    }
+    Ok(c)
+}
+
+/// Builds the codec alone (no decorators).
+fn build_codec(
+    spec: &CompressorSpec,
+    len: usize,
+    who: &NodeIdentity,
+    opts: BuildOptions,
+) -> Result<Box<dyn Compressor>, KernelError> {
+    if len > u32::MAX as usize {
+        return Err(KernelError::bad(
+            "len",
+            &len.to_string(),
+            "a chunk holds at most 2^32 - 1 elements",
+        ));
+    }
+    let full = opts.full_chunk_len.unwrap_or(len);
+    let k = spec.chunk_k(len, full)?;
+    let name = spec.codec.display_name();
+    let base = Base::new(name, len, who, spec.seed);
+    Ok(match spec.codec {
+        CodecSpec::None => Box::new(CastCodec::new(base, Cast::None)),
+        CodecSpec::Fp16 => Box::new(CastCodec::new(base, Cast::Fp16)),
+        CodecSpec::Bf16 => Box::new(CastCodec::new(base, Cast::Bf16)),
+        CodecSpec::OneBit { scaling } => Box::new(OneBit::new(base, scaling)),
+        CodecSpec::OneBitColumns { columns } => Box::new(OneBitColumns::new(base, columns)),
+        CodecSpec::TopK { .. } => Box::new(TopK::new(base, k.expect("topk has k"))),
+        CodecSpec::RandomK { unbiased, .. } => {
+            Box::new(RandomK::new(base, k.expect("randomk has k"), unbiased))
+        }
+        CodecSpec::Dithering {
+            s,
+            partition,
+            normalize,
+            bucket,
+            encoding,
+        } => Box::new(Dithering::new(
+            base, s, partition, normalize, encoding, bucket,
+        )),
+        CodecSpec::MinMax { bits, bucket } => Box::new(MinMax::new(base, bits, bucket)),
+        CodecSpec::Moniqua {
+            theta,
+            bits,
+            rounding,
+        } => {
+            if opts.purpose == Purpose::Gradient {
+                return Err(KernelError::Refused {
+                    compressor: base.name,
+                    why: "moniqua cannot compress gradients for push_pull: it sends values \
+                          modulo B_theta and needs a reference within theta of them on the \
+                          receiver, which only a model-averaging exchange has (not implemented \
+                          yet); use another compressor for gradients"
+                        .into(),
+                });
+            }
+            Box::new(Moniqua::new(base, theta, bits, rounding))
+        }
+    })
+}

@@ -1,0 +1,92 @@
+//! Moniqua (Lemma 2): with `|x - y| < θ` the receiver recovers `x̂` with
+//! `|x̂ - x| <= δ·B_θ` (plus the final f32 rounding of `x̂`), also when `|x|` is far larger than
+//! `B_θ`; `δ = 2^-(b+1)` for nearest and `2^-b` for stochastic rounding.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use pushpull_kernels::{build_compressor, KernelError, NodeIdentity, RoundCtx};
+
+fn delta(bits: u32, nearest: bool) -> f64 {
+    if nearest {
+        0.5f64.powi(bits as i32 + 1)
+    } else {
+        0.5f64.powi(bits as i32)
+    }
+}
+
+#[test]
+fn recovery_error_is_within_delta_b_theta() {
+    let strat = (
+        1u32..=8,
+        any::<bool>(),
+        prop_oneof![Just(1e-3f64), Just(0.05), Just(0.5), Just(3.0), Just(100.0)],
+        prop_oneof![Just(0.0f64), Just(1.0), Just(1e3), Just(1e5), Just(-7.5e4)],
+        0u64..50,
+        1usize..300,
+    );
+    proptest!(prop_config("recovery_error_is_within_delta_b_theta", 160), |((bits, nearest, theta, offset, round, n) in strat)| {
+        prop_assume!(delta(bits, nearest) < 0.5);
+        let b_theta = 2.0 * theta / (1.0 - 2.0 * delta(bits, nearest));
+        let bound = delta(bits, nearest) * b_theta;
+        let mut rng = TestRng::new(round ^ ((n as u64) << 20) ^ (bits as u64));
+        // x far from 0 in units of B_theta (offset / B_theta up to ~1e8), y within theta of x.
+        let x: Vec<f32> = (0..n).map(|_| (offset * (1.0 + rng.unit()) + rng.normal() * theta * 10.0) as f32).collect();
+        let y: Vec<f32> = x
+            .iter()
+            .map(|&v| {
+                let d = (rng.unit() * 2.0 - 1.0) * theta * 0.999;
+                let mut y = (v as f64 + d) as f32;
+                // Keep |x - y| < theta after the f32 rounding of y.
+                if (y as f64 - v as f64).abs() >= theta {
+                    y = v;
+                }
+                y
+            })
+            .collect();
+        let ts = theta.to_string();
+        let bs = bits.to_string();
+        let kv = [("compressor", "moniqua"), ("theta", ts.as_str()), ("bits", bs.as_str()), ("rounding", if nearest { "nearest" } else { "stochastic" })];
+        let mut c = build(&kv, n);
+        let mut out = Vec::new();
+        c.compress(&x, &RoundCtx::new(round), &mut out).unwrap();
+        let mut xh = vec![0f32; n];
+        c.decompress(&out, &RoundCtx::new(round).with_reference(&y), &mut xh).unwrap();
+        for i in 0..n {
+            let err = (xh[i] as f64 - x[i] as f64).abs();
+            let tol = bound * (1.0 + 1e-9) + (x[i].abs() as f64 + b_theta) * 2f64.powi(-24);
+            prop_assert!(err <= tol, "x={} y={} -> {} (err {} > {}), B={}", x[i], y[i], xh[i], err, tol, b_theta);
+        }
+        // The receiver's reference is required.
+        let e = c.decompress(&out, &RoundCtx::new(round), &mut xh).unwrap_err();
+        prop_assert!(matches!(e, KernelError::Context { .. }), "{}", e);
+    });
+}
+
+#[test]
+fn moniqua_is_refused_for_gradients_and_delta_must_stay_below_half() {
+    let who = NodeIdentity::worker(1, 2, 0);
+    let e = build_compressor(&map(&[("compressor", "moniqua"), ("theta", "1")]), 10, &who)
+        .err()
+        .unwrap();
+    assert!(matches!(e, KernelError::Refused { .. }), "{e}");
+    assert!(e.to_string().contains("gradients"), "{e}");
+    // One bit with stochastic rounding: delta = 1/2.
+    let e = pushpull_kernels::parse_params(&map(&[
+        ("compressor", "moniqua"),
+        ("theta", "1"),
+        ("bits", "1"),
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("\"bits\" = \"1\""), "{e}");
+    assert!(e.to_string().contains("delta"), "{e}");
+    // With nearest rounding it is fine (delta = 1/4).
+    pushpull_kernels::parse_params(&map(&[
+        ("compressor", "moniqua"),
+        ("theta", "1"),
+        ("bits", "1"),
+        ("rounding", "nearest"),
+    ]))
+    .unwrap();
+}

@@ -1,0 +1,109 @@
+//! Compiles the CUDA kernels to PTX with NVRTC (no GPU needed) and checks that every name in
+//! `ENTRY_POINTS` is a `.entry` of the PTX, and that the PTX has no other entry.
+//!
+//! Without libnvrtc the test prints a SKIPPED line and passes, unless
+//! `PUSHPULL_REQUIRE_NVRTC=1` (CI sets it through `.ci/nvrtc.sh`, which installs NVRTC from
+//! PyPI), in which case it fails.
+
+use std::collections::BTreeSet;
+
+use pushpull_kernels::cuda::{
+    compile_ptx, compile_ptx_from, nvrtc_available, CudaError, ENTRY_POINTS,
+};
+
+fn nvrtc_required() -> bool {
+    std::env::var("PUSHPULL_REQUIRE_NVRTC").is_ok_and(|v| v == "1")
+}
+
+/// Ok(true) when NVRTC is there; Ok(false) after printing the skip line.
+fn nvrtc_or_skip(test: &str) -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    assert!(
+        !nvrtc_required(),
+        "{test}: PUSHPULL_REQUIRE_NVRTC=1 but NVRTC is required and missing: libnvrtc.so could \
+         not be loaded (source .ci/nvrtc.sh, or put the lib folder of the \
+         nvidia-cuda-nvrtc-cu12 wheel on LD_LIBRARY_PATH)"
+    );
+    println!(
+        "{test}: SKIPPED: libnvrtc not found (set PUSHPULL_REQUIRE_NVRTC=1 to make this an error)"
+    );
+    false
+}
+
+/// The names after `.entry` in a PTX module.
+fn entries(ptx: &str) -> BTreeSet<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix(".visible .entry ")?;
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            Some(name)
+        })
+        .collect()
+}
+
+#[test]
+fn kernels_compile_to_ptx_with_every_entry_point() {
+    let test = "kernels_compile_to_ptx_with_every_entry_point";
+    if !nvrtc_or_skip(test) {
+        return;
+    }
+    let ptx = compile_ptx().unwrap_or_else(|e| panic!("NVRTC compile failed: {e}"));
+    let found = entries(&ptx);
+    let missing: Vec<&&str> = ENTRY_POINTS
+        .iter()
+        .filter(|n| !found.contains(**n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "entry points missing from the PTX: {missing:?}\nPTX entries: {found:?}"
+    );
+    let listed: BTreeSet<String> = ENTRY_POINTS.iter().map(|s| s.to_string()).collect();
+    let extra: Vec<&String> = found.difference(&listed).collect();
+    assert!(
+        extra.is_empty(),
+        "kernels in the PTX that ENTRY_POINTS does not list: {extra:?}"
+    );
+    // The options took effect: no fused multiply-add, no approximate division or square root,
+    // no flush-to-zero.
+    for banned in [
+        "fma.rn",
+        "mad.f32",
+        "div.approx",
+        "div.full",
+        "sqrt.approx",
+        ".ftz.",
+    ] {
+        assert!(
+            !ptx.contains(banned),
+            "the PTX contains `{banned}`: exact f32 semantics are broken"
+        );
+    }
+    assert!(ptx.contains(".target sm_70"), "unexpected PTX target");
+    println!(
+        "{test}: {} entry points compiled ({} bytes of PTX, {})",
+        found.len(),
+        ptx.len(),
+        ptx.lines()
+            .find(|l| l.starts_with(".version"))
+            .unwrap_or("no .version line")
+    );
+}
+
+#[test]
+fn compile_errors_are_reported_not_panicked() {
+    if !nvrtc_or_skip("compile_errors_are_reported_not_panicked") {
+        // Without NVRTC, compile_ptx must say so instead of panicking inside cudarc.
+        assert!(matches!(compile_ptx(), Err(CudaError::NvrtcMissing)));
+        return;
+    }
+    // A broken source comes back as an error carrying NVRTC's log.
+    let err = compile_ptx_from("extern \"C\" __global__ void k() { undefined_name; }")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("undefined_name"), "{err}");
+}

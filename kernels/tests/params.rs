@@ -1,0 +1,451 @@
+//! The registry's parameter maps: the BytePS and short spellings, and one named error for
+//! every kind of bad map (never a panic, whatever the map).
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use pushpull_kernels::{
+    build_compressor, build_from_spec, parse_params, BuildOptions, CodecSpec, KSpec, KernelError,
+    NodeIdentity, Purpose,
+};
+
+fn who() -> NodeIdentity {
+    NodeIdentity::worker(5, 6, 0)
+}
+
+/// The error of building `kv` for a chunk of `len`, as text.
+fn err(kv: &[(&str, &str)], len: usize) -> String {
+    match build_compressor(&map(kv), len, &who()) {
+        Ok(c) => panic!("{kv:?} built {}", c.name()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn assert_err(kv: &[(&str, &str)], len: usize, needles: &[&str]) {
+    let e = err(kv, len);
+    for n in needles {
+        assert!(e.contains(n), "{kv:?}: error {e:?} does not mention {n:?}");
+    }
+}
+
+#[test]
+fn byteps_spellings_build_the_documented_chain() {
+    let c = build_compressor(
+        &map(&[
+            ("byteps_compressor_type", "topk"),
+            ("byteps_compressor_k", "3"),
+            ("byteps_error_feedback_type", "vanilla"),
+        ]),
+        100,
+        &who(),
+    )
+    .unwrap();
+    assert_eq!(c.name(), "ef(vanilla, topk(k=3))");
+    let c = build_compressor(
+        &map(&[
+            ("byteps_compressor_type", "onebit"),
+            ("byteps_compressor_onebit_scaling", "true"),
+            ("byteps_ef_type", "vanilla"),
+            ("byteps_momentum_type", "nesterov"),
+            ("byteps_momentum_mu", "0.5"),
+            ("byteps_seed", "42"),
+        ]),
+        100,
+        &who(),
+    )
+    .unwrap();
+    assert_eq!(
+        c.name(),
+        "nesterov(mu=0.5, ef(vanilla, onebit(scaling=true)))"
+    );
+    let a = parse_params(&map(&[
+        ("byteps_compressor_type", "dithering"),
+        ("byteps_compressor_k", "4"),
+        ("byteps_dithering_partition", "1"),
+        ("byteps_dithering_normalize", "1"),
+    ]))
+    .unwrap();
+    let b = parse_params(&map(&[
+        ("compressor", "dithering"),
+        ("k", "4"),
+        ("partition", "natural"),
+        ("normalize", "l2"),
+    ]))
+    .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        a.to_string(),
+        "compressor=dithering encoding=packed k=4 normalize=l2 partition=natural"
+    );
+    assert_eq!(parse_params(&a.to_params()).unwrap(), a);
+    let c = parse_params(&map(&[
+        ("compressor", "dithering"),
+        ("k", "4"),
+        ("partition", "0"),
+        ("normalize", "0"),
+    ]))
+    .unwrap();
+    assert!(matches!(c.codec, CodecSpec::Dithering { .. }));
+    assert_ne!(a, c);
+    // Equal values under two spellings are fine.
+    parse_params(&map(&[
+        ("k", "3"),
+        ("byteps_compressor_k", "3"),
+        ("compressor", "topk"),
+    ]))
+    .unwrap();
+    // The empty map is `none`.
+    assert_eq!(
+        build_compressor(&map(&[]), 10, &who()).unwrap().name(),
+        "none"
+    );
+}
+
+#[test]
+fn every_bad_map_names_the_key_the_value_and_what_is_allowed() {
+    // Unknown key, unknown names.
+    assert_err(
+        &[("compresor", "topk")],
+        10,
+        &[
+            "unknown parameter",
+            "\"compresor\"",
+            "byteps_compressor_type",
+        ],
+    );
+    assert_err(
+        &[("compressor", "zip")],
+        10,
+        &["\"compressor\" = \"zip\"", "onebit", "dithering"],
+    );
+    assert_err(
+        &[("byteps_compressor_type", "TopK")],
+        10,
+        &["\"byteps_compressor_type\" = \"TopK\"", "topk"],
+    );
+    assert_err(
+        &[("ef", "fancy")],
+        10,
+        &["\"ef\" = \"fancy\"", "vanilla", "corrected"],
+    );
+    assert_err(
+        &[("byteps_momentum_type", "heavy")],
+        10,
+        &["\"byteps_momentum_type\" = \"heavy\"", "nesterov"],
+    );
+    // Booleans are true/false only.
+    for v in ["1", "0", "True", "yes", ""] {
+        assert_err(
+            &[
+                ("compressor", "onebit"),
+                ("byteps_compressor_onebit_scaling", v),
+            ],
+            10,
+            &[
+                &format!("\"byteps_compressor_onebit_scaling\" = \"{v}\""),
+                "true or false",
+            ],
+        );
+        assert_err(
+            &[("compressor", "randomk"), ("k", "2"), ("unbiased", v)],
+            10,
+            &["\"unbiased\"", "true or false"],
+        );
+    }
+    // k: missing, unparsable, out of range.
+    assert_err(
+        &[("compressor", "topk")],
+        10,
+        &["\"k\" is required by topk"],
+    );
+    assert_err(
+        &[("compressor", "randomk")],
+        10,
+        &["\"k\" is required by randomk"],
+    );
+    assert_err(
+        &[("compressor", "dithering")],
+        10,
+        &["\"k\" is required by dithering"],
+    );
+    assert_eq!(
+        err(&[("compressor", "topk"), ("byteps_compressor_k", "abc")], 10),
+        "parameter \"byteps_compressor_k\" = \"abc\": expected a positive number (a fraction < 1 or a count >= 1)"
+    );
+    for v in ["0", "-1", "nan", "inf", "", "1e400"] {
+        assert_err(
+            &[("compressor", "topk"), ("k", v)],
+            10,
+            &[&format!("\"k\" = \"{v}\""), "positive number"],
+        );
+    }
+    assert_err(
+        &[("compressor", "topk"), ("k", "2.5")],
+        10,
+        &["\"k\" = \"2.5\"", "whole number"],
+    );
+    assert_err(
+        &[("compressor", "topk"), ("k", "0.7")],
+        10,
+        &["\"k\" = \"0.7\"", "half the chunk"],
+    );
+    assert_err(
+        &[("compressor", "topk"), ("k", "6")],
+        10,
+        &["\"k\" = \"6\"", "k <= 5"],
+    );
+    assert_err(
+        &[("compressor", "randomk"), ("k", "11")],
+        10,
+        &["\"k\" = \"11\"", "k <= 10"],
+    );
+    assert_err(
+        &[("compressor", "dithering"), ("k", "0")],
+        10,
+        &["\"k\" = \"0\"", "1..=32767"],
+    );
+    assert_err(
+        &[("compressor", "dithering"), ("k", "0.5")],
+        10,
+        &["\"k\" = \"0.5\"", "levels"],
+    );
+    assert_err(
+        &[
+            ("compressor", "dithering"),
+            ("k", "33"),
+            ("partition", "natural"),
+        ],
+        10,
+        &["\"k\" = \"33\"", "1..=32"],
+    );
+    assert_err(
+        &[("compressor", "dithering"), ("k", "40000")],
+        10,
+        &["\"k\" = \"40000\"", "1..=32767"],
+    );
+    // bits, bucket, columns.
+    for v in ["0", "9", "x", "-3", "4.0"] {
+        assert_err(
+            &[("compressor", "minmax"), ("bits", v)],
+            10,
+            &[&format!("\"bits\" = \"{v}\""), "1..=8"],
+        );
+        assert_err(
+            &[("compressor", "moniqua"), ("theta", "1"), ("bits", v)],
+            10,
+            &[&format!("\"bits\" = \"{v}\""), "1..=8"],
+        );
+    }
+    assert_err(
+        &[("compressor", "minmax"), ("bucket", "0")],
+        10,
+        &["\"bucket\" = \"0\"", "whole number"],
+    );
+    assert_err(
+        &[("compressor", "onebit"), ("columns", "0")],
+        10,
+        &["\"columns\" = \"0\""],
+    );
+    assert_err(
+        &[
+            ("compressor", "onebit"),
+            ("columns", "4"),
+            ("scaling", "true"),
+        ],
+        10,
+        &["\"scaling\"", "per-column"],
+    );
+    // mu.
+    for v in ["1", "1.0", "-0.1", "abc", "NaN"] {
+        assert_err(
+            &[("momentum", "nesterov"), ("byteps_momentum_mu", v)],
+            10,
+            &[&format!("\"byteps_momentum_mu\" = \"{v}\""), "[0, 1)"],
+        );
+    }
+    assert_err(
+        &[("mu", "0.9")],
+        10,
+        &["\"mu\" = \"0.9\"", "momentum=nesterov"],
+    );
+    // Dithering options.
+    assert_err(
+        &[("compressor", "dithering"), ("k", "2"), ("partition", "2")],
+        10,
+        &["\"partition\" = \"2\"", "linear", "natural"],
+    );
+    assert_err(
+        &[
+            ("compressor", "dithering"),
+            ("k", "2"),
+            ("byteps_dithering_normalize", "L2"),
+        ],
+        10,
+        &["\"byteps_dithering_normalize\" = \"L2\"", "max", "l2"],
+    );
+    assert_err(
+        &[
+            ("compressor", "dithering"),
+            ("k", "2"),
+            ("encoding", "huffman"),
+        ],
+        10,
+        &["\"encoding\" = \"huffman\"", "packed", "elias"],
+    );
+    // Moniqua.
+    assert_err(
+        &[("compressor", "moniqua")],
+        10,
+        &["\"theta\" is required by moniqua"],
+    );
+    for v in ["0", "-1", "nan", "inf", "x"] {
+        assert_err(
+            &[("compressor", "moniqua"), ("theta", v)],
+            10,
+            &[&format!("\"theta\" = \"{v}\""), "> 0"],
+        );
+    }
+    assert_err(
+        &[("compressor", "moniqua"), ("theta", "1"), ("bits", "1")],
+        10,
+        &["\"bits\" = \"1\"", "delta", "1/2"],
+    );
+    assert_err(
+        &[
+            ("compressor", "moniqua"),
+            ("theta", "1"),
+            ("rounding", "up"),
+        ],
+        10,
+        &["\"rounding\" = \"up\"", "nearest"],
+    );
+    assert_err(
+        &[("compressor", "moniqua"), ("theta", "1")],
+        10,
+        &["moniqua", "gradients"],
+    );
+    // Keys that do not apply, conflicting spellings, the seed.
+    assert_err(
+        &[("compressor", "topk"), ("k", "2"), ("bits", "4")],
+        10,
+        &["\"bits\" = \"4\"", "does not apply", "minmax"],
+    );
+    assert_err(
+        &[("compressor", "fp16"), ("scaling", "true")],
+        10,
+        &["\"scaling\"", "does not apply"],
+    );
+    assert_err(
+        &[
+            ("compressor", "topk"),
+            ("k", "2"),
+            ("byteps_compressor_k", "3"),
+        ],
+        10,
+        &[
+            "\"byteps_compressor_k\" = \"3\"",
+            "\"k\" = \"2\"",
+            "two spellings",
+        ],
+    );
+    assert_err(
+        &[
+            ("byteps_error_feedback_type", "vanilla"),
+            ("byteps_ef_type", "corrected"),
+        ],
+        10,
+        &["byteps_ef_type", "byteps_error_feedback_type"],
+    );
+    assert_err(
+        &[("seed", "-1")],
+        10,
+        &["\"seed\" = \"-1\"", "unsigned 64-bit"],
+    );
+}
+
+#[test]
+fn k_for_fractions_and_for_a_tensor_spanning_chunks() {
+    let spec = parse_params(&map(&[("compressor", "topk"), ("k", "0.01")])).unwrap();
+    assert_eq!(
+        spec.codec,
+        CodecSpec::TopK {
+            k: KSpec::Fraction(0.01)
+        }
+    );
+    assert_eq!(spec.chunk_k(1000, 1000).unwrap(), Some(10));
+    assert_eq!(spec.chunk_k(50, 1000).unwrap(), Some(1)); // at least one
+    assert_eq!(spec.chunk_k(0, 0).unwrap(), Some(0));
+    let spec = parse_params(&map(&[("compressor", "topk"), ("k", "100")])).unwrap();
+    assert_eq!(spec.chunk_k(1000, 1000).unwrap(), Some(100));
+    // The last, shorter chunk keeps the proportion.
+    assert_eq!(spec.chunk_k(250, 1000).unwrap(), Some(25));
+    assert_eq!(spec.chunk_k(3, 1000).unwrap(), Some(1));
+    // Checked against the full chunk length, not the short one.
+    assert!(spec.chunk_k(150, 150).is_err());
+    let opts = BuildOptions {
+        purpose: Purpose::Gradient,
+        full_chunk_len: Some(1000),
+    };
+    let c = build_from_spec(&spec, 150, &who(), opts).unwrap();
+    assert_eq!(c.max_compressed_len(), 8 * 15);
+    assert!(spec.check_len(199).is_err());
+    spec.check_len(200).unwrap();
+}
+
+fn key_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => proptest::sample::select(vec![
+            "compressor", "byteps_compressor_type", "k", "byteps_compressor_k", "scaling",
+            "byteps_compressor_onebit_scaling", "ef", "byteps_error_feedback_type", "byteps_ef_type",
+            "momentum", "byteps_momentum_type", "mu", "byteps_momentum_mu", "seed", "byteps_seed",
+            "partition", "byteps_dithering_partition", "normalize", "byteps_dithering_normalize",
+            "bits", "bucket", "encoding", "theta", "rounding", "unbiased", "columns",
+        ]).prop_map(str::to_string),
+        1 => "[a-z_]{0,12}",
+    ]
+}
+
+fn value_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => proptest::sample::select(vec![
+            "none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering", "minmax", "moniqua",
+            "true", "false", "vanilla", "corrected", "nesterov", "linear", "natural", "max", "l2",
+            "packed", "elias", "nearest", "stochastic", "0", "1", "2", "3", "8", "9", "0.5", "0.01",
+            "0.9", "1.5", "-1", "nan", "inf", "1e300", "18446744073709551616", "",
+        ]).prop_map(str::to_string),
+        1 => ".{0,8}",
+    ]
+}
+
+#[test]
+fn no_map_panics() {
+    let strat = (
+        proptest::collection::btree_map(key_strategy(), value_strategy(), 0..7),
+        0usize..70,
+        any::<bool>(),
+    );
+    proptest!(prop_config("no_map_panics", 2000), |((m, len, server) in strat)| {
+        let who = if server { NodeIdentity::server(1, 2, 0) } else { NodeIdentity::worker(1, 2, 3) };
+        match build_compressor(&m, len, &who) {
+            Ok(mut c) => {
+                // A built chain works on this length.
+                let x: Vec<f32> = (0..len).map(|i| i as f32 - 20.0).collect();
+                let mut out = Vec::new();
+                let ctx = pushpull_kernels::RoundCtx::new(1).with_lr(0.1);
+                c.compress(&x, &ctx, &mut out).unwrap();
+                prop_assert!(out.len() <= c.max_compressed_len());
+                let mut y = vec![0f32; len];
+                c.decompress(&out, &ctx, &mut y).unwrap();
+            }
+            Err(e) => {
+                let s = e.to_string();
+                prop_assert!(!s.is_empty());
+                // Every parameter error quotes a key.
+                if !matches!(e, KernelError::Refused { .. }) {
+                    prop_assert!(s.contains('"'), "{}", s);
+                }
+            }
+        }
+    });
+}
