@@ -396,10 +396,16 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        parse_addr(&self.server.listen)
-            .map_err(|allowed| bad("server.listen", format!("{:?}", self.server.listen), &allowed))?;
+        parse_addr(&self.server.listen).map_err(|allowed| {
+            bad(
+                "server.listen",
+                format!("{:?}", self.server.listen),
+                &allowed,
+            )
+        })?;
         if let Some(adv) = &self.server.advertise {
-            parse_addr(adv).map_err(|allowed| bad("server.advertise", format!("{adv:?}"), &allowed))?;
+            parse_addr(adv)
+                .map_err(|allowed| bad("server.advertise", format!("{adv:?}"), &allowed))?;
         }
         if !["auto", "cpu", "cuda"].contains(&self.worker.device.as_str()) {
             return Err(bad(
@@ -556,11 +562,7 @@ impl ClusterDigest {
         for t in tables {
             let (a, b) = (self.tensors.get(t), theirs.tensors.get(t));
             if a != b {
-                return Some((
-                    format!("tensors.{t:?}"),
-                    format!("{a:?}"),
-                    format!("{b:?}"),
-                ));
+                return Some((format!("tensors.{t:?}"), format!("{a:?}"), format!("{b:?}")));
             }
         }
         None
@@ -569,8 +571,9 @@ impl ClusterDigest {
 
 /// Parses `ip:port`; the error says what is expected.
 pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>()
-        .map_err(|_| "expected an IP address and port, e.g. \"127.0.0.1:9000\" or \"[::1]:9000\"".to_string())
+    s.parse::<SocketAddr>().map_err(|_| {
+        "expected an IP address and port, e.g. \"127.0.0.1:9000\" or \"[::1]:9000\"".to_string()
+    })
 }
 
 /// Turns a TOML scalar into the string a parameter map holds.
@@ -607,7 +610,9 @@ mod tests {
     #[test]
     fn unknown_key_is_named() {
         let text = format!("{MINIMAL}\nnum_wrokers = 3\n");
-        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("num_wrokers"), "{e}");
         assert!(e.contains("t.toml"), "{e}");
     }
@@ -615,25 +620,39 @@ mod tests {
     #[test]
     fn missing_key_is_named() {
         let text = "[cluster]\nscheduler = \"127.0.0.1:1\"\nnum_workers = 1\n";
-        let e = Config::from_toml_str(text, "t.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(text, "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("num_servers"), "{e}");
     }
 
     #[test]
     fn wrong_type_is_named() {
         let text = MINIMAL.replace("num_workers = 2", "num_workers = \"two\"");
-        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("num_workers"), "{e}");
     }
 
     #[test]
     fn zero_workers_and_bad_address_are_refused() {
         let text = MINIMAL.replace("num_workers = 2", "num_workers = 0");
-        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
-        assert!(e.contains("cluster.num_workers") && e.contains("at least 1"), "{e}");
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.num_workers") && e.contains("at least 1"),
+            "{e}"
+        );
         let text = MINIMAL.replace("127.0.0.1:9000", "localhost:x");
-        let e = Config::from_toml_str(&text, "t.toml").unwrap_err().to_string();
-        assert!(e.contains("cluster.scheduler") && e.contains("localhost:x"), "{e}");
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.scheduler") && e.contains("localhost:x"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -670,8 +689,14 @@ mod example_files {
     #[test]
     fn shipped_examples_parse() {
         for (name, text) in [
-            ("configs/local.toml", include_str!("../../configs/local.toml")),
-            ("configs/multi-host.toml", include_str!("../../configs/multi-host.toml")),
+            (
+                "configs/local.toml",
+                include_str!("../../configs/local.toml"),
+            ),
+            (
+                "configs/multi-host.toml",
+                include_str!("../../configs/multi-host.toml"),
+            ),
         ] {
             let c = Config::from_toml_str(text, name).unwrap_or_else(|e| panic!("{e}"));
             assert!(c.cluster.num_workers >= 1, "{name}");

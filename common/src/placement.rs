@@ -137,7 +137,10 @@ mod tests {
         assert_eq!(last.0 + last.1, len);
         // Every chunk fits a partition and the byte total is exact in u64.
         assert!(chunk_ranges(len, P).all(|(_, l)| l * 4 <= P));
-        assert_eq!(chunk_ranges(len, P).map(|(_, l)| l * 4).sum::<u64>(), 4_000_000_000);
+        assert_eq!(
+            chunk_ranges(len, P).map(|(_, l)| l * 4).sum::<u64>(),
+            4_000_000_000
+        );
     }
 
     #[test]

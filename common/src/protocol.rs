@@ -64,9 +64,7 @@ pub const FRAME_MAGIC: [u8; 4] = *b"PPF1";
 /// the partition plus 64 KiB (room for compressors whose worst case exceeds fp32, e.g. top-k
 /// with large k, and for headers).
 pub fn max_payload_len(partition_bytes: u64) -> u64 {
-    partition_bytes
-        .saturating_mul(2)
-        .saturating_add(64 * 1024)
+    partition_bytes.saturating_mul(2).saturating_add(64 * 1024)
 }
 
 /// Errors decoding frames or messages. Each says what was wrong.
@@ -494,10 +492,16 @@ mod tests {
         ));
         let mut m = b.to_vec();
         m[4] = 9;
-        assert_eq!(FrameHeader::decode(&m, u64::MAX), Err(ProtocolError::BadKind(9)));
+        assert_eq!(
+            FrameHeader::decode(&m, u64::MAX),
+            Err(ProtocolError::BadKind(9))
+        );
         let mut m = b.to_vec();
         m[5] = 7;
-        assert_eq!(FrameHeader::decode(&m, u64::MAX), Err(ProtocolError::BadOp(7)));
+        assert_eq!(
+            FrameHeader::decode(&m, u64::MAX),
+            Err(ProtocolError::BadOp(7))
+        );
         let e = FrameHeader::decode(&b, 1000).unwrap_err();
         assert!(e.to_string().contains("exceeds the limit of 1000"), "{e}");
     }

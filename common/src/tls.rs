@@ -41,7 +41,9 @@ pub enum TlsError {
         message: String,
     },
     /// A `[tls]` key is missing.
-    #[error("TLS: `tls.{0}` is not set (pushpull certs --out DIR makes a CA and node certificates)")]
+    #[error(
+        "TLS: `tls.{0}` is not set (pushpull certs --out DIR makes a CA and node certificates)"
+    )]
     Missing(&'static str),
     /// rustls or rcgen refused.
     #[error("TLS: {0}")]
@@ -79,7 +81,11 @@ impl TlsIdentity {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| file_err("certificate", cert_path, e.to_string()))?;
         if chain.is_empty() {
-            return Err(file_err("certificate", cert_path, "no certificate in file".into()));
+            return Err(file_err(
+                "certificate",
+                cert_path,
+                "no certificate in file".into(),
+            ));
         }
         let key = PrivateKeyDer::from_pem_file(key_path)
             .map_err(|e| file_err("private key", key_path, e.to_string()))?;
@@ -106,10 +112,12 @@ impl TlsIdentity {
     /// rustls server config: TLS 1.3 only, client certificates required and verified against
     /// the cluster CA.
     pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(self.roots()?, Self::provider())
-                .build()
-                .map_err(|e| TlsError::Setup(format!("client verifier: {e}")))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots()?,
+            Self::provider(),
+        )
+        .build()
+        .map_err(|e| TlsError::Setup(format!("client verifier: {e}")))?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(Self::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Setup(e.to_string()))?
@@ -170,7 +178,9 @@ pub fn generate_cluster(
     for name in nodes {
         let key = KeyPair::generate().map_err(setup)?;
         let mut params = CertificateParams::new(vec![server_name.to_string()]).map_err(setup)?;
-        params.distinguished_name.push(DnType::CommonName, name.as_str());
+        params
+            .distinguished_name
+            .push(DnType::CommonName, name.as_str());
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -222,7 +232,9 @@ mod tests {
         };
         let e = TlsIdentity::load(&cfg).unwrap_err().to_string();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
-        let e = TlsIdentity::load(&TlsConfig::default()).unwrap_err().to_string();
+        let e = TlsIdentity::load(&TlsConfig::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tls.ca"), "{e}");
     }
 }

@@ -18,8 +18,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::config::Config;
 use crate::protocol::{
-    check_control_len, decode_control, encode_control, FrameHeader, ProtocolError,
-    FRAME_HEADER_LEN,
+    check_control_len, decode_control, encode_control, FrameHeader, ProtocolError, FRAME_HEADER_LEN,
 };
 use crate::tls::TlsIdentity;
 
@@ -144,13 +143,13 @@ impl Endpoint {
 
     /// Connects to `addr`, verifying the cluster name.
     pub async fn connect(&self, addr: SocketAddr) -> Result<quinn::Connection, TransportError> {
-        let connecting = self
-            .quinn
-            .connect(addr, &self.server_name)
-            .map_err(|e| TransportError::Connect {
-                addr,
-                message: e.to_string(),
-            })?;
+        let connecting =
+            self.quinn
+                .connect(addr, &self.server_name)
+                .map_err(|e| TransportError::Connect {
+                    addr,
+                    message: e.to_string(),
+                })?;
         connecting.await.map_err(|e| TransportError::Connect {
             addr,
             message: e.to_string(),
@@ -176,7 +175,10 @@ impl Endpoint {
                 Ok(Err(e)) if start.elapsed() >= timeout => {
                     return Err(TransportError::Connect {
                         addr,
-                        message: format!("gave up after {:.1} s: {e}", start.elapsed().as_secs_f64()),
+                        message: format!(
+                            "gave up after {:.1} s: {e}",
+                            start.elapsed().as_secs_f64()
+                        ),
                     })
                 }
                 Err(_) if start.elapsed() >= timeout => {
@@ -301,7 +303,9 @@ impl ControlReceiver {
             Err(quinn::ReadExactError::FinishedEarly(n)) => {
                 return Err(TransportError::Protocol {
                     peer: self.peer.clone(),
-                    source: ProtocolError::Malformed(format!("truncated length prefix ({n} of 4 bytes)")),
+                    source: ProtocolError::Malformed(format!(
+                        "truncated length prefix ({n} of 4 bytes)"
+                    )),
                 })
             }
             Err(quinn::ReadExactError::ReadError(e)) => return Err(self.read_err(e)),
@@ -360,10 +364,13 @@ pub async fn send_frame(
         peer: peer.to_string(),
         message,
     };
-    let mut s = conn.open_uni().await.map_err(|source| TransportError::Connection {
-        peer: peer.to_string(),
-        source,
-    })?;
+    let mut s = conn
+        .open_uni()
+        .await
+        .map_err(|source| TransportError::Connection {
+            peer: peer.to_string(),
+            source,
+        })?;
     let mut chunks = [header.to_bytes(), payload];
     s.write_all_chunks(&mut chunks)
         .await

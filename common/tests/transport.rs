@@ -46,7 +46,9 @@ async fn control_stream_and_data_frames_round_trip() {
         let (mut tx, mut rx) = ControlStream::new(send, recv, "client").split();
         let msg: ToScheduler = rx.recv().await.unwrap().unwrap();
         assert_eq!(msg, ToScheduler::Heartbeat);
-        tx.send(&FromScheduler::BarrierDone { id: 7 }).await.unwrap();
+        tx.send(&FromScheduler::BarrierDone { id: 7 })
+            .await
+            .unwrap();
         // One good data frame, then a frame whose header lies about its length.
         let mut s = conn.accept_uni().await.unwrap();
         let (h, p) = read_frame(&mut s, 1 << 20, "client").await.unwrap();
@@ -58,7 +60,10 @@ async fn control_stream_and_data_frames_round_trip() {
             matches!(
                 e,
                 TransportError::Protocol {
-                    source: ProtocolError::TruncatedPayload { got: 3, expected: 100 },
+                    source: ProtocolError::TruncatedPayload {
+                        got: 3,
+                        expected: 100
+                    },
                     ..
                 }
             ),
@@ -128,7 +133,10 @@ async fn handshake_ok(server: Endpoint, client: Endpoint) -> bool {
         s.finish().ok()?;
         Some(conn)
     };
-    let conn = tokio::time::timeout(Duration::from_secs(10), client_ok).await.ok().flatten();
+    let conn = tokio::time::timeout(Duration::from_secs(10), client_ok)
+        .await
+        .ok()
+        .flatten();
     let got = tokio::time::timeout(Duration::from_secs(10), srv).await;
     drop(conn);
     matches!(got, Ok(Ok(Some(ref v))) if v == b"hi")
@@ -143,7 +151,10 @@ async fn mutual_tls_accepts_the_cluster_and_refuses_strangers() {
     let cfg = config();
     let ep = |id: &TlsIdentity| Endpoint::bind(local(), id, &cfg).unwrap();
 
-    assert!(handshake_ok(ep(&ids[0]), ep(&ids[1])).await, "cluster peers must connect");
+    assert!(
+        handshake_ok(ep(&ids[0]), ep(&ids[1])).await,
+        "cluster peers must connect"
+    );
     assert!(
         !handshake_ok(ep(&ids[0]), ep(&rogue[0])).await,
         "a client with a certificate from another CA must be refused"
