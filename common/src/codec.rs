@@ -27,6 +27,15 @@ pub trait ChunkCodec: Send {
     /// Decodes `payload` of `round` and adds it into `acc`, element by element, without a
     /// temporary. Must equal `decode` followed by `+=`, bit for bit.
     fn decode_add(&self, payload: &[u8], round: u64, acc: &mut [f32]) -> Result<(), CodecError>;
+    /// The learning rate of the round about to be encoded (what the training loop set with
+    /// the worker's `set_learning_rate`; on servers, what the round's pushes carried). Called
+    /// before `encode` whenever one is known; codecs that don't need it (everything but
+    /// corrected error feedback) ignore it.
+    fn set_learning_rate(&mut self, _lr: f32) {}
+    /// A short description for logs, e.g. `ef(vanilla, onebit(scaling))`.
+    fn describe(&self) -> String {
+        format!("a codec of {} elements", self.len())
+    }
 }
 
 /// Raw fp32, little-endian: 4 bytes per element.
@@ -67,6 +76,10 @@ impl ChunkCodec for Fp32Codec {
 
     fn max_encoded_len(&self) -> usize {
         4 * self.len
+    }
+
+    fn describe(&self) -> String {
+        "fp32".into()
     }
 
     fn encode(&mut self, input: &[f32], _round: u64, out: &mut Vec<u8>) -> Result<(), CodecError> {

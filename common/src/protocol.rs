@@ -27,7 +27,7 @@
 //! | 5 | 1 | op ([`ReduceOp`]; 0 for frames that aren't pushes) |
 //! | 6 | 2 | reserved, 0 |
 //! | 8 | 4 | rank of the worker (sender of a push/hello; receiver of a result/abort) |
-//! | 12 | 4 | aux: the root rank of a broadcast, else 0 |
+//! | 12 | 4 | aux: the root rank of a broadcast; for a sum, the learning rate the worker set for the round as f32 bits (0: none; every push of a round must carry the same) |
 //! | 16 | 8 | key |
 //! | 24 | 8 | round |
 //! | 32 | 8 | payload length in bytes (u64; bounded by [`max_payload_len`]) |
@@ -149,7 +149,7 @@ pub struct FrameHeader {
     pub op: ReduceOp,
     /// The worker's rank.
     pub rank: u32,
-    /// The broadcast root, else 0.
+    /// The broadcast root; for a sum, the round's learning rate as f32 bits (0: none set).
     pub aux: u32,
     /// The chunk's key.
     pub key: u64,

@@ -6,6 +6,7 @@
 //! | module | what |
 //! |---|---|
 //! | (root) | the [`Compressor`] trait, [`NodeIdentity`], [`RoundCtx`], re-exports |
+//! | [`chunk`] | [`chunk::chunk_codec`]: the chain of one chunk of a declared tensor as the data path's `ChunkCodec` (workers, servers and the reference build it the same way) |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
 //! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
@@ -139,6 +140,7 @@
 //! README for measured throughput.
 
 pub mod bench;
+pub mod chunk;
 mod codecs;
 pub mod cuda;
 pub mod decorators;

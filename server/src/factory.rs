@@ -4,12 +4,12 @@
 //! server asks its [`CodecFactory`] for one [`ChunkCodec`] per chunk it holds. The codec
 //! decides which payloads are valid (`decode`/`decode_add`) and encodes each round's sum
 //! (`encode`, with whatever per-key state it keeps, e.g. error feedback). The default,
-//! [`Fp32Factory`], builds [`Fp32Codec`]s (raw fp32, BytePS's `none`). The compression library
-//! plugs in by passing its own factory to [`crate::Server::with_codec_factory`]; it sees the
-//! tensor's agreed parameter map (`placement.params`, e.g. `compressor = "topk"`), the chunk,
-//! the job seed and this server's id, so a stochastic compressor can derive a per-key seed that
-//! every node computes the same way, and can leave tensors below
-//! `config.cluster.min_compress_bytes` uncompressed.
+//! [`KernelsFactory`], builds each chunk's compressor chain from the tensor's agreed parameter
+//! map (`placement.params`, e.g. `compressor = "topk"`) with the kernels' registry in the
+//! server role ([`pushpull_kernels::chunk::chunk_codec`]: error feedback if configured, never
+//! momentum; raw fp32 below `config.cluster.min_compress_bytes`). [`Fp32Factory`] ignores the
+//! map and carries raw fp32. Another factory plugs in through
+//! [`crate::Server::with_codec_factory`].
 //!
 //! A factory error (an unknown compressor, a bad parameter) is sent back to the scheduler in
 //! `PlacementAck { error }`, and every worker's `declare` of that tensor fails with it; the
@@ -54,7 +54,29 @@ where
     }
 }
 
-/// The default factory: [`Fp32Codec`] for every chunk, whatever the parameters say.
+/// The default factory: the tensor's compressor chain from the kernels' registry, in the
+/// server role (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelsFactory;
+
+impl CodecFactory for KernelsFactory {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
+        let info = pushpull_kernels::chunk::ChunkInfo {
+            params: &ctx.tensor.params,
+            tensor_len: ctx.tensor.len,
+            chunk_len: ctx.chunk.len,
+            full_chunk_len: ctx.tensor.chunks.first().map_or(0, |c| c.len),
+            key: ctx.chunk.key,
+            job_seed: ctx.job_seed,
+            role: pushpull_kernels::Role::Server,
+            rank: ctx.server_id,
+            min_compress_bytes: ctx.config.cluster.min_compress_bytes,
+        };
+        Ok(Box::new(pushpull_kernels::chunk::chunk_codec(&info)?))
+    }
+}
+
+/// [`Fp32Codec`] for every chunk, whatever the parameters say.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Fp32Factory;
 

@@ -4,7 +4,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with the rules of SPINE-CONTRACT §7 and their tests |
-//! | [`factory`] | [`CodecFactory`]: where each key's [`common::codec::ChunkCodec`] comes from, the plug-in point for compressors; [`Fp32Factory`] is the default |
+//! | [`factory`] | [`CodecFactory`]: where each key's [`common::codec::ChunkCodec`] comes from, the plug-in point for compressors; [`KernelsFactory`] (the tensor's compressor chain) is the default |
 //! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], registration and heartbeats with the scheduler, worker connections, one task per incoming stream and per outgoing frame |
 //!
 //! # Life of a server
@@ -30,5 +30,5 @@ pub mod factory;
 pub mod rounds;
 pub mod service;
 
-pub use factory::{CodecContext, CodecFactory, Fp32Factory};
+pub use factory::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory};
 pub use service::{Server, ServerError};

@@ -434,8 +434,10 @@ impl KeyRounds {
                     // failing W decodes on the workers.
                     // (A temporary: broadcasts are rare, and keeping a buffer per key would
                     // double the server's memory.)
+                    // Broadcasts carry raw fp32 whatever the key's compressor.
                     let mut check = vec![0.0f32; self.info.len];
-                    if let Err(e) = self.codec.decode(&payload, self.current, &mut check) {
+                    let fp32 = common::codec::Fp32Codec::new(self.info.len);
+                    if let Err(e) = fp32.decode(&payload, self.current, &mut check) {
                         return Err((rank, format!("undecodable broadcast payload: {e}")));
                     }
                 }
@@ -503,6 +505,11 @@ impl KeyRounds {
             ReduceOp::Broadcast => o.held[o.aux as usize].take().unwrap_or_default(),
             ReduceOp::Sum => {
                 debug_assert_eq!(o.next_rank, w);
+                if o.aux != 0 {
+                    // Sum pushes carry the round's learning rate (f32 bits; 0 = none set),
+                    // which corrected error feedback on the sum needs.
+                    self.codec.set_learning_rate(f32::from_bits(o.aux));
+                }
                 let mut bytes = Vec::new();
                 if let Err(e) = self.codec.encode(&o.acc, round, &mut bytes) {
                     let message = format!(
@@ -541,7 +548,7 @@ impl KeyRounds {
 fn describe_op(op: ReduceOp, aux: u32) -> String {
     match op {
         ReduceOp::Sum if aux == 0 => "op Sum".to_string(),
-        ReduceOp::Sum => format!("op Sum (aux {aux})"),
+        ReduceOp::Sum => format!("op Sum (learning rate {})", f32::from_bits(aux)),
         ReduceOp::Broadcast => format!("op Broadcast (root {aux})"),
     }
 }

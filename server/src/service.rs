@@ -42,7 +42,7 @@ use dashmap::DashMap;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use crate::factory::{CodecContext, CodecFactory, Fp32Factory};
+use crate::factory::{CodecContext, CodecFactory, KernelsFactory};
 use crate::rounds::{Action, KeyInfo, KeyRounds};
 
 /// How long the server waits, when it exits, for frames it is still sending (aborts, last
@@ -162,12 +162,12 @@ impl Server {
         Ok(Server {
             config,
             endpoint,
-            factory: Arc::new(Fp32Factory),
+            factory: Arc::new(KernelsFactory),
             requested_id: None,
         })
     }
 
-    /// Uses `factory` to build each key's codec instead of [`Fp32Factory`] (see
+    /// Uses `factory` to build each key's codec instead of [`KernelsFactory`] (see
     /// [`crate::factory`]): the plug-in point for compressors.
     pub fn with_codec_factory(mut self, factory: impl CodecFactory + 'static) -> Server {
         self.factory = Arc::new(factory);

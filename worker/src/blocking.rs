@@ -89,6 +89,11 @@ impl BlockingWorker {
         self.worker().job_seed()
     }
 
+    /// See [`Worker::set_learning_rate`].
+    pub fn set_learning_rate(&self, lr: f32) {
+        self.worker().set_learning_rate(lr)
+    }
+
     /// See [`Worker::metrics`].
     pub fn metrics(&self) -> Metrics {
         self.worker().metrics()

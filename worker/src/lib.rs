@@ -22,8 +22,9 @@
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
 //! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
-//! | [`Metrics`], [`TensorMetrics`] | payload bytes pushed and pulled, per tensor and in total |
-//! | [`CodecFactory`], [`CodecContext`], [`Fp32Factory`] | the hook that builds each chunk's [`ChunkCodec`] (fp32 by default; compressors plug in here, as on the server) |
+//! | [`Metrics`], [`TensorMetrics`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing; per tensor and in total |
+//! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | the hook that builds each chunk's [`ChunkCodec`]: by default the compressor chain of the tensor's parameter map (kernels registry, worker role) |
+//! | [`reference`] | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
 //!
 //! Internals: `shared` (state shared with the background tasks: the control writer and
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
@@ -35,10 +36,20 @@
 //! # How a push_pull travels
 //! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
 //! by one server. A call takes the tensor's lock (calls on one tensor are serialised, and
-//! each call is one round), then in a spawned task encodes each chunk with its codec, pushes it
-//! to its server on a QUIC stream of its own, and awaits the `Result` frame that the
-//! connection's reader task hands over once every worker has pushed that chunk. Results are
-//! decoded straight into the caller's buffer, which is handed back.
+//! each call is one round), then in a spawned task encodes (compresses) each chunk with its
+//! codec, pushes it to its server on a QUIC stream of its own, and awaits the `Result` frame
+//! that the connection's reader task hands over once every worker has pushed that chunk.
+//! Results are decoded (decompressed) straight into the caller's buffer, which is handed back.
+//!
+//! # Compression
+//! Each chunk's codec is the compressor chain of the tensor's parameter map
+//! ([`KernelsFactory`]: `compressor`, `k`, `ef`, `momentum`, ... or the BytePS keys; see
+//! `pushpull_kernels`), built once at declare time and kept for every round, so error
+//! feedback and momentum state live with the chunk. Servers build theirs from the same map.
+//! Tensors below `cluster.min_compress_bytes` travel as raw fp32 (keeping momentum).
+//! [`Worker::set_learning_rate`] feeds corrected error feedback; [`Worker::metrics`] reports
+//! raw and compressed bytes and the time spent compressing, waiting and decompressing; and
+//! [`reference::Reference`] computes what a job must produce, bit for bit.
 //!
 //! # Failures
 //! Every wait is bounded by failure detection: when the scheduler reports a lost node, when a
@@ -61,6 +72,7 @@ mod chunks;
 mod control;
 mod dispatch;
 mod error;
+pub mod reference;
 mod round;
 mod shared;
 mod tensor;
@@ -68,7 +80,9 @@ mod worker;
 
 pub use blocking::BlockingWorker;
 pub use error::WorkerError;
-pub use tensor::{CodecContext, CodecFactory, Fp32Factory, Metrics, Reduce, Tensor, TensorMetrics};
+pub use tensor::{
+    CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Metrics, Reduce, Tensor, TensorMetrics,
+};
 pub use worker::{JoinOptions, Worker};
 
 pub use pushpull_common::tls::TlsIdentity;

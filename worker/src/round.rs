@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use pushpull_common::codec::{ChunkCodec, Fp32Codec};
 use pushpull_common::protocol::{FrameHeader, FrameKind, ReduceOp};
 use pushpull_common::transport::send_frame;
 use pushpull_common::NodeName;
@@ -41,6 +42,8 @@ pub(crate) struct RoundCtx {
     pub(crate) rank: u32,
     pub(crate) num_workers: u32,
     pub(crate) max_inflight: usize,
+    /// The round's learning rate as f32 bits (0: none), pushed in the header's `aux`.
+    pub(crate) learning_rate: u32,
 }
 
 /// What kind of round.
@@ -76,6 +79,11 @@ pub(crate) async fn run_round(
     kind: RoundKind,
     mut buf: Vec<f32>,
 ) -> Result<Vec<f32>, WorkerError> {
+    let started = std::time::Instant::now();
+    let codec_nanos = (
+        tensor.compress_nanos.load(Ordering::Relaxed),
+        tensor.decompress_nanos.load(Ordering::Relaxed),
+    );
     let mut first_error: Option<WorkerError> = None;
     {
         let mut slices: Vec<Option<&mut [f32]>> = split_chunks(&mut buf, &tensor.ranges)
@@ -111,10 +119,21 @@ pub(crate) async fn run_round(
             start_next!(server);
         }
     }
+    // Wait = the round's wall time minus this round's compress and decompress time (chunks
+    // run as futures of this one task, so their codec work does not overlap).
+    let codec = (tensor.compress_nanos.load(Ordering::Relaxed) - codec_nanos.0)
+        + (tensor.decompress_nanos.load(Ordering::Relaxed) - codec_nanos.1);
+    let wall = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    tensor
+        .wait_nanos
+        .fetch_add(wall.saturating_sub(codec), Ordering::Relaxed);
     match first_error {
         Some(e @ WorkerError::Aborted { .. }) => Err(prefer_fatal(&ctx.shared, e).await),
         Some(e) => Err(e),
-        None => Ok(buf),
+        None => {
+            tensor.rounds_done.fetch_add(1, Ordering::Relaxed);
+            Ok(buf)
+        }
     }
 }
 
@@ -179,19 +198,37 @@ async fn chunk_round_inner(
         message,
     };
     let (op, aux, encode) = match kind {
-        RoundKind::Sum { .. } => (ReduceOp::Sum, 0, true),
+        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate, true),
         RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root, root == ctx.rank),
     };
 
     // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
     // the round for every worker, instead of leaving the others waiting for this push.
     let mut encode_error = None;
-    let payload = if encode {
+    let payload = if encode && matches!(kind, RoundKind::Broadcast { .. }) {
+        // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
+        // arrive exactly, and no compressor state (error feedback, momentum) is touched.
+        let mut out = Vec::new();
+        match Fp32Codec::new(slice.len()).encode(slice, round, &mut out) {
+            Ok(()) => Bytes::from(out),
+            Err(e) => {
+                encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
+                Bytes::new()
+            }
+        }
+    } else if encode {
         let mut out = Vec::new();
         let mut codec = tensor.codecs[index]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        match codec.encode(slice, round, &mut out) {
+        if ctx.learning_rate != 0 {
+            codec.set_learning_rate(f32::from_bits(ctx.learning_rate));
+        }
+        let t0 = std::time::Instant::now();
+        let encoded = codec.encode(slice, round, &mut out);
+        drop(codec);
+        add_nanos(&tensor.compress_nanos, t0);
+        match encoded {
             Ok(()) => Bytes::from(out),
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
@@ -251,10 +288,17 @@ async fn chunk_round_inner(
             let codec = tensor.codecs[index]
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            codec
-                .decode(&payload, round, slice)
-                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))?;
+            let t0 = std::time::Instant::now();
+            let decoded = match kind {
+                RoundKind::Broadcast { .. } => {
+                    Fp32Codec::new(slice.len()).decode(&payload, round, slice)
+                }
+                RoundKind::Sum { .. } => codec.decode(&payload, round, slice),
+            };
             drop(codec);
+            add_nanos(&tensor.decompress_nanos, t0);
+            decoded
+                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))?;
             if let RoundKind::Sum { average: true } = kind {
                 let w = ctx.num_workers as f32;
                 for x in slice.iter_mut() {
@@ -273,4 +317,9 @@ async fn chunk_round_inner(
             message,
         }),
     }
+}
+
+fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {
+    let n = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counter.fetch_add(n, Ordering::Relaxed);
 }

@@ -64,8 +64,31 @@ where
     }
 }
 
-/// The default factory: [`Fp32Codec`] (raw little-endian fp32) for every chunk, whatever the
-/// parameters say.
+/// The default factory: each chunk's compressor chain from the tensor's agreed parameter map,
+/// built by the kernels' registry in the worker role with this worker's rank
+/// ([`pushpull_kernels::chunk::chunk_codec`]: momentum and error feedback if configured; a
+/// tensor below `cluster.min_compress_bytes` travels as raw fp32 but keeps its momentum).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelsFactory;
+
+impl CodecFactory for KernelsFactory {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
+        let info = pushpull_kernels::chunk::ChunkInfo {
+            params: &ctx.tensor.params,
+            tensor_len: ctx.tensor.len,
+            chunk_len: ctx.chunk.len,
+            full_chunk_len: ctx.tensor.chunks.first().map_or(0, |c| c.len),
+            key: ctx.chunk.key,
+            job_seed: ctx.job_seed,
+            role: pushpull_kernels::Role::Worker,
+            rank: ctx.rank,
+            min_compress_bytes: ctx.config.cluster.min_compress_bytes,
+        };
+        Ok(Box::new(pushpull_kernels::chunk::chunk_codec(&info)?))
+    }
+}
+
+/// [`Fp32Codec`] (raw little-endian fp32) for every chunk, whatever the parameters say.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Fp32Factory;
 
@@ -103,6 +126,11 @@ pub(crate) struct TensorInner {
     pub(crate) rounds_started: AtomicU64,
     pub(crate) bytes_pushed: AtomicU64,
     pub(crate) bytes_pulled: AtomicU64,
+    /// Rounds (push_pull and broadcast calls) that completed without error.
+    pub(crate) rounds_done: AtomicU64,
+    pub(crate) compress_nanos: AtomicU64,
+    pub(crate) wait_nanos: AtomicU64,
+    pub(crate) decompress_nanos: AtomicU64,
 }
 
 impl Tensor {
@@ -142,14 +170,30 @@ impl Tensor {
         self.inner.rounds_started.load(Ordering::Relaxed)
     }
 
-    /// This tensor's byte counters.
+    /// The compressor chain of each chunk, e.g. `ef(vanilla, onebit(scaling))` (or `fp32`).
+    pub fn codecs(&self) -> Vec<String> {
+        self.inner
+            .codecs
+            .iter()
+            .map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).describe())
+            .collect()
+    }
+
+    /// This tensor's counters.
     pub fn metrics(&self) -> TensorMetrics {
+        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        let done = self.inner.rounds_done.load(Ordering::Relaxed);
         TensorMetrics {
             len: self.len(),
             chunks: self.num_chunks(),
             rounds: self.rounds_started(),
+            rounds_done: done,
+            raw_bytes: done.saturating_mul(self.len()).saturating_mul(4),
             bytes_pushed: self.inner.bytes_pushed.load(Ordering::Relaxed),
             bytes_pulled: self.inner.bytes_pulled.load(Ordering::Relaxed),
+            compress_seconds: secs(&self.inner.compress_nanos),
+            wait_seconds: secs(&self.inner.wait_nanos),
+            decompress_seconds: secs(&self.inner.decompress_nanos),
         }
     }
 }
@@ -165,10 +209,12 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
-/// Byte counters of one tensor. Bytes are payload bytes of data frames (the encoded chunks a
-/// worker pushes and the results it pulls); the 40-byte frame headers and QUIC/TLS overhead are
-/// not counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Counters of one tensor on one worker. Bytes are payload bytes of data frames (the encoded
+/// chunks a worker pushes and the results it pulls); the 40-byte frame headers and QUIC/TLS
+/// overhead are not counted. Times are wall-clock seconds summed over rounds: compressing this
+/// worker's chunks, decompressing the results, and the rest of each round (waiting for the
+/// network, the servers and the other workers).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TensorMetrics {
     /// Elements.
     pub len: u64,
@@ -176,21 +222,57 @@ pub struct TensorMetrics {
     pub chunks: usize,
     /// Rounds started (push_pull and broadcast calls that got past validation).
     pub rounds: u64,
+    /// Rounds completed without error.
+    pub rounds_done: u64,
+    /// What the completed rounds would have pushed as raw fp32: `4 · len · rounds_done`
+    /// (also what they would have pulled).
+    pub raw_bytes: u64,
     /// Payload bytes pushed to servers.
     pub bytes_pushed: u64,
     /// Payload bytes of results pulled from servers.
     pub bytes_pulled: u64,
+    /// Seconds spent compressing (encoding) this worker's chunks.
+    pub compress_seconds: f64,
+    /// Seconds of the rounds spent neither compressing nor decompressing.
+    pub wait_seconds: f64,
+    /// Seconds spent decompressing (decoding) results.
+    pub decompress_seconds: f64,
 }
 
-/// A worker's byte counters: totals and per tensor (see [`TensorMetrics`] for what counts).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+impl TensorMetrics {
+    /// `raw_bytes / bytes_pushed`: how many times smaller the pushes were than raw fp32
+    /// (1 when nothing was pushed).
+    pub fn compression_ratio(&self) -> f64 {
+        ratio(self.raw_bytes, self.bytes_pushed)
+    }
+}
+
+fn ratio(raw: u64, sent: u64) -> f64 {
+    if sent == 0 {
+        1.0
+    } else {
+        raw as f64 / sent as f64
+    }
+}
+
+/// A worker's counters: totals and per tensor (see [`TensorMetrics`] for what counts).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Metrics {
+    /// Raw fp32 bytes of the completed rounds, all tensors.
+    pub raw_bytes: u64,
     /// Payload bytes pushed, all tensors.
     pub bytes_pushed: u64,
     /// Payload bytes pulled, all tensors.
     pub bytes_pulled: u64,
     /// Rounds started, all tensors.
     pub rounds: u64,
+    /// Seconds compressing, all tensors.
+    pub compress_seconds: f64,
+    /// Seconds waiting, all tensors (rounds of different tensors may overlap, so this can
+    /// exceed the wall time).
+    pub wait_seconds: f64,
+    /// Seconds decompressing, all tensors.
+    pub decompress_seconds: f64,
     /// Per tensor, by name.
     pub tensors: BTreeMap<String, TensorMetrics>,
 }
@@ -201,28 +283,43 @@ impl Metrics {
         let mut m = Metrics::default();
         for t in tensors {
             let tm = t.metrics();
+            m.raw_bytes += tm.raw_bytes;
             m.bytes_pushed += tm.bytes_pushed;
             m.bytes_pulled += tm.bytes_pulled;
             m.rounds += tm.rounds;
+            m.compress_seconds += tm.compress_seconds;
+            m.wait_seconds += tm.wait_seconds;
+            m.decompress_seconds += tm.decompress_seconds;
             m.tensors.insert(t.name().to_string(), tm);
         }
         m
+    }
+
+    /// `raw_bytes / bytes_pushed` over all tensors (1 when nothing was pushed).
+    pub fn compression_ratio(&self) -> f64 {
+        ratio(self.raw_bytes, self.bytes_pushed)
     }
 }
 
 impl std::fmt::Display for Metrics {
     /// One line of totals, e.g. `161 tensors, 1771 rounds: pushed 1.130 GB (1130364096 B),
-    /// pulled 1.130 GB (1130364096 B)`.
+    /// pulled 1.130 GB (1130364096 B), 1.0x smaller than fp32; compress 0.810 s, wait 3.200 s,
+    /// decompress 0.400 s`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} tensors, {} rounds: pushed {} ({} B), pulled {} ({} B)",
+            "{} tensors, {} rounds: pushed {} ({} B), pulled {} ({} B), {:.1}x smaller than \
+             fp32; compress {:.3} s, wait {:.3} s, decompress {:.3} s",
             self.tensors.len(),
             self.rounds,
             human_bytes(self.bytes_pushed),
             self.bytes_pushed,
             human_bytes(self.bytes_pulled),
-            self.bytes_pulled
+            self.bytes_pulled,
+            self.compression_ratio(),
+            self.compress_seconds,
+            self.wait_seconds,
+            self.decompress_seconds,
         )
     }
 }
@@ -248,15 +345,18 @@ mod tests {
     #[test]
     fn metrics_line_names_totals() {
         let mut m = Metrics {
+            raw_bytes: 2_260_728_192,
             bytes_pushed: 1_130_364_096,
             bytes_pulled: 999,
             rounds: 1771,
+            compress_seconds: 0.25,
             ..Metrics::default()
         };
         m.tensors.insert("a".into(), TensorMetrics::default());
         assert_eq!(
             m.to_string(),
-            "1 tensors, 1771 rounds: pushed 1.130 GB (1130364096 B), pulled 999 B (999 B)"
+            "1 tensors, 1771 rounds: pushed 1.130 GB (1130364096 B), pulled 999 B (999 B), \
+             2.0x smaller than fp32; compress 0.250 s, wait 0.000 s, decompress 0.000 s"
         );
         assert_eq!(human_bytes(40_040), "40.040 kB");
         assert_eq!(human_bytes(4_096_000), "4.096 MB");

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
 use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
 use crate::tensor::{
-    CodecContext, CodecFactory, Fp32Factory, Metrics, Reduce, Tensor, TensorInner,
+    CodecContext, CodecFactory, KernelsFactory, Metrics, Reduce, Tensor, TensorInner,
 };
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
@@ -76,6 +76,8 @@ struct WorkerInner {
     config: Config,
     tensors: Mutex<HashMap<String, Tensor>>,
     codec_factory: Mutex<Arc<dyn CodecFactory>>,
+    /// The learning rate of the next rounds as f32 bits (0: none set).
+    learning_rate: AtomicU32,
     barrier_seq: AtomicU64,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -305,7 +307,8 @@ impl Worker {
                 map,
                 config: config.clone(),
                 tensors: Mutex::new(HashMap::new()),
-                codec_factory: Mutex::new(Arc::new(Fp32Factory)),
+                codec_factory: Mutex::new(Arc::new(KernelsFactory)),
+                learning_rate: AtomicU32::new(0),
                 barrier_seq: AtomicU64::new(0),
                 tasks: Mutex::new(tasks),
             }),
@@ -363,7 +366,30 @@ impl Worker {
         self.inner.endpoint.local_addr()
     }
 
-    /// Replaces the factory that builds each chunk's codec (default: [`Fp32Factory`]): the
+    /// Sets the learning rate η_t of the rounds started from now on (call it every step
+    /// before the step's push_pulls, with the same value on every worker). Corrected error
+    /// feedback (`ef = "corrected"`) needs it on workers and servers: each push carries it, and
+    /// a server sums a round only if every worker pushed the same value. Other compressors
+    /// ignore it. `lr` must be finite and > 0; anything else unsets it.
+    pub fn set_learning_rate(&self, lr: f32) {
+        let bits = if lr.is_finite() && lr > 0.0 {
+            lr.to_bits()
+        } else {
+            0
+        };
+        self.inner.learning_rate.store(bits, Ordering::Relaxed);
+    }
+
+    /// The learning rate last set with [`Worker::set_learning_rate`], if any.
+    pub fn learning_rate(&self) -> Option<f32> {
+        match self.inner.learning_rate.load(Ordering::Relaxed) {
+            0 => None,
+            bits => Some(f32::from_bits(bits)),
+        }
+    }
+
+    /// Replaces the factory that builds each chunk's codec (default: [`KernelsFactory`], the
+    /// compressor chain the tensor's parameter map asks for): the
     /// plug-in point for compressors. Applies to tensors declared after this call; workers and
     /// servers must build matching codecs for a key.
     pub fn set_codec_factory(&self, factory: impl CodecFactory + 'static) {
@@ -487,6 +513,10 @@ impl Worker {
                 rounds_started: AtomicU64::new(0),
                 bytes_pushed: AtomicU64::new(0),
                 bytes_pulled: AtomicU64::new(0),
+                rounds_done: AtomicU64::new(0),
+                compress_nanos: AtomicU64::new(0),
+                wait_nanos: AtomicU64::new(0),
+                decompress_nanos: AtomicU64::new(0),
             }),
         };
         tensors.insert(name, tensor.clone());
@@ -561,11 +591,10 @@ impl Worker {
         self.submit(tensor, buf, RoundKind::Sum { average }).await
     }
 
-    /// Makes every worker's `buf` equal to the `root` worker's: a round of op `Broadcast` in
-    /// which the root pushes its encoded data and the others push empty payloads; every worker
-    /// (the root included) gets the root's payload back and decodes it into its buffer. With
-    /// the default fp32 codec that is the root's bits exactly; a lossy codec would deliver
-    /// the root's data as encoded by it.
+    /// Makes every worker's `buf` equal to the `root` worker's, bit for bit: a round of op
+    /// `Broadcast` in which the root pushes its data as raw fp32 (whatever the tensor's
+    /// compressor; its state, e.g. error feedback, is untouched) and the others push empty
+    /// payloads; every worker (the root included) gets the root's payload back.
     ///
     /// Uses one round of the tensor like [`Worker::push_pull`], with the same serialisation,
     /// cancellation behaviour and errors, plus [`WorkerError::BadRoot`] for a root that is not
@@ -614,6 +643,7 @@ impl Worker {
             rank: self.inner.rank,
             num_workers: self.num_workers(),
             max_inflight: self.inner.config.cluster.max_inflight_chunks as usize,
+            learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
         };
         let t = tensor.inner.clone();
         let task = tokio::spawn(async move {

@@ -1,0 +1,193 @@
+//! A single-process reference of a whole job's push_pull: what a cluster must produce, bit for
+//! bit, computed without sockets, servers or tasks.
+//!
+//! [`Reference`] plays every worker and every server of a job in one loop, with the same
+//! kernels in the same order and the same seeds as the real nodes: per chunk, each rank
+//! compresses its slice with its own chain (worker role, its rank: momentum, error feedback,
+//! codec), the "server" decompresses rank 0's payload into zeros and adds ranks 1, 2, … in
+//! order, compresses the sum with its own chain (server role), and every rank decompresses
+//! that payload with its own chain (then divides by the number of workers for
+//! [`Reduce::Average`]). Chunking, keys, parameter maps (config defaults overlaid with the
+//! declared map) and the `min_compress_bytes` rule are the cluster's own
+//! ([`pushpull_common::placement`], [`pushpull_kernels::chunk::chunk_codec`]); nothing else is
+//! shared with the worker's data path.
+//!
+//! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
+//! every round against it.
+
+use pushpull_common::codec::ChunkCodec;
+use pushpull_common::placement::Placer;
+use pushpull_common::protocol::TensorPlacement;
+use pushpull_common::{Config, ParamMap};
+use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, CompressorCodec};
+use pushpull_kernels::Role;
+
+use crate::tensor::Reduce;
+
+/// A declared tensor of a [`Reference`] (an index into it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefTensor(usize);
+
+struct RefState {
+    placement: TensorPlacement,
+    /// `[rank][chunk]`.
+    workers: Vec<Vec<CompressorCodec>>,
+    /// `[chunk]`.
+    servers: Vec<CompressorCodec>,
+    round: u64,
+}
+
+/// Every worker and server of a job in one process (see the module docs).
+pub struct Reference {
+    config: Config,
+    job_seed: u64,
+    num_workers: u32,
+    lr: Option<f32>,
+    tensors: Vec<RefState>,
+}
+
+impl Reference {
+    /// A job of `config.cluster.num_workers` workers with seed `job_seed`.
+    pub fn new(config: &Config, job_seed: u64) -> Reference {
+        Reference {
+            config: config.clone(),
+            job_seed,
+            num_workers: config.cluster.num_workers,
+            lr: None,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// Declares a tensor: `params` overlay the config's `tensor_params(name)`, as
+    /// [`crate::Worker::declare`] does.
+    ///
+    /// # Errors
+    /// The kernels' message for a bad parameter map.
+    pub fn declare(&mut self, name: &str, len: u64, params: ParamMap) -> Result<RefTensor, String> {
+        let mut merged = self.config.tensor_params(name);
+        merged.extend(params);
+        let placement =
+            Placer::new(1, self.config.cluster.partition_bytes).place(name, len, merged);
+        let full = placement.chunks.first().map_or(0, |c| c.len);
+        let build = |role: Role, rank: u32| -> Result<Vec<CompressorCodec>, String> {
+            placement
+                .chunks
+                .iter()
+                .map(|c| {
+                    chunk_codec(&ChunkInfo {
+                        params: &placement.params,
+                        tensor_len: len,
+                        chunk_len: c.len,
+                        full_chunk_len: full,
+                        key: c.key,
+                        job_seed: self.job_seed,
+                        role,
+                        rank,
+                        min_compress_bytes: self.config.cluster.min_compress_bytes,
+                    })
+                })
+                .collect()
+        };
+        let workers = (0..self.num_workers)
+            .map(|r| build(Role::Worker, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let servers = build(Role::Server, 0)?;
+        self.tensors.push(RefState {
+            placement,
+            workers,
+            servers,
+            round: 0,
+        });
+        Ok(RefTensor(self.tensors.len() - 1))
+    }
+
+    /// Sets the learning rate of the next rounds (see [`crate::Worker::set_learning_rate`]).
+    pub fn set_learning_rate(&mut self, lr: f32) {
+        self.lr = (lr.is_finite() && lr > 0.0).then_some(lr);
+    }
+
+    /// The placement-independent part of a declared tensor: name, length, agreed map, chunks.
+    pub fn placement(&self, t: RefTensor) -> &TensorPlacement {
+        &self.tensors[t.0].placement
+    }
+
+    /// One round of `t`: `inputs[r]` is rank r's buffer; returns every rank's result.
+    ///
+    /// # Errors
+    /// A wrong number of inputs or a wrong length, or the kernels' message when a chain
+    /// refuses the data (e.g. non-finite input); the tensor's round counter still advances,
+    /// as in a cluster.
+    pub fn push_pull(
+        &mut self,
+        t: RefTensor,
+        inputs: &[Vec<f32>],
+        reduce: Reduce,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let w = self.num_workers as usize;
+        let lr = self.lr;
+        let state = &mut self.tensors[t.0];
+        let len = state.placement.len as usize;
+        if inputs.len() != w {
+            return Err(format!("{} inputs for {w} workers", inputs.len()));
+        }
+        if let Some((r, x)) = inputs.iter().enumerate().find(|(_, x)| x.len() != len) {
+            return Err(format!(
+                "rank {r}: {} elements for a tensor of {len}",
+                x.len()
+            ));
+        }
+        let round = state.round;
+        state.round += 1;
+        let mut outputs = vec![vec![0.0f32; len]; w];
+        let mut payload = Vec::new();
+        let mut sum = Vec::new();
+        for (c, chunk) in state.placement.chunks.iter().enumerate() {
+            let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
+            let what = |who: String, e: pushpull_common::codec::CodecError| {
+                format!(
+                    "tensor {:?} chunk {c} round {round}: {who}: {e}",
+                    state.placement.name
+                )
+            };
+            sum.clear();
+            sum.resize(range.len(), 0.0f32);
+            for (r, input) in inputs.iter().enumerate() {
+                let codec = &mut state.workers[r][c];
+                if let Some(lr) = lr {
+                    codec.set_learning_rate(lr);
+                }
+                codec
+                    .encode(&input[range.clone()], round, &mut payload)
+                    .map_err(|e| what(format!("rank {r} compress"), e))?;
+                let server = &state.servers[c];
+                let added = if r == 0 {
+                    server.decode(&payload, round, &mut sum)
+                } else {
+                    server.decode_add(&payload, round, &mut sum)
+                };
+                added.map_err(|e| what(format!("server decompress of rank {r}"), e))?;
+            }
+            let server = &mut state.servers[c];
+            if let Some(lr) = lr {
+                server.set_learning_rate(lr);
+            }
+            server
+                .encode(&sum, round, &mut payload)
+                .map_err(|e| what("server compress".into(), e))?;
+            for (r, out) in outputs.iter_mut().enumerate() {
+                state.workers[r][c]
+                    .decode(&payload, round, &mut out[range.clone()])
+                    .map_err(|e| what(format!("rank {r} decompress"), e))?;
+            }
+        }
+        if reduce == Reduce::Average {
+            let wf = w as f32;
+            for out in &mut outputs {
+                for x in out.iter_mut() {
+                    *x /= wf;
+                }
+            }
+        }
+        Ok(outputs)
+    }
+}
