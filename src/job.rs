@@ -9,7 +9,10 @@
 //!    pure function of the job seed, round, rank and tensor index), starts a `push_pull(Sum)`
 //!    of every tensor at once (all in flight together), and waits for all of them. Only this
 //!    part is timed. Then (with `job.check`) it regenerates every worker's data and checks each
-//!    result bit for bit against the rank-order f32 sum.
+//!    result bit for bit: raw fp32 tensors against the rank-order f32 sum, compressed ones
+//!    (`[tensors]` maps) against the single-process reference of the whole job
+//!    ([`pushpull_worker::reference`]: every rank's and the server's compressor chains, same
+//!    seeds), which costs every worker W compressions per tensor and round.
 //!
 //! Throughput is reported per worker: rounds/s; gradient GB/s (raw fp32 bytes of all tensors
 //! per round / seconds; GB = 1e9 bytes); and push + pull QUIC payload bytes per second (the
@@ -18,6 +21,9 @@
 use std::time::Instant;
 
 use pushpull_common::Config;
+use pushpull_kernels::chunk::effective_spec;
+use pushpull_kernels::CodecSpec;
+use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{Reduce, Tensor, Worker};
 use serde::{Deserialize, Serialize};
 
@@ -194,6 +200,24 @@ pub async fn run_benchmark(
         }
     }
 
+    // Compressed tensors are checked against the single-process reference of the whole job
+    // (every rank's compressor chain and the servers', same seeds); raw fp32 ones against
+    // the rank-order sum directly (the same bits, much cheaper).
+    let mut reference = Reference::new(config, seed);
+    let mut ref_tensors: Vec<Option<RefTensor>> = vec![None; specs.len()];
+    if job.check {
+        for (i, t) in tensors.iter().enumerate() {
+            let spec = effective_spec(t.params(), t.len(), config.cluster.min_compress_bytes)
+                .map_err(|e| op_err("check setup", &specs[i].name, e))?;
+            if spec.codec != CodecSpec::None || spec.ef.is_some() || spec.momentum_mu.is_some() {
+                let r = reference
+                    .declare(&specs[i].name, specs[i].len, Default::default())
+                    .map_err(|e| op_err("check setup", &specs[i].name, e))?;
+                ref_tensors[i] = Some(r);
+            }
+        }
+    }
+
     let total = job.warmup + job.rounds;
     let mut seconds = 0.0f64;
     let mut cpu_push_pull = 0.0f64;
@@ -233,6 +257,27 @@ pub async fn run_benchmark(
         if job.check {
             for (i, out) in outputs.iter().enumerate() {
                 let out = out.as_ref().expect("every push_pull answered");
+                if let Some(r) = ref_tensors[i] {
+                    let all: Vec<Vec<f32>> = (0..num_workers)
+                        .map(|w| {
+                            data::generate(seed, round as u64, w, i as u32, specs[i].len as usize)
+                        })
+                        .collect();
+                    let expected = reference
+                        .push_pull(r, &all, Reduce::Sum)
+                        .map_err(|e| op_err("reference push_pull", &specs[i].name, e))?;
+                    let want = &expected[rank as usize];
+                    if let Some(j) = (0..out.len()).find(|&j| out[j].to_bits() != want[j].to_bits())
+                    {
+                        return Err(CliError::failed(format!(
+                            "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: \
+                             element {j} is {} but the single-process reference of the \
+                             compressed job gives {}",
+                            specs[i].name, out[j], want[j]
+                        )));
+                    }
+                    continue;
+                }
                 data::check_sum(seed, round as u64, num_workers, i as u32, out).map_err(|m| {
                     CliError::failed(format!(
                         "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \

@@ -199,7 +199,11 @@ mod tests {
         assert!(at.describe().contains("onebit"), "{}", at.describe());
         let below = chunk_codec(&info(&p, 16383)).unwrap();
         assert_eq!(below.max_encoded_len(), 4 * 16383);
-        assert!(below.describe().starts_with("nesterov"), "{}", below.describe());
+        assert!(
+            below.describe().starts_with("nesterov"),
+            "{}",
+            below.describe()
+        );
         assert!(!below.describe().contains("ef("), "{}", below.describe());
         // A server builds no momentum.
         let mut s = info(&p, 16383);
@@ -218,7 +222,9 @@ mod tests {
     fn corrected_ef_uses_the_learning_rate_set() {
         let p = map(&[("compressor", "onebit"), ("ef", "corrected")]);
         let mut c = chunk_codec(&info(&p, 20000)).unwrap();
-        let x: Vec<f32> = (0..20000).map(|i| ((i * 7919) % 1000) as f32 - 500.0).collect();
+        let x: Vec<f32> = (0..20000)
+            .map(|i| ((i * 7919) % 1000) as f32 - 500.0)
+            .collect();
         let mut out = Vec::new();
         let e = c.encode(&x, 0, &mut out).unwrap_err();
         assert!(e.0.contains("learning rate"), "{e}");

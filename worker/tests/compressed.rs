@@ -2,7 +2,6 @@
 //! single-process [`Reference`] bit for bit; mismatched maps, corrupted payloads, the
 //! `min_compress_bytes` boundary, lossless broadcast.
 
-
 use pushpull_common::codec::{ChunkCodec, CodecError};
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{
@@ -110,9 +109,9 @@ async fn run_cluster(seed: u64) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
             for (r, w) in s.workers.iter().enumerate() {
                 let (w, t, reduce) = (w.clone(), tensors[i][r].clone(), *reduce);
                 let buf = input(seed, round, r as u32, i, *len as usize);
-                calls.push(tokio::spawn(async move {
-                    w.push_pull(&t, buf, reduce).await
-                }));
+                calls.push(tokio::spawn(
+                    async move { w.push_pull(&t, buf, reduce).await },
+                ));
             }
         }
         let mut results = futures_util::future::join_all(calls).await.into_iter();
@@ -207,7 +206,10 @@ async fn cluster_is_bit_identical_to_the_single_process_reference_twice() {
                 assert_eq!(pushed, raw, "{name} is below min_compress_bytes");
                 continue;
             }
-            assert!(pushed * 2 <= raw, "{name}: pushed {pushed} of {raw} raw bytes");
+            assert!(
+                pushed * 2 <= raw,
+                "{name}: pushed {pushed} of {raw} raw bytes"
+            );
             let round = ROUNDS - 1;
             let inputs: Vec<Vec<f32>> = (0..3)
                 .map(|r| input(seed, round, r, i, *len as usize))
@@ -348,23 +350,25 @@ async fn a_corrupted_payload_aborts_that_key_for_everyone_naming_key_and_rank() 
                 for (i, t) in [&ta[r], &tb[r]].into_iter().enumerate() {
                     let (w, t) = (w.clone(), t.clone());
                     let buf = input(seed, round, r as u32, i, 40_000);
-                    calls.push(tokio::spawn(
-                        async move { w.push_pull(&t, buf, Reduce::Sum).await },
-                    ));
+                    calls.push(tokio::spawn(async move {
+                        w.push_pull(&t, buf, Reduce::Sum).await
+                    }));
                 }
             }
-            let results: Vec<Result<Vec<f32>, WorkerError>> =
-                futures_util::future::join_all(calls)
-                    .await
-                    .into_iter()
-                    .map(|j| j.unwrap())
-                    .collect();
+            let results: Vec<Result<Vec<f32>, WorkerError>> = futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .map(|j| j.unwrap())
+                .collect();
             for (j, res) in results.iter().enumerate() {
                 let tensor = if j % 2 == 0 { "a" } else { "b" };
                 let bad = (tensor == "a" && round == 1) || (tensor == "b" && round == 2);
                 match res {
                     Ok(v) => {
-                        assert!(!bad, "round {round} tensor {tensor}: corrupted but succeeded");
+                        assert!(
+                            !bad,
+                            "round {round} tensor {tensor}: corrupted but succeeded"
+                        );
                         let first = results[j % 2].as_ref().unwrap();
                         assert!(same_bits(v, first), "ranks disagree");
                     }
@@ -415,7 +419,10 @@ async fn min_compress_bytes_boundary_and_lossless_broadcast() {
             let m = ts[0].metrics();
             if len == 999 {
                 assert_eq!(m.bytes_pushed, 4 * 999);
-                assert!(same_bits(&x, &rank_order_sum(&bufs)), "raw tensor not exact");
+                assert!(
+                    same_bits(&x, &rank_order_sum(&bufs)),
+                    "raw tensor not exact"
+                );
             } else {
                 assert_eq!(m.bytes_pushed, 4 + 4 * 1000u64.div_ceil(32));
                 assert!(m.compression_ratio() > 25.0, "{m:?}");
