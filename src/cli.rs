@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use pushpull_common::Config;
 
 use crate::error::{CliError, CliResult};
-use crate::local::{default_config, run_local, LocalOptions};
+use crate::local::{default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec};
 use crate::node::{run_scheduler, run_server, run_worker, NodeArgs, WorkerOptions};
 use crate::procs::Programs;
 use crate::{bench, certs, logging};
@@ -99,7 +99,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a whole cluster on this machine (scheduler, servers and workers as separate
-    /// processes on loopback, throw-away certificates) with the built-in benchmark job.
+    /// processes on loopback, throw-away certificates): train an MLP with gradient compression
+    /// and compare with the uncompressed run (or `--job benchmark`: the push_pull benchmark).
     Local(LocalArgs),
     /// Make a cluster CA and node certificates for a multi-host cluster.
     Certs(CertsArgs),
@@ -178,6 +179,37 @@ pub struct LocalArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub cluster: ClusterOverrides,
+    /// The built-in job: `train` (the default of configs/local.toml) or `benchmark`
+    /// (overrides `job.kind`).
+    #[arg(long, value_name = "KIND")]
+    pub job: Option<String>,
+    /// Train with this compressor preset: none, fp16, bf16, onebit, topk, randomk, dithering,
+    /// minmax (sets `[tensors.default]`; see `--param`).
+    #[arg(long, value_name = "NAME", conflicts_with = "compare")]
+    pub compressor: Option<String>,
+    /// Override one key of the compressor map, e.g. `--param k=0.05` (repeatable).
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// Train once per item (fresh cluster each) and print a table, e.g.
+    /// `none,onebit,topk,randomk,dithering,minmax,logistic` (`logistic`: the logistic-regression
+    /// baseline). Default without --compressor: none,onebit.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub compare: Option<Vec<String>>,
+    /// Seeds per run (cluster.seed, +1, ...); the table shows mean ± sd.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seeds: u32,
+    /// Training steps (overrides `job.steps`).
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u32>,
+    /// Model: mlp or logistic (overrides `job.model`).
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Peak learning rate (overrides `job.lr`).
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Hidden widths, comma-separated (overrides `job.hidden`).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub hidden: Option<Vec<u32>>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -229,6 +261,9 @@ pub enum BenchCommand {
     /// (internal) The sending side of `bench transport`.
     #[command(hide = true)]
     Send(SendArgs),
+    /// The cluster on a shaped network: every node in its own network namespace, links shaped
+    /// with tc tbf (needs root); seconds per round against the wire floor, per compressor.
+    Net(crate::netbench::NetArgs),
 }
 
 /// `pushpull bench transport`.
@@ -338,20 +373,80 @@ fn print(text: &str) {
     let _ = out.flush();
 }
 
-/// `pushpull local`.
+/// `pushpull local`: the benchmark job once, or the training job once per compressor and seed
+/// (a comparison table).
 pub fn local(args: LocalArgs) -> CliResult<()> {
-    let config = args.cluster.load()?;
+    let mut config = args.cluster.load()?;
+    if let Some(kind) = &args.job {
+        config.job.kind = kind.clone();
+    }
+    if let Some(s) = args.steps {
+        config.job.steps = s;
+    }
+    if let Some(m) = &args.model {
+        config.job.model = m.clone();
+    }
+    if let Some(lr) = args.lr {
+        config.job.lr = lr;
+    }
+    if let Some(h) = &args.hidden {
+        config.job.hidden = h.clone();
+    }
+    config
+        .validate("the cluster file with the command-line overrides")
+        .map_err(CliError::usage)?;
     let opts = LocalOptions {
         config,
         programs: Programs::from_current_exe()?,
         progress_bar: !args.json,
         logs: args.logs,
+        label: None,
     };
-    let summary = current_thread().block_on(run_local(&opts))?;
+    if opts.config.job.kind != "train" {
+        let summary = current_thread().block_on(run_local(&opts))?;
+        if args.json {
+            print(&serde_json::to_string(&summary).expect("summary serializes"));
+        } else {
+            print(&summary.to_text());
+        }
+        return Ok(());
+    }
+    if args.seeds == 0 {
+        return Err(CliError::usage("--seeds 0: must be at least 1"));
+    }
+    let params = args
+        .params
+        .iter()
+        .map(|p| crate::train::compare::parse_param(p).map_err(CliError::usage))
+        .collect::<CliResult<Vec<_>>>()?;
+    let runs = match (&args.compare, &args.compressor) {
+        (Some(list), _) => list
+            .iter()
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| RunSpec::parse(n))
+            .collect::<CliResult<Vec<_>>>()?,
+        (None, Some(c)) => vec![RunSpec::parse(c)?],
+        // A cluster file of one's own: train with its maps as they are.
+        (None, None) if args.cluster.config.is_some() => vec![RunSpec::AsConfigured],
+        (None, None) => vec![
+            RunSpec::Preset("none".to_string()),
+            RunSpec::Preset("onebit".to_string()),
+        ],
+    };
+    if runs.is_empty() {
+        return Err(CliError::usage("--compare: the list is empty"));
+    }
+    let copts = CompareOptions {
+        local: opts,
+        runs,
+        seeds: args.seeds,
+        params,
+    };
+    let report = current_thread().block_on(run_compare(&copts))?;
     if args.json {
-        print(&serde_json::to_string(&summary).expect("summary serializes"));
+        print(&serde_json::to_string(&report).expect("report serializes"));
     } else {
-        print(&summary.to_text());
+        print(&report.to_text());
     }
     Ok(())
 }
@@ -382,11 +477,16 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
             };
             let rt = current_thread();
             if t.compare_cluster {
+                // The transport comparison measures push_pull throughput: the benchmark job,
+                // whatever the cluster file's job is.
+                let mut config = config;
+                config.job.kind = "benchmark".to_string();
                 let lopts = LocalOptions {
                     config,
                     programs,
                     progress_bar: !t.json,
                     logs: t.logs,
+                    label: None,
                 };
                 let r = rt.block_on(bench::run_compare(&topts, &lopts))?;
                 if t.json {
@@ -410,6 +510,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
         BenchCommand::Send(s) => {
             multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))
         }
+        BenchCommand::Net(n) => crate::netbench::run(n),
     }
 }
 

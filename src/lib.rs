@@ -31,8 +31,10 @@ pub mod error;
 pub mod job;
 pub mod local;
 pub mod logging;
+pub mod netbench;
 pub mod node;
 pub mod procs;
 pub mod resnet;
+pub mod train;
 
 pub use error::{CliError, CliResult};

@@ -8,6 +8,10 @@
 //! 3. Drives a progress bar from worker 0's `pushpull-worker progress ...` lines, collects every
 //!    worker's JSON report and every process's CPU seconds, and returns a [`LocalSummary`].
 //!
+//! With `job.kind = "train"` each worker trains ([`crate::train`]) and [`run_compare`] runs the
+//! same training once per compressor and seed, each on a fresh cluster, and tabulates the
+//! runs ([`CompareReport`]).
+//!
 //! If any process fails, the others are killed and the error names the failed process with its
 //! last stderr lines. Ctrl-C kills everything. See [`crate::procs`] for why children cannot
 //! outlive the launcher.
@@ -26,6 +30,8 @@ use crate::error::{CliError, CliResult};
 use crate::job::{JobReport, PROGRESS_PREFIX};
 use crate::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
 use crate::procs::{Event, ProcGroup, Programs};
+use crate::train::compare::{self, CompareReport, RunRow};
+use crate::train::TrainReport;
 
 /// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
 pub const LOCAL_TOML: &str = include_str!("../configs/local.toml");
@@ -44,6 +50,8 @@ pub struct LocalOptions {
     pub progress_bar: bool,
     /// Forward every child's stderr (logs) to ours, prefixed with its name.
     pub logs: bool,
+    /// A name shown before the progress bar (e.g. the compressor of a comparison run).
+    pub label: Option<String>,
 }
 
 /// What a successful local run measured.
@@ -59,8 +67,11 @@ pub struct LocalSummary {
     pub servers: Vec<String>,
     /// Seconds from the first process start to the last exit.
     pub wall_seconds: f64,
-    /// Every worker's report, by rank.
+    /// Every worker's report, by rank (`job.kind = "benchmark"`).
     pub workers: Vec<JobReport>,
+    /// Every worker's report, by rank (`job.kind = "train"`).
+    #[serde(default)]
+    pub train: Vec<TrainReport>,
     /// CPU seconds of every process (`scheduler`, `server 0`, …, `worker 0`, …).
     pub cpu_seconds: BTreeMap<String, f64>,
 }
@@ -166,18 +177,26 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let config_path = write_config(config, dir.path())?;
     let config_arg = config_path.display().to_string();
 
-    let total_rounds = config.job.warmup + config.job.rounds;
+    let training = config.job.kind == "train";
+    let total_rounds = if training {
+        config.job.steps
+    } else {
+        config.job.warmup + config.job.rounds
+    };
     let bar = if opts.progress_bar {
         ProgressBar::new(total_rounds as u64)
     } else {
         ProgressBar::hidden()
     };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} rounds {msg}",
-        )
-        .expect("valid template"),
+    let template = format!(
+        "{{spinner}} [{{elapsed_precise}}] {}{{bar:30}} {{pos}}/{{len}} {} {{msg}}",
+        opts.label
+            .as_deref()
+            .map(|l| format!("{l:<10} "))
+            .unwrap_or_default(),
+        if training { "steps" } else { "rounds" }
     );
+    bar.set_style(ProgressStyle::with_template(&template).expect("valid template"));
     bar.enable_steady_tick(Duration::from_millis(200));
 
     let mut group = ProcGroup::new();
@@ -190,7 +209,7 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let start = Instant::now();
     let result = run_group(opts, &mut group, &bar, &tls, &config_arg).await;
     bar.finish_and_clear();
-    let (scheduler, servers, workers, cpu) = match result {
+    let (scheduler, servers, (workers, train), cpu) = match result {
         Ok(r) => r,
         Err(e) => {
             group.kill_all();
@@ -204,11 +223,17 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
         servers,
         wall_seconds: start.elapsed().as_secs_f64(),
         workers,
+        train,
         cpu_seconds: cpu,
     })
 }
 
-type GroupResult = (String, Vec<String>, Vec<JobReport>, BTreeMap<String, f64>);
+type GroupResult = (
+    String,
+    Vec<String>,
+    (Vec<JobReport>, Vec<TrainReport>),
+    BTreeMap<String, f64>,
+);
 
 async fn run_group(
     opts: &LocalOptions,
@@ -256,7 +281,9 @@ async fn run_group(
     ));
 
     let mut servers = vec![String::new(); ns as usize];
+    let training = config.job.kind == "train";
     let mut reports: Vec<Option<JobReport>> = vec![None; nw as usize];
+    let mut train_reports: Vec<Option<TrainReport>> = vec![None; nw as usize];
     let mut cpu = BTreeMap::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -291,13 +318,22 @@ async fn run_group(
                     }
                 } else if line.starts_with('{') {
                     if let Some(w) = worker_idx.iter().position(|&i| i == proc) {
-                        let report: JobReport = serde_json::from_str(&line).map_err(|e| {
+                        let unreadable = |e: serde_json::Error| {
                             CliError::failed(format!(
                                 "worker {w} printed an unreadable report: {e}"
                             ))
-                        })?;
-                        cpu.insert(group.name(proc).to_string(), report.cpu_seconds);
-                        reports[w] = Some(report);
+                        };
+                        if training {
+                            let report: TrainReport =
+                                serde_json::from_str(&line).map_err(unreadable)?;
+                            cpu.insert(group.name(proc).to_string(), report.cpu_seconds);
+                            train_reports[w] = Some(report);
+                        } else {
+                            let report: JobReport =
+                                serde_json::from_str(&line).map_err(unreadable)?;
+                            cpu.insert(group.name(proc).to_string(), report.cpu_seconds);
+                            reports[w] = Some(report);
+                        }
                     }
                 }
             }
@@ -310,14 +346,171 @@ async fn run_group(
             }
         }
     }
-    let workers = reports
-        .into_iter()
-        .enumerate()
-        .map(|(w, r)| {
-            r.ok_or_else(|| CliError::failed(format!("worker {w} exited 0 without a report")))
-        })
+    fn all<T>(reports: Vec<Option<T>>) -> CliResult<Vec<T>> {
+        reports
+            .into_iter()
+            .enumerate()
+            .map(|(w, r)| {
+                r.ok_or_else(|| CliError::failed(format!("worker {w} exited 0 without a report")))
+            })
+            .collect()
+    }
+    let reports = if training {
+        (Vec::new(), all(train_reports)?)
+    } else {
+        (all(reports)?, Vec::new())
+    };
+    Ok((sched_addr, servers, reports, cpu))
+}
+
+/// One run of a training comparison.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunSpec {
+    /// A compressor preset ([`crate::train::compare::preset`]) with the `--param` overrides.
+    Preset(String),
+    /// The logistic-regression baseline, uncompressed.
+    Baseline,
+    /// The cluster file's own `[tensors]` maps (with the `--param` overrides), named by its
+    /// `compressor`.
+    AsConfigured,
+}
+
+impl RunSpec {
+    /// Parses a `--compare` item: a preset name or `logistic`.
+    ///
+    /// # Errors
+    /// An unknown name, naming it and what is allowed.
+    pub fn parse(name: &str) -> CliResult<RunSpec> {
+        let name = name.trim();
+        if name == compare::BASELINE {
+            return Ok(RunSpec::Baseline);
+        }
+        compare::preset(name)
+            .map(|_| RunSpec::Preset(name.to_string()))
+            .map_err(|e| CliError::usage(format!("{e}, or {}", compare::BASELINE)))
+    }
+
+    /// The row name.
+    pub fn name(&self, config: &Config) -> String {
+        match self {
+            RunSpec::Preset(p) => p.clone(),
+            RunSpec::Baseline => compare::BASELINE.to_string(),
+            RunSpec::AsConfigured => config
+                .tensors
+                .tables
+                .get("default")
+                .and_then(|t| {
+                    t.get("compressor")
+                        .or_else(|| t.get("byteps_compressor_type"))
+                })
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| "none".to_string()),
+        }
+    }
+
+    /// The cluster file of this run: `base` with the run's `[tensors.default]` (the preset with
+    /// `params` on top; the baseline also switches `job.model` to `logistic`), validated.
+    ///
+    /// # Errors
+    /// A map or value the config validation refuses (exit code 2).
+    pub fn config(&self, base: &Config, params: &[(String, String)]) -> CliResult<Config> {
+        let mut c = base.clone();
+        let mut map: std::collections::BTreeMap<String, String> = match self {
+            RunSpec::Preset(p) => compare::preset(p).map_err(CliError::usage)?,
+            RunSpec::Baseline => {
+                c.job.model = "logistic".to_string();
+                compare::preset("none").map_err(CliError::usage)?
+            }
+            RunSpec::AsConfigured => c
+                .tensors
+                .tables
+                .get("default")
+                .map(|t| {
+                    t.iter()
+                        .map(|(k, v)| {
+                            let v = match v {
+                                toml::Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            };
+                            (k.clone(), v)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        if *self != RunSpec::Baseline {
+            for (k, v) in params {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+        compare::set_default_map(&mut c, &map);
+        c.validate(&format!("the cluster file of run {:?}", self.name(base)))
+            .map_err(CliError::usage)?;
+        Ok(c)
+    }
+}
+
+/// A training comparison: every run × seed on a fresh local cluster.
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    /// The cluster file (`job.kind = "train"`), programs, progress bar and logs.
+    pub local: LocalOptions,
+    /// The runs, in table order.
+    pub runs: Vec<RunSpec>,
+    /// Seeds per run: `cluster.seed` (42 when unset), +1, +2, ...
+    pub seeds: u32,
+    /// `--param` overrides of every compressed run's map.
+    pub params: Vec<(String, String)>,
+}
+
+/// Runs every run of `opts` for every seed, one fresh local cluster each, and tabulates them.
+///
+/// # Errors
+/// A bad map (exit 2) or a failed run (its error, naming the run and seed).
+pub async fn run_compare(opts: &CompareOptions) -> CliResult<CompareReport> {
+    let base = &opts.local.config;
+    let first_seed = base.cluster.seed.unwrap_or(42);
+    // Check every run's map before starting anything.
+    let configs = opts
+        .runs
+        .iter()
+        .map(|r| r.config(base, &opts.params).map(|c| (r.name(base), c)))
         .collect::<CliResult<Vec<_>>>()?;
-    Ok((sched_addr, servers, workers, cpu))
+    let mut rows = Vec::new();
+    let (mut widths, mut params) = (Vec::new(), 0u64);
+    for (name, config) in &configs {
+        for s in 0..opts.seeds.max(1) {
+            let seed = first_seed.wrapping_add(s as u64);
+            let mut local = opts.local.clone();
+            local.config = config.clone();
+            local.config.cluster.seed = Some(seed);
+            local.label = Some(name.clone());
+            let summary = run_local(&local).await.map_err(|e| match e {
+                CliError::Failed(m) => {
+                    CliError::failed(format!("run {name:?} with seed {seed}: {m}"))
+                }
+                other => other,
+            })?;
+            if let Some(r) = summary.train.first() {
+                if r.model == "mlp" && widths.is_empty() {
+                    widths = r.widths.clone();
+                    params = r.params;
+                }
+            }
+            rows.push(RunRow::from_reports(
+                name,
+                &summary.train,
+                summary.wall_seconds,
+            ));
+        }
+    }
+    Ok(CompareReport::new(
+        base.cluster.num_workers,
+        base.cluster.num_servers,
+        widths,
+        params,
+        rows,
+    ))
 }
 
 fn parse_kv(s: &str, key: &str) -> Option<u64> {

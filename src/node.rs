@@ -9,7 +9,8 @@
 //! Machine-readable stdout lines (each flushed at once):
 //! * `pushpull-scheduler listening on ADDR` and `pushpull-server listening on ADDR` once bound;
 //! * `pushpull-scheduler cpu_seconds S` / `pushpull-server cpu_seconds S` just before exit;
-//! * with `--progress`, `pushpull-worker progress rank=R round=N total=T` after each round.
+//! * with `--progress`, `pushpull-worker progress rank=R round=N total=T` after each round
+//!   (each training step for `job.kind = "train"`).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -26,6 +27,7 @@ use pushpull_worker::{JoinOptions, Worker, WorkerError};
 use crate::cpu::cpu_line;
 use crate::error::{CliError, CliResult};
 use crate::job::{self, PROGRESS_PREFIX};
+use crate::train::{self, InRuntime, TrainOptions};
 
 /// The line prefix a scheduler prints once bound: `pushpull-scheduler listening on ADDR`.
 pub const SCHEDULER_LISTENING: &str = "pushpull-scheduler listening on ";
@@ -135,8 +137,9 @@ pub struct WorkerOptions {
     pub progress: bool,
 }
 
-/// `pushpull-worker`: joins the cluster, runs the built-in job ([`crate::job`]), says it is
-/// finished and prints the report.
+/// `pushpull-worker`: joins the cluster, runs the built-in job (`job.kind`: the benchmark of
+/// [`crate::job`] or the training of [`crate::train`]), says it is finished and prints the
+/// report ([`crate::job::JobReport`] or [`crate::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;
@@ -155,15 +158,37 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     })?;
     let rank = worker.rank();
     let progress = opts.progress;
-    let report = job::run_benchmark(&worker, &config, |done, total| {
+    let show = move |done: u32, total: u32| {
         if progress {
             print_line(&format!(
                 "{PROGRESS_PREFIX}rank={rank} round={done} total={total}"
             ));
         }
-    })
-    .await
-    .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
+    };
+    if config.job.kind == "train" {
+        let topts = TrainOptions::from_job(&config.job);
+        let ex = InRuntime {
+            worker: &worker,
+            handle: tokio::runtime::Handle::current(),
+        };
+        let report = tokio::task::block_in_place(|| train::run_train(&ex, &topts, show))
+            .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
+        worker
+            .finish()
+            .await
+            .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: finish: {e}")))?;
+        let mut report = report;
+        report.cpu_seconds = crate::cpu::process_cpu_seconds();
+        if opts.json {
+            print_line(&serde_json::to_string(&report).expect("report serializes"));
+        } else {
+            print_line(&report.to_text());
+        }
+        return Ok(());
+    }
+    let report = job::run_benchmark(&worker, &config, show)
+        .await
+        .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
     worker
         .finish()
         .await

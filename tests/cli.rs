@@ -71,6 +71,18 @@ fn config_errors_name_the_key_for_every_binary() {
             vec!["server.listen", "10.0.0.300:1"],
         ),
         (format!("{GOOD}\n[job]\nrounds = -1\n"), vec!["rounds"]),
+        (
+            format!("{GOOD}\n[job]\nmodel = \"cnn\"\n"),
+            vec!["job.model", "cnn", "logistic"],
+        ),
+        (
+            format!("{GOOD}\n[job]\nlabel_noise = 1.5\n"),
+            vec!["job.label_noise", "1.5"],
+        ),
+        (
+            format!("{GOOD}\n[job]\nhidden = []\n"),
+            vec!["job.hidden", "[]"],
+        ),
     ];
     for (text, needles) in &cases {
         for (program, node) in [
@@ -185,6 +197,29 @@ fn usage_errors_and_help() {
     expect_usage(code, &err, &["cluster.num_workers"]);
     let (code, _, err) = run_bin(PUSHPULL, &["local", "--scale", "0"], T);
     expect_usage(code, &err, &["job.scale"]);
+    // The training flags: bad values are named before anything starts.
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--compressor", "zip"], T);
+    expect_usage(code, &err, &["zip", "onebit", "logistic"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--compare", "none,gzip"], T);
+    expect_usage(code, &err, &["gzip"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--param", "k"], T);
+    expect_usage(code, &err, &["--param", "KEY=VALUE"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--lr=-1"], T);
+    expect_usage(code, &err, &["job.lr", "-1"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--job", "dance"], T);
+    expect_usage(code, &err, &["job.kind", "dance", "train"]);
+    let (code, out, err) = run_bin(PUSHPULL, &["local", "--help"], T);
+    assert_eq!(code, Some(0), "{err}");
+    for f in [
+        "--compressor",
+        "--param",
+        "--compare",
+        "--seeds",
+        "--job",
+        "--steps",
+    ] {
+        assert!(out.contains(f), "pushpull local --help lacks {f}:\n{out}");
+    }
 }
 
 #[test]

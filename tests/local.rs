@@ -12,7 +12,15 @@ fn pushpull_local_runs_a_tiny_job() {
     let _g = cluster_lock();
     let (code, out, err) = run_bin(
         PUSHPULL,
-        &["local", "--scale", "0.001", "--rounds", "2"],
+        &[
+            "local",
+            "--job",
+            "benchmark",
+            "--scale",
+            "0.001",
+            "--rounds",
+            "2",
+        ],
         Duration::from_secs(240),
     );
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
@@ -23,6 +31,8 @@ fn pushpull_local_runs_a_tiny_job() {
         PUSHPULL,
         &[
             "local",
+            "--job",
+            "benchmark",
             "--scale",
             "0.001",
             "--rounds",
@@ -53,6 +63,7 @@ fn pushpull_local_reports_a_failed_process() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = pushpull::local::default_config();
     config.cluster.scheduler = taken.local_addr().unwrap().to_string();
+    config.job.kind = "benchmark".into();
     config.job.scale = 0.001;
     let path = write_config(&config, dir.path());
     let (code, out, err) = run_bin(
@@ -69,6 +80,60 @@ fn pushpull_local_reports_a_failed_process() {
         err.contains(&taken.local_addr().unwrap().to_string()),
         "shows its stderr: {err}"
     );
+}
+
+#[test]
+fn pushpull_local_trains_and_compares() {
+    let _g = cluster_lock();
+    // A tiny model: the default command's code path (two runs, a table) in seconds.
+    let (code, out, err) = run_bin(
+        PUSHPULL,
+        &[
+            "local",
+            "--compare",
+            "none,onebit,logistic",
+            "--steps",
+            "20",
+            "--hidden",
+            "32",
+            "--json",
+        ],
+        Duration::from_secs(240),
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let r: pushpull::train::compare::CompareReport = serde_json::from_str(out.trim()).unwrap();
+    let names: Vec<&str> = r.summary.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["none", "onebit", "logistic"]);
+    assert_eq!(r.runs.len(), 3);
+    assert!(r
+        .runs
+        .iter()
+        .all(|run| run.steps == 20 && run.raw_bytes > 0));
+    assert_eq!(
+        r.runs[0].bytes_pushed, r.runs[0].raw_bytes,
+        "none pushes raw fp32"
+    );
+    assert!(
+        r.runs[2].params < r.params,
+        "the baseline is smaller than the MLP"
+    );
+
+    // Text output: the table and the comparison line.
+    let (code, out, err) = run_bin(
+        PUSHPULL,
+        &[
+            "local",
+            "--compressor",
+            "fp16",
+            "--steps",
+            "5",
+            "--hidden",
+            "16",
+        ],
+        Duration::from_secs(240),
+    );
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("test acc %") && out.contains("fp16"), "{out}");
 }
 
 #[test]

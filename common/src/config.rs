@@ -178,11 +178,17 @@ pub struct WorkerConfig {
 }
 
 /// `[job]`: the built-in job (`pushpull-worker` without user code; `pushpull local`).
+///
+/// `kind = "benchmark"` uses `rounds`, `warmup`, `scale` and `check`; `kind = "train"` uses the
+/// training keys (`model` .. `lr_schedule`). Keys of the other kind are accepted and ignored,
+/// so one file can switch between the two.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobConfig {
     /// `kind`: `benchmark` (push_pull of a ResNet-50-like tensor set on random data, every
-    /// result checked against an independent sum).
+    /// result checked against an independent sum; the default when `[job]` has no `kind`) or
+    /// `train` (data-parallel SGD of a candle MLP on a synthetic classification task, the
+    /// gradients push_pulled with each tensor's compressor; `configs/local.toml` sets it).
     #[serde(default = "default_job_kind")]
     pub kind: String,
     /// `rounds`: push_pull rounds after warm-up (default 10).
@@ -198,6 +204,57 @@ pub struct JobConfig {
     /// `check`: verify every result against the independently computed sum (default true).
     #[serde(default = "default_true")]
     pub check: bool,
+    /// `model` (train): `mlp` (ReLU layers of widths `hidden`, default) or `logistic`
+    /// (multinomial logistic regression: one linear layer, the baseline).
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// `steps` (train): SGD steps, one push_pull of every gradient tensor each (default 300).
+    #[serde(default = "default_steps")]
+    pub steps: u32,
+    /// `batch_size` (train): samples per worker per step (default 64).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    /// `lr` (train): peak learning rate of SGD (default 0.1).
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+    /// `lr_schedule` (train): `cosine` (decay from `lr` to 0 over `steps`, default) or
+    /// `constant`.
+    #[serde(default = "default_lr_schedule")]
+    pub lr_schedule: String,
+    /// `momentum` (train): SGD momentum in [0, 1) (default 0.9). Ignored (0) for tensors whose
+    /// parameter map has `momentum = "nesterov"`: the compressor's momentum owns it then.
+    #[serde(default = "default_momentum")]
+    pub momentum: f64,
+    /// `input_dim` (train): input features (default 16).
+    #[serde(default = "default_input_dim")]
+    pub input_dim: u32,
+    /// `hidden` (train, mlp): widths of the hidden layers (default [512, 512]).
+    #[serde(default = "default_hidden")]
+    pub hidden: Vec<u32>,
+    /// `classes` (train): number of classes (default 10).
+    #[serde(default = "default_classes")]
+    pub classes: u32,
+    /// `teacher_hidden` (train): hidden units of the random teacher network whose argmax labels
+    /// the data (`argmax(W2 · (|W1 · x| − √(2/π)))`, see the root package's `train::data`;
+    /// default 8).
+    #[serde(default = "default_teacher_hidden")]
+    pub teacher_hidden: u32,
+    /// `train_samples` (train): training set size, sharded across workers by rank (sample i
+    /// goes to worker i mod num_workers; default 32768).
+    #[serde(default = "default_train_samples")]
+    pub train_samples: u32,
+    /// `test_samples` (train): held-out test set size, labelled by the teacher without noise
+    /// (default 4096).
+    #[serde(default = "default_test_samples")]
+    pub test_samples: u32,
+    /// `label_noise` (train): fraction in [0, 1) of training labels replaced by a uniformly
+    /// random class (default 0.1).
+    #[serde(default = "default_label_noise")]
+    pub label_noise: f64,
+    /// `eval_every` (train): also evaluate on the test set every this many steps (0: only at
+    /// the end; default 0).
+    #[serde(default)]
+    pub eval_every: u32,
 }
 
 /// `[tensors]`: `default` applies to every tensor; a table named after a tensor overrides
@@ -239,6 +296,45 @@ fn default_device() -> String {
 }
 fn default_job_kind() -> String {
     "benchmark".to_string()
+}
+fn default_model() -> String {
+    "mlp".to_string()
+}
+fn default_steps() -> u32 {
+    300
+}
+fn default_batch_size() -> u32 {
+    64
+}
+fn default_lr() -> f64 {
+    0.1
+}
+fn default_lr_schedule() -> String {
+    "cosine".to_string()
+}
+fn default_momentum() -> f64 {
+    0.9
+}
+fn default_input_dim() -> u32 {
+    16
+}
+fn default_hidden() -> Vec<u32> {
+    vec![512, 512]
+}
+fn default_classes() -> u32 {
+    10
+}
+fn default_teacher_hidden() -> u32 {
+    8
+}
+fn default_train_samples() -> u32 {
+    32_768
+}
+fn default_test_samples() -> u32 {
+    4_096
+}
+fn default_label_noise() -> f64 {
+    0.1
 }
 fn default_rounds() -> u32 {
     10
@@ -289,7 +385,121 @@ impl Default for JobConfig {
             warmup: default_warmup(),
             scale: default_scale(),
             check: true,
+            model: default_model(),
+            steps: default_steps(),
+            batch_size: default_batch_size(),
+            lr: default_lr(),
+            lr_schedule: default_lr_schedule(),
+            momentum: default_momentum(),
+            input_dim: default_input_dim(),
+            hidden: default_hidden(),
+            classes: default_classes(),
+            teacher_hidden: default_teacher_hidden(),
+            train_samples: default_train_samples(),
+            test_samples: default_test_samples(),
+            label_noise: default_label_noise(),
+            eval_every: 0,
         }
+    }
+}
+
+impl JobConfig {
+    /// Checks the `[job]` keys (those of both kinds); errors name the key, the value and what
+    /// is allowed. `num_workers` bounds `train_samples` (every worker needs a sample).
+    fn validate(
+        &self,
+        num_workers: u32,
+        bad: &dyn Fn(&str, String, &str) -> ConfigError,
+    ) -> Result<(), ConfigError> {
+        let one_of = |key: &str, value: &str, allowed: &[&str]| {
+            if allowed.contains(&value) {
+                Ok(())
+            } else {
+                let list: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+                Err(bad(
+                    key,
+                    format!("{value:?}"),
+                    &format!("one of {}", list.join(", ")),
+                ))
+            }
+        };
+        let range_u32 = |key: &str, v: u32, lo: u32, hi: u32| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(bad(
+                    key,
+                    v.to_string(),
+                    &format!("an integer in {lo}..={hi}"),
+                ))
+            }
+        };
+        one_of("job.kind", &self.kind, &["benchmark", "train"])?;
+        one_of("job.model", &self.model, &["mlp", "logistic"])?;
+        one_of(
+            "job.lr_schedule",
+            &self.lr_schedule,
+            &["cosine", "constant"],
+        )?;
+        range_u32("job.steps", self.steps, 1, 10_000_000)?;
+        range_u32("job.batch_size", self.batch_size, 1, 65_536)?;
+        range_u32("job.input_dim", self.input_dim, 1, 65_536)?;
+        range_u32("job.classes", self.classes, 2, 65_536)?;
+        range_u32("job.teacher_hidden", self.teacher_hidden, 1, 65_536)?;
+        range_u32("job.test_samples", self.test_samples, 1, 10_000_000)?;
+        range_u32(
+            "job.train_samples",
+            self.train_samples,
+            num_workers.max(1),
+            10_000_000,
+        )?;
+        if self.model == "mlp" && self.hidden.is_empty() {
+            return Err(bad(
+                "job.hidden",
+                "[]".into(),
+                "at least one hidden width for model = \"mlp\" (use model = \"logistic\" for \
+                 no hidden layer)",
+            ));
+        }
+        for &h in &self.hidden {
+            if !(1..=65_536).contains(&h) {
+                return Err(bad(
+                    "job.hidden",
+                    format!("{:?}", self.hidden),
+                    "widths in 1..=65536",
+                ));
+            }
+        }
+        let data_elements =
+            (self.train_samples as u64 + self.test_samples as u64) * self.input_dim as u64;
+        if data_elements > 1 << 28 {
+            return Err(bad(
+                "job.train_samples",
+                self.train_samples.to_string(),
+                &format!(
+                    "(train_samples + test_samples) * input_dim must be at most 268435456 \
+                     elements (here {data_elements})"
+                ),
+            ));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 100.0) {
+            return Err(bad("job.lr", self.lr.to_string(), "a number in (0, 100]"));
+        }
+        if !(self.momentum.is_finite() && (0.0..1.0).contains(&self.momentum)) {
+            return Err(bad(
+                "job.momentum",
+                self.momentum.to_string(),
+                "a number in [0, 1)",
+            ));
+        }
+        if !(self.label_noise.is_finite() && (0.0..1.0).contains(&self.label_noise)) {
+            return Err(bad(
+                "job.label_noise",
+                self.label_noise.to_string(),
+                "a fraction in [0, 1)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -414,13 +624,7 @@ impl Config {
                 "one of \"auto\", \"cpu\", \"cuda\"",
             ));
         }
-        if self.job.kind != "benchmark" {
-            return Err(bad(
-                "job.kind",
-                format!("{:?}", self.job.kind),
-                "\"benchmark\"",
-            ));
-        }
+        self.job.validate(self.cluster.num_workers, &bad)?;
         if !(self.job.scale > 0.0 && self.job.scale <= 64.0) {
             return Err(bad(
                 "job.scale",

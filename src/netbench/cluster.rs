@@ -1,0 +1,399 @@
+//! One cluster run inside a [`Topology`]: the real `pushpull-scheduler`, `pushpull-server` and
+//! `pushpull-worker` binaries, each started with `ip netns exec NS ...` in its own host's
+//! namespace, with a throw-away CA like `pushpull local`.
+//!
+//! While the job runs, worker 0's progress lines mark the round boundaries: when it finishes
+//! the warm-up and the last timed round, every host's `eth0` byte counters and every process's
+//! CPU time (`/proc/PID/stat`) are read, which gives per-round wire bytes and CPU seconds of
+//! exactly the timed rounds.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pushpull_common::config::TlsConfig;
+use pushpull_common::tls::generate_cluster;
+use pushpull_common::Config;
+
+use super::topo::{interrupted, Host, Topology};
+use crate::error::{CliError, CliResult};
+use crate::job::{JobReport, PROGRESS_PREFIX};
+use crate::local::{write_config, STARTUP_TIMEOUT};
+use crate::node::SCHEDULER_LISTENING;
+use crate::procs::{Event, ProcGroup, Programs};
+
+/// Counters read at one round boundary.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// When.
+    pub at: Instant,
+    /// `(tx, rx)` bytes of every process's host, in process order.
+    pub bytes: Vec<(u64, u64)>,
+    /// CPU seconds of every process so far, in process order.
+    pub cpu: Vec<f64>,
+}
+
+/// What one cluster run gave.
+#[derive(Debug, Clone)]
+pub struct ClusterRun {
+    /// Process names in order: `scheduler`, `server0`, ..., `worker0`, ...
+    pub processes: Vec<String>,
+    /// Every worker's report, by rank.
+    pub reports: Vec<JobReport>,
+    /// Per timed round, seconds: the workers' own push_pull times if their report has
+    /// `round_seconds` (the slowest worker per round), else the spacing of worker 0's progress
+    /// lines (push_pull plus generating the round's data).
+    pub round_seconds: Vec<f64>,
+    /// Where `round_seconds` came from: `report` or `progress`.
+    pub round_source: String,
+    /// Counters when worker 0 finished the warm-up and the last round (absent without
+    /// warm-up rounds).
+    pub window: Option<(Snapshot, Snapshot)>,
+    /// Packets dropped by tbf on each process's host link (both ends) during this run.
+    pub tbf_drops: Vec<u64>,
+    /// Seconds from the first start to the last exit.
+    pub wall_seconds: f64,
+}
+
+/// How long one run may take in all.
+#[derive(Debug, Clone)]
+pub struct RunLimits {
+    /// Wall-clock limit of the whole run.
+    pub timeout: Duration,
+    /// Forward children's stderr to ours.
+    pub logs: bool,
+}
+
+/// CPU seconds (user + system, all threads) of process `pid` from `/proc/PID/stat`.
+pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime is field 14, stime 15.
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((utime + stime) / hz)
+}
+
+fn tls_args(tls: &TlsConfig) -> Vec<String> {
+    let p = |p: &Option<PathBuf>| {
+        p.as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    };
+    vec![
+        "--ca".into(),
+        p(&tls.ca),
+        "--cert".into(),
+        p(&tls.cert),
+        "--key".into(),
+        p(&tls.key),
+    ]
+}
+
+fn netns_exec(ns: &str, prog: &(PathBuf, Vec<String>), extra: Vec<String>) -> Vec<String> {
+    let mut a = vec![
+        "netns".to_string(),
+        "exec".to_string(),
+        ns.to_string(),
+        prog.0.display().to_string(),
+    ];
+    a.extend(prog.1.iter().cloned());
+    a.extend(extra);
+    a
+}
+
+/// Runs `config`'s job on the topology's hosts `scheduler`, `server0..S`, `worker0..W` and
+/// waits for every process to exit. `config.cluster.scheduler` and each server's `--listen`
+/// (its host's address) are set here. Fails naming the process (with its last stderr lines) if any exits non-zero; kills
+/// everything on failure, timeout or a signal.
+pub async fn run_cluster(
+    topo: &Topology,
+    config: &Config,
+    programs: &Programs,
+    limits: &RunLimits,
+) -> CliResult<ClusterRun> {
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    let mut processes = vec!["scheduler".to_string()];
+    processes.extend((0..ns).map(|s| format!("server{s}")));
+    processes.extend((0..nw).map(|w| format!("worker{w}")));
+    let hosts: Vec<&Host> = processes
+        .iter()
+        .map(|p| topo.host(p))
+        .collect::<CliResult<_>>()?;
+
+    let dir = tempfile::Builder::new()
+        .prefix("pushpull-netbench-")
+        .tempdir()
+        .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
+    let tls = generate_cluster(dir.path(), &config.tls.server_name, &processes)
+        .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
+    let mut config = config.clone();
+    config.cluster.scheduler = format!("{}:0", hosts[0].ip);
+    config.server.listen = "0.0.0.0:0".to_string();
+    config.server.advertise = None;
+    let config_path = write_config(&config, dir.path())?;
+    let config_arg = config_path.display().to_string();
+
+    let mut group = ProcGroup::new();
+    if limits.logs {
+        group.forward_stderr(Arc::new(|name: &str, line: &str| {
+            eprintln!("[{name}] {line}");
+        }));
+    }
+    // tbf counters live as long as the network: count this run's drops only.
+    let drops_before: Vec<u64> = hosts
+        .iter()
+        .map(|h| topo.tbf_drops(h).unwrap_or(0))
+        .collect();
+    let start = Instant::now();
+    let run = tokio::time::timeout(
+        limits.timeout,
+        drive(
+            topo,
+            &config,
+            programs,
+            &mut group,
+            &hosts,
+            &tls,
+            &config_arg,
+        ),
+    )
+    .await;
+    let result = match run {
+        Ok(r) => r,
+        Err(_) => Err(CliError::failed(format!(
+            "the run did not finish within {:.0} s (--run-timeout)",
+            limits.timeout.as_secs_f64()
+        ))),
+    };
+    let drops = hosts
+        .iter()
+        .zip(&drops_before)
+        .map(|(h, b)| topo.tbf_drops(h).unwrap_or(0).saturating_sub(*b))
+        .collect();
+    let (reports, round_seconds, round_source, window) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            group.kill_all();
+            // Give the children a moment to die before the namespaces go.
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                while group.next_event().await.is_some() {}
+            })
+            .await;
+            return Err(e);
+        }
+    };
+    Ok(ClusterRun {
+        processes,
+        reports,
+        round_seconds,
+        round_source,
+        window,
+        tbf_drops: drops,
+        wall_seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+type Driven = (
+    Vec<JobReport>,
+    Vec<f64>,
+    String,
+    Option<(Snapshot, Snapshot)>,
+);
+
+fn snapshot(topo: &Topology, hosts: &[&Host], pids: &[u32]) -> CliResult<Snapshot> {
+    let at = Instant::now();
+    let all = topo.counters()?;
+    let bytes = hosts
+        .iter()
+        .map(|h| {
+            let i = topo.hosts.iter().position(|t| t.ns == h.ns).unwrap_or(0);
+            all[i]
+        })
+        .collect();
+    let cpu = pids
+        .iter()
+        .map(|&p| proc_cpu_seconds(p).unwrap_or(0.0))
+        .collect();
+    Ok(Snapshot { at, bytes, cpu })
+}
+
+async fn drive(
+    topo: &Topology,
+    config: &Config,
+    programs: &Programs,
+    group: &mut ProcGroup,
+    hosts: &[&Host],
+    tls: &[TlsConfig],
+    config_arg: &str,
+) -> CliResult<Driven> {
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    let base = |tls: &TlsConfig| {
+        let mut a = vec!["--config".to_string(), config_arg.to_string()];
+        a.extend(tls_args(tls));
+        a
+    };
+    let ip = Path::new("ip");
+    let sched = group.spawn(
+        "scheduler",
+        ip,
+        &netns_exec(&hosts[0].ns, &programs.scheduler, base(&tls[0])),
+    )?;
+    let sched_addr = group
+        .wait_line(sched, SCHEDULER_LISTENING, STARTUP_TIMEOUT)
+        .await?;
+    let mut pids = vec![group.pid(sched)];
+    for s in 0..ns as usize {
+        let mut a = base(&tls[1 + s]);
+        a.extend([
+            "--scheduler".to_string(),
+            sched_addr.clone(),
+            "--listen".to_string(),
+            format!("{}:0", hosts[1 + s].ip),
+        ]);
+        let idx = group.spawn(
+            &format!("server{s}"),
+            ip,
+            &netns_exec(&hosts[1 + s].ns, &programs.server, a),
+        )?;
+        pids.push(group.pid(idx));
+    }
+    let mut worker_idx = Vec::new();
+    for w in 0..nw as usize {
+        let p = 1 + ns as usize + w;
+        let mut a = base(&tls[p]);
+        a.extend([
+            "--scheduler".to_string(),
+            sched_addr.clone(),
+            "--rank".to_string(),
+            w.to_string(),
+            "--json".to_string(),
+            "--progress".to_string(),
+        ]);
+        let idx = group.spawn(
+            &format!("worker{w}"),
+            ip,
+            &netns_exec(&hosts[p].ns, &programs.worker, a),
+        )?;
+        worker_idx.push(idx);
+        pids.push(group.pid(idx));
+    }
+
+    let (warmup, total) = (config.job.warmup, config.job.warmup + config.job.rounds);
+    let mut progress_at: BTreeMap<u64, Instant> = BTreeMap::new();
+    let mut first: Option<Snapshot> = None;
+    let mut window = None;
+    let mut reports: Vec<Option<JobReport>> = vec![None; nw as usize];
+    let mut report_rounds: Vec<Option<Vec<f64>>> = vec![None; nw as usize];
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        let ev = tokio::select! {
+            ev = group.next_event() => ev,
+            _ = tick.tick() => {
+                if interrupted() {
+                    return Err(CliError::failed("interrupted by a signal: killed every process of the cluster"));
+                }
+                continue;
+            }
+        };
+        let Some(ev) = ev else { break };
+        match ev {
+            Event::Line { proc, line } => {
+                if let Some(rest) = line.strip_prefix(PROGRESS_PREFIX) {
+                    if worker_idx.first() == Some(&proc) {
+                        let Some(done) = parse_kv(rest, "round") else {
+                            continue;
+                        };
+                        progress_at.insert(done, Instant::now());
+                        if warmup > 0 && done == warmup as u64 {
+                            first = Some(snapshot(topo, hosts, &pids)?);
+                        }
+                        if done == total as u64 {
+                            if let Some(a) = first.take() {
+                                window = Some((a, snapshot(topo, hosts, &pids)?));
+                            }
+                        }
+                    }
+                } else if line.starts_with('{') {
+                    if let Some(w) = worker_idx.iter().position(|&i| i == proc) {
+                        let report: JobReport = serde_json::from_str(&line).map_err(|e| {
+                            CliError::failed(format!("worker{w} printed an unreadable report: {e}"))
+                        })?;
+                        // `round_seconds` is read when the job reports it.
+                        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                        report_rounds[w] = v["round_seconds"]
+                            .as_array()
+                            .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect());
+                        reports[w] = Some(report);
+                    }
+                }
+            }
+            Event::Exit { proc, status } => {
+                if !status.success() {
+                    let msg = group.failure_message(proc, status);
+                    return Err(CliError::failed(msg));
+                }
+            }
+        }
+    }
+    let reports = reports
+        .into_iter()
+        .enumerate()
+        .map(|(w, r)| {
+            r.ok_or_else(|| CliError::failed(format!("worker{w} exited 0 without a report")))
+        })
+        .collect::<CliResult<Vec<_>>>()?;
+    let rounds = config.job.rounds as usize;
+    let (round_seconds, source) = if report_rounds
+        .iter()
+        .all(|r| r.as_ref().is_some_and(|r| r.len() == rounds))
+    {
+        let per_round = (0..rounds)
+            .map(|i| {
+                report_rounds
+                    .iter()
+                    .flatten()
+                    .map(|r| r[i])
+                    .fold(0.0, f64::max)
+            })
+            .collect();
+        (per_round, "report")
+    } else {
+        let per_round = (warmup as u64..total as u64)
+            .filter_map(|r| {
+                let a = progress_at.get(&r)?;
+                let b = progress_at.get(&(r + 1))?;
+                Some(b.duration_since(*a).as_secs_f64())
+            })
+            .collect();
+        (per_round, "progress")
+    };
+    Ok((reports, round_seconds, source.to_string(), window))
+}
+
+fn parse_kv(s: &str, key: &str) -> Option<u64> {
+    s.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cpu_time_reads() {
+        let c = proc_cpu_seconds(std::process::id()).unwrap();
+        assert!(c >= 0.0);
+        assert_eq!(proc_cpu_seconds(u32::MAX), None);
+    }
+
+    #[test]
+    fn progress_lines_parse() {
+        assert_eq!(parse_kv("rank=0 round=3 total=12", "round"), Some(3));
+    }
+}

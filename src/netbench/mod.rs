@@ -1,0 +1,687 @@
+//! `pushpull bench net`: the cluster on a real, shaped network. Every node (scheduler, S
+//! servers, W workers) runs in its own network namespace, linked to a bridge by a veth pair
+//! shaped with `tc ... tbf` on both ends; the benchmark push_pulls the ResNet-50-like tensor
+//! set per compressor and at several sizes and server counts, and compares seconds per round
+//! with the wire floor of the links. Needs root (it creates namespaces); cleans up after itself,
+//! also on Ctrl-C and on failure.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | here | [`NetArgs`] (the command line), the compressor presets [`PRESETS`], the plan of runs and [`run`] (the command) |
+//! | [`topo`] | [`topo::Topology`]: namespaces, bridge, veth pairs, tbf; teardown on drop; the signal flag; `ip`/`tc` command runner |
+//! | [`probe`] | the once-per-network measurement of every link's achieved rate (timed TCP transfers from threads that `setns` into the hosts) |
+//! | [`cluster`] | one cluster run of the real binaries via `ip netns exec`, with counters and CPU times read at the timed rounds' boundaries |
+//! | [`report`] | [`report::RunRow`]: floor, ratio, CPU-bound verdict, bytes per host; the text table |
+//!
+//! One run per (rate, compressor) in the compressor series, and per size and per server count
+//! in the scaling series (at one rate and one compressor). Each network (one per rate) is
+//! created once, its links measured once, and deleted before the next.
+
+pub mod cluster;
+pub mod probe;
+pub mod report;
+pub mod topo;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Args;
+use pushpull_common::Config;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{CliError, CliResult};
+use crate::procs::Programs;
+use cluster::{run_cluster, RunLimits};
+use probe::{measure_links, LinkRate};
+use report::{host_lines, make_row, table, RowContext, RunRow};
+use topo::{check_interrupted, parse_rate, Shaping, Topology};
+
+/// The compressor presets of the benchmark: name and `[tensors.default]` parameter map.
+pub const PRESETS: &[(&str, &[(&str, &str)])] = &[
+    ("none", &[("compressor", "none")]),
+    ("fp16", &[("compressor", "fp16")]),
+    ("onebit", &[("compressor", "onebit"), ("scaling", "true")]),
+    ("topk", &[("compressor", "topk"), ("k", "0.01")]),
+    ("randomk", &[("compressor", "randomk"), ("k", "0.01")]),
+    (
+        "dithering",
+        &[
+            ("compressor", "dithering"),
+            ("k", "4"),
+            ("encoding", "packed"),
+        ],
+    ),
+    ("minmax", &[("compressor", "minmax"), ("bits", "8")]),
+];
+
+/// The parameter map of preset `name`.
+pub fn preset(name: &str) -> CliResult<BTreeMap<String, String>> {
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, kv)| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .ok_or_else(|| {
+            CliError::usage(format!(
+                "unknown compressor preset {name:?}; known: {}",
+                PRESETS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
+/// `pushpull bench net`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Needs root. Example, a quick run: pushpull bench net --rates 100mbit \
+                  --compressors none,onebit --scale 0.1 --rounds 2 --skip-scaling"
+)]
+pub struct NetArgs {
+    /// Link rates to run at, comma-separated (tc units: kbit, mbit, gbit); one network each.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "100mbit,1gbit"
+    )]
+    pub rates: Vec<String>,
+    /// Workers, each on its own host.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub workers: u32,
+    /// Servers of the compressor series, each on its own host.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub servers: u32,
+    /// Compressor presets of the compressor series, comma-separated (none, fp16, onebit, topk
+    /// = 1 %, randomk = 1 %, dithering = s 4 packed, minmax = 8 bit).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "none,fp16,onebit,topk,randomk,dithering,minmax"
+    )]
+    pub compressors: Vec<String>,
+    /// Fraction of the ResNet-50 tensor set (1.0 = 25.6 M fp32 = 102 MB per worker per round)
+    /// of the compressor series and the server-count runs.
+    #[arg(long, value_name = "F", default_value_t = 1.0)]
+    pub scale: f64,
+    /// Timed rounds per run.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub rounds: u32,
+    /// Warm-up rounds per run (at least 1: its end is where the counters start).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub warmup: u32,
+    /// Skip the compressor series.
+    #[arg(long)]
+    pub skip_compressors: bool,
+    /// Skip the scaling series.
+    #[arg(long)]
+    pub skip_scaling: bool,
+    /// Compressor preset of the scaling series.
+    #[arg(long, value_name = "NAME", default_value = "onebit")]
+    pub scaling_compressor: String,
+    /// Sizes of the scaling series, MB (1e6 bytes) of fp32 per worker per round.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,10,100,400"
+    )]
+    pub scaling_sizes: Vec<f64>,
+    /// Server counts of the scaling series (at --scale).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,2,4"
+    )]
+    pub scaling_servers: Vec<u32>,
+    /// The rate of the scaling series (one of --rates; default the first).
+    #[arg(long, value_name = "RATE")]
+    pub scaling_rate: Option<String>,
+    /// Seconds of each link-rate probe (one TCP transfer per host; 0: assume the nominal rate).
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub probe_seconds: f64,
+    /// Check every result bit for bit against the single-process reference (costs CPU on
+    /// every worker).
+    #[arg(long)]
+    pub check: bool,
+    /// A cluster file to start from (default: configs/local.toml, built in); the benchmark sets
+    /// the addresses, node counts, `[job]` and `[tensors.default]`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Longest one run may take, seconds.
+    #[arg(long, value_name = "S", default_value_t = 900)]
+    pub run_timeout: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Show every process's log lines (stderr), prefixed with its name.
+    #[arg(long)]
+    pub logs: bool,
+}
+
+/// One planned run.
+#[derive(Debug, Clone)]
+struct Plan {
+    series: &'static str,
+    compressor: String,
+    servers: u32,
+    scale: f64,
+}
+
+/// A run that failed or was skipped.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunFailure {
+    /// `compressors` or `scaling`.
+    pub series: String,
+    /// Preset.
+    pub compressor: String,
+    /// Rate label.
+    pub rate: String,
+    /// Workers x servers.
+    pub workers: u32,
+    /// Servers.
+    pub servers: u32,
+    /// fp32 MB per worker per round.
+    pub mb_per_worker: f64,
+    /// Why.
+    pub error: String,
+}
+
+/// One shaped network and its measured links.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Network {
+    /// Rate label as given.
+    pub rate: String,
+    /// tbf rate, bits/s.
+    pub rate_bits: u64,
+    /// tbf burst, bytes.
+    pub burst_bytes: u64,
+    /// tbf queue limit, bytes.
+    pub limit_bytes: u64,
+    /// Whether `links` was measured (else nominal).
+    pub measured: bool,
+    /// Every host's achieved rate.
+    pub links: Vec<LinkRate>,
+}
+
+/// The machine the benchmark ran on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    /// Cores (`nproc`).
+    pub cores: usize,
+    /// `uname -r`.
+    pub kernel: String,
+    /// Available memory at the start, bytes.
+    pub mem_available_bytes: u64,
+    /// 1-, 5-, 15-minute load averages at the start.
+    pub load_start: [f64; 3],
+    /// ... and at the end.
+    pub load_end: [f64; 3],
+}
+
+/// What `pushpull bench net --json` prints.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NetReport {
+    /// The machine.
+    pub machine: Machine,
+    /// The networks, one per rate.
+    pub networks: Vec<Network>,
+    /// Every finished run.
+    pub runs: Vec<RunRow>,
+    /// Runs that failed or were skipped.
+    pub failures: Vec<RunFailure>,
+}
+
+/// 1-, 5-, 15-minute load averages.
+pub fn load_average() -> [f64; 3] {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut it = text
+        .split_whitespace()
+        .map(|x| x.parse::<f64>().unwrap_or(0.0));
+    [
+        it.next().unwrap_or(0.0),
+        it.next().unwrap_or(0.0),
+        it.next().unwrap_or(0.0),
+    ]
+}
+
+/// `MemAvailable` in bytes.
+pub fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The job scale giving `mb` MB (1e6 bytes) of fp32 per worker per round.
+pub fn scale_for_mb(mb: f64) -> f64 {
+    mb * 1e6 / (crate::resnet::RESNET50_ELEMENTS as f64 * 4.0)
+}
+
+/// The cluster file of one run: `base` with the node counts, the job and the tensors' map.
+pub fn run_config(
+    base: &Config,
+    workers: u32,
+    servers: u32,
+    scale: f64,
+    (rounds, warmup, check): (u32, u32, bool),
+    params: &BTreeMap<String, String>,
+) -> CliResult<Config> {
+    let mut c = base.clone();
+    c.cluster.num_workers = workers;
+    c.cluster.num_servers = servers;
+    c.job.kind = "benchmark".to_string();
+    c.job.scale = scale;
+    c.job.rounds = rounds;
+    c.job.warmup = warmup;
+    c.job.check = check;
+    c.tensors.tables.insert(
+        "default".to_string(),
+        params
+            .iter()
+            .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
+            .collect(),
+    );
+    c.validate("the benchmark's cluster file")
+        .map_err(CliError::usage)?;
+    Ok(c)
+}
+
+/// Rough memory a run needs: every worker holds its inputs, results and in-flight copies; the
+/// servers hold every worker's pushes of their keys.
+fn memory_needed(workers: u32, scale: f64) -> u64 {
+    let per_worker = scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0;
+    (per_worker * 7.0 * workers as f64) as u64
+}
+
+/// `pushpull bench net`: validates the flags, then for every rate builds the network, measures
+/// its links, runs the plan, deletes the network; prints the table (or JSON). Exit code 1 if
+/// any run failed (the others are still reported).
+pub fn run(args: NetArgs) -> CliResult<()> {
+    let rates: Vec<(String, u64)> = args
+        .rates
+        .iter()
+        .map(|r| {
+            parse_rate(r)
+                .map(|b| (r.trim().to_string(), b))
+                .map_err(|e| CliError::usage(format!("--rates: {e}")))
+        })
+        .collect::<CliResult<_>>()?;
+    if rates.is_empty() {
+        return Err(CliError::usage("--rates: give at least one rate"));
+    }
+    if args.workers == 0 || args.servers == 0 {
+        return Err(CliError::usage(
+            "--workers and --servers must be at least 1",
+        ));
+    }
+    if args.warmup == 0 || args.rounds == 0 {
+        return Err(CliError::usage(
+            "--warmup and --rounds must be at least 1 (the counters start at the end of the \
+             warm-up)",
+        ));
+    }
+    if !(args.scale > 0.0 && args.scale.is_finite()) {
+        return Err(CliError::usage(format!(
+            "--scale {}: must be a positive number",
+            args.scale
+        )));
+    }
+    if !(0.0..=60.0).contains(&args.probe_seconds) {
+        return Err(CliError::usage("--probe-seconds: 0 to 60"));
+    }
+    for c in &args.compressors {
+        preset(c).map_err(|e| CliError::usage(format!("--compressors: {e}")))?;
+    }
+    preset(&args.scaling_compressor)
+        .map_err(|e| CliError::usage(format!("--scaling-compressor: {e}")))?;
+    if let Some(bad) = args
+        .scaling_sizes
+        .iter()
+        .find(|&&m| !(m > 0.0 && m.is_finite()))
+    {
+        return Err(CliError::usage(format!(
+            "--scaling-sizes: {bad} is not a positive size in MB"
+        )));
+    }
+    if args.scaling_servers.contains(&0) {
+        return Err(CliError::usage(
+            "--scaling-servers: counts must be at least 1",
+        ));
+    }
+    let scaling_rate = match &args.scaling_rate {
+        None => rates[0].0.clone(),
+        Some(r) => {
+            let bits =
+                parse_rate(r).map_err(|e| CliError::usage(format!("--scaling-rate: {e}")))?;
+            rates
+                .iter()
+                .find(|(_, b)| *b == bits)
+                .map(|(l, _)| l.clone())
+                .ok_or_else(|| CliError::usage(format!("--scaling-rate {r}: not one of --rates")))?
+        }
+    };
+    let base = match &args.config {
+        Some(p) => Config::from_file(p).map_err(CliError::usage)?,
+        None => crate::local::default_config(),
+    };
+    // Check the plan's cluster files before building anything.
+    let plans_for = |rate: &str| -> Vec<Plan> {
+        let mut plans = Vec::new();
+        if !args.skip_compressors {
+            for c in &args.compressors {
+                plans.push(Plan {
+                    series: "compressors",
+                    compressor: c.clone(),
+                    servers: args.servers,
+                    scale: args.scale,
+                });
+            }
+        }
+        if !args.skip_scaling && rate == scaling_rate {
+            for &mb in &args.scaling_sizes {
+                plans.push(Plan {
+                    series: "scaling",
+                    compressor: args.scaling_compressor.clone(),
+                    servers: args.servers,
+                    scale: scale_for_mb(mb),
+                });
+            }
+            for &s in &args.scaling_servers {
+                plans.push(Plan {
+                    series: "scaling",
+                    compressor: args.scaling_compressor.clone(),
+                    servers: s,
+                    scale: args.scale,
+                });
+            }
+        }
+        plans
+    };
+    let job = (args.rounds, args.warmup, args.check);
+    for (rate, _) in &rates {
+        for p in plans_for(rate) {
+            run_config(
+                &base,
+                args.workers,
+                p.servers,
+                p.scale,
+                job,
+                &preset(&p.compressor)?,
+            )?;
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(CliError::usage(
+            "pushpull bench net needs root: it creates network namespaces, veth pairs and tc \
+             qdiscs (nothing outside its own namespaces is changed)",
+        ));
+    }
+    topo::install_signal_handlers();
+    for ns in topo::remove_stale()? {
+        eprintln!("pushpull bench net: deleted namespace {ns} left behind by a killed run");
+    }
+    let programs = Programs::from_current_exe()?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let machine_start = (mem_available(), load_average());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::failed(format!("cannot start a tokio runtime: {e}")))?;
+    let limits = RunLimits {
+        timeout: Duration::from_secs(args.run_timeout.max(1)),
+        logs: args.logs,
+    };
+
+    let mut networks = Vec::new();
+    let mut rows: Vec<RunRow> = Vec::new();
+    let mut failures = Vec::new();
+    for (rate, bits) in &rates {
+        let plans = plans_for(rate);
+        if plans.is_empty() {
+            continue;
+        }
+        let max_servers = plans.iter().map(|p| p.servers).max().unwrap_or(1);
+        let mut hosts = vec!["scheduler".to_string()];
+        hosts.extend((0..max_servers).map(|s| format!("server{s}")));
+        hosts.extend((0..args.workers).map(|w| format!("worker{w}")));
+        let shaping = Shaping { rate_bits: *bits };
+        eprintln!(
+            "pushpull bench net: {rate}: {} hosts, {}",
+            hosts.len(),
+            shaping.tbf_args().join(" ")
+        );
+        let mut topo = Topology::create(&hosts, shaping)?;
+        let links = if args.probe_seconds > 0.0 {
+            eprintln!(
+                "pushpull bench net: {rate}: measuring every link ({:.1} s each)",
+                args.probe_seconds
+            );
+            measure_links(&topo, args.probe_seconds)?
+        } else {
+            topo.hosts
+                .iter()
+                .map(|h| LinkRate {
+                    host: h.name.clone(),
+                    up_bits_per_second: *bits as f64,
+                    down_bits_per_second: *bits as f64,
+                })
+                .collect()
+        };
+        eprintln!("pushpull bench net: {rate}: {}", links_summary(&links));
+        networks.push(Network {
+            rate: rate.clone(),
+            rate_bits: *bits,
+            burst_bytes: shaping.burst_bytes(),
+            limit_bytes: shaping.limit_bytes(),
+            measured: args.probe_seconds > 0.0,
+            links: links.clone(),
+        });
+        for p in plans {
+            check_interrupted()?;
+            let params = preset(&p.compressor)?;
+            let mb_per_worker = p.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
+            let fail = |e: String| RunFailure {
+                series: p.series.to_string(),
+                compressor: p.compressor.clone(),
+                rate: rate.clone(),
+                workers: args.workers,
+                servers: p.servers,
+                mb_per_worker,
+                error: e,
+            };
+            // The same run twice (e.g. S = 4 in both series): measure once.
+            if let Some(prev) = rows.iter().find(|r| {
+                r.rate == *rate
+                    && r.compressor == p.compressor
+                    && r.servers == p.servers
+                    && (r.mb_per_worker - mb_per_worker).abs() < 1e-9
+            }) {
+                let mut again = prev.clone();
+                again.series = p.series.to_string();
+                rows.push(again);
+                continue;
+            }
+            let need = memory_needed(args.workers, p.scale);
+            let avail = mem_available();
+            if need as f64 > avail as f64 * 0.8 {
+                failures.push(fail(format!(
+                    "skipped: needs about {:.1} GB of memory, {:.1} GB available",
+                    need as f64 / 1e9,
+                    avail as f64 / 1e9
+                )));
+                continue;
+            }
+            let config = run_config(&base, args.workers, p.servers, p.scale, job, &params)?;
+            let load_before = load_average()[0];
+            eprintln!(
+                "pushpull bench net: {rate} {} {}x{} {:.1} MB/worker: running (load {:.2})",
+                p.compressor, args.workers, p.servers, mb_per_worker, load_before
+            );
+            match rt.block_on(run_cluster(&topo, &config, &programs, &limits)) {
+                Ok(run) => {
+                    let ctx = RowContext {
+                        series: p.series.to_string(),
+                        compressor: p.compressor.clone(),
+                        params,
+                        rate: rate.clone(),
+                        scale: p.scale,
+                        partition_bytes: config.cluster.partition_bytes,
+                        links: links.clone(),
+                        cores,
+                        load_before,
+                    };
+                    let row = make_row(&ctx, &run);
+                    eprintln!(
+                        "pushpull bench net:   {:.3} s/round (floor {:.3} s, ratio {:.2}, {}-bound)",
+                        row.median_seconds, row.floor_seconds, row.ratio, row.bound
+                    );
+                    rows.push(row);
+                }
+                Err(e) => {
+                    check_interrupted()?;
+                    eprintln!("pushpull bench net:   failed: {e}");
+                    failures.push(fail(e.to_string()));
+                }
+            }
+        }
+        let errors = topo.teardown();
+        if !errors.is_empty() {
+            return Err(CliError::failed(format!(
+                "could not delete every namespace: {}",
+                errors.join("; ")
+            )));
+        }
+    }
+    let report = NetReport {
+        machine: Machine {
+            cores,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            mem_available_bytes: machine_start.0,
+            load_start: machine_start.1,
+            load_end: load_average(),
+        },
+        networks,
+        runs: rows,
+        failures,
+    };
+    if args.json {
+        print_stdout(&serde_json::to_string(&report).expect("report serializes"));
+    } else {
+        print_stdout(&to_text(&report));
+    }
+    if report
+        .failures
+        .iter()
+        .any(|f| !f.error.starts_with("skipped"))
+    {
+        return Err(CliError::failed(format!(
+            "{} of the runs failed (see above)",
+            report.failures.len()
+        )));
+    }
+    Ok(())
+}
+
+fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+fn links_summary(links: &[LinkRate]) -> String {
+    let mbit = |x: f64| x / 1e6;
+    let (mut lo, mut hi) = (f64::INFINITY, 0.0f64);
+    for l in links {
+        for r in [l.up_bits_per_second, l.down_bits_per_second] {
+            lo = lo.min(r);
+            hi = hi.max(r);
+        }
+    }
+    format!(
+        "links achieve {:.1}-{:.1} Mbit/s of TCP payload ({} hosts, up and down)",
+        mbit(lo),
+        mbit(hi),
+        links.len()
+    )
+}
+
+/// The human-readable report: machine, networks, the table, per-host details, failures.
+pub fn to_text(r: &NetReport) -> String {
+    let m = &r.machine;
+    let mut s = format!(
+        "pushpull bench net: {} cores, kernel {}, {:.1} GB available; load average {:.2} {:.2} \
+         {:.2} at the start, {:.2} {:.2} {:.2} at the end\n",
+        m.cores,
+        m.kernel,
+        m.mem_available_bytes as f64 / 1e9,
+        m.load_start[0],
+        m.load_start[1],
+        m.load_start[2],
+        m.load_end[0],
+        m.load_end[1],
+        m.load_end[2]
+    );
+    for n in &r.networks {
+        s.push_str(&format!(
+            "network {}: tbf rate {} bit/s burst {} B limit {} B on both ends of every veth; {}{}\n",
+            n.rate,
+            n.rate_bits,
+            n.burst_bytes,
+            n.limit_bytes,
+            links_summary(&n.links),
+            if n.measured { "" } else { " (nominal, not measured)" }
+        ));
+    }
+    s.push('\n');
+    s.push_str(&table(&r.runs));
+    s.push('\n');
+    for row in &r.runs {
+        s.push_str(&host_lines(row));
+    }
+    for f in &r.failures {
+        s.push_str(&format!(
+            "FAILED {} {} {}x{} {:.1} MB/worker ({}): {}\n",
+            f.rate, f.compressor, f.workers, f.servers, f.mb_per_worker, f.series, f.error
+        ));
+    }
+    s.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_make_valid_cluster_files() {
+        let base = crate::local::default_config();
+        for (name, _) in PRESETS {
+            let c = run_config(&base, 4, 4, 1.0, (5, 1, false), &preset(name).unwrap()).unwrap();
+            assert_eq!(c.cluster.num_workers, 4);
+            assert_eq!(
+                c.tensors.tables["default"]["compressor"].as_str(),
+                Some(if *name == "none" { "none" } else { name })
+            );
+        }
+        assert!(preset("zip").unwrap_err().to_string().contains("onebit"));
+    }
+
+    #[test]
+    fn sizes_map_to_scales() {
+        assert!((scale_for_mb(102.228128) - 1.0).abs() < 1e-6);
+    }
+}

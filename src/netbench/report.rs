@@ -1,0 +1,424 @@
+//! Turning a [`ClusterRun`] into a report row: seconds per round, the wire floor, CPU seconds
+//! per process per round, wire bytes next to pushpull's payload bytes, and the verdict
+//! (CPU-bound or network-bound); plus the text table.
+//!
+//! **Wire floor.** For every host, the payload bytes it must send and receive per round divided
+//! by its measured link rate (upload and download separately: the links are full duplex); the
+//! floor is the largest. Workers' bytes are what their reports say they pushed and pulled;
+//! a server's are its share of the sum over workers. The scheduler places chunks in the order
+//! the declarations complete, which varies from run to run, so the share is measured: the
+//! server's fraction of all servers' interface bytes in that direction (without counters,
+//! the fraction of fp32 bytes a replay of the placement with
+//! [`pushpull_common::placement::Placer`] in declaration order gives it).
+//!
+//! **CPU-bound.** The CPU seconds of all processes per timed round divided by the cores
+//! (`nproc`) is the least wall time the CPU work needs; a run is CPU-bound when that is at least
+//! half the floor.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use pushpull_common::placement::Placer;
+use serde::{Deserialize, Serialize};
+
+use super::cluster::ClusterRun;
+use super::probe::LinkRate;
+use crate::job::tensor_set;
+
+/// Bytes of one host per timed round.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostRow {
+    /// The node on the host.
+    pub host: String,
+    /// Bytes its `eth0` sent per round (interface counters; all protocol overhead included).
+    pub wire_tx_bytes: f64,
+    /// Bytes its `eth0` received per round.
+    pub wire_rx_bytes: f64,
+    /// Payload bytes pushpull sent per round (workers: reported; servers: placement share).
+    pub payload_tx_bytes: f64,
+    /// Payload bytes pushpull received per round.
+    pub payload_rx_bytes: f64,
+    /// Seconds its link needs for its payload: max(tx / up rate, rx / down rate).
+    pub link_seconds: f64,
+    /// CPU seconds of its process per round.
+    pub cpu_seconds: f64,
+    /// Packets dropped by its two tbf queues during the run (warm-up and set-up included).
+    pub tbf_drops: u64,
+}
+
+/// One run of the benchmark.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunRow {
+    /// `compressors` or `scaling`.
+    pub series: String,
+    /// Compressor preset name.
+    pub compressor: String,
+    /// Its parameter map (`[tensors.default]`).
+    pub params: BTreeMap<String, String>,
+    /// The shaped rate, e.g. `100mbit`.
+    pub rate: String,
+    /// Workers.
+    pub workers: u32,
+    /// Servers.
+    pub servers: u32,
+    /// fp32 megabytes (1e6) each worker push_pulls per round.
+    pub mb_per_worker: f64,
+    /// Timed rounds.
+    pub rounds: u32,
+    /// Warm-up rounds.
+    pub warmup: u32,
+    /// Median seconds per round.
+    pub median_seconds: f64,
+    /// Fastest round.
+    pub min_seconds: f64,
+    /// Slowest round.
+    pub max_seconds: f64,
+    /// Where per-round times come from: `report` (the workers' push_pull times) or `progress`
+    /// (spacing of worker 0's progress lines: push_pull plus data generation).
+    pub round_source: String,
+    /// Mean push_pull seconds per round as worker 0 reported it.
+    pub mean_push_pull_seconds: f64,
+    /// The wire floor, seconds per round.
+    pub floor_seconds: f64,
+    /// The host whose link sets the floor.
+    pub floor_host: String,
+    /// Median seconds / floor.
+    pub ratio: f64,
+    /// CPU seconds of all processes per round.
+    pub cpu_seconds: f64,
+    /// `cpu_seconds` / cores.
+    pub cpu_wall_seconds: f64,
+    /// `cpu` or `network`.
+    pub bound: String,
+    /// Network-bound and within 1.25x of the floor (None when CPU-bound).
+    pub meets_target: Option<bool>,
+    /// Worker 0's payload bytes pushed per round.
+    pub push_bytes_per_worker: f64,
+    /// fp32 bytes per worker per round / pushed payload bytes.
+    pub compression: f64,
+    /// Every worker's check (`passed` or `skipped`).
+    pub check: String,
+    /// Per host, in process order.
+    pub hosts: Vec<HostRow>,
+    /// 1-minute load average when the run started.
+    pub load_before: f64,
+    /// Seconds from the first process start to the last exit.
+    pub wall_seconds: f64,
+}
+
+/// Fraction of the fp32 bytes the placement gives each server.
+pub fn server_shares(scale: f64, num_servers: u32, partition_bytes: u64) -> Vec<f64> {
+    let mut placer = Placer::new(num_servers.max(1), partition_bytes);
+    for t in tensor_set(scale) {
+        placer.place(&t.name, t.len, Default::default());
+    }
+    let total: u64 = placer.load_bytes().iter().sum();
+    placer
+        .load_bytes()
+        .iter()
+        .map(|&b| b as f64 / total.max(1) as f64)
+        .collect()
+}
+
+/// The median of `v` (0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// What a row needs besides the run.
+#[derive(Debug, Clone)]
+pub struct RowContext {
+    /// `compressors` or `scaling`.
+    pub series: String,
+    /// Preset name.
+    pub compressor: String,
+    /// Its parameter map.
+    pub params: BTreeMap<String, String>,
+    /// Rate label.
+    pub rate: String,
+    /// The job's `scale`.
+    pub scale: f64,
+    /// `cluster.partition_bytes`.
+    pub partition_bytes: u64,
+    /// Measured link rates, by host name.
+    pub links: Vec<LinkRate>,
+    /// Cores of the machine.
+    pub cores: usize,
+    /// 1-minute load average before the run.
+    pub load_before: f64,
+}
+
+/// Builds the row of a finished run.
+pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
+    let r0 = &run.reports[0];
+    let (nw, ns) = (r0.num_workers, r0.num_servers);
+    let rounds = r0.rounds.max(1) as f64;
+    let shares = server_shares(ctx.scale, ns, ctx.partition_bytes);
+    let push_sum: f64 = run
+        .reports
+        .iter()
+        .map(|r| r.push_payload_bytes as f64)
+        .sum::<f64>()
+        / rounds;
+    let pull_sum: f64 = run
+        .reports
+        .iter()
+        .map(|r| r.pull_payload_bytes as f64)
+        .sum::<f64>()
+        / rounds;
+    let rate = |host: &str| {
+        ctx.links
+            .iter()
+            .find(|l| l.host == host)
+            .map(|l| (l.up_bits_per_second, l.down_bits_per_second))
+            .unwrap_or((f64::INFINITY, f64::INFINITY))
+    };
+    let timed_rounds = r0.rounds.max(1) as f64;
+    // Per process: wire bytes and CPU seconds per timed round.
+    let measured: Vec<(f64, f64, f64)> = (0..run.processes.len())
+        .map(|i| match &run.window {
+            Some((a, b)) => (
+                b.bytes[i].0.saturating_sub(a.bytes[i].0) as f64 / timed_rounds,
+                b.bytes[i].1.saturating_sub(a.bytes[i].1) as f64 / timed_rounds,
+                (b.cpu[i] - a.cpu[i]).max(0.0) / timed_rounds,
+            ),
+            None => (f64::NAN, f64::NAN, f64::NAN),
+        })
+        .collect();
+    let is_server = |i: usize| run.processes[i].starts_with("server");
+    let server_wire = |f: fn(&(f64, f64, f64)) -> f64| -> f64 {
+        (0..measured.len())
+            .filter(|&i| is_server(i))
+            .map(|i| f(&measured[i]))
+            .sum()
+    };
+    let (srv_tx, srv_rx) = (server_wire(|m| m.0), server_wire(|m| m.1));
+    let mut hosts = Vec::new();
+    for (i, name) in run.processes.iter().enumerate() {
+        let (ptx, prx) = if let Some(w) = name.strip_prefix("worker") {
+            let w: usize = w.parse().unwrap_or(0);
+            let r = &run.reports[w.min(run.reports.len() - 1)];
+            (
+                r.push_payload_bytes as f64 / rounds,
+                r.pull_payload_bytes as f64 / rounds,
+            )
+        } else if let Some(s) = name.strip_prefix("server") {
+            let placed = s
+                .parse::<usize>()
+                .ok()
+                .and_then(|s| shares.get(s))
+                .copied()
+                .unwrap_or(0.0);
+            let share = |wire: f64, all: f64| {
+                if wire.is_finite() && all > 0.0 {
+                    wire / all
+                } else {
+                    placed
+                }
+            };
+            (
+                pull_sum * share(measured[i].0, srv_tx),
+                push_sum * share(measured[i].1, srv_rx),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let (up, down) = rate(name);
+        let link_seconds = (ptx * 8.0 / up).max(prx * 8.0 / down);
+        let (wtx, wrx, cpu) = measured[i];
+        hosts.push(HostRow {
+            host: name.clone(),
+            wire_tx_bytes: wtx,
+            wire_rx_bytes: wrx,
+            payload_tx_bytes: ptx,
+            payload_rx_bytes: prx,
+            link_seconds,
+            cpu_seconds: cpu,
+            tbf_drops: run.tbf_drops.get(i).copied().unwrap_or(0),
+        });
+    }
+    let (floor_host, floor) = hosts.iter().map(|h| (h.host.clone(), h.link_seconds)).fold(
+        (String::new(), 0.0),
+        |acc, x| if x.1 > acc.1 { x } else { acc },
+    );
+    let med = median(&run.round_seconds);
+    let (min, max) = run
+        .round_seconds
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    let cpu: f64 = hosts.iter().map(|h| h.cpu_seconds).sum();
+    let cpu_wall = cpu / ctx.cores.max(1) as f64;
+    let cpu_bound = cpu_wall >= floor / 2.0;
+    let ratio = if floor > 0.0 { med / floor } else { f64::NAN };
+    let push0 = r0.push_payload_bytes as f64 / rounds;
+    let raw = r0.gradient_bytes_per_round as f64;
+    let checks: Vec<&str> = run.reports.iter().map(|r| r.check.as_str()).collect();
+    RunRow {
+        series: ctx.series.clone(),
+        compressor: ctx.compressor.clone(),
+        params: ctx.params.clone(),
+        rate: ctx.rate.clone(),
+        workers: nw,
+        servers: ns,
+        mb_per_worker: raw / 1e6,
+        rounds: r0.rounds,
+        warmup: r0.warmup,
+        median_seconds: med,
+        min_seconds: if min.is_finite() { min } else { 0.0 },
+        max_seconds: max,
+        round_source: run.round_source.clone(),
+        mean_push_pull_seconds: r0.seconds / rounds,
+        floor_seconds: floor,
+        floor_host,
+        ratio,
+        cpu_seconds: cpu,
+        cpu_wall_seconds: cpu_wall,
+        bound: if cpu_bound { "cpu" } else { "network" }.to_string(),
+        meets_target: (!cpu_bound).then_some(ratio <= 1.25),
+        push_bytes_per_worker: push0,
+        compression: if push0 > 0.0 { raw / push0 } else { 0.0 },
+        check: if checks.iter().all(|c| *c == checks[0]) {
+            checks[0].to_string()
+        } else {
+            checks.join(",")
+        },
+        hosts,
+        load_before: ctx.load_before,
+        wall_seconds: run.wall_seconds,
+    }
+}
+
+fn mb(b: f64) -> String {
+    if b.is_nan() {
+        "-".into()
+    } else if b >= 1e7 {
+        format!("{:.1}", b / 1e6)
+    } else {
+        format!("{:.2}", b / 1e6)
+    }
+}
+
+/// The summary table (one line per run) followed by each run's per-host lines.
+pub fn table(rows: &[RunRow]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| rate | compressor | W x S | MB/worker | s/round median (min-max) | floor s | ratio | \
+         CPU-s/round (/cores) | bound | target | pushed MB/worker (x) | wire tx MB worker/server | \
+         pushpull tx MB worker/server | tbf drops |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|---:|"
+    );
+    for r in rows {
+        let role = |p: &str, f: &dyn Fn(&HostRow) -> f64| {
+            let v: Vec<f64> = r
+                .hosts
+                .iter()
+                .filter(|h| h.host.starts_with(p))
+                .map(f)
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v.iter().sum::<f64>() / v.len() as f64
+            }
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}x{} | {:.1} | {:.3} ({:.3}-{:.3}) | {:.3} | {:.2} | {:.2} ({:.2}) | {} | {} | {} ({:.1}x) | {} / {} | {} / {} | {} |",
+            r.rate,
+            r.compressor,
+            r.workers,
+            r.servers,
+            r.mb_per_worker,
+            r.median_seconds,
+            r.min_seconds,
+            r.max_seconds,
+            r.floor_seconds,
+            r.ratio,
+            r.cpu_seconds,
+            r.cpu_wall_seconds,
+            r.bound,
+            match r.meets_target {
+                Some(true) => "met",
+                Some(false) => "MISSED",
+                None => "n/a",
+            },
+            mb(r.push_bytes_per_worker),
+            r.compression,
+            mb(role("worker", &|h| h.wire_tx_bytes)),
+            mb(role("server", &|h| h.wire_tx_bytes)),
+            mb(role("worker", &|h| h.payload_tx_bytes)),
+            mb(role("server", &|h| h.payload_tx_bytes)),
+            r.hosts.iter().map(|h| h.tbf_drops).sum::<u64>(),
+        );
+    }
+    s
+}
+
+/// Per-host lines of one run.
+pub fn host_lines(r: &RunRow) -> String {
+    let mut s = format!(
+        "{} {} {}x{} {:.1} MB/worker: floor set by {}; per round times from {}; mean push_pull \
+         {:.3} s; check {}; load {:.2}; wall {:.1} s\n",
+        r.rate,
+        r.compressor,
+        r.workers,
+        r.servers,
+        r.mb_per_worker,
+        r.floor_host,
+        r.round_source,
+        r.mean_push_pull_seconds,
+        r.check,
+        r.load_before,
+        r.wall_seconds
+    );
+    for h in &r.hosts {
+        let _ = writeln!(
+            s,
+            "  {:<10} wire tx {:>8} rx {:>8} MB/round | pushpull tx {:>8} rx {:>8} | link {:.3} s | CPU {:.3} s/round | tbf drops {}",
+            h.host,
+            mb(h.wire_tx_bytes),
+            mb(h.wire_rx_bytes),
+            mb(h.payload_tx_bytes),
+            mb(h.payload_rx_bytes),
+            h.link_seconds,
+            h.cpu_seconds,
+            h.tbf_drops
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn shares_cover_everything() {
+        let s = server_shares(1.0, 4, 4_096_000);
+        assert_eq!(s.len(), 4);
+        assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        assert!(s.iter().all(|&x| x > 0.15 && x < 0.35), "{s:?}");
+        assert_eq!(server_shares(0.01, 1, 4_096_000), vec![1.0]);
+    }
+}

@@ -1,0 +1,469 @@
+//! The training job (`[job] kind = "train"`): data-parallel SGD of a candle model on a
+//! synthetic classification task, every gradient push_pulled (averaged) through the cluster
+//! with the compressor its parameter map names, so the accuracy and the bytes saved by each
+//! compressor can be compared (`pushpull local --compare ...`).
+//!
+//! # Map of the module
+//! | item | what it is |
+//! |---|---|
+//! | [`data`] | the task: Gaussian inputs, labels from a fixed random teacher network (even in x, so not linearly separable) plus label noise, a clean held-out test set, the training set sharded by rank; all from the job seed |
+//! | [`model`] | the candle models: an MLP (`fc1.weight`, `fc1.bias`, ...; ReLU) or logistic regression, seeded He init; evaluation |
+//! | [`exchange`] | [`Exchange`]: declare / set_learning_rate / push_pull of a step's gradients / metrics, for a `BlockingWorker` or an async `Worker` |
+//! | [`compare`] | compressor presets (`--compressor`), `--param` overrides, the comparison table over compressors and seeds (mean ± sd) |
+//! | [`check`] | the convergence check the tests use: a compressed run must get the loss below a threshold derived from the uncompressed run |
+//! | [`rng`] | SplitMix64 with uniform and Gaussian draws |
+//! | [`TrainOptions`], [`run_train`], [`TrainReport`] | the worker-side loop and what it measured |
+//!
+//! # One step, on every worker
+//! 1. Draw `batch_size` samples from this worker's shard (a fresh permutation per epoch,
+//!    seeded by the job seed and the rank).
+//! 2. Forward, cross-entropy loss, backward (candle).
+//! 3. [`Exchange::set_learning_rate`] with this step's rate, then push_pull every gradient
+//!    tensor with `Reduce::Average`, all in flight at once. Each tensor travels with its
+//!    parameter map's compressor (`[tensors.default]`, `[tensors."fc1.weight"]`); tensors below
+//!    `cluster.min_compress_bytes` (the biases) travel uncompressed.
+//! 4. SGD with momentum on the averaged gradient: `v ← μ·v + g; w ← w − η·v`, except for
+//!    tensors whose map says `momentum = "nesterov"`: the compressor's momentum decorator owns
+//!    momentum then, and the loop's μ is 0 for them (as BytePS requires).
+//!
+//! Every worker starts from the same weights (the same seeded init), pulls the same averages
+//! and applies the same update, so all workers hold the same model throughout; the test
+//! accuracy is the same on every rank.
+
+pub mod check;
+pub mod compare;
+pub mod data;
+pub mod exchange;
+pub mod model;
+pub mod rng;
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use pushpull_common::config::JobConfig;
+use serde::{Deserialize, Serialize};
+
+pub use exchange::{Exchange, InRuntime};
+
+use crate::error::{CliError, CliResult};
+use data::TaskSpec;
+use model::Model;
+
+/// At most this many rows of the worker's shard are used for the final training loss.
+pub const TRAIN_LOSS_ROWS: usize = 2048;
+
+/// Rows per forward pass in evaluation.
+const EVAL_BATCH: usize = 1024;
+
+/// What the training loop does (the `[job]` training keys, parsed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainOptions {
+    /// `mlp` or `logistic`.
+    pub model: String,
+    /// Hidden widths (mlp only).
+    pub hidden: Vec<usize>,
+    /// SGD steps.
+    pub steps: u32,
+    /// Samples per worker per step.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// `cosine` or `constant`.
+    pub lr_schedule: String,
+    /// SGD momentum (0 for tensors with `momentum = "nesterov"` in their map).
+    pub momentum: f64,
+    /// Test-set evaluation every this many steps (0: only at the end).
+    pub eval_every: u32,
+    /// The task.
+    pub task: TaskSpec,
+}
+
+impl TrainOptions {
+    /// The training keys of `[job]` (already validated by `Config::validate`).
+    pub fn from_job(job: &JobConfig) -> TrainOptions {
+        TrainOptions {
+            model: job.model.clone(),
+            hidden: job.hidden.iter().map(|&h| h as usize).collect(),
+            steps: job.steps,
+            batch_size: job.batch_size as usize,
+            lr: job.lr,
+            lr_schedule: job.lr_schedule.clone(),
+            momentum: job.momentum,
+            eval_every: job.eval_every,
+            task: TaskSpec {
+                input_dim: job.input_dim as usize,
+                classes: job.classes as usize,
+                teacher_hidden: job.teacher_hidden as usize,
+                train_samples: job.train_samples as usize,
+                test_samples: job.test_samples as usize,
+                label_noise: job.label_noise,
+            },
+        }
+    }
+
+    /// Layer widths: input, hidden (mlp), classes.
+    pub fn widths(&self) -> Vec<usize> {
+        let mut w = vec![self.task.input_dim];
+        if self.model == "mlp" {
+            w.extend(&self.hidden);
+        }
+        w.push(self.task.classes);
+        w
+    }
+
+    /// The learning rate of step `step` (0-based): `lr`, or with `cosine`
+    /// `lr · (1 + cos(π · step / steps)) / 2`.
+    pub fn lr_at(&self, step: u32) -> f64 {
+        match self.lr_schedule.as_str() {
+            "cosine" => {
+                let t = step as f64 / self.steps.max(1) as f64;
+                self.lr * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+            _ => self.lr,
+        }
+    }
+}
+
+/// A test-set evaluation during training.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EvalPoint {
+    /// Steps done.
+    pub step: u32,
+    /// Mean cross-entropy on the test set.
+    pub test_loss: f64,
+    /// Fraction of the test set classified right.
+    pub test_accuracy: f64,
+}
+
+/// What one worker's training run measured; `pushpull-worker --json` prints it as one JSON
+/// object.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TrainReport {
+    /// This worker's rank.
+    pub rank: u32,
+    /// Workers in the job.
+    pub num_workers: u32,
+    /// `mlp` or `logistic`.
+    pub model: String,
+    /// Layer widths, input to output.
+    pub widths: Vec<usize>,
+    /// Parameters (elements of all tensors).
+    pub params: u64,
+    /// Parameter tensors (each push_pulled every step).
+    pub tensors: usize,
+    /// The parameter map of the largest tensor, as `key=value` pairs (what compressed it).
+    pub compression: String,
+    /// The job seed (data, init and batch order).
+    pub seed: u64,
+    /// Steps run.
+    pub steps: u32,
+    /// Samples per worker per step.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Rows of this worker's shard.
+    pub shard_samples: usize,
+    /// Loss of this worker's first minibatch (≈ ln(classes) at a fresh init).
+    pub initial_loss: f64,
+    /// Mean cross-entropy on (up to [`TRAIN_LOSS_ROWS`] rows of) this worker's shard after
+    /// training, noisy labels included.
+    pub train_loss: f64,
+    /// Mean cross-entropy on the test set after training.
+    pub test_loss: f64,
+    /// Test accuracy after training (clean teacher labels).
+    pub test_accuracy: f64,
+    /// Evaluations during training (`eval_every`).
+    pub history: Vec<EvalPoint>,
+    /// What the push_pulls would have pushed as raw fp32.
+    pub raw_bytes: u64,
+    /// Payload bytes this worker pushed.
+    pub bytes_pushed: u64,
+    /// Payload bytes this worker pulled.
+    pub bytes_pulled: u64,
+    /// `raw_bytes / bytes_pushed`.
+    pub compression_ratio: f64,
+    /// Seconds compressing (all tensors; concurrent tensors add up).
+    pub compress_seconds: f64,
+    /// Seconds of the rounds spent neither compressing nor decompressing.
+    pub wait_seconds: f64,
+    /// Seconds decompressing.
+    pub decompress_seconds: f64,
+    /// Wall seconds in forward, backward and the optimizer.
+    pub compute_seconds: f64,
+    /// Wall seconds in the push_pulls (all tensors of a step at once).
+    pub exchange_seconds: f64,
+    /// Wall seconds of the whole run (data generation and evaluation included).
+    pub wall_seconds: f64,
+    /// CPU seconds of this process at the time of the report.
+    pub cpu_seconds: f64,
+}
+
+impl TrainReport {
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        format!(
+            "pushpull-worker rank {} of {}: trained {} {:?} ({} parameters in {} tensors; {}) \
+             for {} steps of {} samples, seed {}\n  \
+             test accuracy {:.2}%, test loss {:.4}, train loss {:.4} (initial {:.4})\n  \
+             bytes: raw {}, pushed {}, pulled {}, compression {:.1}x\n  \
+             seconds: wall {:.2}, compute {:.2}, push_pull {:.2} (compress {:.2}, wait {:.2}, \
+             decompress {:.2})",
+            self.rank,
+            self.num_workers,
+            self.model,
+            self.widths,
+            self.params,
+            self.tensors,
+            self.compression,
+            self.steps,
+            self.batch_size,
+            self.seed,
+            100.0 * self.test_accuracy,
+            self.test_loss,
+            self.train_loss,
+            self.initial_loss,
+            self.raw_bytes,
+            self.bytes_pushed,
+            self.bytes_pulled,
+            self.compression_ratio,
+            self.wall_seconds,
+            self.compute_seconds,
+            self.exchange_seconds,
+            self.compress_seconds,
+            self.wait_seconds,
+            self.decompress_seconds,
+        )
+    }
+}
+
+fn candle_err(what: &str) -> impl Fn(candle_core::Error) -> CliError + '_ {
+    move |e| CliError::failed(format!("training: {what}: {e}"))
+}
+
+/// Whether a parameter map hands momentum to the compressor (`momentum` or
+/// `byteps_momentum_type` = `nesterov`).
+pub fn map_owns_momentum(params: &pushpull_worker::ParamMap) -> bool {
+    ["momentum", "byteps_momentum_type"]
+        .iter()
+        .any(|k| params.get(*k).is_some_and(|v| v.trim() == "nesterov"))
+}
+
+/// The device candle computes on: the first CUDA GPU with the `cuda` feature when there is
+/// one, else the CPU.
+pub fn device() -> Device {
+    #[cfg(feature = "cuda")]
+    {
+        if let Ok(d) = Device::cuda_if_available(0) {
+            return d;
+        }
+    }
+    Device::Cpu
+}
+
+fn shuffled(seed: u64, rank: u32, epoch: u64, n: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..n as u32).collect();
+    let mut r = rng::Rng::new(
+        seed ^ epoch.wrapping_mul(0x9E37_79B9),
+        0x5EED_0000 + rank as u64,
+    );
+    r.shuffle(&mut idx);
+    idx
+}
+
+/// Runs the training loop on a joined worker (see the module docs for one step).
+/// `progress(done, total)` is called after every step.
+///
+/// # Errors
+/// A failed declare or push_pull (naming the tensor), a candle error, or a diverged run (a
+/// non-finite loss: lower `job.lr`).
+pub fn run_train(
+    ex: &impl Exchange,
+    opts: &TrainOptions,
+    mut progress: impl FnMut(u32, u32),
+) -> CliResult<TrainReport> {
+    let start = Instant::now();
+    let (rank, nw, seed) = (ex.rank(), ex.num_workers(), ex.job_seed());
+    let task = data::build(seed, &opts.task, rank, nw);
+    let dev = device();
+    let widths = opts.widths();
+    let model = Model::new(&widths, seed, &dev).map_err(candle_err("model"))?;
+    let d = opts.task.input_dim;
+    let n = task.train.len();
+    let tx = Tensor::from_slice(&task.train.x, (n, d), &dev).map_err(candle_err("data"))?;
+    let ty = Tensor::from_slice(&task.train.y, n, &dev).map_err(candle_err("data"))?;
+    let nt = task.test.len();
+    let sx = Tensor::from_slice(&task.test.x, (nt, d), &dev).map_err(candle_err("data"))?;
+    let sy = Tensor::from_slice(&task.test.y, nt, &dev).map_err(candle_err("data"))?;
+
+    // Declare every parameter's gradient, in the same order on every worker.
+    let mut tensors = Vec::new();
+    for p in &model.params {
+        let t = ex
+            .declare(&p.name, p.len() as u64)
+            .map_err(|e| CliError::failed(format!("declare of tensor {:?} failed: {e}", p.name)))?;
+        tensors.push(t);
+    }
+    let mus: Vec<f32> = tensors
+        .iter()
+        .map(|t| {
+            if map_owns_momentum(t.params()) {
+                0.0
+            } else {
+                opts.momentum as f32
+            }
+        })
+        .collect();
+    let compression = tensors
+        .iter()
+        .max_by_key(|t| t.len())
+        .map(|t| {
+            let m = t.params();
+            if m.is_empty() {
+                "compressor=none".to_string()
+            } else {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        })
+        .unwrap_or_default();
+    let mut weights: Vec<Vec<f32>> = model
+        .params
+        .iter()
+        .map(|p| p.var.as_tensor().flatten_all()?.to_vec1::<f32>())
+        .collect::<candle_core::Result<_>>()
+        .map_err(candle_err("weights"))?;
+    let mut velocity: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; w.len()]).collect();
+    let m0 = ex.metrics();
+
+    let batch = opts.batch_size.min(n);
+    let mut order = shuffled(seed, rank, 0, n);
+    let (mut epoch, mut pos) = (0u64, 0usize);
+    let (mut compute, mut exchange) = (0.0f64, 0.0f64);
+    let mut initial_loss = f64::NAN;
+    let mut history = Vec::new();
+    for step in 0..opts.steps {
+        let t0 = Instant::now();
+        if pos + batch > n {
+            epoch += 1;
+            order = shuffled(seed, rank, epoch, n);
+            pos = 0;
+        }
+        let idx = Tensor::from_slice(&order[pos..pos + batch], batch, &dev)
+            .map_err(candle_err("batch"))?;
+        pos += batch;
+        let xb = tx.index_select(&idx, 0).map_err(candle_err("batch"))?;
+        let yb = ty.index_select(&idx, 0).map_err(candle_err("batch"))?;
+        let logits = model.forward(&xb).map_err(candle_err("forward"))?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &yb).map_err(candle_err("loss"))?;
+        let loss_value = loss.to_scalar::<f32>().map_err(candle_err("loss"))? as f64;
+        if !loss_value.is_finite() {
+            return Err(CliError::failed(format!(
+                "training diverged at step {step}: loss {loss_value} (lower job.lr, now {})",
+                opts.lr
+            )));
+        }
+        if step == 0 {
+            initial_loss = loss_value;
+        }
+        let grads = loss.backward().map_err(candle_err("backward"))?;
+        let mut bufs = model
+            .params
+            .iter()
+            .map(|p| match grads.get(p.var.as_tensor()) {
+                Some(g) => g.flatten_all()?.to_vec1::<f32>(),
+                None => Ok(vec![0.0; p.len()]),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .map_err(candle_err("gradients"))?;
+        drop(grads);
+        compute += t0.elapsed().as_secs_f64();
+
+        let lr = opts.lr_at(step) as f32;
+        let t1 = Instant::now();
+        ex.set_learning_rate(lr);
+        ex.push_pull_all(&tensors, &mut bufs).map_err(|e| {
+            CliError::failed(format!(
+                "push_pull of the gradients (step {step}) failed: {e}"
+            ))
+        })?;
+        exchange += t1.elapsed().as_secs_f64();
+
+        let t2 = Instant::now();
+        for (i, p) in model.params.iter().enumerate() {
+            let mu = mus[i];
+            for ((w, v), g) in weights[i].iter_mut().zip(&mut velocity[i]).zip(&bufs[i]) {
+                *v = mu * *v + g;
+                *w -= lr * *v;
+            }
+            let t = Tensor::from_slice(&weights[i], p.shape.as_slice(), &dev)
+                .map_err(candle_err("update"))?;
+            p.var.set(&t).map_err(candle_err("update"))?;
+        }
+        compute += t2.elapsed().as_secs_f64();
+        if opts.eval_every > 0 && (step + 1) % opts.eval_every == 0 && step + 1 < opts.steps {
+            let (test_loss, test_accuracy) =
+                model::evaluate(&model, &sx, &sy, EVAL_BATCH).map_err(candle_err("evaluate"))?;
+            history.push(EvalPoint {
+                step: step + 1,
+                test_loss,
+                test_accuracy,
+            });
+        }
+        progress(step + 1, opts.steps);
+    }
+
+    let (test_loss, test_accuracy) =
+        model::evaluate(&model, &sx, &sy, EVAL_BATCH).map_err(candle_err("evaluate"))?;
+    history.push(EvalPoint {
+        step: opts.steps,
+        test_loss,
+        test_accuracy,
+    });
+    let rows = n.min(TRAIN_LOSS_ROWS);
+    let (train_loss, _) = model::evaluate(
+        &model,
+        &tx.narrow(0, 0, rows).map_err(candle_err("evaluate"))?,
+        &ty.narrow(0, 0, rows).map_err(candle_err("evaluate"))?,
+        EVAL_BATCH,
+    )
+    .map_err(candle_err("evaluate"))?;
+    let m = ex.metrics();
+    let raw = m.raw_bytes.saturating_sub(m0.raw_bytes);
+    let pushed = m.bytes_pushed.saturating_sub(m0.bytes_pushed);
+    Ok(TrainReport {
+        rank,
+        num_workers: nw,
+        model: opts.model.clone(),
+        widths,
+        params: model.num_params() as u64,
+        tensors: tensors.len(),
+        compression,
+        seed,
+        steps: opts.steps,
+        batch_size: batch,
+        lr: opts.lr,
+        shard_samples: n,
+        initial_loss,
+        train_loss,
+        test_loss,
+        test_accuracy,
+        history,
+        raw_bytes: raw,
+        bytes_pushed: pushed,
+        bytes_pulled: m.bytes_pulled.saturating_sub(m0.bytes_pulled),
+        compression_ratio: if pushed == 0 {
+            1.0
+        } else {
+            raw as f64 / pushed as f64
+        },
+        compress_seconds: m.compress_seconds - m0.compress_seconds,
+        wait_seconds: m.wait_seconds - m0.wait_seconds,
+        decompress_seconds: m.decompress_seconds - m0.decompress_seconds,
+        compute_seconds: compute,
+        exchange_seconds: exchange,
+        wall_seconds: start.elapsed().as_secs_f64(),
+        cpu_seconds: crate::cpu::process_cpu_seconds(),
+    })
+}

@@ -1,0 +1,124 @@
+//! Smoke test of `pushpull bench net`'s machinery on a real shaped network: 2 workers and 1
+//! server (plus the scheduler), each the real binary in its own network namespace, links shaped
+//! to 100 Mbit/s with tbf on both ends; one round of a 10 MB tensor set with onebit, checked bit
+//! for bit by the benchmark job (`job.check = true`: every result is compared with the
+//! single-process reference); afterwards no namespace of the run may be left.
+//!
+//! Needs root and working `ip netns`; otherwise it prints why it is skipped, unless
+//! `PUSHPULL_REQUIRE_NETNS=1` (set by `.ci/run` where CI has the capability), which turns a
+//! missing capability into a failure.
+
+use std::time::Duration;
+
+use pushpull::netbench::cluster::{run_cluster, RunLimits};
+use pushpull::netbench::probe::transfer;
+use pushpull::netbench::topo::{list_namespaces, Shaping, Topology};
+use pushpull::netbench::{preset, run_config, scale_for_mb};
+use pushpull::procs::Programs;
+
+const RATE: u64 = 100_000_000;
+
+fn hosts() -> Vec<String> {
+    ["scheduler", "server0", "worker0", "worker1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// The shaped network, or why it cannot be built here.
+fn network() -> Result<Topology, String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not running as root (network namespaces need CAP_SYS_ADMIN)".into());
+    }
+    Topology::create(&hosts(), Shaping { rate_bits: RATE }).map_err(|e| e.to_string())
+}
+
+#[test]
+fn onebit_round_on_a_shaped_network() {
+    let required = std::env::var("PUSHPULL_REQUIRE_NETNS").is_ok_and(|v| v == "1");
+    let topo = match network() {
+        Ok(t) => t,
+        Err(why) if required => {
+            panic!("PUSHPULL_REQUIRE_NETNS=1 but no shaped network can be built: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped: shaped-network smoke test: {why}");
+            return;
+        }
+    };
+    let prefix = topo.prefix.clone();
+    let names: Vec<String> = topo.namespaces().to_vec();
+    assert_eq!(names.len(), 5, "{names:?}");
+
+    // The shaping works: a TCP transfer worker0 -> server0 gets close to 100 Mbit/s, no more.
+    let w0 = topo.hosts.iter().position(|h| h.name == "worker0").unwrap();
+    let s0 = topo.hosts.iter().position(|h| h.name == "server0").unwrap();
+    let rate = transfer(&topo, w0, s0, 0.5).expect("rate probe");
+    eprintln!("worker0 -> server0: {:.1} Mbit/s", rate / 1e6);
+    assert!(
+        rate > 0.5 * RATE as f64 && rate < 1.1 * RATE as f64,
+        "{rate} bit/s on a 100 Mbit/s link"
+    );
+
+    let config = run_config(
+        &pushpull::local::default_config(),
+        2,
+        1,
+        scale_for_mb(10.0),
+        (1, 0, true),
+        &preset("onebit").unwrap(),
+    )
+    .unwrap();
+    let programs = Programs::explicit(
+        env!("CARGO_BIN_EXE_pushpull").as_ref(),
+        env!("CARGO_BIN_EXE_pushpull-scheduler").as_ref(),
+        env!("CARGO_BIN_EXE_pushpull-server").as_ref(),
+        env!("CARGO_BIN_EXE_pushpull-worker").as_ref(),
+    );
+    let limits = RunLimits {
+        timeout: Duration::from_secs(120),
+        logs: false,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = rt.block_on(run_cluster(&topo, &config, &programs, &limits));
+    drop(topo);
+
+    // Nothing of the run is left, whatever happened.
+    let left: Vec<String> = list_namespaces()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    for n in &names {
+        assert!(
+            !std::path::Path::new(&format!("/var/run/netns/{n}")).exists(),
+            "{n} still exists"
+        );
+    }
+
+    let run = result.expect("the cluster run on the shaped network");
+    assert_eq!(run.reports.len(), 2);
+    for r in &run.reports {
+        assert_eq!(r.check, "passed", "rank {}", r.rank);
+        assert_eq!(r.checked_rounds, 1, "rank {}", r.rank);
+        assert_eq!(r.rounds, 1);
+        let raw = r.gradient_bytes_per_round as f64;
+        assert!((raw - 10e6).abs() < 0.01e6, "{raw} bytes per round");
+        eprintln!(
+            "rank {}: pushed {} bytes, pulled {} bytes of {raw} fp32 bytes in {:.3} s",
+            r.rank, r.push_payload_bytes, r.pull_payload_bytes, r.seconds
+        );
+        // onebit really travels (tensors under `min_compress_bytes` stay fp32 at this size).
+        assert!(
+            (r.push_payload_bytes as f64) * 4.0 < raw,
+            "rank {} pushed {} bytes of {raw} fp32 bytes: not compressed",
+            r.rank,
+            r.push_payload_bytes
+        );
+    }
+}
