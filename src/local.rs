@@ -513,7 +513,8 @@ pub async fn run_compare(opts: &CompareOptions) -> CliResult<CompareReport> {
     ))
 }
 
-fn parse_kv(s: &str, key: &str) -> Option<u64> {
+/// The value of `key=N` in a whitespace-separated line (the progress lines' format).
+pub(crate) fn parse_kv(s: &str, key: &str) -> Option<u64> {
     s.split_whitespace()
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }

@@ -171,34 +171,40 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
             worker: &worker,
             handle: tokio::runtime::Handle::current(),
         };
-        let report = tokio::task::block_in_place(|| train::run_train(&ex, &topts, show))
-            .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
-        worker
-            .finish()
-            .await
-            .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: finish: {e}")))?;
-        let mut report = report;
-        report.cpu_seconds = crate::cpu::process_cpu_seconds();
-        if opts.json {
-            print_line(&serde_json::to_string(&report).expect("report serializes"));
-        } else {
-            print_line(&report.to_text());
-        }
+        let report = tokio::task::block_in_place(|| train::run_train(&ex, &topts, show));
+        let (text, json) = finish_report(worker, rank, report, |mut r| {
+            r.cpu_seconds = crate::cpu::process_cpu_seconds();
+            (r.to_text(), serde_json::to_string(&r))
+        })
+        .await?;
+        print_line(if opts.json { &json } else { &text });
         return Ok(());
     }
-    let report = job::run_benchmark(&worker, &config, show)
-        .await
-        .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
+    let report = job::run_benchmark(&worker, &config, show).await;
+    let (text, json) = finish_report(worker, rank, report, |mut r| {
+        r.cpu_seconds = crate::cpu::process_cpu_seconds();
+        (r.to_text(), serde_json::to_string(&r))
+    })
+    .await?;
+    print_line(if opts.json { &json } else { &text });
+    Ok(())
+}
+
+/// Ends the worker's part of the job (`finish` after a successful job) and renders its report
+/// as text and JSON (with the process's CPU seconds filled in by `render`).
+async fn finish_report<R>(
+    worker: pushpull_worker::Worker,
+    rank: u32,
+    report: CliResult<R>,
+    render: impl FnOnce(R) -> (String, serde_json::Result<String>),
+) -> CliResult<(String, String)> {
+    let report =
+        report.map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
     worker
         .finish()
         .await
         .map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: finish: {e}")))?;
-    let mut report = report;
-    report.cpu_seconds = crate::cpu::process_cpu_seconds();
-    if opts.json {
-        print_line(&serde_json::to_string(&report).expect("report serializes"));
-    } else {
-        print_line(&report.to_text());
-    }
-    Ok(())
+    let (text, json) = render(report);
+    let json = json.map_err(|e| CliError::failed(format!("report as JSON: {e}")))?;
+    Ok((text, json))
 }

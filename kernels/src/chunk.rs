@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 
 use pushpull_common::codec::{ChunkCodec, CodecError};
+use pushpull_common::protocol::TensorPlacement;
 
 use crate::params::{parse_params, CodecSpec, CompressorSpec};
 use crate::registry::{build_from_spec, BuildOptions, Purpose};
@@ -66,6 +67,34 @@ pub fn effective_spec(
         });
     }
     Ok(spec)
+}
+
+impl<'a> ChunkInfo<'a> {
+    /// Chunk `index` of a placed tensor, for a node of `role` (`rank`: a worker's rank).
+    ///
+    /// # Panics
+    /// If `index` is not a chunk of `tensor`.
+    pub fn of_placement(
+        tensor: &'a TensorPlacement,
+        index: usize,
+        job_seed: u64,
+        role: Role,
+        rank: u32,
+        min_compress_bytes: u64,
+    ) -> ChunkInfo<'a> {
+        let chunk = &tensor.chunks[index];
+        ChunkInfo {
+            params: &tensor.params,
+            tensor_len: tensor.len,
+            chunk_len: chunk.len,
+            full_chunk_len: tensor.chunks.first().map_or(0, |c| c.len),
+            key: chunk.key,
+            job_seed,
+            role,
+            rank,
+            min_compress_bytes,
+        }
+    }
 }
 
 /// Builds the codec of one chunk (see the module docs for the rules).

@@ -19,6 +19,7 @@ use pushpull_common::Config;
 use super::topo::{interrupted, Host, Topology};
 use crate::error::{CliError, CliResult};
 use crate::job::{JobReport, PROGRESS_PREFIX};
+use crate::local::parse_kv;
 use crate::local::{write_config, STARTUP_TIMEOUT};
 use crate::node::SCHEDULER_LISTENING;
 use crate::procs::{Event, ProcGroup, Programs};
@@ -374,11 +375,6 @@ async fn drive(
         (per_round, "progress")
     };
     Ok((reports, round_seconds, source.to_string(), window))
-}
-
-fn parse_kv(s: &str, key: &str) -> Option<u64> {
-    s.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 #[cfg(test)]

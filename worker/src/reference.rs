@@ -68,23 +68,17 @@ impl Reference {
         merged.extend(params);
         let placement =
             Placer::new(1, self.config.cluster.partition_bytes).place(name, len, merged);
-        let full = placement.chunks.first().map_or(0, |c| c.len);
         let build = |role: Role, rank: u32| -> Result<Vec<CompressorCodec>, String> {
-            placement
-                .chunks
-                .iter()
-                .map(|c| {
-                    chunk_codec(&ChunkInfo {
-                        params: &placement.params,
-                        tensor_len: len,
-                        chunk_len: c.len,
-                        full_chunk_len: full,
-                        key: c.key,
-                        job_seed: self.job_seed,
+            (0..placement.chunks.len())
+                .map(|i| {
+                    chunk_codec(&ChunkInfo::of_placement(
+                        &placement,
+                        i,
+                        self.job_seed,
                         role,
                         rank,
-                        min_compress_bytes: self.config.cluster.min_compress_bytes,
-                    })
+                        self.config.cluster.min_compress_bytes,
+                    ))
                 })
                 .collect()
         };

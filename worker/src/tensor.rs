@@ -73,17 +73,14 @@ pub struct KernelsFactory;
 
 impl CodecFactory for KernelsFactory {
     fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
-        let info = pushpull_kernels::chunk::ChunkInfo {
-            params: &ctx.tensor.params,
-            tensor_len: ctx.tensor.len,
-            chunk_len: ctx.chunk.len,
-            full_chunk_len: ctx.tensor.chunks.first().map_or(0, |c| c.len),
-            key: ctx.chunk.key,
-            job_seed: ctx.job_seed,
-            role: pushpull_kernels::Role::Worker,
-            rank: ctx.rank,
-            min_compress_bytes: ctx.config.cluster.min_compress_bytes,
-        };
+        let info = pushpull_kernels::chunk::ChunkInfo::of_placement(
+            ctx.tensor,
+            ctx.chunk_index as usize,
+            ctx.job_seed,
+            pushpull_kernels::Role::Worker,
+            ctx.rank,
+            ctx.config.cluster.min_compress_bytes,
+        );
         Ok(Box::new(pushpull_kernels::chunk::chunk_codec(&info)?))
     }
 }

@@ -25,6 +25,9 @@ use pushpull_worker::{JoinOptions, ParamMap, Reduce, Tensor, Worker, WorkerError
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+mod common;
+use common::{data, init_tracing, rank_order_sum, seed};
+
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Certificates for a test cluster.
@@ -484,55 +487,6 @@ async fn declare_all(c: &Cluster, name: &str, len: u64) -> Vec<Tensor> {
     .into_iter()
     .map(|r| r.unwrap())
     .collect()
-}
-
-/// Deterministic pseudo-random f32 data (SplitMix64), seeded per worker and round.
-fn data(seed: u64, len: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            ((z >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 100.0
-        })
-        .collect()
-}
-
-/// The rank-order f32 sum of every worker's buffer.
-fn rank_order_sum(bufs: &[Vec<f32>]) -> Vec<f32> {
-    let mut acc = bufs[0].clone();
-    for b in &bufs[1..] {
-        for (a, x) in acc.iter_mut().zip(b) {
-            *a += x;
-        }
-    }
-    acc
-}
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .try_init();
-}
-
-fn seed() -> u64 {
-    let s = std::env::var("PUSHPULL_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    println!("seed {s} (set PUSHPULL_TEST_SEED to repeat)");
-    s
 }
 
 async fn finish_all(c: Cluster) {
