@@ -248,7 +248,9 @@ async fn workers_declaring_different_maps_get_an_error_naming_the_key() {
             let text = e.to_string();
             assert!(matches!(e, WorkerError::Declare { .. }), "{text}");
             assert!(
-                text.contains("\"w\"") && text.contains("k") && text.contains("0.02"),
+                text.contains("\"w\"")
+                    && text.contains("parameter k = \"0.01\"")
+                    && text.contains("k = \"0.02\""),
                 "{text}"
             );
         }
