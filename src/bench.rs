@@ -7,9 +7,9 @@
 //! connects to sinks `0..S`, the first `N` pairs). Every endpoint is
 //! [`pushpull_common::transport::Endpoint::bind`] with the same transport settings and mutual
 //! TLS as the cluster (a throw-away CA). Each connection carries `B` bytes as data frames of
-//! `partition_bytes` (the cluster's chunk size), each on its own unidirectional stream
-//! ([`send_frame`]) with at most `max_inflight_chunks` frames in flight per connection; the
-//! sink reads each stream to the end ([`read_frame`], as a server does). GB/s is the bytes all
+//! `partition_bytes` (the cluster's chunk size), each on its own unidirectional stream, sent
+//! by the cluster's own [`FrameSender`] (byte window `cluster.send_window_bytes`); the sink
+//! reads each stream to the end ([`read_frame`], as a server does). GB/s is the bytes all
 //! sinks received over the time from the first to the last byte (GB = 1e9 bytes). Every process
 //! reports its own CPU seconds.
 //!
@@ -26,8 +26,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use pushpull_common::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_common::sender::{FrameSender, OnError, Peer};
 use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{read_frame, send_frame, Endpoint};
+use pushpull_common::transport::{read_frame, Endpoint};
 use pushpull_common::Config;
 use serde::{Deserialize, Serialize};
 
@@ -311,12 +312,18 @@ fn print_json_line<T: Serialize>(v: &T) {
     let _ = out.flush();
 }
 
-/// `pushpull bench sink`: accepts `connections` connections and reads every frame to the end;
-/// a connection that delivered `bytes` payload bytes is closed. Prints a [`SideReport`].
-pub async fn run_sink(args: &NodeArgs, connections: u32, bytes: u64) -> CliResult<()> {
+/// `pushpull bench sink`: binds `listen`, accepts `connections` connections and reads every
+/// frame to the end; a connection that delivered `bytes` payload bytes is closed. Prints a
+/// [`SideReport`].
+pub async fn run_sink(
+    args: &NodeArgs,
+    listen: SocketAddr,
+    connections: u32,
+    bytes: u64,
+) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;
-    let ep = bind_loopback(&identity, &config)?;
+    let ep = bind(listen, &identity, &config)?;
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -387,13 +394,16 @@ pub async fn run_sink(args: &NodeArgs, connections: u32, bytes: u64) -> CliResul
     Ok(())
 }
 
-fn bind_loopback(identity: &TlsIdentity, config: &Config) -> CliResult<Endpoint> {
-    Endpoint::bind(SocketAddr::from(([127, 0, 0, 1], 0)), identity, config)
-        .map_err(|e| CliError::usage(format!("cannot bind a loopback UDP port: {e}")))
+fn bind(addr: SocketAddr, identity: &TlsIdentity, config: &Config) -> CliResult<Endpoint> {
+    Endpoint::bind(addr, identity, config)
+        .map_err(|e| CliError::usage(format!("cannot bind UDP {addr}: {e}")))
 }
 
 /// `pushpull bench send`: connects to every address in `to` and sends `bytes` per connection in
-/// frames of `partition_bytes`, each on its own unidirectional stream. Prints a [`SideReport`].
+/// frames of `partition_bytes`, each on its own unidirectional stream, through the cluster's
+/// own [`FrameSender`] (one queue and byte window of `cluster.send_window_bytes` for every
+/// connection, frames interleaved over the connections as a worker's pushes are). Prints a
+/// [`SideReport`].
 pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;
@@ -401,14 +411,17 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
         .split(',')
         .map(|a| parse_addr_flag("--to", a.trim()))
         .collect::<CliResult<Vec<_>>>()?;
-    let ep = bind_loopback(&identity, &config)?;
+    let unspecified: SocketAddr = match addrs.first() {
+        Some(a) if a.is_ipv6() => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+        _ => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+    };
+    let ep = bind(unspecified, &identity, &config)?;
     let frame = config.cluster.partition_bytes;
     let payload = Bytes::from(
         (0..frame)
             .map(|i| crate::data::mix64(i) as u8)
             .collect::<Vec<u8>>(),
     );
-    let inflight = config.cluster.max_inflight_chunks as usize;
     let mut conns = Vec::new();
     for a in &addrs {
         let c = ep
@@ -418,61 +431,62 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
         conns.push(c);
     }
     let start = now();
-    let sent = Arc::new(AtomicU64::new(0));
-    let frames = Arc::new(AtomicU64::new(0));
+    let mut sent = 0u64;
+    let mut frames = 0u64;
+    let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let on_error: OnError = {
+        let failed = failed.clone();
+        Box::new(move |peer: &Peer, e| {
+            failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(format!("sending to {}: {e}", peer.name));
+        })
+    };
+    let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+    let driver = tokio::spawn(driver);
+    let peers: Vec<Peer> = conns
+        .iter()
+        .map(|c| Peer {
+            conn: c.clone(),
+            name: c.remote_address().to_string().into(),
+        })
+        .collect();
+    // Frames in the order a worker pushes them: chunk by chunk, each to the next sink.
+    let mut key = 0u64;
+    let mut off = 0u64;
+    while off < bytes {
+        let n = frame.min(bytes - off);
+        for peer in &peers {
+            let header = FrameHeader {
+                kind: FrameKind::Push,
+                op: ReduceOp::Sum,
+                rank: 0,
+                aux: 0,
+                key,
+                round: 0,
+                payload_len: n,
+            };
+            sender.send(peer, header, payload.slice(..n as usize), 0);
+            key += 1;
+            sent += n;
+            frames += 1;
+        }
+        off += n;
+    }
+    sender.flushed().await;
     let mut tasks = tokio::task::JoinSet::new();
     for conn in conns {
-        let (payload, sent, frames) = (payload.clone(), sent.clone(), frames.clone());
         tasks.spawn(async move {
-            let peer = conn.remote_address().to_string();
-            let sem = Arc::new(tokio::sync::Semaphore::new(inflight));
-            let mut streams = tokio::task::JoinSet::new();
-            let mut off = 0u64;
-            let mut key = 0u64;
-            while off < bytes {
-                let n = frame.min(bytes - off);
-                let permit = sem.clone().acquire_owned().await.expect("open semaphore");
-                let header = FrameHeader {
-                    kind: FrameKind::Push,
-                    op: ReduceOp::Sum,
-                    rank: 0,
-                    aux: 0,
-                    key,
-                    round: 0,
-                    payload_len: n,
-                };
-                let (conn, payload, peer, sent, frames) = (
-                    conn.clone(),
-                    payload.slice(..n as usize),
-                    peer.clone(),
-                    sent.clone(),
-                    frames.clone(),
-                );
-                streams.spawn(async move {
-                    let r = send_frame(&conn, &header, payload, &peer).await;
-                    if r.is_ok() {
-                        sent.fetch_add(n, Ordering::Relaxed);
-                        frames.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(permit);
-                    r
-                });
-                while let Some(done) = streams.try_join_next() {
-                    if let Ok(Err(e)) = done {
-                        return Err(e.to_string());
-                    }
-                }
-                off += n;
-                key += 1;
-            }
-            while let Some(done) = streams.join_next().await {
-                if let Ok(Err(e)) = done {
-                    return Err(e.to_string());
-                }
-            }
             // The sink closes the connection once it has read everything.
-            let _ = tokio::time::timeout(Duration::from_secs(120), conn.closed()).await;
-            Ok(conn.stats().path.lost_packets)
+            let closed = tokio::time::timeout(Duration::from_secs(600), conn.closed()).await;
+            match closed {
+                Ok(quinn::ConnectionError::ApplicationClosed(_)) => {
+                    Ok(conn.stats().path.lost_packets)
+                }
+                Ok(e) => Err(e.to_string()),
+                Err(_) => Err("the sink did not close the connection within 600 s".to_string()),
+            }
         });
     }
     let mut lost = 0;
@@ -483,10 +497,14 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
             Err(e) => return Err(CliError::failed(format!("sender task: {e}"))),
         }
     }
+    driver.abort();
+    if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(CliError::failed(format!("sender: {e}")));
+    }
     print_json_line(&SideReport {
         role: "sender".into(),
-        bytes: sent.load(Ordering::Relaxed),
-        frames: frames.load(Ordering::Relaxed),
+        bytes: sent,
+        frames,
         first: start,
         last: now(),
         cpu_seconds: process_cpu_seconds(),

@@ -305,6 +305,9 @@ pub struct SinkArgs {
     /// Bytes to expect per connection.
     #[arg(long)]
     pub bytes: u64,
+    /// Address to bind, IP:PORT.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: String,
 }
 
 /// `pushpull bench send` (internal).
@@ -505,7 +508,8 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
             Ok(())
         }
         BenchCommand::Sink(s) => {
-            multi_thread().block_on(bench::run_sink(&s.node, s.connections, s.bytes))
+            let listen = crate::node::parse_addr_flag("--listen", &s.listen)?;
+            multi_thread().block_on(bench::run_sink(&s.node, listen, s.connections, s.bytes))
         }
         BenchCommand::Send(s) => {
             multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))

@@ -2,17 +2,23 @@
 //! `pushpull-worker` and `pushpull local`.
 //!
 //! 1. Declares the ResNet-50 parameter set ([`crate::resnet`]: 161 tensors, 25.6 M elements),
-//!    each tensor scaled by `job.scale` (at least one element).
+//!    each tensor scaled by `job.scale` (at least one element), tensor i with priority -i
+//!    (`job.priority = "forward"`: the first layers first, as the next forward pass needs
+//!    them) or all with priority 0 (`"none"`).
 //! 2. Rank 0 broadcasts every tensor once (its data for the pseudo-round
 //!    [`BROADCAST_ROUND`]); everyone checks it received rank 0's bytes.
-//! 3. `job.warmup` + `job.rounds` rounds: every worker generates its data ([`crate::data`], a
-//!    pure function of the job seed, round, rank and tensor index), starts a `push_pull(Sum)`
-//!    of every tensor at once (all in flight together), and waits for all of them. Only this
-//!    part is timed. Then (with `job.check`) it regenerates every worker's data and checks each
-//!    result bit for bit: raw fp32 tensors against the rank-order f32 sum, compressed ones
-//!    (`[tensors]` maps) against the single-process reference of the whole job
-//!    ([`pushpull_worker::reference`]: every rank's and the server's compressor chains, same
-//!    seeds), which costs every worker W compressions per tensor and round.
+//! 3. Every worker generates its data once ([`crate::data`], a pure function of the job seed,
+//!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
+//!    round) and copies it into the round's buffers before each round.
+//! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull(Sum)` of every
+//!    tensor, the last tensor first (the order a backward pass produces gradients in), all in
+//!    flight together, and waits for all of them. Only this part is timed: the round's
+//!    seconds, and when the first tensor's result arrived (time to first layer). Then (with
+//!    `job.check`) each result is checked bit for bit: raw fp32 tensors against the
+//!    rank-order f32 sum, compressed ones (`[tensors]` maps) against the single-process
+//!    reference of the whole job ([`pushpull_worker::reference`]: every rank's and the
+//!    server's compressor chains, same seeds), which costs every worker W compressions per
+//!    tensor and round.
 //!
 //! Throughput is reported per worker: rounds/s; gradient GB/s (raw fp32 bytes of all tensors
 //! per round / seconds; GB = 1e9 bytes); and push + pull QUIC payload bytes per second (the
@@ -32,8 +38,11 @@ use crate::data;
 use crate::error::{CliError, CliResult};
 use crate::resnet;
 
-/// The data round used for the initial broadcast (distinct from every push_pull round).
+/// The data round used for the initial broadcast (distinct from [`DATA_ROUND`]).
 pub const BROADCAST_ROUND: u64 = u64::MAX;
+
+/// The data round of every push_pull round's input (the same data every round).
+pub const DATA_ROUND: u64 = 0;
 
 /// Prefix of the progress lines `pushpull-worker --progress` prints on stdout after each round:
 /// `pushpull-worker progress rank=R round=N total=T`.
@@ -83,6 +92,13 @@ pub struct JobReport {
     pub seed: u64,
     /// Seconds spent in the timed push_pull rounds.
     pub seconds: f64,
+    /// Seconds of each timed round (push_pulls only).
+    #[serde(default)]
+    pub round_seconds: Vec<f64>,
+    /// Seconds from the start of each timed round until the first tensor's (the highest
+    /// priority's) result had arrived: when a next forward pass could start.
+    #[serde(default)]
+    pub first_tensor_seconds: Vec<f64>,
     /// Timed rounds per second.
     pub rounds_per_second: f64,
     /// Raw fp32 bytes of all tensors (one round's gradient).
@@ -112,6 +128,7 @@ impl JobReport {
             "pushpull-worker rank {} of {} ({} servers): {} tensors, {} elements ({:.1} MB fp32), \
              {} rounds after {} warm-up, seed {}\n  \
              rounds/s: {:.3}\n  \
+             time to first layer: {:.3} s (median over rounds)\n  \
              gradient GB/s per worker: {:.3}\n  \
              push+pull payload GB/s: {:.3} ({} bytes pushed, {} pulled)\n  \
              check: {} ({} rounds + broadcast, bit-exact against rank-order f32 sums)\n  \
@@ -126,6 +143,7 @@ impl JobReport {
             self.warmup,
             self.seed,
             self.rounds_per_second,
+            crate::netbench::report::median(&self.first_tensor_seconds),
             self.gradient_gb_per_second,
             self.payload_gb_per_second,
             self.push_payload_bytes,
@@ -157,12 +175,16 @@ pub async fn run_benchmark(
     let specs = tensor_set(job.scale);
     let elements: u64 = specs.iter().map(|t| t.len).sum();
 
-    // Declare every tensor (collectives, all at once).
+    // Declare every tensor (collectives, all at once), the first layers first.
+    let forward = job.priority == "forward";
     let mut set = tokio::task::JoinSet::new();
     for (i, t) in specs.iter().enumerate() {
         let (w, name, len) = (worker.clone(), t.name.clone(), t.len);
+        let priority = if forward { -(i as i32) } else { 0 };
         set.spawn(async move {
-            let r = w.declare(&name, len, Default::default()).await;
+            let r = w
+                .declare_with_priority(&name, len, Default::default(), priority)
+                .await;
             (i, name, r)
         });
     }
@@ -220,29 +242,46 @@ pub async fn run_benchmark(
 
     let total = job.warmup + job.rounds;
     let mut seconds = 0.0f64;
+    let mut round_seconds = Vec::new();
+    let mut first_tensor_seconds = Vec::new();
     let mut cpu_push_pull = 0.0f64;
     let mut timed_start_metrics = worker.metrics();
     let mut checked = 0u32;
+    let inputs: Vec<Vec<f32>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| data::generate(seed, DATA_ROUND, rank, i as u32, t.len as usize))
+        .collect();
+    let mut bufs: Vec<Option<Vec<f32>>> = inputs.iter().map(|x| Some(x.clone())).collect();
     for round in 0..total {
         if round == job.warmup {
             timed_start_metrics = worker.metrics();
         }
-        let inputs: Vec<Vec<f32>> = specs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| data::generate(seed, round as u64, rank, i as u32, t.len as usize))
-            .collect();
+        for (buf, input) in bufs.iter_mut().zip(&inputs) {
+            buf.as_mut()
+                .expect("every buffer is back")
+                .copy_from_slice(input);
+        }
         let cpu0 = process_cpu_seconds();
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
-        for (i, buf) in inputs.into_iter().enumerate() {
+        // The last layer first, as a backward pass produces the gradients.
+        for i in (0..specs.len()).rev() {
             let (w, t) = (worker.clone(), tensors[i].clone());
-            set.spawn(async move { (i, w.push_pull(&t, buf, Reduce::Sum).await) });
+            let buf = bufs[i].take().expect("every buffer is back");
+            set.spawn(async move {
+                let r = w.push_pull(&t, buf, Reduce::Sum).await;
+                (i, r, start.elapsed().as_secs_f64())
+            });
         }
-        let mut outputs: Vec<Option<Vec<f32>>> = vec![None; specs.len()];
+        let mut first_tensor = 0.0;
         while let Some(joined) = set.join_next().await {
-            let (i, r) = joined.map_err(|e| CliError::failed(format!("push_pull task: {e}")))?;
-            outputs[i] = Some(r.map_err(|e| {
+            let (i, r, at) =
+                joined.map_err(|e| CliError::failed(format!("push_pull task: {e}")))?;
+            if i == 0 {
+                first_tensor = at;
+            }
+            bufs[i] = Some(r.map_err(|e| {
                 CliError::failed(format!(
                     "push_pull of tensor {:?} (round {round}) failed: {e}",
                     specs[i].name
@@ -252,15 +291,17 @@ pub async fn run_benchmark(
         let elapsed = start.elapsed().as_secs_f64();
         if round >= job.warmup {
             seconds += elapsed;
+            round_seconds.push(elapsed);
+            first_tensor_seconds.push(first_tensor);
             cpu_push_pull += process_cpu_seconds() - cpu0;
         }
         if job.check {
-            for (i, out) in outputs.iter().enumerate() {
+            for (i, out) in bufs.iter().enumerate() {
                 let out = out.as_ref().expect("every push_pull answered");
                 if let Some(r) = ref_tensors[i] {
                     let all: Vec<Vec<f32>> = (0..num_workers)
                         .map(|w| {
-                            data::generate(seed, round as u64, w, i as u32, specs[i].len as usize)
+                            data::generate(seed, DATA_ROUND, w, i as u32, specs[i].len as usize)
                         })
                         .collect();
                     let expected = reference
@@ -278,7 +319,7 @@ pub async fn run_benchmark(
                     }
                     continue;
                 }
-                data::check_sum(seed, round as u64, num_workers, i as u32, out).map_err(|m| {
+                data::check_sum(seed, DATA_ROUND, num_workers, i as u32, out).map_err(|m| {
                     CliError::failed(format!(
                         "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \
                          (expected the rank-order f32 sum of {num_workers} workers' data)",
@@ -310,6 +351,8 @@ pub async fn run_benchmark(
         rounds: job.rounds,
         seed,
         seconds,
+        round_seconds,
+        first_tensor_seconds,
         rounds_per_second: per_s(job.rounds as f64),
         gradient_bytes_per_round: gradient_bytes,
         gradient_gb_per_second: per_s(gradient_bytes as f64 * job.rounds as f64) / 1e9,

@@ -105,6 +105,7 @@ impl FakeWorker {
                 name: n.to_string(),
                 len,
                 params: ParamMap::new(),
+                priority: None,
             })
             .await;
         }

@@ -22,7 +22,8 @@ pub trait ChunkCodec: Send {
     fn max_encoded_len(&self) -> usize;
     /// Encodes `input` (exactly `len()` elements) for `round` into `out` (cleared first).
     fn encode(&mut self, input: &[f32], round: u64, out: &mut Vec<u8>) -> Result<(), CodecError>;
-    /// Decodes `payload` of `round` into `out` (exactly `len()` elements).
+    /// Decodes `payload` of `round` into `out` (exactly `len()` elements), overwriting every
+    /// element (a server decodes rank 0's push into the key's reused accumulator).
     fn decode(&self, payload: &[u8], round: u64, out: &mut [f32]) -> Result<(), CodecError>;
     /// Decodes `payload` of `round` and adds it into `acc`, element by element, without a
     /// temporary. Must equal `decode` followed by `+=`, bit for bit.

@@ -36,6 +36,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The largest `cluster.send_window_bytes` (1 GiB).
+pub const MAX_SEND_WINDOW_BYTES: u64 = 1 << 30;
+
 /// A string-to-string parameter map for one tensor, as BytePS users write it.
 pub type ParamMap = BTreeMap<String, String>;
 
@@ -129,10 +132,17 @@ pub struct ClusterConfig {
     /// (default 30000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
-    /// `max_inflight_chunks`: how many chunk push_pulls one worker keeps in flight per server
-    /// (default 64).
-    #[serde(default = "default_max_inflight_chunks")]
-    pub max_inflight_chunks: u32,
+    /// `send_window_bytes`: the most bytes of data frames a node keeps in flight on one
+    /// connection (handed to QUIC, not yet acknowledged by the peer; default 16 MiB). Frames
+    /// wait beyond it in priority order; a frame leaves the window once delivered, whatever its
+    /// round is doing (see `sendq`).
+    #[serde(default = "default_send_window_bytes")]
+    pub send_window_bytes: u64,
+    /// `max_udp_payload`: the largest UDP payload QUIC's path MTU discovery tries (default 8952,
+    /// for 9000-byte jumbo frames; discovery settles lower on a path with a smaller MTU, e.g. at
+    /// 1452 on Ethernet's 1500). At least 1200.
+    #[serde(default = "default_max_udp_payload")]
+    pub max_udp_payload: u16,
 }
 
 /// `[tls]`: PEM files of this node. All nodes' certificates must be signed by `ca` and carry
@@ -204,6 +214,16 @@ pub struct JobConfig {
     /// `check`: verify every result against the independently computed sum (default true).
     #[serde(default = "default_true")]
     pub check: bool,
+    /// `priority` (benchmark): `forward` (tensor i of the set is declared with priority -i, so
+    /// the first layers' results come first, as the next forward pass needs them; the
+    /// default) or `none` (every tensor priority 0: frames leave in the order they are
+    /// issued, the last layer first, as a backward pass issues them).
+    #[serde(default = "default_job_priority")]
+    pub priority: String,
+    /// `skip_push_pull` (train): train without any push_pull, each worker alone on its shard
+    /// (for timing the compute alone; default false).
+    #[serde(default)]
+    pub skip_push_pull: bool,
     /// `model` (train): `mlp` (ReLU layers of widths `hidden`, default) or `logistic`
     /// (multinomial logistic regression: one linear layer, the baseline).
     #[serde(default = "default_model")]
@@ -282,8 +302,11 @@ fn default_heartbeat_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     30_000
 }
-fn default_max_inflight_chunks() -> u32 {
-    64
+fn default_send_window_bytes() -> u64 {
+    16 << 20
+}
+fn default_max_udp_payload() -> u16 {
+    8952
 }
 fn default_server_name() -> String {
     "pushpull.cluster".to_string()
@@ -293,6 +316,9 @@ fn default_listen() -> String {
 }
 fn default_device() -> String {
     "auto".to_string()
+}
+fn default_job_priority() -> String {
+    "forward".to_string()
 }
 fn default_job_kind() -> String {
     "benchmark".to_string()
@@ -385,6 +411,8 @@ impl Default for JobConfig {
             warmup: default_warmup(),
             scale: default_scale(),
             check: true,
+            priority: default_job_priority(),
+            skip_push_pull: false,
             model: default_model(),
             steps: default_steps(),
             batch_size: default_batch_size(),
@@ -436,6 +464,7 @@ impl JobConfig {
         };
         one_of("job.kind", &self.kind, &["benchmark", "train"])?;
         one_of("job.model", &self.model, &["mlp", "logistic"])?;
+        one_of("job.priority", &self.priority, &["forward", "none"])?;
         one_of(
             "job.lr_schedule",
             &self.lr_schedule,
@@ -518,7 +547,8 @@ impl Config {
                 heartbeat_interval_ms: default_heartbeat_interval_ms(),
                 heartbeat_timeout_ms: default_heartbeat_timeout_ms(),
                 connect_timeout_ms: default_connect_timeout_ms(),
-                max_inflight_chunks: default_max_inflight_chunks(),
+                send_window_bytes: default_send_window_bytes(),
+                max_udp_payload: default_max_udp_payload(),
             },
             tls: TlsConfig::default(),
             server: ServerConfig {
@@ -599,11 +629,18 @@ impl Config {
                 ),
             ));
         }
-        if c.max_inflight_chunks == 0 {
+        if !(1..=MAX_SEND_WINDOW_BYTES).contains(&c.send_window_bytes) {
             return Err(bad(
-                "cluster.max_inflight_chunks",
-                "0".into(),
-                "must be at least 1",
+                "cluster.send_window_bytes",
+                c.send_window_bytes.to_string(),
+                &format!("a number of bytes from 1 to {MAX_SEND_WINDOW_BYTES}"),
+            ));
+        }
+        if c.max_udp_payload < 1200 {
+            return Err(bad(
+                "cluster.max_udp_payload",
+                c.max_udp_payload.to_string(),
+                "a number of bytes from 1200 to 65527",
             ));
         }
         parse_addr(&self.server.listen).map_err(|allowed| {
@@ -697,6 +734,8 @@ impl Config {
             seed: self.cluster.seed,
             heartbeat_interval_ms: self.cluster.heartbeat_interval_ms,
             heartbeat_timeout_ms: self.cluster.heartbeat_timeout_ms,
+            send_window_bytes: self.cluster.send_window_bytes,
+            max_udp_payload: self.cluster.max_udp_payload,
             server_name: self.tls.server_name.clone(),
             tensors: self
                 .tensors
@@ -733,6 +772,10 @@ pub struct ClusterDigest {
     pub heartbeat_interval_ms: u64,
     /// `cluster.heartbeat_timeout_ms`.
     pub heartbeat_timeout_ms: u64,
+    /// `cluster.send_window_bytes`.
+    pub send_window_bytes: u64,
+    /// `cluster.max_udp_payload`.
+    pub max_udp_payload: u16,
     /// `tls.server_name`.
     pub server_name: String,
     /// `[tensors.*]`, values as strings.
@@ -760,6 +803,8 @@ impl ClusterDigest {
         cmp!(seed, "cluster.seed");
         cmp!(heartbeat_interval_ms, "cluster.heartbeat_interval_ms");
         cmp!(heartbeat_timeout_ms, "cluster.heartbeat_timeout_ms");
+        cmp!(send_window_bytes, "cluster.send_window_bytes");
+        cmp!(max_udp_payload, "cluster.max_udp_payload");
         cmp!(server_name, "tls.server_name");
         let tables: std::collections::BTreeSet<&String> =
             self.tensors.keys().chain(theirs.tensors.keys()).collect();
@@ -871,6 +916,39 @@ mod tests {
         assert_eq!(p["k"], "0.01");
         assert_eq!(p["scaling"], "true");
         assert_eq!(c.tensor_params("other")["compressor"], "onebit");
+    }
+
+    #[test]
+    fn send_window_and_udp_payload_are_checked() {
+        let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+        assert_eq!(c.cluster.send_window_bytes, 16 << 20);
+        assert_eq!(c.cluster.max_udp_payload, 8952);
+        for (line, key) in [
+            ("send_window_bytes = 0", "cluster.send_window_bytes"),
+            (
+                "send_window_bytes = 2147483648",
+                "cluster.send_window_bytes",
+            ),
+            ("max_udp_payload = 1199", "cluster.max_udp_payload"),
+        ] {
+            let text = MINIMAL.replace("num_servers = 1", &format!("num_servers = 1\n{line}"));
+            let e = Config::from_toml_str(&text, "t.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("bytes"), "{line}: {e}");
+        }
+        // The key it replaced is named as unknown, with the keys that exist.
+        let text = MINIMAL.replace(
+            "num_servers = 1",
+            "num_servers = 1\nmax_inflight_chunks = 4",
+        );
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("max_inflight_chunks") && e.contains("send_window_bytes"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -72,7 +72,8 @@ impl Placer {
         &self.load_bytes
     }
 
-    /// Cuts a tensor into chunks and assigns each to the currently least-loaded server.
+    /// Cuts a tensor into chunks and assigns each to the currently least-loaded server. The
+    /// placement's priority is 0; the scheduler sets the agreed one.
     pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
         let chunks = chunk_ranges(len, self.partition_bytes)
             .enumerate()
@@ -97,6 +98,7 @@ impl Placer {
             name: name.to_string(),
             len,
             params,
+            priority: 0,
             chunks,
         }
     }

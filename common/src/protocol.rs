@@ -44,7 +44,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::config::{ClusterDigest, ParamMap};
 
 /// Protocol version; a node with another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.
@@ -294,6 +294,10 @@ pub enum ToScheduler {
         len: u64,
         /// The tensor's parameter map (after the worker overlaid the config's).
         params: ParamMap,
+        /// The priority the declare call asked for (every worker must ask for the same);
+        /// `None`: the scheduler's default, declaration order (see
+        /// [`TensorPlacement::priority`]).
+        priority: Option<i32>,
     },
     /// Server: it has set up the keys of a declared tensor (answer to
     /// [`FromScheduler::Placement`]), or could not (`error`).
@@ -396,6 +400,12 @@ pub struct TensorPlacement {
     pub len: u64,
     /// The agreed parameter map.
     pub params: ParamMap,
+    /// The order in which this tensor's frames leave a connection relative to other tensors'
+    /// (higher first; FIFO among equal priorities): pushes on every worker, results on every
+    /// server. The priority every worker's declare asked for, or by default `-n` for the n-th
+    /// tensor the scheduler placed (0, -1, -2, …): tensors declared earlier go first, as in
+    /// BytePS, since the next forward pass needs the first layers first.
+    pub priority: i32,
     /// The chunks, in element order.
     pub chunks: Vec<ChunkPlacement>,
 }

@@ -79,15 +79,32 @@ pub enum TransportError {
 }
 
 /// quinn transport settings derived from the cluster config.
+///
+/// * `send_fairness(false)`: streams of one priority are sent one after another, not
+///   round-robin, so the first frame ready is the first one finished (with fair sharing every
+///   chunk in flight finishes late, and results cannot flow back while pushes still go out).
+///   Priorities between frames come from [`crate::sender::FrameSender`].
+/// * The connection's send and receive windows are at least twice `cluster.send_window_bytes`,
+///   so the frames the [`crate::sendq`] window lets out never block in quinn.
+/// * Path MTU discovery up to `cluster.max_udp_payload` (jumbo frames where the path has them).
 pub fn transport_config(cfg: &Config) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     let idle = quinn::IdleTimeout::try_from(cfg.heartbeat_timeout())
         .unwrap_or_else(|_| quinn::IdleTimeout::from(quinn::VarInt::from_u32(60_000)));
+    let window = cfg
+        .cluster
+        .send_window_bytes
+        .saturating_mul(2)
+        .max(64 << 20);
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(cfg.cluster.max_udp_payload);
     t.max_idle_timeout(Some(idle))
         .keep_alive_interval(Some(cfg.heartbeat_interval()))
         .stream_receive_window(quinn::VarInt::from_u32(16 << 20))
-        .receive_window(quinn::VarInt::from_u32(64 << 20))
-        .send_window(64 << 20)
+        .receive_window(quinn::VarInt::from_u64(window).unwrap_or(quinn::VarInt::MAX))
+        .send_window(window)
+        .send_fairness(false)
+        .mtu_discovery_config(Some(mtu))
         .max_concurrent_uni_streams(quinn::VarInt::from_u32(MAX_CONCURRENT_UNI_STREAMS))
         .max_concurrent_bidi_streams(quinn::VarInt::from_u32(16))
         .enable_segmentation_offload(true);

@@ -192,18 +192,20 @@ struct Member {
 /// The state of one tensor name.
 #[derive(Debug, Clone)]
 enum TensorState {
-    /// Waiting for every worker's declaration: rank → (len, params).
-    Collecting(BTreeMap<u32, (u64, ParamMap)>),
+    /// Waiting for every worker's declaration, by rank.
+    Collecting(BTreeMap<u32, Decl>),
     /// Placement sent to the servers; waiting for their acks.
     Placing {
         placement: TensorPlacement,
+        /// The priority the declares asked for.
+        requested: Option<i32>,
         acked: BTreeSet<u32>,
         error: Option<String>,
         /// Workers to answer (every rank, plus re-declarers while placing).
         waiting: BTreeSet<u32>,
     },
-    /// Placed and acknowledged by every server.
-    Placed(TensorPlacement),
+    /// Placed and acknowledged by every server; the priority the declares asked for.
+    Placed(TensorPlacement, Option<i32>),
 }
 
 /// The scheduler's state machine. See the [module docs](self) for the rules.
@@ -217,6 +219,8 @@ pub struct SchedulerState {
     workers: Vec<Member>,
     running: bool,
     placer: Placer,
+    /// Tensors placed so far (failed placements included): the default priority's counter.
+    placed_count: u64,
     tensors: BTreeMap<String, TensorState>,
     /// Chunk key → (tensor, chunk index) of every placed or placing tensor.
     key_owner: BTreeMap<u64, (String, usize)>,
@@ -240,6 +244,7 @@ impl SchedulerState {
             workers: Vec::new(),
             running: false,
             placer,
+            placed_count: 0,
             tensors: BTreeMap::new(),
             key_owner: BTreeMap::new(),
             barriers: BTreeMap::new(),
@@ -417,9 +422,23 @@ impl SchedulerState {
 
     fn on_member_message(&mut self, role: NodeRole, id: u32, msg: ToScheduler) {
         match (role, msg) {
-            (NodeRole::Worker, ToScheduler::Declare { name, len, params }) => {
-                self.on_declare(id, name, len, params)
-            }
+            (
+                NodeRole::Worker,
+                ToScheduler::Declare {
+                    name,
+                    len,
+                    params,
+                    priority,
+                },
+            ) => self.on_declare(
+                id,
+                name,
+                Decl {
+                    len,
+                    params,
+                    priority,
+                },
+            ),
             (NodeRole::Worker, ToScheduler::Barrier { id: barrier }) => {
                 self.on_barrier(id, barrier)
             }
@@ -679,10 +698,10 @@ impl SchedulerState {
 
     // ---------------------------------------------------------------- declare
 
-    fn on_declare(&mut self, rank: u32, name: String, len: u64, params: ParamMap) {
+    fn on_declare(&mut self, rank: u32, name: String, decl: Decl) {
         match self.tensors.get_mut(&name) {
-            Some(TensorState::Placed(p)) => {
-                let result = match diff(p.len, &p.params, len, &params) {
+            Some(TensorState::Placed(p, requested)) => {
+                let result = match Decl::of_placement(p, *requested).diff(&decl) {
                     None => Ok(p.clone()),
                     Some(d) => Err(describe(
                         &name,
@@ -694,9 +713,12 @@ impl SchedulerState {
                 return self.send_workers([rank], &FromScheduler::Declared { name, result });
             }
             Some(TensorState::Placing {
-                placement, waiting, ..
+                placement,
+                requested,
+                waiting,
+                ..
             }) => {
-                match diff(placement.len, &placement.params, len, &params) {
+                match Decl::of_placement(placement, *requested).diff(&decl) {
                     None => {
                         waiting.insert(rank);
                     }
@@ -713,8 +735,8 @@ impl SchedulerState {
                 return;
             }
             Some(TensorState::Collecting(decls)) => {
-                if let Some((l0, p0)) = decls.get(&rank) {
-                    if let Some(d) = diff(*l0, p0, len, &params) {
+                if let Some(first) = decls.get(&rank) {
+                    if let Some(d) = first.diff(&decl) {
                         let result = Err(format!(
                             "{} (declared twice before every worker declared it)",
                             describe(&name, &format!("worker {rank} first declared"), "then", &d)
@@ -723,12 +745,12 @@ impl SchedulerState {
                     }
                     return;
                 }
-                decls.insert(rank, (len, params));
+                decls.insert(rank, decl);
             }
             None => {
                 self.tensors.insert(
                     name.clone(),
-                    TensorState::Collecting(BTreeMap::from([(rank, (len, params))])),
+                    TensorState::Collecting(BTreeMap::from([(rank, decl)])),
                 );
             }
         }
@@ -764,9 +786,9 @@ impl SchedulerState {
         let Some(TensorState::Collecting(decls)) = self.tensors.remove(&name) else {
             unreachable!("collective_complete on a collecting tensor")
         };
-        let (&r0, (len, params)) = decls.iter().next().expect("at least one declaration");
-        let first = decls.iter().find_map(|(&r, (l, p))| {
-            diff(*len, params, *l, p).map(|d| {
+        let (&r0, decl0) = decls.iter().next().expect("at least one declaration");
+        let first = decls.iter().find_map(|(&r, decl)| {
+            decl0.diff(decl).map(|d| {
                 describe(
                     &name,
                     &format!("worker {r0} declared"),
@@ -783,7 +805,11 @@ impl SchedulerState {
             };
             return self.send_workers(self.all_ranks(), &msg);
         }
-        let (len, params) = (*len, params.clone());
+        let Decl {
+            len,
+            params,
+            priority,
+        } = decl0.clone();
         let chunks = num_chunks(len, self.cfg.partition_bytes);
         if chunks > MAX_CHUNKS_PER_TENSOR {
             let msg = format!(
@@ -800,7 +826,13 @@ impl SchedulerState {
             return self.send_workers(self.all_ranks(), &msg);
         }
         let mut trial = self.placer.clone();
-        let placement = trial.place(&name, len, params);
+        let mut placement = trial.place(&name, len, params);
+        // The default: declaration order, earliest first.
+        placement.priority = priority.unwrap_or_else(|| {
+            i32::try_from(self.placed_count)
+                .map(|n| -n)
+                .unwrap_or(-i32::MAX)
+        });
         if let Some(msg) = self.collision(&placement) {
             tracing::warn!("declare failed: {msg}");
             let msg = FromScheduler::Declared {
@@ -810,6 +842,7 @@ impl SchedulerState {
             return self.send_workers(self.all_ranks(), &msg);
         }
         self.placer = trial;
+        self.placed_count += 1;
         for (i, c) in placement.chunks.iter().enumerate() {
             self.key_owner.insert(c.key, (name.clone(), i));
         }
@@ -827,6 +860,7 @@ impl SchedulerState {
             name,
             TensorState::Placing {
                 placement,
+                requested: priority,
                 acked: BTreeSet::new(),
                 error: None,
                 waiting: self.all_ranks().collect(),
@@ -878,6 +912,7 @@ impl SchedulerState {
         }
         let Some(TensorState::Placing {
             placement,
+            requested,
             error,
             waiting,
             ..
@@ -887,8 +922,10 @@ impl SchedulerState {
         };
         let result = match error {
             None => {
-                self.tensors
-                    .insert(name.clone(), TensorState::Placed(placement.clone()));
+                self.tensors.insert(
+                    name.clone(),
+                    TensorState::Placed(placement.clone(), requested),
+                );
                 Ok(placement)
             }
             Some(e) => {
@@ -1108,6 +1145,43 @@ fn msg_kind(msg: &ToScheduler) -> &'static str {
     }
 }
 
+/// What one worker's declare asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Decl {
+    len: u64,
+    params: ParamMap,
+    /// `None`: the default (declaration order).
+    priority: Option<i32>,
+}
+
+impl Decl {
+    /// The declaration that produced `p`, with the priority it asked for.
+    fn of_placement(p: &TensorPlacement, requested: Option<i32>) -> Decl {
+        Decl {
+            len: p.len,
+            params: p.params.clone(),
+            priority: requested,
+        }
+    }
+
+    /// The first difference from `other` (length, then parameters in key order, then the
+    /// priority); `None` if they agree.
+    fn diff(&self, other: &Decl) -> Option<Diff> {
+        if self.len != other.len {
+            return Some(Diff::Len(self.len, other.len));
+        }
+        let keys: BTreeSet<&String> = self.params.keys().chain(other.params.keys()).collect();
+        let param = keys.into_iter().find_map(|k| {
+            let (a, b) = (self.params.get(k), other.params.get(k));
+            (a != b).then(|| Diff::Param(k.clone(), a.cloned(), b.cloned()))
+        });
+        param.or_else(|| {
+            (self.priority != other.priority)
+                .then_some(Diff::Priority(self.priority, other.priority))
+        })
+    }
+}
+
 /// How two declarations of one tensor differ.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Diff {
@@ -1115,19 +1189,8 @@ enum Diff {
     Len(u64, u64),
     /// A parameter (absent = `None`).
     Param(String, Option<String>, Option<String>),
-}
-
-/// The first difference between two declarations (length first, then parameters in key
-/// order); `None` if they agree.
-fn diff(la: u64, pa: &ParamMap, lb: u64, pb: &ParamMap) -> Option<Diff> {
-    if la != lb {
-        return Some(Diff::Len(la, lb));
-    }
-    let keys: BTreeSet<&String> = pa.keys().chain(pb.keys()).collect();
-    keys.into_iter().find_map(|k| {
-        let (a, b) = (pa.get(k), pb.get(k));
-        (a != b).then(|| Diff::Param(k.clone(), a.cloned(), b.cloned()))
-    })
+    /// The requested priority (`None`: the default).
+    Priority(Option<i32>, Option<i32>),
 }
 
 /// Describes a difference of tensor `name`: `a` and `b` say who declared what, e.g.
@@ -1140,6 +1203,14 @@ fn describe(name: &str, a: &str, b: &str, d: &Diff) -> String {
             Shown(va.as_ref()),
             Shown(vb.as_ref())
         ),
+        Diff::Priority(pa, pb) => {
+            let shown = |p: &Option<i32>| p.map_or("(default)".to_string(), |p| p.to_string());
+            format!(
+                "tensor {name:?}: {a} priority {}, {b} priority {}",
+                shown(pa),
+                shown(pb)
+            )
+        }
     }
 }
 
@@ -1252,6 +1323,16 @@ mod tests {
             (h, srv, wrk)
         }
         fn declare(&mut self, conn: ConnId, name: &str, len: u64, params: &[(&str, &str)]) {
+            self.declare_with_priority(conn, name, len, params, None)
+        }
+        fn declare_with_priority(
+            &mut self,
+            conn: ConnId,
+            name: &str,
+            len: u64,
+            params: &[(&str, &str)],
+            priority: Option<i32>,
+        ) {
             let params = params
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -1262,6 +1343,7 @@ mod tests {
                     name: name.into(),
                     len,
                     params,
+                    priority,
                 },
             );
         }
@@ -1510,7 +1592,11 @@ mod tests {
             },
         );
         let r = refusal(&h.take(), 2);
-        assert!(r.contains("version 2") && r.contains("version 1"), "{r}");
+        let (theirs, ours) = (PROTOCOL_VERSION + 1, PROTOCOL_VERSION);
+        assert!(
+            r.contains(&format!("version {theirs}")) && r.contains(&format!("version {ours}")),
+            "{r}"
+        );
         // A node whose first message is not Register.
         h.ev(Event::Connected {
             conn: 3,
@@ -1674,6 +1760,48 @@ mod tests {
         // A stray ack is ignored.
         h.ack(srv[1], "b", None);
         assert!(h.take().is_empty());
+    }
+
+    #[test]
+    fn priorities_default_to_declaration_order_and_must_agree() {
+        let (mut h, srv, wrk) = H::start(2, 1);
+        // "b" completes first (both workers declared it), then "a": b gets 0, a gets -1,
+        // whatever order each worker started its declares in.
+        h.declare(wrk[0], "a", 10, &[]);
+        h.declare(wrk[0], "b", 10, &[]);
+        h.declare(wrk[1], "b", 10, &[]);
+        let pb = placements(&h.take(), srv[0]).remove(0);
+        h.declare(wrk[1], "a", 10, &[]);
+        let pa = placements(&h.take(), srv[0]).remove(0);
+        assert_eq!((pb.name.as_str(), pb.priority), ("b", 0));
+        assert_eq!((pa.name.as_str(), pa.priority), ("a", -1));
+        // An explicit priority wins over the order, and every worker must ask for the same.
+        h.declare_with_priority(wrk[0], "c", 10, &[], Some(7));
+        h.declare_with_priority(wrk[1], "c", 10, &[], Some(7));
+        let pc = placements(&h.take(), srv[0]).remove(0);
+        assert_eq!(pc.priority, 7);
+        h.declare_with_priority(wrk[0], "d", 10, &[], Some(3));
+        h.declare(wrk[1], "d", 10, &[]);
+        let acts = h.take();
+        assert!(placements(&acts, srv[0]).is_empty());
+        for &w in &wrk {
+            let e = declared(&acts, w).remove(0).1.unwrap_err();
+            assert_eq!(
+                e,
+                "tensor \"d\": worker 0 declared priority 3, worker 1 declared priority (default)"
+            );
+        }
+        // Declaring a placed tensor again must ask for the same priority as before.
+        for (name, p) in [("a", None), ("b", None), ("c", Some(7))] {
+            h.ack(srv[0], name, None);
+            let _ = h.take();
+            h.declare_with_priority(wrk[0], name, 10, &[], p);
+            let d = declared(&h.take(), wrk[0]).remove(0);
+            assert!(d.1.is_ok(), "{name}: {d:?}");
+        }
+        h.declare_with_priority(wrk[0], "c", 10, &[], Some(8));
+        let e = declared(&h.take(), wrk[0]).remove(0).1.unwrap_err();
+        assert!(e.contains("priority 7") && e.contains("priority 8"), "{e}");
     }
 
     #[test]
@@ -1865,6 +1993,7 @@ mod tests {
                 name: "big".into(),
                 len: u64::MAX,
                 params: ParamMap::new(),
+                priority: i32::MIN,
                 chunks: vec![widest; MAX_CHUNKS_PER_TENSOR as usize],
             }),
         };

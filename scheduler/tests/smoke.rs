@@ -144,6 +144,7 @@ async fn register_declare_barrier_finish_over_quic() {
             name: "w".into(),
             len: 2_000_000,
             params: Default::default(),
+            priority: None,
         })
         .await;
     let FromScheduler::Placement(p) = server.recv().await else {

@@ -43,8 +43,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use common::codec::ChunkCodec;
+use common::pool::BufPool;
 use common::protocol::ReduceOp;
 
 /// How many aborted rounds (or skipped ranges of rounds) a key remembers, so that late pushes
@@ -68,6 +71,9 @@ pub struct KeyInfo {
     pub len: usize,
     /// Workers in the job (ranks `0..num_workers`).
     pub num_workers: u32,
+    /// The tensor's priority: results of keys with a higher one are sent first (see
+    /// `TensorPlacement::priority`).
+    pub priority: i32,
 }
 
 impl fmt::Display for KeyInfo {
@@ -119,10 +125,8 @@ struct OpenRound {
     /// Payloads of ranks that arrived before their turn (Sum), or the root's payload
     /// (Broadcast, at index `aux`).
     held: Vec<Option<Bytes>>,
-    /// Sum: ranks `0..next_rank` are in `acc`.
+    /// Sum: ranks `0..next_rank` are in the key's accumulator.
     next_rank: u32,
-    /// Sum: the accumulator (allocated when rank 0 is summed).
-    acc: Vec<f32>,
 }
 
 /// A remembered abort: rounds `first..=last` and the message they are answered with.
@@ -140,6 +144,11 @@ type Rejection = (u32, String);
 pub struct KeyRounds {
     info: KeyInfo,
     codec: Box<dyn ChunkCodec>,
+    /// The sum of the round being collected: allocated at the first sum, then reused by every
+    /// round (rank 0's decode overwrites it).
+    acc: Vec<f32>,
+    /// Buffers for encoded sums.
+    pool: Arc<BufPool>,
     /// The round being collected (or the next one to open).
     current: u64,
     open: Option<OpenRound>,
@@ -166,11 +175,20 @@ impl KeyRounds {
         KeyRounds {
             info,
             codec,
+            acc: Vec::new(),
+            pool: BufPool::new(0),
             current: 0,
             open: None,
             aborted: VecDeque::new(),
             failed: None,
         }
+    }
+
+    /// Encodes sums into buffers of `pool` (shared by a server's keys), which get them back
+    /// once every worker's result frame is delivered. Without one, each sum is a fresh buffer.
+    pub fn with_pool(mut self, pool: Arc<BufPool>) -> KeyRounds {
+        self.pool = pool;
+        self
     }
 
     /// Who this key is.
@@ -451,7 +469,6 @@ impl KeyRounds {
             count: 0,
             held: vec![None; w as usize],
             next_rank: 0,
-            acc: Vec::new(),
         });
         o.received[rank as usize] = true;
         o.count += 1;
@@ -475,10 +492,11 @@ impl KeyRounds {
                 break;
             };
             let res = if r == 0 {
-                o.acc = vec![0.0; len];
-                self.codec.decode(&payload, round, &mut o.acc)
+                // Every element is overwritten by the decode: no need to zero.
+                self.acc.resize(len, 0.0);
+                self.codec.decode(&payload, round, &mut self.acc)
             } else {
-                self.codec.decode_add(&payload, round, &mut o.acc)
+                self.codec.decode_add(&payload, round, &mut self.acc)
             };
             if let Err(e) = res {
                 return Err((
@@ -510,16 +528,17 @@ impl KeyRounds {
                     // which corrected error feedback on the sum needs.
                     self.codec.set_learning_rate(f32::from_bits(o.aux));
                 }
-                let mut bytes = Vec::new();
-                if let Err(e) = self.codec.encode(&o.acc, round, &mut bytes) {
+                let mut bytes = self.pool.take();
+                if let Err(e) = self.codec.encode(&self.acc, round, &mut bytes) {
                     let message = format!(
                         "{}: encoding the sum failed: {e}; the round is aborted for every worker",
                         self.context(round)
                     );
+                    self.pool.give_back(bytes);
                     self.abort_current(message, out);
                     return;
                 }
-                Bytes::from(bytes)
+                self.pool.freeze(bytes)
             }
         };
         drop(o);
@@ -600,6 +619,7 @@ mod tests {
                 key: k,
                 len,
                 num_workers: w,
+                priority: 0,
             },
             Box::new(Fp32Codec::new(len)),
         )
@@ -1101,6 +1121,7 @@ mod tests {
             key: 9,
             len: 1,
             num_workers: 1,
+            priority: 0,
         };
         let mut k = KeyRounds::new(info, Box::new(FailingEncode(Fp32Codec::new(1))));
         let msg = expect_abort(&k.push(0, 0, ReduceOp::Sum, 0, enc(&[1.0])), 0, &[0]);
@@ -1129,6 +1150,7 @@ mod perf {
                 key: 1,
                 len,
                 num_workers: 2,
+                priority: 0,
             },
             Box::new(Fp32Codec::new(len)),
         );

@@ -24,19 +24,20 @@
 //! so the summing is not the bottleneck and a hop to the blocking pool would only add latency.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use common::codec::ChunkCodec;
 use common::config::{parse_addr, ConfigError};
+use common::pool::BufPool;
 use common::protocol::{
     max_payload_len, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
     TensorPlacement, ToScheduler, FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
+use common::sender::{FrameSender, OnError, Peer};
 use common::tls::TlsIdentity;
-use common::transport::{send_frame, ControlSender, ControlStream, Endpoint, TransportError};
+use common::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use common::Config;
 use dashmap::DashMap;
 use tokio::sync::mpsc;
@@ -48,6 +49,9 @@ use crate::rounds::{Action, KeyInfo, KeyRounds};
 /// How long the server waits, when it exits, for frames it is still sending (aborts, last
 /// results) before it closes its endpoint.
 const SEND_DRAIN: Duration = Duration::from_secs(2);
+
+/// Idle capacity the pool of result payload buffers keeps.
+const RESULT_POOL_BYTES: usize = 128 << 20;
 
 /// After `NodeLost`, how long the server waits for the scheduler's `Shutdown` before it exits
 /// on its own.
@@ -196,7 +200,9 @@ impl Server {
             factory,
             requested_id,
         } = self;
-        let shared = Arc::new(Shared::new(&config));
+        let (shared, sender) = Shared::new(&config);
+        let shared = Arc::new(shared);
+        let sender = tokio::spawn(sender);
         let accept = tokio::spawn(accept_loop(endpoint.clone(), shared.clone()));
         let mut control = Control {
             config: &config,
@@ -229,7 +235,7 @@ impl Server {
         } else {
             info!("clean shutdown");
         }
-        shared.sends.wait_idle(SEND_DRAIN).await;
+        shared.flush(SEND_DRAIN).await;
         if let Some(mut s) = control.sender.take() {
             s.finish();
         }
@@ -248,6 +254,7 @@ impl Server {
             .quinn
             .close(quinn::VarInt::from_u32(code), reason.as_bytes());
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.quinn.wait_idle()).await;
+        sender.abort();
         result
     }
 }
@@ -522,8 +529,12 @@ fn place_keys(
             key: chunk.key,
             len: codec.len(),
             num_workers: shared.num_workers,
+            priority: p.priority,
         };
-        new.push((chunk.key, KeyRounds::new(info, codec)));
+        new.push((
+            chunk.key,
+            KeyRounds::new(info, codec).with_pool(shared.pool.clone()),
+        ));
     }
     let n = new.len();
     for (key, rounds) in new {
@@ -540,12 +551,35 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// A frame to send: kind, key, round, payload.
+type OutFrame = (FrameKind, u64, u64, Bytes);
+
+/// Priority of abort frames: before any result.
+const ABORT_PRIORITY: i32 = i32::MAX;
+
 /// A worker's data connection.
 #[derive(Clone)]
 struct WorkerConn {
-    conn: quinn::Connection,
-    /// `worker R (addr)`.
-    name: Arc<str>,
+    /// The connection and `worker R (addr)`.
+    peer: Peer,
+    /// Sends results and aborts, the server's one queue for every worker.
+    sender: FrameSender,
+}
+
+impl WorkerConn {
+    /// Queues one frame for worker `rank`.
+    fn send(&self, rank: u32, (kind, key, round, payload): OutFrame, priority: i32) {
+        let header = FrameHeader {
+            kind,
+            op: ReduceOp::Sum,
+            rank,
+            aux: 0,
+            key,
+            round,
+            payload_len: payload.len() as u64,
+        };
+        self.sender.send(&self.peer, header, payload, priority);
+    }
 }
 
 /// State shared by every task of a running server.
@@ -557,21 +591,37 @@ struct Shared {
     keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
     /// Data connections by rank.
     workers: RwLock<Vec<Option<WorkerConn>>>,
-    sends: SendTracker,
+    /// Sends every result and abort in priority order within `cluster.send_window_bytes`.
+    sender: FrameSender,
+    /// Buffers for encoded results.
+    pool: Arc<BufPool>,
 }
 
 impl Shared {
-    fn new(config: &Config) -> Shared {
+    /// The state and the driver of its [`FrameSender`] (spawn it).
+    fn new(
+        config: &Config,
+    ) -> (
+        Shared,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let w = config.cluster.num_workers;
-        Shared {
+        let on_error: OnError = Box::new(|peer: &Peer, e: TransportError| {
+            // The worker's connection failed: the scheduler reports the worker lost.
+            debug!("sending to {} failed: {e}", peer.name);
+        });
+        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+        let shared = Shared {
             num_workers: w,
             max_payload: max_payload_len(config.cluster.partition_bytes),
             heartbeat_timeout: config.heartbeat_timeout(),
             server_id: OnceLock::new(),
             keys: DashMap::new(),
             workers: RwLock::new(vec![None; w as usize]),
-            sends: SendTracker::default(),
-        }
+            sender,
+            pool: BufPool::new(RESULT_POOL_BYTES),
+        };
+        (shared, driver)
     }
 
     fn id_str(&self) -> String {
@@ -594,21 +644,23 @@ impl Shared {
             .map(|e| (*e.key(), e.value().clone()))
             .collect();
         for (key, k) in keys {
-            let actions = k
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .node_lost(node, reason);
-            self.execute(key, actions);
+            let (priority, actions) = {
+                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
+                (k.info().priority, k.node_lost(node, reason))
+            };
+            self.execute(key, priority, actions);
         }
     }
 
-    /// Carries out a state machine's actions for `key`.
-    fn execute(self: &Arc<Self>, key: u64, actions: Vec<Action>) {
+    /// Carries out a state machine's actions for `key`, whose results go out at `priority`
+    /// (aborts, small and urgent, always at the highest).
+    fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
         for action in actions {
             match action {
                 Action::SendResult { round, payload } => {
                     for rank in 0..self.num_workers {
-                        self.send_to_rank(rank, FrameKind::Result, key, round, payload.clone());
+                        let frame = (FrameKind::Result, key, round, payload.clone());
+                        self.send_to_rank(rank, frame, priority);
                     }
                 }
                 Action::SendAbort {
@@ -619,88 +671,30 @@ impl Shared {
                     debug!(key, round, ?ranks, "abort: {message}");
                     let payload = Bytes::from(message);
                     for rank in ranks {
-                        self.send_to_rank(rank, FrameKind::Abort, key, round, payload.clone());
+                        let frame = (FrameKind::Abort, key, round, payload.clone());
+                        self.send_to_rank(rank, frame, ABORT_PRIORITY);
                     }
                 }
             }
         }
     }
 
-    fn send_to_rank(
-        self: &Arc<Self>,
-        rank: u32,
-        kind: FrameKind,
-        key: u64,
-        round: u64,
-        payload: Bytes,
-    ) {
+    fn send_to_rank(self: &Arc<Self>, rank: u32, frame: OutFrame, priority: i32) {
         match self.worker(rank) {
-            Some(w) => self.send_to(&w, rank, kind, key, round, payload),
+            Some(w) => w.send(rank, frame, priority),
             None => debug!(
                 rank,
-                key,
-                round,
-                ?kind,
+                key = frame.1,
+                round = frame.2,
+                kind = ?frame.0,
                 "worker not connected; frame dropped"
             ),
         }
     }
 
-    /// Sends one frame on its own stream, in its own task.
-    fn send_to(
-        self: &Arc<Self>,
-        w: &WorkerConn,
-        rank: u32,
-        kind: FrameKind,
-        key: u64,
-        round: u64,
-        payload: Bytes,
-    ) {
-        let header = FrameHeader {
-            kind,
-            op: ReduceOp::Sum,
-            rank,
-            aux: 0,
-            key,
-            round,
-            payload_len: payload.len() as u64,
-        };
-        let guard = self.sends.start();
-        let w = w.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            if let Err(e) = send_frame(&w.conn, &header, payload, &w.name).await {
-                warn!(key, round, ?kind, "sending to {} failed: {e}", w.name);
-            }
-        });
-    }
-}
-
-/// Counts frames being sent, so an exiting server can let them go out first.
-#[derive(Default)]
-struct SendTracker {
-    in_flight: Arc<AtomicUsize>,
-}
-
-struct SendGuard(Arc<AtomicUsize>);
-
-impl Drop for SendGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl SendTracker {
-    fn start(&self) -> SendGuard {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        SendGuard(self.in_flight.clone())
-    }
-
-    async fn wait_idle(&self, limit: Duration) {
-        let start = Instant::now();
-        while self.in_flight.load(Ordering::Acquire) > 0 && start.elapsed() < limit {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    /// Waits (at most `limit`) until every frame queued for a worker was handed to QUIC.
+    async fn flush(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.sender.flushed()).await;
     }
 }
 
@@ -831,22 +825,25 @@ async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
         ));
     }
     let w = WorkerConn {
-        conn: conn.clone(),
-        name: format!("worker {rank} ({addr})").into(),
+        peer: Peer {
+            conn: conn.clone(),
+            name: format!("worker {rank} ({addr})").into(),
+        },
+        sender: shared.sender.clone(),
     };
     {
         let mut workers = shared.workers.write().unwrap_or_else(|e| e.into_inner());
         let slot = &mut workers[rank as usize];
         if let Some(old) = slot {
-            if old.conn.close_reason().is_none() {
-                let why = format!("rank {rank} is already connected as {}", old.name);
+            if old.peer.conn.close_reason().is_none() {
+                let why = format!("rank {rank} is already connected as {}", old.peer.name);
                 drop(workers);
                 return refuse(why);
             }
         }
         *slot = Some(w.clone());
     }
-    info!("{} connected", w.name);
+    info!("{} connected", w.peer.name);
     loop {
         match conn.accept_uni().await {
             Ok(mut stream) => {
@@ -858,7 +855,7 @@ async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
                 });
             }
             Err(e) => {
-                info!("{} disconnected: {e}", w.name);
+                info!("{} disconnected: {e}", w.peer.name);
                 break;
             }
         }
@@ -871,7 +868,7 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
         Incoming::Frame(h, p) => (h, p, None),
         Incoming::Bad(h, why) => (h, Bytes::new(), Some(why)),
         Incoming::Unreadable(why) => {
-            warn!("unreadable frame from {}: {why}", w.name);
+            warn!("unreadable frame from {}: {why}", w.peer.name);
             return;
         }
     };
@@ -881,7 +878,7 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
         let why = format!(
             "{} expected a Push frame from {}, got {:?}{}",
             shared.id_str(),
-            w.name,
+            w.peer.name,
             header.kind,
             bad.as_deref()
                 .map(|b| format!(" ({b})"))
@@ -889,7 +886,8 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
         );
         warn!(key, round, "{why}");
         if header.kind != FrameKind::Hello {
-            shared.send_to(w, rank, FrameKind::Abort, key, round, Bytes::from(why));
+            let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+            w.send(rank, frame, ABORT_PRIORITY);
         }
         return;
     }
@@ -902,12 +900,13 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
             bad.as_deref().map(|b| format!("; also: {b}")).unwrap_or_default()
         );
         warn!("{why}");
-        shared.send_to(w, rank, FrameKind::Abort, key, round, Bytes::from(why));
+        let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+        w.send(rank, frame, ABORT_PRIORITY);
         return;
     };
-    let actions = {
+    let (priority, actions) = {
         let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = bad {
+        let actions = if let Some(why) = bad {
             k.reject(rank, round, &why)
         } else if header.rank != rank {
             let why = format!(
@@ -917,9 +916,10 @@ fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming
             k.reject(rank, round, &why)
         } else {
             k.push(rank, round, header.op, header.aux, payload)
-        }
+        };
+        (k.info().priority, actions)
     };
-    shared.execute(key, actions);
+    shared.execute(key, priority, actions);
 }
 
 #[cfg(test)]
@@ -955,7 +955,7 @@ mod tests {
         // the key it still holds.
         let mut config = Config::local(2, 2);
         config.cluster.partition_bytes = 400;
-        let shared = Shared::new(&config);
+        let (shared, _sender) = Shared::new(&config);
         let seen = Arc::new(Mutex::new(Vec::new()));
         let factory = recording_factory(seen.clone());
         let first = two_chunk_placement("t", 150, "1");

@@ -74,6 +74,9 @@ pub struct TrainOptions {
     pub momentum: f64,
     /// Test-set evaluation every this many steps (0: only at the end).
     pub eval_every: u32,
+    /// Skip every push_pull: each worker trains alone on its shard (`job.skip_push_pull`, for
+    /// timing the compute alone).
+    pub skip_push_pull: bool,
     /// The task.
     pub task: TaskSpec,
 }
@@ -90,6 +93,7 @@ impl TrainOptions {
             lr_schedule: job.lr_schedule.clone(),
             momentum: job.momentum,
             eval_every: job.eval_every,
+            skip_push_pull: job.skip_push_pull,
             task: TaskSpec {
                 input_dim: job.input_dim as usize,
                 classes: job.classes as usize,
@@ -382,12 +386,14 @@ pub fn run_train(
 
         let lr = opts.lr_at(step) as f32;
         let t1 = Instant::now();
-        ex.set_learning_rate(lr);
-        ex.push_pull_all(&tensors, &mut bufs).map_err(|e| {
-            CliError::failed(format!(
-                "push_pull of the gradients (step {step}) failed: {e}"
-            ))
-        })?;
+        if !opts.skip_push_pull {
+            ex.set_learning_rate(lr);
+            ex.push_pull_all(&tensors, &mut bufs).map_err(|e| {
+                CliError::failed(format!(
+                    "push_pull of the gradients (step {step}) failed: {e}"
+                ))
+            })?;
+        }
         exchange += t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();

@@ -14,8 +14,10 @@ use crate::worker::{JoinOptions, Worker};
 /// Every method blocks the calling thread until the operation completes. Don't call them from
 /// inside an async runtime (tokio panics on a nested `block_on`); use [`Worker`] there.
 ///
-/// The buffer methods take `&mut [f32]`: the slice is copied into an owned buffer, the
-/// operation runs, and the result is copied back. On error the slice is left unchanged.
+/// The buffer methods take `&mut [f32]` and work in it in place: the round reads the
+/// caller's data and writes each chunk's result over it, with no copy of the slice (the slice
+/// is lent to the round's task for the duration of the call, which blocks until the task has
+/// ended).
 ///
 /// Dropping a `BlockingWorker` without [`finish`](BlockingWorker::finish) is like dropping a
 /// `Worker`: connections close at once and the scheduler reports this worker lost, failing
@@ -111,33 +113,33 @@ impl BlockingWorker {
     }
 
     /// Blocking [`Worker::push_pull`]: `buf` is replaced by the sum (or average) over all
-    /// workers. Errors as `Worker::push_pull`; on error `buf` is unchanged.
+    /// workers, in place. Errors as `Worker::push_pull`; on error `buf` holds the results of
+    /// the chunks that completed and this worker's data elsewhere.
     pub fn push_pull(
         &self,
         tensor: &Tensor,
         buf: &mut [f32],
         op: Reduce,
     ) -> Result<(), WorkerError> {
-        let out = self
-            .runtime
-            .block_on(self.worker().push_pull(tensor, buf.to_vec(), op))?;
-        buf.copy_from_slice(&out);
-        Ok(())
+        let lent = Lent::new(buf);
+        self.runtime
+            .block_on(self.worker().push_pull(tensor, lent, op))
+            .map(drop)
     }
 
-    /// Blocking [`Worker::broadcast`]: `buf` is replaced by the root's data. Errors as
-    /// `Worker::broadcast`; on error `buf` is unchanged.
+    /// Blocking [`Worker::broadcast`]: `buf` is replaced by the root's data, in place. Errors
+    /// as `Worker::broadcast`; on error `buf` holds the root's data for the chunks that
+    /// completed.
     pub fn broadcast(
         &self,
         tensor: &Tensor,
         buf: &mut [f32],
         root: u32,
     ) -> Result<(), WorkerError> {
-        let out = self
-            .runtime
-            .block_on(self.worker().broadcast(tensor, buf.to_vec(), root))?;
-        buf.copy_from_slice(&out);
-        Ok(())
+        let lent = Lent::new(buf);
+        self.runtime
+            .block_on(self.worker().broadcast(tensor, lent, root))
+            .map(drop)
     }
 
     /// Blocking [`Worker::barrier`].
@@ -149,6 +151,39 @@ impl BlockingWorker {
     pub fn finish(mut self) -> Result<(), WorkerError> {
         let worker = self.worker.take().expect("present until drop or finish");
         self.runtime.block_on(worker.finish())
+    }
+}
+
+/// A caller's slice lent to a round task for the duration of one blocking call.
+///
+/// The round runs in a spawned task, which needs an owned (`'static`) buffer. `Lent` carries
+/// the slice's pointer instead. This is sound because the blocking methods hold the `&mut`
+/// borrow until `block_on` returns, and `block_on` of `push_pull`/`broadcast` returns only
+/// after the round's task has ended (`Worker::submit` awaits it; nothing aborts it, and the
+/// runtime it runs on lives as long as this `BlockingWorker`), so no access outlives the
+/// borrow, and nothing else touches the slice meanwhile.
+struct Lent {
+    ptr: *mut f32,
+    len: usize,
+}
+
+impl Lent {
+    fn new(buf: &mut [f32]) -> Lent {
+        Lent {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+}
+
+// SAFETY: `Lent` is a `&mut [f32]` in disguise (see its docs); `&mut [f32]` is `Send`.
+unsafe impl Send for Lent {}
+
+impl AsMut<[f32]> for Lent {
+    fn as_mut(&mut self) -> &mut [f32] {
+        // SAFETY: the pointer and length come from a live `&mut [f32]` that the blocking call
+        // holds for as long as the `Lent` exists (see its docs).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

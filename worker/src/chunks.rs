@@ -4,8 +4,7 @@
 //! indexed by `usize`. [`chunk_ranges`] checks once, at declare time, that the chunks tile the
 //! tensor exactly, in order, on servers that exist, and converts them to `usize` ranges
 //! (failing cleanly on a 32-bit machine instead of truncating). [`split_chunks`] then cuts a
-//! buffer into disjoint mutable slices, one per chunk, without copying; [`server_queues`]
-//! lists each server's chunks in placement order, the order every worker issues them in.
+//! buffer into disjoint mutable slices, one per chunk, without copying.
 
 use std::ops::Range;
 
@@ -82,17 +81,6 @@ pub(crate) fn split_chunks<'a>(
     out
 }
 
-/// For each server id below `num_servers`, the indices of its chunks in placement order.
-pub(crate) fn server_queues(chunks: &[ChunkPlacement], num_servers: u32) -> Vec<Vec<usize>> {
-    let mut queues = vec![Vec::new(); num_servers as usize];
-    for (i, c) in chunks.iter().enumerate() {
-        if let Some(q) = queues.get_mut(c.server as usize) {
-            q.push(i);
-        }
-    }
-    queues
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,11 +100,6 @@ mod tests {
         let bytes: u64 = ranges.iter().map(|r| (r.end - r.start) as u64 * 4).sum();
         assert_eq!(bytes, 4_000_000_000); // beyond u32::MAX, exact in u64
         assert!(ranges.iter().all(|r| (r.end - r.start) as u64 * 4 <= P));
-        let queues = server_queues(&t.chunks, 3);
-        assert_eq!(queues.iter().map(Vec::len).sum::<usize>(), 977);
-        for q in &queues {
-            assert!(q.windows(2).all(|w| w[0] < w[1]), "placement order");
-        }
     }
 
     #[cfg(target_pointer_width = "64")]

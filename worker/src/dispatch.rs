@@ -110,14 +110,6 @@ impl Dispatch {
         }
     }
 
-    /// Forgets a registration whose push could not be sent.
-    pub(crate) fn cancel(&self, key: u64, round: u64) {
-        let mut inner = self.lock();
-        if let Some(Slot::Waiting(_)) = inner.slots.get(&(key, round)) {
-            inner.slots.remove(&(key, round));
-        }
-    }
-
     /// Hands a frame's outcome to the chunk waiting for `(key, round)`, or keeps it.
     pub(crate) fn deliver(&self, key: u64, round: u64, outcome: Outcome) -> Delivered {
         let mut inner = self.lock();
@@ -258,8 +250,6 @@ mod tests {
         let mut rx = pending(d.register(9, 0).unwrap());
         d.deliver(9, 0, Outcome::Result(Bytes::new()));
         assert!(rx.try_recv().unwrap().is_ok());
-        let _w = d.register(4, 4).unwrap();
-        d.cancel(4, 4);
         assert_eq!(d.len(), 0);
     }
 

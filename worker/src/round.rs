@@ -1,11 +1,11 @@
 //! One round of one tensor: push every chunk, wait for its result, decode into the buffer.
 //!
 //! Chunks run concurrently as futures of the round's task, each borrowing its own disjoint
-//! slice of the buffer (no copies, no `unsafe`). Per server, at most `max_inflight_chunks`
-//! chunks are in flight, and they are started strictly in placement order; every worker
-//! follows the same order, so the smallest unfinished chunk of a server is always pushed by
-//! every worker and the windows can never deadlock (the window is per call: chunks of another
-//! tensor never take this call's slots).
+//! slice of the buffer (no copies, no `unsafe`). Every chunk is encoded at once (into a
+//! pooled buffer) and queued on the worker's [`FrameSender`], which sends it in priority
+//! order within the worker's byte window; the window frees a frame once its server has
+//! received it, whatever the round is doing, so rounds of different tensors issued in any
+//! order on different workers can never wait on each other.
 //!
 //! A server's abort, or a codec error, fails the call but not the round: the other chunks are
 //! still pushed and awaited, so the tensor's round counter stays in step with the other
@@ -17,21 +17,21 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pushpull_common::codec::{ChunkCodec, Fp32Codec};
+use pushpull_common::pool::BufPool;
 use pushpull_common::protocol::{FrameHeader, FrameKind, ReduceOp};
-use pushpull_common::transport::send_frame;
+use pushpull_common::sender::{FrameSender, Peer};
 use pushpull_common::NodeName;
 
 use crate::chunks::split_chunks;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
-use crate::shared::{transport_reason, Shared};
+use crate::shared::Shared;
 use crate::tensor::TensorInner;
 
 /// A worker's connection to one server.
 pub(crate) struct ServerLink {
     pub(crate) name: NodeName,
-    pub(crate) peer: String,
-    pub(crate) conn: quinn::Connection,
+    pub(crate) peer: Peer,
 }
 
 /// What a round needs from its worker.
@@ -39,9 +39,12 @@ pub(crate) struct ServerLink {
 pub(crate) struct RoundCtx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) links: Arc<Vec<ServerLink>>,
+    /// Sends the pushes (one queue and window for every server connection).
+    pub(crate) sender: FrameSender,
     pub(crate) rank: u32,
     pub(crate) num_workers: u32,
-    pub(crate) max_inflight: usize,
+    /// Buffers for encoded pushes.
+    pub(crate) pool: Arc<BufPool>,
     /// The round's learning rate as f32 bits (0: none), pushed in the header's `aux`.
     pub(crate) learning_rate: u32,
 }
@@ -72,13 +75,13 @@ impl RoundKind {
 
 /// Runs `round` of `tensor` over `buf` (already checked to have the tensor's length) and
 /// returns the buffer holding the result.
-pub(crate) async fn run_round(
+pub(crate) async fn run_round<B: AsMut<[f32]>>(
     ctx: RoundCtx,
     tensor: Arc<TensorInner>,
     round: u64,
     kind: RoundKind,
-    mut buf: Vec<f32>,
-) -> Result<Vec<f32>, WorkerError> {
+    mut buf: B,
+) -> Result<B, WorkerError> {
     let started = std::time::Instant::now();
     let codec_nanos = (
         tensor.compress_nanos.load(Ordering::Relaxed),
@@ -86,29 +89,12 @@ pub(crate) async fn run_round(
     );
     let mut first_error: Option<WorkerError> = None;
     {
-        let mut slices: Vec<Option<&mut [f32]>> = split_chunks(&mut buf, &tensor.ranges)
+        let mut running: FuturesUnordered<_> = split_chunks(buf.as_mut(), &tensor.ranges)
             .into_iter()
-            .map(Some)
+            .enumerate()
+            .map(|(i, slice)| chunk_round(&ctx, &tensor, i, round, kind, slice))
             .collect();
-        let mut next = vec![0usize; tensor.queues.len()];
-        let mut running = FuturesUnordered::new();
-        // Starts the next chunk of `server` in placement order, if it has one left.
-        macro_rules! start_next {
-            ($server:expr) => {{
-                let server: usize = $server;
-                if let Some(&i) = tensor.queues[server].get(next[server]) {
-                    next[server] += 1;
-                    let slice = slices[i].take().expect("each chunk starts once");
-                    running.push(chunk_round(&ctx, &tensor, i, round, kind, slice));
-                }
-            }};
-        }
-        for server in 0..tensor.queues.len() {
-            for _ in 0..ctx.max_inflight {
-                start_next!(server);
-            }
-        }
-        while let Some((server, result)) = running.next().await {
+        while let Some(result) = running.next().await {
             if let Err(e) = result {
                 if e.is_fatal() {
                     return Err(e);
@@ -116,7 +102,6 @@ pub(crate) async fn run_round(
                 tracing::debug!("worker {}: {e}", ctx.rank);
                 first_error.get_or_insert(e);
             }
-            start_next!(server);
         }
     }
     // Wait = the round's wall time minus this round's compress and decompress time (chunks
@@ -162,24 +147,8 @@ async fn prefer_fatal(shared: &Shared, abort: WorkerError) -> WorkerError {
 /// Longest wait of [`prefer_fatal`].
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// One chunk of one round; returns the chunk's server id with the outcome.
+/// One chunk of one round: encode, push, await the result, decode into `slice`.
 async fn chunk_round(
-    ctx: &RoundCtx,
-    tensor: &TensorInner,
-    index: usize,
-    round: u64,
-    kind: RoundKind,
-    slice: &mut [f32],
-) -> (usize, Result<(), WorkerError>) {
-    let chunk = tensor.placement.chunks[index];
-    let server = chunk.server as usize;
-    (
-        server,
-        chunk_round_inner(ctx, tensor, index, round, kind, slice).await,
-    )
-}
-
-async fn chunk_round_inner(
     ctx: &RoundCtx,
     tensor: &TensorInner,
     index: usize,
@@ -208,16 +177,16 @@ async fn chunk_round_inner(
     let payload = if encode && matches!(kind, RoundKind::Broadcast { .. }) {
         // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
         // arrive exactly, and no compressor state (error feedback, momentum) is touched.
-        let mut out = Vec::new();
+        let mut out = ctx.pool.take();
         match Fp32Codec::new(slice.len()).encode(slice, round, &mut out) {
-            Ok(()) => Bytes::from(out),
+            Ok(()) => ctx.pool.freeze(out),
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
                 Bytes::new()
             }
         }
     } else if encode {
-        let mut out = Vec::new();
+        let mut out = ctx.pool.take();
         let mut codec = tensor.codecs[index]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -229,7 +198,7 @@ async fn chunk_round_inner(
         drop(codec);
         add_nanos(&tensor.compress_nanos, t0);
         match encoded {
-            Ok(()) => Bytes::from(out),
+            Ok(()) => ctx.pool.freeze(out),
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
                 Bytes::new()
@@ -253,15 +222,10 @@ async fn chunk_round_inner(
                 payload_len: payload.len() as u64,
             };
             let pushed = payload.len() as u64;
-            if let Err(e) = send_frame(&link.conn, &header, payload, &link.peer).await {
-                dispatch.cancel(chunk.key, round);
-                let error = WorkerError::NodeLost {
-                    node: link.name.clone(),
-                    reason: transport_reason(&e),
-                };
-                ctx.shared.server_gone(&link.name, error.clone());
-                return Err(ctx.shared.state().fatal.unwrap_or(error));
-            }
+            // A failed write makes the server's loss the job's fatal error, which fails this
+            // chunk's waiter.
+            ctx.sender
+                .send(&link.peer, header, payload, tensor.placement.priority);
             tensor.bytes_pushed.fetch_add(pushed, Ordering::Relaxed);
             match rx.await {
                 Ok(Ok(outcome)) => outcome,

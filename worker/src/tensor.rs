@@ -113,8 +113,6 @@ pub(crate) struct TensorInner {
     pub(crate) placement: TensorPlacement,
     /// Element range of each chunk, checked against the placement at declare time.
     pub(crate) ranges: Vec<Range<usize>>,
-    /// Chunk indices per server id, in placement order.
-    pub(crate) queues: Vec<Vec<usize>>,
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
     /// a time; the mutex is never held across an await.
     pub(crate) codecs: Vec<Mutex<Box<dyn ChunkCodec>>>,
@@ -149,6 +147,12 @@ impl Tensor {
     /// The agreed parameter map.
     pub fn params(&self) -> &ParamMap {
         &self.inner.placement.params
+    }
+
+    /// The agreed priority: this tensor's frames leave a connection before those of tensors
+    /// with a lower one (see [`crate::Worker::declare_with_priority`]).
+    pub fn priority(&self) -> i32 {
+        self.inner.placement.priority
     }
 
     /// The chunks and the servers holding them, as the scheduler placed them.

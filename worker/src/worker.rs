@@ -8,18 +8,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use pushpull_common::pool::BufPool;
 use pushpull_common::protocol::{
     max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler, PROTOCOL_VERSION,
 };
+use pushpull_common::sender::{FrameSender, OnError, Peer};
 use pushpull_common::tls::TlsIdentity;
 use pushpull_common::transport::{send_frame, Endpoint, TransportError};
 use pushpull_common::{Config, NodeName, NodeRole, ParamMap};
 use tokio::task::JoinHandle;
 
-use crate::chunks::{chunk_ranges, server_queues};
+use crate::chunks::chunk_ranges;
 use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
-use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
+use crate::shared::{
+    control_reader, control_writer, heartbeat, server_reader, transport_reason, Phase, Shared,
+};
 use crate::tensor::{
     CodecContext, CodecFactory, KernelsFactory, Metrics, Reduce, Tensor, TensorInner,
 };
@@ -27,6 +31,8 @@ use crate::tensor::{
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
 /// closing the control stream's acknowledgement) before closing the connections anyway.
 const CLOSE_CONTROL_BOUND: Duration = Duration::from_secs(2);
+/// Idle capacity the pool of push payload buffers keeps (about one ResNet-50 round of fp32).
+const PAYLOAD_POOL_BYTES: usize = 128 << 20;
 /// How long closing waits for the connections to be acknowledged closed.
 const WAIT_IDLE_BOUND: Duration = Duration::from_secs(1);
 
@@ -70,12 +76,16 @@ pub struct Worker {
 struct WorkerInner {
     shared: Arc<Shared>,
     links: Arc<Vec<ServerLink>>,
+    /// Sends every push, in priority order within `cluster.send_window_bytes`.
+    sender: FrameSender,
     endpoint: Endpoint,
     rank: u32,
     map: ClusterMap,
     config: Config,
     tensors: Mutex<HashMap<String, Tensor>>,
     codec_factory: Mutex<Arc<dyn CodecFactory>>,
+    /// Buffers for encoded pushes.
+    pool: Arc<BufPool>,
     /// The learning rate of the next rounds as f32 bits (0: none set).
     learning_rate: AtomicU32,
     barrier_seq: AtomicU64,
@@ -268,23 +278,49 @@ impl Worker {
                 send_frame(&conn, &hello, Bytes::new(), &name.to_string())
                     .await
                     .map_err(|e| err(format!("sending Hello: {e}")))?;
-                Ok::<_, WorkerError>(ServerLink {
-                    peer: name.to_string(),
-                    name,
-                    conn,
-                })
+                Ok::<_, WorkerError>((name, conn))
             }
         });
-        let links = tokio::select! {
-            links = futures_util::future::try_join_all(connects) => links?,
+        let conns = tokio::select! {
+            conns = futures_util::future::try_join_all(connects) => conns?,
             e = until_fatal(&shared) => return Err(e),
         };
+        let servers: Vec<NodeName> = conns.iter().map(|(name, _)| name.clone()).collect();
+        let on_error: OnError = {
+            let shared = shared.clone();
+            // A failed write to a server is that server's loss.
+            Box::new(move |peer: &Peer, error: TransportError| {
+                let Some(node) = servers.iter().find(|n| n.to_string() == *peer.name) else {
+                    return;
+                };
+                let reason = transport_reason(&error);
+                shared.server_gone(
+                    node,
+                    WorkerError::NodeLost {
+                        node: node.clone(),
+                        reason,
+                    },
+                );
+            })
+        };
+        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+        cleanup.tasks.push(tokio::spawn(driver));
+        let links: Vec<ServerLink> = conns
+            .into_iter()
+            .map(|(name, conn)| ServerLink {
+                peer: Peer {
+                    conn,
+                    name: name.to_string().into(),
+                },
+                name,
+            })
+            .collect();
         let max_payload = max_payload_len(config.cluster.partition_bytes);
         for link in &links {
             cleanup.tasks.push(tokio::spawn(server_reader(
                 shared.clone(),
                 link.name.clone(),
-                link.conn.clone(),
+                link.peer.conn.clone(),
                 rank,
                 max_payload,
             )));
@@ -302,12 +338,14 @@ impl Worker {
             inner: Arc::new(WorkerInner {
                 shared,
                 links: Arc::new(links),
+                sender,
                 endpoint,
                 rank,
                 map,
                 config: config.clone(),
                 tensors: Mutex::new(HashMap::new()),
                 codec_factory: Mutex::new(Arc::new(KernelsFactory)),
+                pool: BufPool::new(PAYLOAD_POOL_BYTES),
                 learning_rate: AtomicU32::new(0),
                 barrier_seq: AtomicU64::new(0),
                 tasks: Mutex::new(tasks),
@@ -410,6 +448,10 @@ impl Worker {
     /// the same map and length. Declaring a name again with the same length and parameters
     /// returns the same tensor (same round counter).
     ///
+    /// The tensor's priority is the default, declaration order: the n-th tensor the scheduler
+    /// places gets priority `-n`, so tensors declared earlier are sent first (see
+    /// [`Worker::declare_with_priority`] and [`Tensor::priority`]).
+    ///
     /// Dropping the future before it resolves is harmless: the declare message is already
     /// sent whole; a later `declare` of the same name picks up the answer.
     ///
@@ -424,6 +466,37 @@ impl Worker {
         len: u64,
         params: ParamMap,
     ) -> Result<Tensor, WorkerError> {
+        self.declare_inner(name, len, params, None).await
+    }
+
+    /// [`Worker::declare`] with an explicit `priority`: this tensor's pushes (on every worker)
+    /// and results (on every server) leave each connection before those of tensors with a
+    /// lower priority, and after those of tensors with a higher one; equal priorities go in
+    /// the order they became ready. Every worker must declare the tensor with the same
+    /// priority, or every declare fails naming the tensor and both values.
+    ///
+    /// The default priorities (declaration order) are 0, -1, -2, …; explicit ones may be any
+    /// `i32`, e.g. `-(layer index)`.
+    ///
+    /// # Errors
+    /// As [`Worker::declare`].
+    pub async fn declare_with_priority(
+        &self,
+        name: &str,
+        len: u64,
+        params: ParamMap,
+        priority: i32,
+    ) -> Result<Tensor, WorkerError> {
+        self.declare_inner(name, len, params, Some(priority)).await
+    }
+
+    async fn declare_inner(
+        &self,
+        name: &str,
+        len: u64,
+        params: ParamMap,
+        priority: Option<i32>,
+    ) -> Result<Tensor, WorkerError> {
         let shared = &self.inner.shared;
         shared.check()?;
         let mut merged = self.inner.config.tensor_params(name);
@@ -434,6 +507,7 @@ impl Worker {
                 name: name.to_string(),
                 len,
                 params: merged.clone(),
+                priority,
             })?;
         }
         let answer = rx.await.map_err(|_| {
@@ -446,12 +520,19 @@ impl Worker {
             name: name.to_string(),
             message,
         })?;
-        if placement.name != name || placement.len != len || placement.params != merged {
+        if placement.name != name
+            || placement.len != len
+            || placement.params != merged
+            || priority.is_some_and(|p| p != placement.priority)
+        {
             return Err(WorkerError::Declare {
                 name: name.to_string(),
                 message: format!(
-                    "the scheduler answered with {} elements and parameters {:?}, but this call declared {len} elements with {merged:?} (concurrent declares of one name must agree)",
-                    placement.len, placement.params
+                    "the scheduler answered with {} elements, parameters {:?} and priority {}, but this call declared {len} elements with {merged:?} and priority {} (concurrent declares of one name must agree)",
+                    placement.len,
+                    placement.params,
+                    placement.priority,
+                    priority.map_or("(default)".to_string(), |p| p.to_string())
                 ),
             });
         }
@@ -479,7 +560,6 @@ impl Worker {
         }
         let num_servers = self.num_servers();
         let ranges = chunk_ranges(placement.len, &placement.chunks, num_servers).map_err(bad)?;
-        let queues = server_queues(&placement.chunks, num_servers);
         let factory = lock(&self.inner.codec_factory).clone();
         let mut codecs = Vec::with_capacity(placement.chunks.len());
         for (i, (c, r)) in placement.chunks.iter().zip(&ranges).enumerate() {
@@ -507,7 +587,6 @@ impl Worker {
             inner: Arc::new(TensorInner {
                 placement,
                 ranges,
-                queues,
                 codecs,
                 round: Arc::new(tokio::sync::Mutex::new(0)),
                 rounds_started: AtomicU64::new(0),
@@ -552,8 +631,19 @@ impl Worker {
     /// Every worker must call `push_pull` on the tensor as many times as the others (the n-th
     /// call of every worker forms round n). Results are bit-identical on every worker: servers
     /// add the workers' chunks in rank order. Works for any length the machine can hold
-    /// (offsets are 64-bit throughout); the tensor is cut into chunks that travel concurrently
-    /// (at most `cluster.max_inflight_chunks` per server per call).
+    /// (offsets are 64-bit throughout); the tensor is cut into chunks that travel concurrently.
+    ///
+    /// `buf` is any owned buffer of f32 that can move to another thread: a `Vec<f32>`, a
+    /// `Box<[f32]>`, or a type of your own that keeps foreign memory alive (e.g. a framework's
+    /// tensor) and lends it through `AsMut<[f32]>`. The round works in it in place (no copy
+    /// of the data is made for raw fp32 tensors beyond the encoded payloads) and hands it back.
+    ///
+    /// # Scheduling
+    /// Each chunk is encoded as soon as the call starts and queued on its server's connection.
+    /// Frames leave a connection in priority order ([`Tensor::priority`]), FIFO within a
+    /// priority, while at most `cluster.send_window_bytes` are unacknowledged; a frame leaves
+    /// the window once the server has it, not when its round completes, so calls of several
+    /// tensors, issued in any order on any worker, never wait on each other.
     ///
     /// Calls on *different* tensors may run concurrently. Calls on the *same* tensor are
     /// serialised: each waits for the tensor's previous call to finish, and the tensor's round
@@ -581,12 +671,10 @@ impl Worker {
     ///   job is over.
     ///
     /// On error, `buf` is dropped.
-    pub async fn push_pull(
-        &self,
-        tensor: &Tensor,
-        buf: Vec<f32>,
-        op: Reduce,
-    ) -> Result<Vec<f32>, WorkerError> {
+    pub async fn push_pull<B>(&self, tensor: &Tensor, buf: B, op: Reduce) -> Result<B, WorkerError>
+    where
+        B: AsMut<[f32]> + Send + 'static,
+    {
         let average = op == Reduce::Average;
         self.submit(tensor, buf, RoundKind::Sum { average }).await
     }
@@ -600,12 +688,10 @@ impl Worker {
     /// cancellation behaviour and errors, plus [`WorkerError::BadRoot`] for a root that is not
     /// a rank (nothing sent). Non-root buffers must still have the tensor's length; their
     /// contents are ignored.
-    pub async fn broadcast(
-        &self,
-        tensor: &Tensor,
-        buf: Vec<f32>,
-        root: u32,
-    ) -> Result<Vec<f32>, WorkerError> {
+    pub async fn broadcast<B>(&self, tensor: &Tensor, buf: B, root: u32) -> Result<B, WorkerError>
+    where
+        B: AsMut<[f32]> + Send + 'static,
+    {
         if root >= self.num_workers() {
             return Err(WorkerError::BadRoot {
                 name: tensor.name().to_string(),
@@ -617,18 +703,25 @@ impl Worker {
             .await
     }
 
-    async fn submit(
+    /// Runs one round of `tensor` over `buf` in a task of its own and waits for it. The task
+    /// always runs to its end: `submit` returns only once it has (or before spawning it), which
+    /// [`crate::BlockingWorker`] relies on when it lends the caller's slice.
+    async fn submit<B>(
         &self,
         tensor: &Tensor,
-        buf: Vec<f32>,
+        mut buf: B,
         kind: RoundKind,
-    ) -> Result<Vec<f32>, WorkerError> {
+    ) -> Result<B, WorkerError>
+    where
+        B: AsMut<[f32]> + Send + 'static,
+    {
         self.check_tensor(tensor)?;
-        if buf.len() as u64 != tensor.len() {
+        let got = buf.as_mut().len() as u64;
+        if got != tensor.len() {
             return Err(WorkerError::LengthMismatch {
                 name: tensor.name().to_string(),
                 declared: tensor.len(),
-                got: buf.len() as u64,
+                got,
             });
         }
         let shared = &self.inner.shared;
@@ -640,9 +733,10 @@ impl Worker {
         let ctx = RoundCtx {
             shared: shared.clone(),
             links: self.inner.links.clone(),
+            sender: self.inner.sender.clone(),
             rank: self.inner.rank,
             num_workers: self.num_workers(),
-            max_inflight: self.inner.config.cluster.max_inflight_chunks as usize,
+            pool: self.inner.pool.clone(),
             learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
         };
         let t = tensor.inner.clone();
@@ -749,7 +843,7 @@ impl WorkerInner {
             t.abort();
         }
         for link in self.links.iter() {
-            link.conn.close(0u32.into(), reason);
+            link.peer.conn.close(0u32.into(), reason);
         }
         self.endpoint.quinn.close(0u32.into(), reason);
     }

@@ -319,7 +319,9 @@ async fn mock_scheduler(
                     Event::Msg(id, msg) => {
                         let Some(&rank) = rank_of.get(&id) else { continue };
                         match msg {
-                            ToScheduler::Declare { name, len, params } => {
+                            ToScheduler::Declare {
+                                name, len, params, ..
+                            } => {
                                 if let Some(p) = placed.get(&name) {
                                     let result = if p.len == len && p.params == params {
                                         Ok(p.clone())
@@ -508,7 +510,7 @@ async fn sums_are_bit_identical_to_the_rank_order_sum() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
         // 64-byte partitions: 16 elements per chunk, so the 10_007-element tensor has 626
-        // chunks spread over 2 servers (more than max_inflight_chunks = 64 per server).
+        // chunks spread over 2 servers.
         let c = cluster(2, 2, 64, None).await;
         let w = &c.workers;
         assert_eq!((w[0].rank(), w[1].rank()), (0, 1));
@@ -583,9 +585,10 @@ async fn many_keys_issued_in_opposite_orders() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
         // 16-byte partitions: 4 elements per chunk. 150 one-chunk tensors issued in opposite
-        // orders by the two workers, plus a 250-chunk tensor with a window of 8 chunks.
+        // orders by the two workers, plus a 250-chunk tensor, with a send window of 8 frames
+        // (56 bytes each).
         let mut c = env(2, 1, 16, None).await;
-        c.config.cluster.max_inflight_chunks = 8;
+        c.config.cluster.send_window_bytes = 8 * 56;
         let mut ws: Vec<Worker> = join_workers(&c, &[None, None])
             .await
             .into_iter()

@@ -100,9 +100,9 @@ async fn more_than_100_keys_in_opposite_orders() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
         // 16-byte partitions: the 1000-element tensor has 250 keys on one server; 120
-        // one-key tensors are issued in opposite orders by the two workers.
-        let mut s = stack(2, 1, 16).await;
-        s.config.cluster.max_inflight_chunks = 64;
+        // one-key tensors are issued in opposite orders by the two workers. A send window of
+        // 4 frames (56 bytes each) keeps most of them queued.
+        let mut s = stack_with(2, 1, 16, |c| c.cluster.send_window_bytes = 4 * 56).await;
         let n = 120;
         let mut small = Vec::new();
         for i in 0..n {
@@ -144,6 +144,76 @@ async fn more_than_100_keys_in_opposite_orders() {
         let expected = rank_order_sum(&[input(0, 9999, 1000), input(1, 9999, 1000)]);
         assert!(same_bits(&a.1, &expected));
         assert!(same_bits(&b.1, &expected));
+        let fin: Vec<_> = s
+            .workers
+            .drain(..)
+            .map(|w| tokio::spawn(w.finish()))
+            .collect();
+        for f in fin {
+            f.await.unwrap().unwrap();
+        }
+        s.scheduler.await.unwrap().unwrap();
+    })
+    .await
+    .expect("test timed out");
+}
+
+/// Calls spawned as separate tasks, issued in opposite orders by the two workers, on tensors
+/// with priorities that order them differently again (so each worker's queue releases frames
+/// in neither worker's issue order), several chunks per tensor on 2 servers, and a send window
+/// of about two frames: every call completes with the rank-order sum. Frames leave a window
+/// when delivered, so no worker waits for a result while holding the other's next push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        // 64-byte partitions: 16 elements per chunk; frames of 104 bytes.
+        let mut s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
+        let n = 60usize;
+        let len = |i: usize| 1 + (i * 7) % 50; // 1..50 elements: 1 to 4 chunks
+        let mut tensors = Vec::new();
+        for i in 0..n {
+            // Priorities interleave with the index: odd tensors first, then even ones.
+            let priority = if i % 2 == 1 {
+                1000 - i as i32
+            } else {
+                -(i as i32)
+            };
+            let name = format!("p{i:02}");
+            let ts = futures_util::future::join_all(s.workers.iter().map(|w| {
+                w.declare_with_priority(&name, len(i) as u64, Default::default(), priority)
+            }))
+            .await;
+            let ts: Vec<_> = ts.into_iter().map(|t| t.unwrap()).collect();
+            assert_eq!(ts[0].priority(), priority);
+            tensors.push(ts);
+        }
+        let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
+        let mut handles = Vec::new();
+        for r in 0..2 {
+            let order: Vec<usize> = if r == 0 {
+                (0..n).collect()
+            } else {
+                (0..n).rev().collect()
+            };
+            for i in order {
+                let (w, t) = (s.workers[r].clone(), tensors[i][r].clone());
+                let buf = input(r, i);
+                handles.push((
+                    r,
+                    i,
+                    tokio::spawn(async move { w.push_pull(&t, buf, Reduce::Sum).await }),
+                ));
+            }
+        }
+        for (r, i, h) in handles {
+            let got = h.await.unwrap().unwrap();
+            let expected = rank_order_sum(&[input(0, i), input(1, i)]);
+            assert!(
+                same_bits(&got, &expected),
+                "rank {r} tensor p{i:02} (seed {seed})"
+            );
+        }
         let fin: Vec<_> = s
             .workers
             .drain(..)

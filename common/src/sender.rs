@@ -1,0 +1,262 @@
+//! [`FrameSender`]: the async shell around [`crate::sendq::SendQueue`] for one node.
+//!
+//! A node has one sender for all its data connections (a worker's to every server, a server's
+//! to every worker): callers [`send`](FrameSender::send) a frame to a [`Peer`] with a priority
+//! and return at once; the driver future ([`FrameSender::new`] returns it, the owner spawns it)
+//! pops frames in the queue's order, one order for the whole node, while the node's byte
+//! window has room, writes each on a new unidirectional stream of its peer's connection with
+//! the same QUIC priority, finishes the stream, and frees the frame's bytes when the peer has
+//! acknowledged all of it (`SendStream::stopped`). Payload `Bytes` go to quinn without a copy.
+//!
+//! One window for every connection of the node keeps all of a node's connections at the same
+//! place in the agreed order: every worker pushes the same few chunks at a time, so each
+//! server receives a chunk from every worker at about the same moment and can send its result
+//! at once, instead of holding chunks that only some workers pushed.
+//!
+//! The window follows the network: it is [`WINDOW_CWNDS`] times the sum of the congestion
+//! windows of the node's connections (quinn's estimate of what each path holds), at least
+//! [`MIN_WINDOW`] and at most `cluster.send_window_bytes`, and it always has room for
+//! [`FRAMES_PER_PEER`] frames per connection. A window much larger than what the
+//! network holds would only queue frames inside quinn, where each connection drains at its own
+//! pace and the workers drift apart in the order; one much smaller would leave the link idle.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
+
+use crate::protocol::{FrameHeader, FRAME_HEADER_LEN};
+use crate::sendq::SendQueue;
+use crate::transport::TransportError;
+
+/// A connection frames can be sent on, and its name in errors.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    /// The connection.
+    pub conn: quinn::Connection,
+    /// E.g. `server 1 (10.0.0.3:9100)`.
+    pub name: Arc<str>,
+}
+
+struct Frame {
+    to: Peer,
+    header: FrameHeader,
+    payload: Bytes,
+}
+
+/// The window is this many times the sum of the connections' congestion windows.
+pub const WINDOW_CWNDS: u64 = 2;
+
+/// The smallest window (bytes), whatever the congestion windows say.
+pub const MIN_WINDOW: u64 = 64 << 10;
+
+/// Frames per connection the window always has room for (so every connection has the next
+/// frame going out while the last one is acknowledged).
+pub const FRAMES_PER_PEER: u64 = 2;
+
+/// How often the congestion windows are read.
+const WINDOW_REFRESH: Duration = Duration::from_millis(5);
+
+struct State {
+    queue: SendQueue<Frame>,
+    /// Popped and still being written to quinn.
+    writing: usize,
+    /// Every connection frames were queued for, by `stable_id`.
+    conns: HashMap<usize, quinn::Connection>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    notify: Notify,
+    /// Woken whenever the queue and the writes run dry.
+    idle: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What the driver calls when writing to a peer fails (the frame is dropped).
+pub type OnError = Box<dyn Fn(&Peer, TransportError) + Send + Sync>;
+
+/// Sends a node's data frames in priority order within one byte window (see the [module
+/// docs](self) and [`crate::sendq`]). Cheap to clone; every clone feeds the same queue.
+#[derive(Clone)]
+pub struct FrameSender {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FrameSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.shared.lock();
+        f.debug_struct("FrameSender")
+            .field("queued", &s.queue.len())
+            .field("in_flight", &s.queue.in_flight())
+            .field("window", &s.queue.window())
+            .finish()
+    }
+}
+
+impl FrameSender {
+    /// A sender keeping at most `window` bytes in flight over all peers, and the driver future
+    /// that does the sending: spawn it (it runs until aborted). When writing to a peer fails,
+    /// `on_error` is called with the peer and the error, and that frame is dropped.
+    pub fn new(
+        max_window: u64,
+        on_error: OnError,
+    ) -> (
+        FrameSender,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: SendQueue::new(MIN_WINDOW.min(max_window)),
+                writing: 0,
+                conns: HashMap::new(),
+            }),
+            notify: Notify::new(),
+            idle: Notify::new(),
+        });
+        let driver = drive(shared.clone(), max_window, on_error);
+        (FrameSender { shared }, driver)
+    }
+
+    /// Queues one frame for `to` (its header's `payload_len` must be `payload.len()`) at
+    /// `priority` (higher first).
+    pub fn send(&self, to: &Peer, header: FrameHeader, payload: Bytes, priority: i32) {
+        debug_assert_eq!(header.payload_len, payload.len() as u64);
+        let bytes = (FRAME_HEADER_LEN + payload.len()) as u64;
+        let frame = Frame {
+            to: to.clone(),
+            header,
+            payload,
+        };
+        {
+            let mut s = self.shared.lock();
+            s.conns
+                .entry(to.conn.stable_id())
+                .or_insert_with(|| to.conn.clone());
+            s.queue.push(frame, priority, bytes);
+        }
+        self.shared.notify.notify_one();
+    }
+
+    /// Frames queued or being written (not yet handed to quinn in full).
+    pub fn unsent(&self) -> usize {
+        let s = self.shared.lock();
+        s.queue.len() + s.writing
+    }
+
+    /// Waits until every queued frame was handed to quinn.
+    pub async fn flushed(&self) {
+        loop {
+            let idle = self.shared.idle.notified();
+            if self.unsent() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// `WINDOW_CWNDS` × the sum of the open connections' congestion windows, clamped to
+/// `[MIN_WINDOW, max_window]`; forgets closed connections.
+fn window_of(conns: &mut HashMap<usize, quinn::Connection>, max_window: u64) -> u64 {
+    conns.retain(|_, c| c.close_reason().is_none());
+    let cwnds: u64 = conns
+        .values()
+        .map(|c| c.congestion_state().window())
+        .fold(0u64, u64::saturating_add);
+    cwnds
+        .saturating_mul(WINDOW_CWNDS)
+        .clamp(MIN_WINDOW.min(max_window), max_window)
+}
+
+async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
+    let mut delivering = FuturesUnordered::new();
+    let mut refreshed = Instant::now();
+    loop {
+        if refreshed.elapsed() >= WINDOW_REFRESH {
+            refreshed = Instant::now();
+            let mut s = shared.lock();
+            let window = window_of(&mut s.conns, max_window);
+            let peers = s.conns.len() as u64;
+            s.queue.set_window(window);
+            s.queue.set_min_frames(FRAMES_PER_PEER * peers);
+        }
+        loop {
+            let next = {
+                let mut s = shared.lock();
+                let next = s.queue.pop();
+                if next.is_some() {
+                    s.writing += 1;
+                } else if s.writing == 0 && s.queue.is_empty() {
+                    shared.idle.notify_waiters();
+                }
+                next
+            };
+            let Some((frame, priority, bytes)) = next else {
+                break;
+            };
+            let to = frame.to.clone();
+            let written = write(frame, priority).await;
+            shared.lock().writing -= 1;
+            match written {
+                Ok(stopped) => delivering.push(async move {
+                    // Acknowledged in full, stopped by the peer, or the connection is gone:
+                    // either way the bytes no longer occupy the window.
+                    let _ = stopped.await;
+                    bytes
+                }),
+                Err(e) => {
+                    shared.lock().queue.delivered(bytes);
+                    on_error(&to, e);
+                }
+            }
+        }
+        tokio::select! {
+            _ = shared.notify.notified() => {}
+            Some(bytes) = delivering.next() => shared.lock().queue.delivered(bytes),
+        }
+    }
+}
+
+/// Writes one frame on a new stream and finishes it; returns the future of its delivery.
+async fn write(
+    frame: Frame,
+    priority: i32,
+) -> Result<
+    impl std::future::Future<Output = Result<Option<quinn::VarInt>, quinn::StoppedError>>,
+    TransportError,
+> {
+    let peer = &frame.to.name;
+    let stream_err = |message: String| TransportError::Stream {
+        peer: peer.to_string(),
+        message,
+    };
+    let mut stream =
+        frame
+            .to
+            .conn
+            .open_uni()
+            .await
+            .map_err(|source| TransportError::Connection {
+                peer: peer.to_string(),
+                source,
+            })?;
+    stream
+        .set_priority(priority)
+        .map_err(|e| stream_err(e.to_string()))?;
+    let mut chunks = [frame.header.to_bytes(), frame.payload];
+    stream
+        .write_all_chunks(&mut chunks)
+        .await
+        .map_err(|e| stream_err(e.to_string()))?;
+    stream.finish().map_err(|e| stream_err(e.to_string()))?;
+    Ok(stream.stopped())
+}

@@ -1,0 +1,173 @@
+//! The order in which a node sends data frames on one connection: a pure state machine.
+//!
+//! Every data frame a worker pushes and every result a server sends goes through one
+//! [`SendQueue`] per connection. Frames leave in **priority order** (higher first), **FIFO
+//! within a priority** (the order they became ready), and only while the bytes *in flight*
+//! (handed to QUIC and not yet acknowledged by the peer) stay within a byte **window**. A frame
+//! leaves the window when the peer has acknowledged all of it ([`SendQueue::delivered`]), not
+//! when its round completes: receivers read every stream to its end at once, so delivery never
+//! waits for another worker, and two workers that issue tensors in different orders can never
+//! wait on each other (the window of one can always drain).
+//!
+//! The async shell ([`crate::transport::FrameSender`]) pops frames, writes each on its own
+//! QUIC stream with the same priority (quinn sends higher-priority streams first and, with
+//! `send_fairness(false)`, finishes one stream before starting the next of the same priority),
+//! and reports deliveries. No I/O and no clock here, so the order is tested directly.
+//!
+//! The window always has room for [`SendQueue::set_min_frames`] frames of the size of the next
+//! one (at least two): a frame may leave while the bytes in flight plus its own stay within the
+//! larger of the window and that many times its size. So a window smaller than the frames (a
+//! slow path's congestion window against large chunks) still keeps frames going out while
+//! earlier ones are acknowledged (the shell asks for two per connection, so every connection
+//! stays busy), and no frame ever waits for good.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// A frame waiting in a [`SendQueue`].
+#[derive(Debug)]
+struct Entry<T> {
+    priority: i32,
+    seq: u64,
+    bytes: u64,
+    item: T,
+}
+
+impl<T> PartialEq for Entry<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.priority == other.priority && self.seq == other.seq
+    }
+}
+
+impl<T> Eq for Entry<T> {}
+
+impl<T> PartialOrd for Entry<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl<T> Ord for Entry<T> {
+    /// The heap's maximum is the next frame to send: the highest priority, then the oldest.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+/// Frames ready to send on one connection, and the bytes in flight. See the [module
+/// docs](self).
+#[derive(Debug)]
+pub struct SendQueue<T> {
+    heap: BinaryHeap<Entry<T>>,
+    next_seq: u64,
+    window: u64,
+    min_frames: u64,
+    in_flight: u64,
+    queued_bytes: u64,
+}
+
+impl<T> SendQueue<T> {
+    /// An empty queue that keeps at most `window` bytes in flight (at least 1).
+    pub fn new(window: u64) -> SendQueue<T> {
+        SendQueue {
+            heap: BinaryHeap::new(),
+            next_seq: 0,
+            window: window.max(1),
+            min_frames: 2,
+            in_flight: 0,
+            queued_bytes: 0,
+        }
+    }
+
+    /// Queues `item` of `bytes` bytes (what it occupies in the window) at `priority`.
+    pub fn push(&mut self, item: T, priority: i32, bytes: u64) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.queued_bytes = self.queued_bytes.saturating_add(bytes);
+        self.heap.push(Entry {
+            priority,
+            seq,
+            bytes,
+            item,
+        });
+    }
+
+    /// The next frame to send, if the window has room for it (see the [module docs](self)):
+    /// `(item, priority, bytes)`. Its bytes count as in flight until [`SendQueue::delivered`].
+    pub fn pop(&mut self) -> Option<(T, i32, u64)> {
+        let head = self.heap.peek()?;
+        let room = self.window.max(head.bytes.saturating_mul(self.min_frames));
+        let fits = self.in_flight.saturating_add(head.bytes) <= room;
+        if !fits {
+            return None;
+        }
+        let e = self.heap.pop()?;
+        self.in_flight = self.in_flight.saturating_add(e.bytes);
+        self.queued_bytes -= e.bytes;
+        Some((e.item, e.priority, e.bytes))
+    }
+
+    /// `bytes` of a popped frame were acknowledged by the peer (or will never be: its stream
+    /// or connection failed), freeing that much of the window.
+    pub fn delivered(&mut self, bytes: u64) {
+        debug_assert!(
+            bytes <= self.in_flight,
+            "{bytes} > {} in flight",
+            self.in_flight
+        );
+        self.in_flight = self.in_flight.saturating_sub(bytes);
+    }
+
+    /// Takes every queued frame out (e.g. to fail them when the connection is lost), highest
+    /// priority first.
+    pub fn drain(&mut self) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.heap.len());
+        while let Some(e) = self.heap.pop() {
+            out.push(e.item);
+        }
+        self.queued_bytes = 0;
+        out
+    }
+
+    /// Frames waiting to be sent.
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// Whether no frame waits.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// Bytes handed out by [`SendQueue::pop`] and not yet [`SendQueue::delivered`].
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
+
+    /// Bytes of the frames waiting to be sent.
+    pub fn queued_bytes(&self) -> u64 {
+        self.queued_bytes
+    }
+
+    /// The window, bytes.
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Changes the window (at least 1) for the frames popped from now on; frames in flight
+    /// stay in flight.
+    pub fn set_window(&mut self, window: u64) {
+        self.window = window.max(1);
+    }
+
+    /// Lets `n` frames (at least 2) of the next frame's size be in flight whatever the window
+    /// (see the [module docs](self)).
+    pub fn set_min_frames(&mut self, n: u64) {
+        self.min_frames = n.max(2);
+    }
+}
+
+#[cfg(test)]
+mod tests;

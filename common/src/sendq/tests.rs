@@ -1,0 +1,175 @@
+use super::*;
+use proptest::prelude::*;
+
+/// Pops everything the window allows.
+fn pop_all<T>(q: &mut SendQueue<T>) -> Vec<(T, i32, u64)> {
+    std::iter::from_fn(|| q.pop()).collect()
+}
+
+#[test]
+fn higher_priority_first_then_fifo() {
+    let mut q = SendQueue::new(u64::MAX);
+    q.push("a0", 0, 10);
+    q.push("b5", 5, 10);
+    q.push("a1", 0, 10);
+    q.push("c-3", -3, 10);
+    q.push("b5'", 5, 10);
+    let order: Vec<&str> = pop_all(&mut q).into_iter().map(|e| e.0).collect();
+    assert_eq!(order, ["b5", "b5'", "a0", "a1", "c-3"]);
+    assert_eq!(q.in_flight(), 50);
+    assert!(q.is_empty());
+}
+
+#[test]
+fn the_window_holds_frames_back_until_delivery() {
+    let mut q = SendQueue::new(100);
+    for i in 0..5 {
+        q.push(i, 0, 40);
+    }
+    assert_eq!(
+        pop_all(&mut q).len(),
+        2,
+        "40 + 40 fit in 100, a third does not"
+    );
+    assert_eq!(q.in_flight(), 80);
+    assert_eq!((q.len(), q.queued_bytes()), (3, 120));
+    q.delivered(40);
+    let next = pop_all(&mut q);
+    assert_eq!(next.iter().map(|e| e.0).collect::<Vec<_>>(), [2]);
+    assert_eq!(q.in_flight(), 80);
+}
+
+#[test]
+fn frames_larger_than_the_window_go_two_at_a_time() {
+    let mut q = SendQueue::new(10);
+    for name in ["big0", "big1", "big2"] {
+        q.push(name, 0, 1000);
+    }
+    q.push("small", 0, 1);
+    let sent: Vec<&str> = pop_all(&mut q).into_iter().map(|e| e.0).collect();
+    assert_eq!(sent, ["big0", "big1"]);
+    q.delivered(1000);
+    assert_eq!(q.pop().map(|e| e.0), Some("big2"));
+    assert!(
+        q.pop().is_none(),
+        "2000 in flight: a small frame waits for the window"
+    );
+    q.delivered(1000);
+    q.delivered(1000);
+    assert_eq!(q.pop().map(|e| e.0), Some("small"));
+}
+
+#[test]
+fn a_later_higher_priority_frame_overtakes_queued_ones_but_not_sent_ones() {
+    let mut q = SendQueue::new(100);
+    for i in 0..4 {
+        q.push(format!("low{i}"), 0, 50);
+    }
+    let sent: Vec<String> = pop_all(&mut q).into_iter().map(|e| e.0).collect();
+    assert_eq!(sent, ["low0", "low1"]);
+    q.push("high".to_string(), 9, 50);
+    q.delivered(50);
+    assert_eq!(q.pop().map(|e| e.0).as_deref(), Some("high"));
+    q.delivered(50);
+    assert_eq!(q.pop().map(|e| e.0).as_deref(), Some("low2"));
+}
+
+#[test]
+fn a_smaller_window_holds_later_frames_and_a_larger_one_lets_them_go() {
+    let mut q = SendQueue::new(100);
+    for i in 0..4 {
+        q.push(i, 0, 30);
+    }
+    assert_eq!(pop_all(&mut q).len(), 3);
+    q.set_window(40);
+    q.delivered(30);
+    assert!(q.pop().is_none(), "60 in flight, window 40");
+    q.set_window(90);
+    assert_eq!(q.pop().map(|e| e.0), Some(3));
+    assert_eq!(q.window(), 90);
+}
+
+#[test]
+fn min_frames_keeps_that_many_frames_in_flight_under_a_small_window() {
+    let mut q = SendQueue::new(1);
+    q.set_min_frames(4);
+    for i in 0..6 {
+        q.push(i, 0, 100);
+    }
+    assert_eq!(pop_all(&mut q).len(), 4);
+    q.set_min_frames(0); // means 2
+    q.delivered(100);
+    assert!(q.pop().is_none(), "300 in flight, room for 2 frames");
+    q.delivered(200);
+    assert_eq!(pop_all(&mut q).len(), 1);
+}
+
+#[test]
+fn drain_returns_waiting_frames_in_order() {
+    let mut q = SendQueue::new(1);
+    q.push(1, 1, 5);
+    q.push(2, 2, 5);
+    q.push(3, 1, 5);
+    assert_eq!(q.pop().map(|e| e.0), Some(2));
+    assert_eq!(q.drain(), [1, 3]);
+    assert_eq!(q.queued_bytes(), 0);
+    assert_eq!(q.in_flight(), 5);
+}
+
+proptest! {
+    /// Whatever order frames become ready in, and however deliveries interleave with new
+    /// frames, every frame is sent exactly once; the in-flight bytes never exceed the window
+    /// (or twice the frame sent); and whenever a frame is sent, no frame of higher
+    /// priority, and no older frame of the same priority, is still waiting. The reference is
+    /// an independent one: the waiting set kept as a plain list.
+    #[test]
+    fn sends_in_priority_order_whatever_the_arrival_order(
+        frames in prop::collection::vec((-3i32..3, 1u64..300), 1..120),
+        window in 1u64..1000,
+        steps in prop::collection::vec(0u8..3, 1..400),
+    ) {
+        let mut q = SendQueue::new(window);
+        let mut waiting: Vec<(usize, i32)> = Vec::new(); // (arrival index, priority)
+        let mut flying: Vec<u64> = Vec::new();
+        let mut sent = vec![false; frames.len()];
+        let mut next = 0usize;
+        let mut step = steps.iter().cycle();
+        while sent.iter().any(|s| !s) {
+            match step.next().copied().unwrap_or(0) {
+                0 if next < frames.len() => {
+                    let (p, b) = frames[next];
+                    q.push(next, p, b);
+                    waiting.push((next, p));
+                    next += 1;
+                }
+                1 if !flying.is_empty() => {
+                    let b = flying.remove(0);
+                    q.delivered(b);
+                }
+                _ => {
+                    if let Some((i, p, b)) = q.pop() {
+                        prop_assert_eq!((p, b), frames[i]);
+                        prop_assert!(!sent[i], "frame {} sent twice", i);
+                        let best = waiting.iter().copied().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+                        prop_assert_eq!(best, Some((i, p)), "sent {} while a better frame waited", i);
+                        waiting.retain(|w| w.0 != i);
+                        let before: u64 = flying.iter().sum();
+                        prop_assert!(before + b <= window.max(2 * b), "{} + {} in window {}", before, b, window);
+                        flying.push(b);
+                        sent[i] = true;
+                    } else if next == frames.len() && flying.is_empty() {
+                        prop_assert!(waiting.is_empty(), "nothing in flight, yet {:?} wait", waiting);
+                    } else if !flying.is_empty() {
+                        q.delivered(flying.remove(0));
+                    } else {
+                        let (p, b) = frames[next];
+                        q.push(next, p, b);
+                        waiting.push((next, p));
+                        next += 1;
+                    }
+                }
+            }
+            prop_assert_eq!(q.in_flight(), flying.iter().sum::<u64>());
+        }
+    }
+}
