@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -54,6 +55,43 @@ pub struct TransportOptions {
     pub bytes: u64,
     /// Where `pushpull` is.
     pub programs: Programs,
+    /// Where the processes run: `None` on this host's loopback; otherwise each sink's network
+    /// namespace and the address it binds, and each sender's namespace (`pushpull bench net`,
+    /// which runs the baseline on the hosts of its shaped network).
+    pub netns: Option<NetnsPlacement>,
+}
+
+/// The hosts of a raw transport run in network namespaces (see [`TransportOptions::netns`]).
+#[derive(Debug, Clone)]
+pub struct NetnsPlacement {
+    /// Per sink: its namespace and the IP it binds.
+    pub sinks: Vec<(String, std::net::IpAddr)>,
+    /// Per sender: its namespace.
+    pub senders: Vec<String>,
+}
+
+impl NetnsPlacement {
+    /// `program args...`, or `ip netns exec NS program args...` for the process placed in a
+    /// namespace.
+    fn command(
+        ns: Option<&String>,
+        exe: &std::path::Path,
+        args: Vec<String>,
+    ) -> (PathBuf, Vec<String>) {
+        match ns {
+            None => (exe.to_path_buf(), args),
+            Some(ns) => {
+                let mut a = vec![
+                    "netns".to_string(),
+                    "exec".to_string(),
+                    ns.clone(),
+                    exe.display().to_string(),
+                ];
+                a.extend(args);
+                (PathBuf::from("ip"), a)
+            }
+        }
+    }
 }
 
 /// One process's own account, printed as a JSON line at exit.
@@ -175,6 +213,15 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
     }
     let sinks = opts.sinks.min(opts.connections);
     let senders = opts.connections.div_ceil(sinks);
+    if let Some(n) = &opts.netns {
+        if n.sinks.len() < sinks as usize || n.senders.len() < senders as usize {
+            return Err(CliError::usage(format!(
+                "{sinks} sinks and {senders} senders need as many hosts; the placement has {} and {}",
+                n.sinks.len(),
+                n.senders.len()
+            )));
+        }
+    }
     // Connection j: sender j / sinks -> sink j % sinks.
     let pairs: Vec<(u32, u32)> = (0..opts.connections)
         .map(|j| (j / sinks, j % sinks))
@@ -208,6 +255,11 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
     let mut sink_addrs = Vec::new();
     for s in 0..sinks {
         let conns = pairs.iter().filter(|p| p.1 == s).count();
+        let placed = opts.netns.as_ref().map(|n| &n.sinks[s as usize]);
+        let listen = match placed {
+            Some((_, ip)) => SocketAddr::new(*ip, 0),
+            None => SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
         let mut a: Vec<String> = vec![
             "bench".into(),
             "sink".into(),
@@ -217,9 +269,12 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
             conns.to_string(),
             "--bytes".into(),
             opts.bytes.to_string(),
+            "--listen".into(),
+            listen.to_string(),
         ];
         a.extend(tls_args(&tls[s as usize]));
-        let idx = group.spawn(&format!("sink {s}"), exe, &a)?;
+        let (prog, a) = NetnsPlacement::command(placed.map(|p| &p.0), exe, a);
+        let idx = group.spawn(&format!("sink {s}"), &prog, &a)?;
         sink_addrs.push(
             group
                 .wait_line(idx, SINK_LISTENING, crate::local::STARTUP_TIMEOUT)
@@ -243,7 +298,9 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
             opts.bytes.to_string(),
         ];
         a.extend(tls_args(&tls[(sinks + w) as usize]));
-        group.spawn(&format!("sender {w}"), exe, &a)?;
+        let ns = opts.netns.as_ref().map(|n| &n.senders[w as usize]);
+        let (prog, a) = NetnsPlacement::command(ns, exe, a);
+        group.spawn(&format!("sender {w}"), &prog, &a)?;
     }
     let mut reports: BTreeMap<String, SideReport> = BTreeMap::new();
     while let Some(ev) = group.next_event().await {

@@ -477,6 +477,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
                 sinks: t.sinks,
                 bytes: t.bytes,
                 programs: programs.clone(),
+                netns: None,
             };
             let rt = current_thread();
             if t.compare_cluster {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pushpull::netbench::cluster::{run_cluster, RunLimits};
 use pushpull::netbench::probe::transfer;
-use pushpull::netbench::topo::{list_namespaces, Shaping, Topology};
+use pushpull::netbench::topo::{list_namespaces, Shaping, Topology, DEFAULT_MTU};
 use pushpull::netbench::{preset, run_config, scale_for_mb};
 use pushpull::procs::Programs;
 
@@ -31,7 +31,11 @@ fn network() -> Result<Topology, String> {
     if unsafe { libc::geteuid() } != 0 {
         return Err("not running as root (network namespaces need CAP_SYS_ADMIN)".into());
     }
-    Topology::create(&hosts(), Shaping { rate_bits: RATE }).map_err(|e| e.to_string())
+    let shaping = Shaping {
+        rate_bits: RATE,
+        mtu: DEFAULT_MTU,
+    };
+    Topology::create(&hosts(), shaping).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -54,7 +58,9 @@ fn onebit_round_on_a_shaped_network() {
     // The shaping works: a TCP transfer worker0 -> server0 gets close to 100 Mbit/s, no more.
     let w0 = topo.hosts.iter().position(|h| h.name == "worker0").unwrap();
     let s0 = topo.hosts.iter().position(|h| h.name == "server0").unwrap();
-    let rate = transfer(&topo, w0, s0, 0.5).expect("rate probe");
+    let rate = transfer(&topo, w0, s0, 0.5)
+        .expect("rate probe")
+        .bits_per_second;
     eprintln!("worker0 -> server0: {:.1} Mbit/s", rate / 1e6);
     assert!(
         rate > 0.5 * RATE as f64 && rate < 1.1 * RATE as f64,

@@ -39,6 +39,11 @@ use serde::{Deserialize, Serialize};
 /// The largest `cluster.send_window_bytes` (1 GiB).
 pub const MAX_SEND_WINDOW_BYTES: u64 = 1 << 30;
 
+/// The largest `cluster.max_udp_payload`: quinn 0.11 sends up to 10 datagrams in one
+/// segmentation-offload batch, and the kernel refuses batches of 64 KiB or more (larger
+/// datagrams stall the connection; measured on loopback, where 7000 fails and 6000 works).
+pub const MAX_UDP_PAYLOAD: u16 = 6500;
+
 /// A string-to-string parameter map for one tensor, as BytePS users write it.
 pub type ParamMap = BTreeMap<String, String>;
 
@@ -111,7 +116,11 @@ pub struct ClusterConfig {
     /// `num_servers`: how many servers share the keys (>= 1).
     pub num_servers: u32,
     /// `partition_bytes`: the largest chunk of a tensor, in fp32 bytes (BytePS's
-    /// `BYTEPS_PARTITION_BYTES`; default 4096000). Must be a positive multiple of 4.
+    /// `BYTEPS_PARTITION_BYTES`; default 131072, where BytePS uses 4096000). Must be a positive
+    /// multiple of 4. A server can sum a chunk only once every worker's push of it has arrived,
+    /// and results trail pushes by about one chunk per worker: on 100 Mbit/s links 128 KiB
+    /// chunks keep both directions of every link busy, where 4 MB chunks leave a third idle
+    /// (BENCHMARKS.md); on much faster links larger chunks save per-frame work.
     #[serde(default = "default_partition_bytes")]
     pub partition_bytes: u64,
     /// `min_compress_bytes`: tensors smaller than this travel uncompressed (default 65536).
@@ -132,15 +141,17 @@ pub struct ClusterConfig {
     /// (default 30000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
-    /// `send_window_bytes`: the most bytes of data frames a node keeps in flight on one
-    /// connection (handed to QUIC, not yet acknowledged by the peer; default 16 MiB). Frames
-    /// wait beyond it in priority order; a frame leaves the window once delivered, whatever its
-    /// round is doing (see `sendq`).
+    /// `send_window_bytes`: the most bytes of data frames a node keeps in flight over all its
+    /// connections (handed to QUIC, not yet acknowledged by the peer; default 16 MiB). Below
+    /// it the window follows the network (twice the sum of the connections' congestion
+    /// windows, see `sender`); frames wait beyond it in priority order, and a frame leaves the
+    /// window once delivered, whatever its round is doing (see `sendq`).
     #[serde(default = "default_send_window_bytes")]
     pub send_window_bytes: u64,
-    /// `max_udp_payload`: the largest UDP payload QUIC's path MTU discovery tries (default 8952,
-    /// for 9000-byte jumbo frames; discovery settles lower on a path with a smaller MTU, e.g. at
-    /// 1452 on Ethernet's 1500). At least 1200.
+    /// `max_udp_payload`: the largest UDP payload QUIC's path MTU discovery tries (default and
+    /// most 6500: jumbo frames get most of their benefit, and quinn sends up to 10 datagrams in
+    /// one segmentation-offload batch, which must stay below 64 KiB; discovery settles lower on
+    /// a path with a smaller MTU, e.g. at about 1452 on Ethernet's 1500). At least 1200.
     #[serde(default = "default_max_udp_payload")]
     pub max_udp_payload: u16,
 }
@@ -288,7 +299,7 @@ pub struct TensorsConfig {
 }
 
 fn default_partition_bytes() -> u64 {
-    4_096_000
+    131_072
 }
 fn default_min_compress_bytes() -> u64 {
     65_536
@@ -306,7 +317,7 @@ fn default_send_window_bytes() -> u64 {
     16 << 20
 }
 fn default_max_udp_payload() -> u16 {
-    8952
+    MAX_UDP_PAYLOAD
 }
 fn default_server_name() -> String {
     "pushpull.cluster".to_string()
@@ -636,11 +647,14 @@ impl Config {
                 &format!("a number of bytes from 1 to {MAX_SEND_WINDOW_BYTES}"),
             ));
         }
-        if c.max_udp_payload < 1200 {
+        if !(1200..=MAX_UDP_PAYLOAD).contains(&c.max_udp_payload) {
             return Err(bad(
                 "cluster.max_udp_payload",
                 c.max_udp_payload.to_string(),
-                "a number of bytes from 1200 to 65527",
+                &format!(
+                    "a number of bytes from 1200 to {MAX_UDP_PAYLOAD} (quinn batches up to 10 \
+                     datagrams per send, and a batch must stay below 64 KiB)"
+                ),
             ));
         }
         parse_addr(&self.server.listen).map_err(|allowed| {
@@ -850,7 +864,7 @@ mod tests {
     #[test]
     fn minimal_file_gets_defaults() {
         let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
-        assert_eq!(c.cluster.partition_bytes, 4_096_000);
+        assert_eq!(c.cluster.partition_bytes, 131_072);
         assert_eq!(c.cluster.min_compress_bytes, 65_536);
         assert_eq!(c.tls.server_name, "pushpull.cluster");
         assert_eq!(c.job.kind, "benchmark");
@@ -922,7 +936,7 @@ mod tests {
     fn send_window_and_udp_payload_are_checked() {
         let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
         assert_eq!(c.cluster.send_window_bytes, 16 << 20);
-        assert_eq!(c.cluster.max_udp_payload, 8952);
+        assert_eq!(c.cluster.max_udp_payload, 6500);
         for (line, key) in [
             ("send_window_bytes = 0", "cluster.send_window_bytes"),
             (
@@ -930,6 +944,7 @@ mod tests {
                 "cluster.send_window_bytes",
             ),
             ("max_udp_payload = 1199", "cluster.max_udp_payload"),
+            ("max_udp_payload = 8952", "cluster.max_udp_payload"),
         ] {
             let text = MINIMAL.replace("num_servers = 1", &format!("num_servers = 1\n{line}"));
             let e = Config::from_toml_str(&text, "t.toml")
@@ -958,7 +973,7 @@ mod tests {
         b.cluster.partition_bytes = 1024;
         let (key, ours, theirs) = a.digest().first_difference(&b.digest()).unwrap();
         assert_eq!(key, "cluster.partition_bytes");
-        assert_eq!(ours, "4096000");
+        assert_eq!(ours, "131072");
         assert_eq!(theirs, "1024");
         assert!(a.digest().first_difference(&a.digest()).is_none());
     }

@@ -86,7 +86,8 @@ pub enum TransportError {
 ///   Priorities between frames come from [`crate::sender::FrameSender`].
 /// * The connection's send and receive windows are at least twice `cluster.send_window_bytes`,
 ///   so the frames the [`crate::sendq`] window lets out never block in quinn.
-/// * Path MTU discovery up to `cluster.max_udp_payload` (jumbo frames where the path has them).
+/// * Path MTU discovery up to `cluster.max_udp_payload` (jumbo frames where the path has them);
+///   [`Endpoint::bind`] also advertises that size to peers, or they would cap the discovery.
 pub fn transport_config(cfg: &Config) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     let idle = quinn::IdleTimeout::try_from(cfg.heartbeat_timeout())
@@ -137,8 +138,14 @@ impl Endpoint {
         client.transport_config(transport);
 
         let socket = bind_udp(addr).map_err(|source| TransportError::Bind { addr, source })?;
+        let mut endpoint_config = quinn::EndpointConfig::default();
+        // What this endpoint advertises it can receive; path MTU discovery never goes above
+        // the peer's advertisement (quinn's default is Ethernet's 1472).
+        endpoint_config
+            .max_udp_payload_size(cfg.cluster.max_udp_payload)
+            .map_err(|e| crate::tls::TlsError::Setup(format!("cluster.max_udp_payload: {e}")))?;
         let mut ep = quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
+            endpoint_config,
             Some(server),
             socket,
             Arc::new(quinn::TokioRuntime),

@@ -106,7 +106,8 @@ fn identities(dir: &std::path::Path, n: usize) -> Vec<TlsIdentity> {
 async fn register_declare_barrier_finish_over_quic() {
     let dir = tempfile::tempdir().unwrap();
     let ids = identities(dir.path(), 3);
-    let cfg = Config::local(1, 1);
+    let mut cfg = Config::local(1, 1);
+    cfg.cluster.partition_bytes = 4_096_000; // 2 chunks for the 2,000,000-element tensor
     let sched = Scheduler::bind(cfg.clone(), ids[0].clone()).await.unwrap();
     let addr = sched.local_addr();
     assert_ne!(addr.port(), 0);

@@ -23,6 +23,7 @@ use crate::local::parse_kv;
 use crate::local::{write_config, STARTUP_TIMEOUT};
 use crate::node::SCHEDULER_LISTENING;
 use crate::procs::{Event, ProcGroup, Programs};
+use crate::train::TrainReport;
 
 /// Counters read at one round boundary.
 #[derive(Debug, Clone)]
@@ -40,8 +41,10 @@ pub struct Snapshot {
 pub struct ClusterRun {
     /// Process names in order: `scheduler`, `server0`, ..., `worker0`, ...
     pub processes: Vec<String>,
-    /// Every worker's report, by rank.
+    /// Every worker's report, by rank (the benchmark job).
     pub reports: Vec<JobReport>,
+    /// Every worker's report, by rank (the training job, `job.kind = "train"`).
+    pub train_reports: Vec<TrainReport>,
     /// Per timed round, seconds: the workers' own push_pull times if their report has
     /// `round_seconds` (the slowest worker per round), else the spacing of worker 0's progress
     /// lines (push_pull plus generating the round's data).
@@ -177,7 +180,7 @@ pub async fn run_cluster(
         .zip(&drops_before)
         .map(|(h, b)| topo.tbf_drops(h).unwrap_or(0).saturating_sub(*b))
         .collect();
-    let (reports, round_seconds, round_source, window) = match result {
+    let driven = match result {
         Ok(r) => r,
         Err(e) => {
             group.kill_all();
@@ -191,21 +194,25 @@ pub async fn run_cluster(
     };
     Ok(ClusterRun {
         processes,
-        reports,
-        round_seconds,
-        round_source,
-        window,
+        reports: driven.reports,
+        train_reports: driven.train_reports,
+        round_seconds: driven.round_seconds,
+        round_source: driven.round_source,
+        window: driven.window,
         tbf_drops: drops,
         wall_seconds: start.elapsed().as_secs_f64(),
     })
 }
 
-type Driven = (
-    Vec<JobReport>,
-    Vec<f64>,
-    String,
-    Option<(Snapshot, Snapshot)>,
-);
+/// What [`drive`] returns: the reports (benchmark or training), the per-round seconds and
+/// their source, and the counters at the timed rounds' boundaries.
+struct Driven {
+    reports: Vec<JobReport>,
+    train_reports: Vec<TrainReport>,
+    round_seconds: Vec<f64>,
+    round_source: String,
+    window: Option<(Snapshot, Snapshot)>,
+}
 
 fn snapshot(topo: &Topology, hosts: &[&Host], pids: &[u32]) -> CliResult<Snapshot> {
     let at = Instant::now();
@@ -289,7 +296,8 @@ async fn drive(
     let mut progress_at: BTreeMap<u64, Instant> = BTreeMap::new();
     let mut first: Option<Snapshot> = None;
     let mut window = None;
-    let mut reports: Vec<Option<JobReport>> = vec![None; nw as usize];
+    let train = config.job.kind == "train";
+    let mut reports: Vec<Option<serde_json::Value>> = vec![None; nw as usize];
     let mut report_rounds: Vec<Option<Vec<f64>>> = vec![None; nw as usize];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
@@ -322,15 +330,14 @@ async fn drive(
                     }
                 } else if line.starts_with('{') {
                     if let Some(w) = worker_idx.iter().position(|&i| i == proc) {
-                        let report: JobReport = serde_json::from_str(&line).map_err(|e| {
+                        let v: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
                             CliError::failed(format!("worker{w} printed an unreadable report: {e}"))
                         })?;
                         // `round_seconds` is read when the job reports it.
-                        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
                         report_rounds[w] = v["round_seconds"]
                             .as_array()
                             .map(|a| a.iter().filter_map(serde_json::Value::as_f64).collect());
-                        reports[w] = Some(report);
+                        reports[w] = Some(v);
                     }
                 }
             }
@@ -349,6 +356,24 @@ async fn drive(
             r.ok_or_else(|| CliError::failed(format!("worker{w} exited 0 without a report")))
         })
         .collect::<CliResult<Vec<_>>>()?;
+    let parse = |w: usize, e: serde_json::Error| {
+        CliError::failed(format!("worker{w} printed an unreadable report: {e}"))
+    };
+    let (train_reports, reports) = if train {
+        let r = reports
+            .into_iter()
+            .enumerate()
+            .map(|(w, v)| serde_json::from_value(v).map_err(|e| parse(w, e)))
+            .collect::<CliResult<Vec<TrainReport>>>()?;
+        (r, Vec::new())
+    } else {
+        let r = reports
+            .into_iter()
+            .enumerate()
+            .map(|(w, v)| serde_json::from_value(v).map_err(|e| parse(w, e)))
+            .collect::<CliResult<Vec<JobReport>>>()?;
+        (Vec::new(), r)
+    };
     let rounds = config.job.rounds as usize;
     let (round_seconds, source) = if report_rounds
         .iter()
@@ -374,7 +399,13 @@ async fn drive(
             .collect();
         (per_round, "progress")
     };
-    Ok((reports, round_seconds, source.to_string(), window))
+    Ok(Driven {
+        reports,
+        train_reports,
+        round_seconds,
+        round_source: source.to_string(),
+        window,
+    })
 }
 
 #[cfg(test)]

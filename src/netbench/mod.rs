@@ -11,30 +11,43 @@
 //! | [`topo`] | [`topo::Topology`]: namespaces, bridge, veth pairs, tbf; teardown on drop; the signal flag; `ip`/`tc` command runner |
 //! | [`probe`] | the once-per-network measurement of every link's achieved rate (timed TCP transfers from threads that `setns` into the hosts) |
 //! | [`cluster`] | one cluster run of the real binaries via `ip netns exec`, with counters and CPU times read at the timed rounds' boundaries |
-//! | [`report`] | [`report::RunRow`]: floor, ratio, CPU-bound verdict, bytes per host; the text table |
+//! | [`report`] | [`report::RunRow`]: floor, ratio, CPU-bound verdict, first-layer time, CPU per GB, bytes per host; the text table |
+//! | [`baseline`] | [`baseline::TransportCost`]: CPU per GB of raw quinn (the cluster's settings) and plain TCP on the same network |
+//! | [`train`] | `--job train`: the training job per compressor and seed, next to the compute alone |
+//! | [`plot`] | `--plot FILE.svg`: the tables as charts |
 //!
 //! One run per (rate, compressor) in the compressor series, and per size and per server count
-//! in the scaling series (at one rate and one compressor). Each network (one per rate) is
-//! created once, its links measured once, and deleted before the next.
+//! in the scaling series (at one rate and one compressor); with `--job train`, one training
+//! run per (rate, compressor, seed) plus one without push_pull per seed. Each network (one per
+//! rate) is created once, its links measured once (TCP rate and CPU), raw quinn's CPU per GB
+//! measured once, and deleted before the next.
 
+pub mod baseline;
 pub mod cluster;
+mod plan;
+pub mod plot;
 pub mod probe;
 pub mod report;
 pub mod topo;
+pub mod train;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Args;
-use pushpull_common::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, CliResult};
 use crate::procs::Programs;
+use baseline::{quinn_cost, TransportCost};
 use cluster::{run_cluster, RunLimits};
+use plan::{memory_needed, setup, Setup};
 use probe::{measure_links, LinkRate};
 use report::{host_lines, make_row, table, RowContext, RunRow};
-use topo::{check_interrupted, parse_rate, Shaping, Topology};
+use topo::{check_interrupted, Shaping, Topology};
+use train::{train_config, train_table, TrainPlan, TrainRow, COMPUTE_ONLY};
+
+pub use plan::{run_config, scale_for_mb};
 
 /// The compressor presets of the benchmark: name and `[tensors.default]` parameter map.
 pub const PRESETS: &[(&str, &[(&str, &str)])] = &[
@@ -97,15 +110,48 @@ pub struct NetArgs {
     /// Servers of the compressor series, each on its own host.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub servers: u32,
-    /// Compressor presets of the compressor series, comma-separated (none, fp16, onebit, topk
-    /// = 1 %, randomk = 1 %, dithering = s 4 packed, minmax = 8 bit).
+    /// Compressor presets, comma-separated. Benchmark (default none,fp16,onebit,topk,randomk,
+    /// dithering,minmax): onebit, topk = 1 %, randomk = 1 %, dithering = s 4 packed, minmax =
+    /// 8 bit. Training (default none,onebit,topk): the presets of `pushpull local
+    /// --compressor` (error feedback and Nesterov momentum where they help).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub compressors: Option<Vec<String>>,
+    /// What runs: `benchmark` (push_pull of the ResNet-50 tensor set) or `train` (the MLP
+    /// training job per compressor and seed, and once per seed without push_pull).
+    #[arg(long, value_name = "JOB", default_value = "benchmark", value_parser = ["benchmark", "train"])]
+    pub job: String,
+    /// Training: job seeds, one run per compressor and seed.
     #[arg(
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        default_value = "none,fp16,onebit,topk,randomk,dithering,minmax"
+        default_value = "42,43,44"
     )]
-    pub compressors: Vec<String>,
+    pub seeds: Vec<u64>,
+    /// Training: hidden widths of the MLP.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1024,1024"
+    )]
+    pub hidden: Vec<u32>,
+    /// Training: samples per worker per step.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub batch_size: u32,
+    /// Training: SGD steps per run.
+    #[arg(long, value_name = "N", default_value_t = 300)]
+    pub steps: u32,
+    /// MTU of every shaped link, bytes (1500: Ethernet; 9000: jumbo frames).
+    #[arg(long, value_name = "BYTES", default_value_t = topo::DEFAULT_MTU)]
+    pub mtu: u32,
+    /// Seconds of raw quinn per network (every worker host sending to every server host with
+    /// the cluster's transport settings), for CPU per GB next to pushpull's; 0 skips it.
+    #[arg(long, value_name = "S", default_value_t = 5.0)]
+    pub baseline_seconds: f64,
+    /// Also draw the results as charts into this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
     /// Fraction of the ResNet-50 tensor set (1.0 = 25.6 M fp32 = 102 MB per worker per round)
     /// of the compressor series and the server-count runs.
     #[arg(long, value_name = "F", default_value_t = 1.0)]
@@ -166,15 +212,6 @@ pub struct NetArgs {
     pub logs: bool,
 }
 
-/// One planned run.
-#[derive(Debug, Clone)]
-struct Plan {
-    series: &'static str,
-    compressor: String,
-    servers: u32,
-    scale: f64,
-}
-
 /// A run that failed or was skipped.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunFailure {
@@ -199,6 +236,12 @@ pub struct RunFailure {
 pub struct Network {
     /// Rate label as given.
     pub rate: String,
+    /// MTU of every link, bytes.
+    pub mtu: u32,
+    /// What plain TCP cost in CPU during the link-rate probes (when they ran).
+    pub tcp: Option<TransportCost>,
+    /// What raw quinn with the cluster's settings cost (`--baseline-seconds`).
+    pub quinn: Option<TransportCost>,
     /// tbf rate, bits/s.
     pub rate_bits: u64,
     /// tbf burst, bytes.
@@ -233,8 +276,11 @@ pub struct NetReport {
     pub machine: Machine,
     /// The networks, one per rate.
     pub networks: Vec<Network>,
-    /// Every finished run.
+    /// Every finished benchmark run.
     pub runs: Vec<RunRow>,
+    /// Every finished training run (`--job train`).
+    #[serde(default)]
+    pub train_runs: Vec<TrainRow>,
     /// Runs that failed or were skipped.
     pub failures: Vec<RunFailure>,
 }
@@ -262,164 +308,166 @@ pub fn mem_available() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// The job scale giving `mb` MB (1e6 bytes) of fp32 per worker per round.
-pub fn scale_for_mb(mb: f64) -> f64 {
-    mb * 1e6 / (crate::resnet::RESNET50_ELEMENTS as f64 * 4.0)
+/// What every run on one network shares.
+struct NetCtx<'a> {
+    args: &'a NetArgs,
+    topo: &'a Topology,
+    rate: &'a str,
+    links: &'a [LinkRate],
+    programs: &'a Programs,
+    limits: &'a RunLimits,
+    cores: usize,
 }
 
-/// The cluster file of one run: `base` with the node counts, the job and the tensors' map.
-pub fn run_config(
-    base: &Config,
-    workers: u32,
-    servers: u32,
-    scale: f64,
-    (rounds, warmup, check): (u32, u32, bool),
-    params: &BTreeMap<String, String>,
-) -> CliResult<Config> {
-    let mut c = base.clone();
-    c.cluster.num_workers = workers;
-    c.cluster.num_servers = servers;
-    c.job.kind = "benchmark".to_string();
-    c.job.scale = scale;
-    c.job.rounds = rounds;
-    c.job.warmup = warmup;
-    c.job.check = check;
-    c.tensors.tables.insert(
-        "default".to_string(),
-        params
-            .iter()
-            .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
-            .collect(),
-    );
-    c.validate("the benchmark's cluster file")
-        .map_err(CliError::usage)?;
-    Ok(c)
+/// The benchmark runs of one network.
+fn run_benchmarks(
+    ctx: &NetCtx<'_>,
+    rt: &tokio::runtime::Runtime,
+    setup: &Setup,
+    rows: &mut Vec<RunRow>,
+    failures: &mut Vec<RunFailure>,
+) -> CliResult<()> {
+    let (args, rate) = (ctx.args, ctx.rate);
+    for p in setup.plans.get(rate).into_iter().flatten() {
+        check_interrupted()?;
+        let params = preset(&p.compressor)?;
+        let mb_per_worker = p.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
+        let fail = |e: String| RunFailure {
+            series: p.series.to_string(),
+            compressor: p.compressor.clone(),
+            rate: rate.to_string(),
+            workers: args.workers,
+            servers: p.servers,
+            mb_per_worker,
+            error: e,
+        };
+        // The same run twice (e.g. S = 4 in both series): measure once.
+        if let Some(prev) = rows.iter().find(|r| {
+            r.rate == rate
+                && r.compressor == p.compressor
+                && r.servers == p.servers
+                && (r.mb_per_worker - mb_per_worker).abs() < 1e-9
+        }) {
+            let mut again = prev.clone();
+            again.series = p.series.to_string();
+            rows.push(again);
+            continue;
+        }
+        let need = memory_needed(args.workers, p.scale);
+        let avail = mem_available();
+        if need as f64 > avail as f64 * 0.8 {
+            failures.push(fail(format!(
+                "skipped: needs about {:.1} GB of memory, {:.1} GB available",
+                need as f64 / 1e9,
+                avail as f64 / 1e9
+            )));
+            continue;
+        }
+        let config = run_config(
+            &setup.base,
+            args.workers,
+            p.servers,
+            p.scale,
+            setup.job,
+            &params,
+        )?;
+        let load_before = load_average()[0];
+        eprintln!(
+            "pushpull bench net: {rate} {} {}x{} {:.1} MB/worker: running (load {:.2})",
+            p.compressor, args.workers, p.servers, mb_per_worker, load_before
+        );
+        match rt.block_on(run_cluster(ctx.topo, &config, ctx.programs, ctx.limits)) {
+            Ok(run) => {
+                let rctx = RowContext {
+                    series: p.series.to_string(),
+                    compressor: p.compressor.clone(),
+                    params,
+                    rate: rate.to_string(),
+                    scale: p.scale,
+                    partition_bytes: config.cluster.partition_bytes,
+                    links: ctx.links.to_vec(),
+                    cores: ctx.cores,
+                    load_before,
+                };
+                let row = make_row(&rctx, &run);
+                eprintln!(
+                    "pushpull bench net:   {:.3} s/round (floor {:.3} s, ratio {:.2}, {}-bound)",
+                    row.median_seconds, row.floor_seconds, row.ratio, row.bound
+                );
+                rows.push(row);
+            }
+            Err(e) => {
+                check_interrupted()?;
+                eprintln!("pushpull bench net:   failed: {e}");
+                failures.push(fail(e.to_string()));
+            }
+        }
+    }
+    Ok(())
 }
 
-/// Rough memory a run needs: every worker holds its inputs, results and in-flight copies; the
-/// servers hold every worker's pushes of their keys.
-fn memory_needed(workers: u32, scale: f64) -> u64 {
-    let per_worker = scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0;
-    (per_worker * 7.0 * workers as f64) as u64
+/// The training runs of one network: per seed, the compute alone and every compressor.
+fn run_training(
+    ctx: &NetCtx<'_>,
+    rt: &tokio::runtime::Runtime,
+    setup: &Setup,
+    plan: &TrainPlan,
+    rows: &mut Vec<TrainRow>,
+    failures: &mut Vec<RunFailure>,
+) -> CliResult<()> {
+    let (args, rate) = (ctx.args, ctx.rate);
+    for &seed in &plan.seeds {
+        for c in std::iter::once(COMPUTE_ONLY.to_string()).chain(plan.compressors.clone()) {
+            check_interrupted()?;
+            let config = train_config(&setup.base, (args.workers, args.servers), plan, &c, seed)?;
+            eprintln!(
+                "pushpull bench net: {rate} train {c} seed {seed} {}x{}: running (load {:.2})",
+                args.workers,
+                args.servers,
+                load_average()[0]
+            );
+            let run = rt.block_on(train::run_one(
+                ctx.topo,
+                &config,
+                ctx.programs,
+                ctx.limits,
+                (rate, &c),
+            ));
+            match run {
+                Ok(row) => {
+                    eprintln!(
+                        "pushpull bench net:   {:.4} s/step (compute {:.4}), accuracy {:.2} %",
+                        row.step_seconds,
+                        row.compute_seconds,
+                        100.0 * row.test_accuracy
+                    );
+                    rows.push(row);
+                }
+                Err(e) => {
+                    check_interrupted()?;
+                    eprintln!("pushpull bench net:   failed: {e}");
+                    failures.push(RunFailure {
+                        series: "train".into(),
+                        compressor: c.clone(),
+                        rate: rate.to_string(),
+                        workers: args.workers,
+                        servers: args.servers,
+                        mb_per_worker: 0.0,
+                        error: format!("seed {seed}: {e}"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `pushpull bench net`: validates the flags, then for every rate builds the network, measures
-/// its links, runs the plan, deletes the network; prints the table (or JSON). Exit code 1 if
-/// any run failed (the others are still reported).
+/// its links and raw quinn's cost, runs the plan (benchmark or training), deletes the network;
+/// prints the tables (or JSON) and draws the plot. Exit code 1 if any run failed (the others
+/// are still reported).
 pub fn run(args: NetArgs) -> CliResult<()> {
-    let rates: Vec<(String, u64)> = args
-        .rates
-        .iter()
-        .map(|r| {
-            parse_rate(r)
-                .map(|b| (r.trim().to_string(), b))
-                .map_err(|e| CliError::usage(format!("--rates: {e}")))
-        })
-        .collect::<CliResult<_>>()?;
-    if rates.is_empty() {
-        return Err(CliError::usage("--rates: give at least one rate"));
-    }
-    if args.workers == 0 || args.servers == 0 {
-        return Err(CliError::usage(
-            "--workers and --servers must be at least 1",
-        ));
-    }
-    if args.warmup == 0 || args.rounds == 0 {
-        return Err(CliError::usage(
-            "--warmup and --rounds must be at least 1 (the counters start at the end of the \
-             warm-up)",
-        ));
-    }
-    if !(args.scale > 0.0 && args.scale.is_finite()) {
-        return Err(CliError::usage(format!(
-            "--scale {}: must be a positive number",
-            args.scale
-        )));
-    }
-    if !(0.0..=60.0).contains(&args.probe_seconds) {
-        return Err(CliError::usage("--probe-seconds: 0 to 60"));
-    }
-    for c in &args.compressors {
-        preset(c).map_err(|e| CliError::usage(format!("--compressors: {e}")))?;
-    }
-    preset(&args.scaling_compressor)
-        .map_err(|e| CliError::usage(format!("--scaling-compressor: {e}")))?;
-    if let Some(bad) = args
-        .scaling_sizes
-        .iter()
-        .find(|&&m| !(m > 0.0 && m.is_finite()))
-    {
-        return Err(CliError::usage(format!(
-            "--scaling-sizes: {bad} is not a positive size in MB"
-        )));
-    }
-    if args.scaling_servers.contains(&0) {
-        return Err(CliError::usage(
-            "--scaling-servers: counts must be at least 1",
-        ));
-    }
-    let scaling_rate = match &args.scaling_rate {
-        None => rates[0].0.clone(),
-        Some(r) => {
-            let bits =
-                parse_rate(r).map_err(|e| CliError::usage(format!("--scaling-rate: {e}")))?;
-            rates
-                .iter()
-                .find(|(_, b)| *b == bits)
-                .map(|(l, _)| l.clone())
-                .ok_or_else(|| CliError::usage(format!("--scaling-rate {r}: not one of --rates")))?
-        }
-    };
-    let base = match &args.config {
-        Some(p) => Config::from_file(p).map_err(CliError::usage)?,
-        None => crate::local::default_config(),
-    };
-    // Check the plan's cluster files before building anything.
-    let plans_for = |rate: &str| -> Vec<Plan> {
-        let mut plans = Vec::new();
-        if !args.skip_compressors {
-            for c in &args.compressors {
-                plans.push(Plan {
-                    series: "compressors",
-                    compressor: c.clone(),
-                    servers: args.servers,
-                    scale: args.scale,
-                });
-            }
-        }
-        if !args.skip_scaling && rate == scaling_rate {
-            for &mb in &args.scaling_sizes {
-                plans.push(Plan {
-                    series: "scaling",
-                    compressor: args.scaling_compressor.clone(),
-                    servers: args.servers,
-                    scale: scale_for_mb(mb),
-                });
-            }
-            for &s in &args.scaling_servers {
-                plans.push(Plan {
-                    series: "scaling",
-                    compressor: args.scaling_compressor.clone(),
-                    servers: s,
-                    scale: args.scale,
-                });
-            }
-        }
-        plans
-    };
-    let job = (args.rounds, args.warmup, args.check);
-    for (rate, _) in &rates {
-        for p in plans_for(rate) {
-            run_config(
-                &base,
-                args.workers,
-                p.servers,
-                p.scale,
-                job,
-                &preset(&p.compressor)?,
-            )?;
-        }
-    }
+    let setup = setup(&args)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(CliError::usage(
@@ -445,115 +493,118 @@ pub fn run(args: NetArgs) -> CliResult<()> {
 
     let mut networks = Vec::new();
     let mut rows: Vec<RunRow> = Vec::new();
+    let mut train_rows: Vec<TrainRow> = Vec::new();
     let mut failures = Vec::new();
-    for (rate, bits) in &rates {
-        let plans = plans_for(rate);
-        if plans.is_empty() {
+    for (rate, bits) in &setup.rates {
+        let plans = setup.plans.get(rate).map_or(0, Vec::len);
+        if plans == 0 && setup.train.is_none() {
             continue;
         }
-        let max_servers = plans.iter().map(|p| p.servers).max().unwrap_or(1);
+        let max_servers = setup
+            .plans
+            .get(rate)
+            .into_iter()
+            .flatten()
+            .map(|p| p.servers)
+            .max()
+            .unwrap_or(args.servers)
+            .max(args.servers);
         let mut hosts = vec!["scheduler".to_string()];
         hosts.extend((0..max_servers).map(|s| format!("server{s}")));
         hosts.extend((0..args.workers).map(|w| format!("worker{w}")));
-        let shaping = Shaping { rate_bits: *bits };
+        let shaping = Shaping {
+            rate_bits: *bits,
+            mtu: args.mtu,
+        };
         eprintln!(
-            "pushpull bench net: {rate}: {} hosts, {}",
+            "pushpull bench net: {rate}: {} hosts, {}, MTU {}",
             hosts.len(),
-            shaping.tbf_args().join(" ")
+            shaping.tbf_args().join(" "),
+            shaping.mtu
         );
         let mut topo = Topology::create(&hosts, shaping)?;
-        let links = if args.probe_seconds > 0.0 {
+        let (links, tcp) = if args.probe_seconds > 0.0 {
             eprintln!(
                 "pushpull bench net: {rate}: measuring every link ({:.1} s each)",
                 args.probe_seconds
             );
-            measure_links(&topo, args.probe_seconds)?
+            let (links, tcp) = measure_links(&topo, args.probe_seconds)?;
+            (links, Some(tcp))
         } else {
-            topo.hosts
+            let nominal = topo
+                .hosts
                 .iter()
                 .map(|h| LinkRate {
                     host: h.name.clone(),
                     up_bits_per_second: *bits as f64,
                     down_bits_per_second: *bits as f64,
                 })
-                .collect()
+                .collect();
+            (nominal, None)
         };
         eprintln!("pushpull bench net: {rate}: {}", links_summary(&links));
+        let quinn = if args.baseline_seconds > 0.0 {
+            eprintln!(
+                "pushpull bench net: {rate}: raw quinn, {} workers to {} servers, about {:.0} s",
+                args.workers, args.servers, args.baseline_seconds
+            );
+            let cost = rt.block_on(quinn_cost(
+                &topo,
+                &setup.base,
+                &programs,
+                (args.workers, args.servers),
+                *bits,
+                args.baseline_seconds,
+            ));
+            match cost {
+                Ok(c) => {
+                    eprintln!(
+                        "pushpull bench net: {rate}: raw quinn {:.2} CPU-s per GB sent + received",
+                        c.cpu_seconds_per_gb
+                    );
+                    Some(c)
+                }
+                Err(e) => {
+                    check_interrupted()?;
+                    eprintln!("pushpull bench net: {rate}: raw quinn failed: {e}");
+                    failures.push(RunFailure {
+                        series: "baseline".into(),
+                        compressor: "raw quinn".into(),
+                        rate: rate.clone(),
+                        workers: args.workers,
+                        servers: args.servers,
+                        mb_per_worker: 0.0,
+                        error: e.to_string(),
+                    });
+                    None
+                }
+            }
+        } else {
+            None
+        };
         networks.push(Network {
             rate: rate.clone(),
+            mtu: args.mtu,
+            tcp,
+            quinn,
             rate_bits: *bits,
             burst_bytes: shaping.burst_bytes(),
             limit_bytes: shaping.limit_bytes(),
             measured: args.probe_seconds > 0.0,
             links: links.clone(),
         });
-        for p in plans {
-            check_interrupted()?;
-            let params = preset(&p.compressor)?;
-            let mb_per_worker = p.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
-            let fail = |e: String| RunFailure {
-                series: p.series.to_string(),
-                compressor: p.compressor.clone(),
-                rate: rate.clone(),
-                workers: args.workers,
-                servers: p.servers,
-                mb_per_worker,
-                error: e,
-            };
-            // The same run twice (e.g. S = 4 in both series): measure once.
-            if let Some(prev) = rows.iter().find(|r| {
-                r.rate == *rate
-                    && r.compressor == p.compressor
-                    && r.servers == p.servers
-                    && (r.mb_per_worker - mb_per_worker).abs() < 1e-9
-            }) {
-                let mut again = prev.clone();
-                again.series = p.series.to_string();
-                rows.push(again);
-                continue;
-            }
-            let need = memory_needed(args.workers, p.scale);
-            let avail = mem_available();
-            if need as f64 > avail as f64 * 0.8 {
-                failures.push(fail(format!(
-                    "skipped: needs about {:.1} GB of memory, {:.1} GB available",
-                    need as f64 / 1e9,
-                    avail as f64 / 1e9
-                )));
-                continue;
-            }
-            let config = run_config(&base, args.workers, p.servers, p.scale, job, &params)?;
-            let load_before = load_average()[0];
-            eprintln!(
-                "pushpull bench net: {rate} {} {}x{} {:.1} MB/worker: running (load {:.2})",
-                p.compressor, args.workers, p.servers, mb_per_worker, load_before
-            );
-            match rt.block_on(run_cluster(&topo, &config, &programs, &limits)) {
-                Ok(run) => {
-                    let ctx = RowContext {
-                        series: p.series.to_string(),
-                        compressor: p.compressor.clone(),
-                        params,
-                        rate: rate.clone(),
-                        scale: p.scale,
-                        partition_bytes: config.cluster.partition_bytes,
-                        links: links.clone(),
-                        cores,
-                        load_before,
-                    };
-                    let row = make_row(&ctx, &run);
-                    eprintln!(
-                        "pushpull bench net:   {:.3} s/round (floor {:.3} s, ratio {:.2}, {}-bound)",
-                        row.median_seconds, row.floor_seconds, row.ratio, row.bound
-                    );
-                    rows.push(row);
-                }
-                Err(e) => {
-                    check_interrupted()?;
-                    eprintln!("pushpull bench net:   failed: {e}");
-                    failures.push(fail(e.to_string()));
-                }
-            }
+        let ctx = NetCtx {
+            args: &args,
+            topo: &topo,
+            rate,
+            links: &links,
+            programs: &programs,
+            limits: &limits,
+            cores,
+        };
+        match &setup.train {
+            Some(plan) => run_training(&ctx, &rt, &setup, plan, &mut train_rows, &mut failures)?,
+            None => run_benchmarks(&ctx, &rt, &setup, &mut rows, &mut failures)?,
         }
         let errors = topo.teardown();
         if !errors.is_empty() {
@@ -576,12 +627,17 @@ pub fn run(args: NetArgs) -> CliResult<()> {
         },
         networks,
         runs: rows,
+        train_runs: train_rows,
         failures,
     };
     if args.json {
         print_stdout(&serde_json::to_string(&report).expect("report serializes"));
     } else {
         print_stdout(&to_text(&report));
+    }
+    if let Some(path) = &args.plot {
+        plot::draw(path, &report.runs, &report.train_runs)?;
+        eprintln!("pushpull bench net: plot written to {}", path.display());
     }
     if report
         .failures
@@ -638,20 +694,50 @@ pub fn to_text(r: &NetReport) -> String {
     );
     for n in &r.networks {
         s.push_str(&format!(
-            "network {}: tbf rate {} bit/s burst {} B limit {} B on both ends of every veth; {}{}\n",
+            "network {}: tbf rate {} bit/s burst {} B limit {} B on both ends of every veth, MTU \
+             {}; {}{}\n",
             n.rate,
             n.rate_bits,
             n.burst_bytes,
             n.limit_bytes,
+            n.mtu,
             links_summary(&n.links),
-            if n.measured { "" } else { " (nominal, not measured)" }
+            if n.measured {
+                ""
+            } else {
+                " (nominal, not measured)"
+            }
         ));
+        for c in [&n.tcp, &n.quinn].into_iter().flatten() {
+            s.push_str(&format!(
+                "  {} transport: {:.1} MB in {:.1} s, {:.2} CPU-s, {:.2} CPU-s per GB sent + \
+                 received\n",
+                c.transport,
+                c.bytes as f64 / 1e6,
+                c.seconds,
+                c.cpu_seconds,
+                c.cpu_seconds_per_gb
+            ));
+        }
     }
-    s.push('\n');
-    s.push_str(&table(&r.runs));
-    s.push('\n');
-    for row in &r.runs {
-        s.push_str(&host_lines(row));
+    let quinn = |rate: &str| {
+        r.networks
+            .iter()
+            .find(|n| n.rate == rate)
+            .and_then(|n| n.quinn.as_ref())
+            .map(|q| q.cpu_seconds_per_gb)
+    };
+    if !r.runs.is_empty() {
+        s.push('\n');
+        s.push_str(&table(&r.runs, &quinn));
+        s.push('\n');
+        for row in &r.runs {
+            s.push_str(&host_lines(row));
+        }
+    }
+    if !r.train_runs.is_empty() {
+        s.push('\n');
+        s.push_str(&train_table(&r.train_runs));
     }
     for f in &r.failures {
         s.push_str(&format!(

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::baseline::TransportCost;
 use super::topo::{check_interrupted, Topology};
 use crate::error::{CliError, CliResult};
 
@@ -55,9 +56,32 @@ pub struct LinkRate {
     pub down_bits_per_second: f64,
 }
 
-/// Sends for `seconds` from host `from` to host `to` and returns the receiver's goodput in
-/// bits/s (payload bytes from first byte to end of stream).
-pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliResult<f64> {
+/// One timed TCP transfer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transfer {
+    /// The receiver's goodput, bits/s (payload bytes from first byte to end of stream).
+    pub bits_per_second: f64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// CPU seconds of the sending and the receiving thread (user + system).
+    pub cpu_seconds: f64,
+}
+
+/// CPU seconds the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid pointer to a timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Sends for `seconds` from host `from` to host `to`.
+pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliResult<Transfer> {
     let (src, dst) = (&topo.hosts[from], &topo.hosts[to]);
     let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
     let what = format!("rate probe {} -> {}", src.name, dst.name);
@@ -97,6 +121,7 @@ pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliRes
                 let mut buf = vec![0u8; 1 << 16];
                 let mut total = 0u64;
                 let mut first: Option<Instant> = None;
+                let cpu0 = thread_cpu_seconds();
                 loop {
                     let n = stream.read(&mut buf).map_err(io)?;
                     if n == 0 {
@@ -106,7 +131,7 @@ pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliRes
                     total += n as u64;
                 }
                 let secs = first.map_or(0.0, |t| t.elapsed().as_secs_f64());
-                Ok((total, secs))
+                Ok((total, secs, thread_cpu_seconds() - cpu0))
             })
         });
         let sender = s.spawn(move || {
@@ -122,12 +147,13 @@ pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliRes
                     .set_write_timeout(Some(Duration::from_secs(10)))
                     .map_err(io)?;
                 let buf = vec![0x5au8; 1 << 16];
+                let cpu0 = thread_cpu_seconds();
                 let end = Instant::now() + Duration::from_secs_f64(seconds);
                 while Instant::now() < end {
                     stream.write_all(&buf).map_err(io)?;
                 }
                 stream.shutdown(std::net::Shutdown::Write).map_err(io)?;
-                Ok(())
+                Ok(thread_cpu_seconds() - cpu0)
             })
         });
         let sent = sender
@@ -136,18 +162,23 @@ pub fn transfer(topo: &Topology, from: usize, to: usize, seconds: f64) -> CliRes
         let received = receiver
             .join()
             .unwrap_or_else(|_| Err(CliError::failed(format!("{what}: receiver panicked"))));
-        sent?;
-        let (bytes, secs) = received?;
+        let sender_cpu = sent?;
+        let (bytes, secs, receiver_cpu) = received?;
         if secs <= 0.0 || bytes == 0 {
             return Err(CliError::failed(format!("{what}: no data arrived")));
         }
-        Ok(bytes as f64 * 8.0 / secs)
+        Ok(Transfer {
+            bits_per_second: bytes as f64 * 8.0 / secs,
+            bytes,
+            cpu_seconds: sender_cpu + receiver_cpu,
+        })
     })
 }
 
 /// Measures every host's upload and download once: host `i` sends to host `i + 1` (the last
-/// to the first), one pair at a time, `seconds` each.
-pub fn measure_links(topo: &Topology, seconds: f64) -> CliResult<Vec<LinkRate>> {
+/// to the first), one pair at a time, `seconds` each. Also returns what plain TCP cost in CPU
+/// over all those transfers.
+pub fn measure_links(topo: &Topology, seconds: f64) -> CliResult<(Vec<LinkRate>, TransportCost)> {
     let n = topo.hosts.len();
     let mut rates: Vec<LinkRate> = topo
         .hosts
@@ -163,12 +194,18 @@ pub fn measure_links(topo: &Topology, seconds: f64) -> CliResult<Vec<LinkRate>> 
             "measuring link rates needs at least two hosts",
         ));
     }
+    let mut tcp = TransportCost::new("tcp");
     for i in 0..n {
         check_interrupted()?;
         let j = (i + 1) % n;
-        let r = transfer(topo, i, j, seconds)?;
-        rates[i].up_bits_per_second = r;
-        rates[j].down_bits_per_second = r;
+        let t = transfer(topo, i, j, seconds)?;
+        rates[i].up_bits_per_second = t.bits_per_second;
+        rates[j].down_bits_per_second = t.bits_per_second;
+        tcp.add(
+            t.bytes,
+            t.bytes as f64 * 8.0 / t.bits_per_second,
+            t.cpu_seconds,
+        );
     }
-    Ok(rates)
+    Ok((rates, tcp))
 }

@@ -21,6 +21,7 @@ use std::fmt::Write as _;
 use pushpull_common::placement::Placer;
 use serde::{Deserialize, Serialize};
 
+use super::baseline::per_gb;
 use super::cluster::ClusterRun;
 use super::probe::LinkRate;
 use crate::job::tensor_set;
@@ -90,8 +91,15 @@ pub struct RunRow {
     pub cpu_wall_seconds: f64,
     /// `cpu` or `network`.
     pub bound: String,
-    /// Network-bound and within 1.25x of the floor (None when CPU-bound).
+    /// Network-bound and within [`TARGET_RATIO`] of the floor (None when CPU-bound).
     pub meets_target: Option<bool>,
+    /// Median over the timed rounds of when the first tensor's (the highest priority's)
+    /// result had arrived on the last worker to get it: when a next forward pass could start.
+    #[serde(default)]
+    pub first_layer_seconds: f64,
+    /// CPU seconds of all processes per GB (1e9 bytes) of payload they sent plus received.
+    #[serde(default)]
+    pub cpu_seconds_per_gb: f64,
     /// Worker 0's payload bytes pushed per round.
     pub push_bytes_per_worker: f64,
     /// fp32 bytes per worker per round / pushed payload bytes.
@@ -105,6 +113,9 @@ pub struct RunRow {
     /// Seconds from the first process start to the last exit.
     pub wall_seconds: f64,
 }
+
+/// A network-bound run meets its target when it takes at most this many times the floor.
+pub const TARGET_RATIO: f64 = 1.15;
 
 /// Fraction of the fp32 bytes the placement gives each server.
 pub fn server_shares(scale: f64, num_servers: u32, partition_bytes: u64) -> Vec<f64> {
@@ -284,7 +295,15 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
         cpu_seconds: cpu,
         cpu_wall_seconds: cpu_wall,
         bound: if cpu_bound { "cpu" } else { "network" }.to_string(),
-        meets_target: (!cpu_bound).then_some(ratio <= 1.25),
+        meets_target: (!cpu_bound).then_some(ratio <= TARGET_RATIO),
+        first_layer_seconds: first_layer_seconds(&run.reports),
+        cpu_seconds_per_gb: per_gb(
+            cpu,
+            hosts
+                .iter()
+                .map(|h| h.payload_tx_bytes + h.payload_rx_bytes)
+                .sum::<f64>() as u64,
+        ),
         push_bytes_per_worker: push0,
         compression: if push0 > 0.0 { raw / push0 } else { 0.0 },
         check: if checks.iter().all(|c| *c == checks[0]) {
@@ -298,6 +317,24 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
     }
 }
 
+/// Per timed round, the latest any worker got the first tensor's result; their median.
+fn first_layer_seconds(reports: &[crate::job::JobReport]) -> f64 {
+    let rounds = reports
+        .iter()
+        .map(|r| r.first_tensor_seconds.len())
+        .min()
+        .unwrap_or(0);
+    let per_round: Vec<f64> = (0..rounds)
+        .map(|i| {
+            reports
+                .iter()
+                .map(|r| r.first_tensor_seconds[i])
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    median(&per_round)
+}
+
 fn mb(b: f64) -> String {
     if b.is_nan() {
         "-".into()
@@ -308,18 +345,20 @@ fn mb(b: f64) -> String {
     }
 }
 
-/// The summary table (one line per run) followed by each run's per-host lines.
-pub fn table(rows: &[RunRow]) -> String {
+/// The summary table, one line per run. `quinn_per_gb(rate)` is raw quinn's CPU-seconds per
+/// GB on that rate's network, when it was measured.
+pub fn table(rows: &[RunRow], quinn_per_gb: &dyn Fn(&str) -> Option<f64>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| rate | compressor | W x S | MB/worker | s/round median (min-max) | floor s | ratio | \
-         CPU-s/round (/cores) | bound | target | pushed MB/worker (x) | wire tx MB worker/server | \
-         pushpull tx MB worker/server | tbf drops |"
+        "| rate | compressor | W x S | MB/worker | s/round median (min-max) | first layer s | \
+         floor s | ratio | CPU-s/round (/cores) | bound | target | CPU-s/GB (x raw quinn) | \
+         pushed MB/worker (x) | wire tx MB worker/server | pushpull tx MB worker/server | \
+         tbf drops |"
     );
     let _ = writeln!(
         s,
-        "|---|---|---|---:|---|---:|---:|---:|---|---|---:|---:|---:|---:|"
+        "|---|---|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"
     );
     for r in rows {
         let role = |p: &str, f: &dyn Fn(&HostRow) -> f64| {
@@ -335,9 +374,13 @@ pub fn table(rows: &[RunRow]) -> String {
                 v.iter().sum::<f64>() / v.len() as f64
             }
         };
+        let vs_quinn = match quinn_per_gb(&r.rate) {
+            Some(q) if q > 0.0 => format!(" ({:.2}x)", r.cpu_seconds_per_gb / q),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {}x{} | {:.1} | {:.3} ({:.3}-{:.3}) | {:.3} | {:.2} | {:.2} ({:.2}) | {} | {} | {} ({:.1}x) | {} / {} | {} / {} | {} |",
+            "| {} | {} | {}x{} | {:.1} | {:.3} ({:.3}-{:.3}) | {:.3} | {:.3} | {:.2} | {:.2} ({:.2}) | {} | {} | {:.2}{} | {} ({:.1}x) | {} / {} | {} / {} | {} |",
             r.rate,
             r.compressor,
             r.workers,
@@ -346,6 +389,7 @@ pub fn table(rows: &[RunRow]) -> String {
             r.median_seconds,
             r.min_seconds,
             r.max_seconds,
+            r.first_layer_seconds,
             r.floor_seconds,
             r.ratio,
             r.cpu_seconds,
@@ -356,6 +400,8 @@ pub fn table(rows: &[RunRow]) -> String {
                 Some(false) => "MISSED",
                 None => "n/a",
             },
+            r.cpu_seconds_per_gb,
+            vs_quinn,
             mb(r.push_bytes_per_worker),
             r.compression,
             mb(role("worker", &|h| h.wire_tx_bytes)),

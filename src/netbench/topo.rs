@@ -83,7 +83,13 @@ pub fn run_cmd(program: &str, args: &[&str]) -> CliResult<String> {
 pub struct Shaping {
     /// tbf rate in bits per second (tc's `kbit`/`mbit`/`gbit` are powers of 1000).
     pub rate_bits: u64,
+    /// MTU of every link (both veth ends and the bridge), bytes: 1500 is Ethernet's, 9000
+    /// jumbo frames.
+    pub mtu: u32,
 }
+
+/// Ethernet's MTU, the default of the shaped links.
+pub const DEFAULT_MTU: u32 = 1500;
 
 impl Shaping {
     /// tbf burst in bytes: 10 ms worth of the rate (≥ rate/HZ for any HZ ≥ 100), at least
@@ -255,7 +261,9 @@ impl Topology {
     fn build(&mut self, hosts: &[String]) -> CliResult<()> {
         let br = self.bridge_ns.clone();
         self.add_ns(&br)?;
+        let mtu = self.shaping.mtu.to_string();
         run_cmd("ip", &["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        run_cmd("ip", &["-n", &br, "link", "set", "br0", "mtu", &mtu])?;
         run_cmd("ip", &["-n", &br, "link", "set", "br0", "up"])?;
         let tbf = self.shaping.tbf_args();
         let tbf: Vec<&str> = tbf.iter().map(String::as_str).collect();
@@ -273,6 +281,8 @@ impl Topology {
                     "netns", &ns,
                 ],
             )?;
+            run_cmd("ip", &["-n", &br, "link", "set", &port, "mtu", &mtu])?;
+            run_cmd("ip", &["-n", &ns, "link", "set", "eth0", "mtu", &mtu])?;
             run_cmd("ip", &["-n", &br, "link", "set", &port, "master", "br0"])?;
             run_cmd("ip", &["-n", &br, "link", "set", &port, "up"])?;
             run_cmd("ip", &["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
@@ -394,11 +404,13 @@ mod tests {
     fn tbf_parameters() {
         let s = Shaping {
             rate_bits: 100_000_000,
+            mtu: DEFAULT_MTU,
         };
         assert_eq!(s.burst_bytes(), 131_072);
         assert_eq!(s.limit_bytes(), 131_072 + 625_000);
         let g = Shaping {
             rate_bits: 1_000_000_000,
+            mtu: 9000,
         };
         assert_eq!(g.burst_bytes(), 1_250_000);
         assert_eq!(

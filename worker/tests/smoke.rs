@@ -190,14 +190,14 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
         }
         let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
         let mut handles = Vec::new();
-        for r in 0..2 {
+        for (r, w) in s.workers.iter().enumerate() {
             let order: Vec<usize> = if r == 0 {
                 (0..n).collect()
             } else {
                 (0..n).rev().collect()
             };
             for i in order {
-                let (w, t) = (s.workers[r].clone(), tensors[i][r].clone());
+                let (w, t) = (w.clone(), tensors[i][r].clone());
                 let buf = input(r, i);
                 handles.push((
                     r,
