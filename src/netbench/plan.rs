@@ -42,13 +42,7 @@ pub fn run_config(
     c.job.rounds = rounds;
     c.job.warmup = warmup;
     c.job.check = check;
-    c.tensors.tables.insert(
-        "default".to_string(),
-        params
-            .iter()
-            .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
-            .collect(),
-    );
+    crate::train::compare::set_default_map(&mut c, params);
     c.validate("the benchmark's cluster file")
         .map_err(CliError::usage)?;
     Ok(c)

@@ -97,13 +97,7 @@ pub fn train_config(
         compressor
     };
     let params = preset(name).map_err(|e| CliError::usage(format!("--compressors: {e}")))?;
-    c.tensors.tables.insert(
-        "default".to_string(),
-        params
-            .iter()
-            .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
-            .collect(),
-    );
+    crate::train::compare::set_default_map(&mut c, &params);
     c.validate("the training benchmark's cluster file")
         .map_err(CliError::usage)?;
     Ok(c)
