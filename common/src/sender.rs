@@ -234,29 +234,13 @@ async fn write(
     impl std::future::Future<Output = Result<Option<quinn::VarInt>, quinn::StoppedError>>,
     TransportError,
 > {
-    let peer = &frame.to.name;
-    let stream_err = |message: String| TransportError::Stream {
-        peer: peer.to_string(),
-        message,
-    };
-    let mut stream =
-        frame
-            .to
-            .conn
-            .open_uni()
-            .await
-            .map_err(|source| TransportError::Connection {
-                peer: peer.to_string(),
-                source,
-            })?;
-    stream
-        .set_priority(priority)
-        .map_err(|e| stream_err(e.to_string()))?;
-    let mut chunks = [frame.header.to_bytes(), frame.payload];
-    stream
-        .write_all_chunks(&mut chunks)
-        .await
-        .map_err(|e| stream_err(e.to_string()))?;
-    stream.finish().map_err(|e| stream_err(e.to_string()))?;
+    let stream = crate::transport::write_frame(
+        &frame.to.conn,
+        &frame.header,
+        frame.payload,
+        &frame.to.name,
+        Some(priority),
+    )
+    .await?;
     Ok(stream.stopped())
 }

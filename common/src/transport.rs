@@ -383,6 +383,20 @@ pub async fn send_frame(
     payload: Bytes,
     peer: &str,
 ) -> Result<(), TransportError> {
+    write_frame(conn, header, payload, peer, None)
+        .await
+        .map(drop)
+}
+
+/// Opens a unidirectional stream (at `priority`, if given), writes one frame on it and finishes
+/// it; returns the stream (its `stopped()` tells when the peer has all of it).
+pub(crate) async fn write_frame(
+    conn: &quinn::Connection,
+    header: &FrameHeader,
+    payload: Bytes,
+    peer: &str,
+    priority: Option<i32>,
+) -> Result<quinn::SendStream, TransportError> {
     debug_assert_eq!(header.payload_len, payload.len() as u64);
     let stream_err = |message: String| TransportError::Stream {
         peer: peer.to_string(),
@@ -395,12 +409,15 @@ pub async fn send_frame(
             peer: peer.to_string(),
             source,
         })?;
+    if let Some(p) = priority {
+        s.set_priority(p).map_err(|e| stream_err(e.to_string()))?;
+    }
     let mut chunks = [header.to_bytes(), payload];
     s.write_all_chunks(&mut chunks)
         .await
         .map_err(|e| stream_err(e.to_string()))?;
     s.finish().map_err(|e| stream_err(e.to_string()))?;
-    Ok(())
+    Ok(s)
 }
 
 /// Reads one data frame (header + payload) from a unidirectional stream to its end. The
