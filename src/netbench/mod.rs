@@ -15,6 +15,7 @@
 //! | [`baseline`] | [`baseline::TransportCost`]: CPU per GB of raw quinn (the cluster's settings) and plain TCP on the same network |
 //! | [`train`] | `--job train`: the training job per compressor and seed, next to the compute alone |
 //! | [`plot`] | `--plot FILE.svg`: the tables as charts |
+//! | [`peers`] | `--peers PYTHON`: gloo's all_reduce and a naive parameter server on gloo, on the same network |
 //!
 //! One run per (rate, compressor) in the compressor series, and per size and per server count
 //! in the scaling series (at one rate and one compressor); with `--job train`, one training
@@ -25,6 +26,7 @@
 pub mod baseline;
 pub mod cluster;
 mod plan;
+pub mod peers;
 pub mod plot;
 pub mod probe;
 pub mod report;
@@ -45,6 +47,7 @@ use plan::{memory_needed, setup, Setup};
 use probe::{measure_links, LinkRate};
 use report::{host_lines, make_row, table, RowContext, RunRow};
 use topo::{check_interrupted, Shaping, Topology};
+use peers::{peer_table, PeerRow, PeerScript};
 use train::{train_config, train_table, TrainPlan, TrainRow, COMPUTE_ONLY};
 
 pub use plan::{run_config, scale_for_mb};
@@ -149,6 +152,12 @@ pub struct NetArgs {
     /// the cluster's transport settings), for CPU per GB next to pushpull's; 0 skips it.
     #[arg(long, value_name = "S", default_value_t = 5.0)]
     pub baseline_seconds: f64,
+    /// A Python interpreter with PyTorch (e.g. a virtual environment's `bin/python`): after the
+    /// compressor series of each network, run on the same hosts gloo's all_reduce among the
+    /// workers and a naive parameter server on gloo (4 MB pieces), uncompressed and moving each
+    /// compressed run's pushed bytes, and print them next to pushpull (bench/gloo_peers.py).
+    #[arg(long, value_name = "PYTHON")]
+    pub peers: Option<std::path::PathBuf>,
     /// Also draw the results as charts into this SVG file.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
@@ -281,6 +290,9 @@ pub struct NetReport {
     /// Every finished training run (`--job train`).
     #[serde(default)]
     pub train_runs: Vec<TrainRow>,
+    /// Every finished peer run (`--peers`).
+    #[serde(default)]
+    pub peer_runs: Vec<PeerRow>,
     /// Runs that failed or were skipped.
     pub failures: Vec<RunFailure>,
 }
@@ -462,6 +474,80 @@ fn run_training(
     Ok(())
 }
 
+/// The peer runs of one network (`--peers`), after its compressor series.
+fn run_peers(
+    ctx: &NetCtx<'_>,
+    rt: &tokio::runtime::Runtime,
+    script: &mut PeerScript,
+    rows: &[RunRow],
+    out: &mut Vec<PeerRow>,
+    failures: &mut Vec<RunFailure>,
+) -> CliResult<()> {
+    let (args, rate) = (ctx.args, ctx.rate);
+    let series: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| r.rate == rate && r.series == "compressors")
+        .collect();
+    let bytes = (args.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0).round() as u64;
+    for peers::PeerPlan {
+        job,
+        compressor,
+        bytes: moved,
+        piece,
+    } in peers::plan(&series, bytes)
+    {
+        check_interrupted()?;
+        eprintln!(
+            "pushpull bench net: {rate} {} moving {:.2} MB/worker ({compressor}): running (load {:.2})",
+            job.label(),
+            moved as f64 / 1e6,
+            load_average()[0]
+        );
+        let workers_servers = (args.workers, args.servers);
+        let run = rt.block_on(script.run(
+            ctx.topo,
+            job,
+            workers_servers,
+            (moved, piece),
+            args.rounds,
+            ctx.limits.timeout,
+        ));
+        match run {
+            Ok(seconds) => {
+                eprintln!("pushpull bench net:   {seconds:.3} s/round");
+                out.push(PeerRow {
+                    rate: rate.to_string(),
+                    peer: job.label().to_string(),
+                    compressor: compressor.clone(),
+                    workers: args.workers,
+                    servers: if job == peers::PeerJob::Ps { args.servers } else { 0 },
+                    bytes_per_worker: moved,
+                    piece_bytes: piece,
+                    median_seconds: seconds,
+                    pushpull_seconds: series
+                        .iter()
+                        .find(|r| r.compressor == compressor && r.servers == args.servers)
+                        .map(|r| r.median_seconds),
+                });
+            }
+            Err(e) => {
+                check_interrupted()?;
+                eprintln!("pushpull bench net:   failed: {e}");
+                failures.push(RunFailure {
+                    series: "peers".into(),
+                    compressor: format!("{} ({compressor})", job.label()),
+                    rate: rate.to_string(),
+                    workers: args.workers,
+                    servers: args.servers,
+                    mb_per_worker: moved as f64 / 1e6,
+                    error: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `pushpull bench net`: validates the flags, then for every rate builds the network, measures
 /// its links and raw quinn's cost, runs the plan (benchmark or training), deletes the network;
 /// prints the tables (or JSON) and draws the plot. Exit code 1 if any run failed (the others
@@ -494,7 +580,17 @@ pub fn run(args: NetArgs) -> CliResult<()> {
     let mut networks = Vec::new();
     let mut rows: Vec<RunRow> = Vec::new();
     let mut train_rows: Vec<TrainRow> = Vec::new();
+    let mut peer_runs: Vec<PeerRow> = Vec::new();
     let mut failures = Vec::new();
+    let mut peer_script = match (&args.peers, &setup.train) {
+        (Some(python), None) => Some(PeerScript::new(python)?),
+        (Some(_), Some(_)) => {
+            return Err(CliError::usage(
+                "--peers runs next to the benchmark job, not --job train",
+            ))
+        }
+        (None, _) => None,
+    };
     for (rate, bits) in &setup.rates {
         let plans = setup.plans.get(rate).map_or(0, Vec::len);
         if plans == 0 && setup.train.is_none() {
@@ -606,6 +702,9 @@ pub fn run(args: NetArgs) -> CliResult<()> {
             Some(plan) => run_training(&ctx, &rt, &setup, plan, &mut train_rows, &mut failures)?,
             None => run_benchmarks(&ctx, &rt, &setup, &mut rows, &mut failures)?,
         }
+        if let Some(script) = &mut peer_script {
+            run_peers(&ctx, &rt, script, &rows, &mut peer_runs, &mut failures)?;
+        }
         let errors = topo.teardown();
         if !errors.is_empty() {
             return Err(CliError::failed(format!(
@@ -628,6 +727,7 @@ pub fn run(args: NetArgs) -> CliResult<()> {
         networks,
         runs: rows,
         train_runs: train_rows,
+        peer_runs,
         failures,
     };
     if args.json {
@@ -738,6 +838,10 @@ pub fn to_text(r: &NetReport) -> String {
     if !r.train_runs.is_empty() {
         s.push('\n');
         s.push_str(&train_table(&r.train_runs));
+    }
+    if !r.peer_runs.is_empty() {
+        s.push('\n');
+        s.push_str(&peer_table(&r.peer_runs));
     }
     for f in &r.failures {
         s.push_str(&format!(

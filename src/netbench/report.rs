@@ -48,7 +48,7 @@ pub struct HostRow {
 }
 
 /// One run of the benchmark.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct RunRow {
     /// `compressors` or `scaling`.
     pub series: String,
