@@ -25,8 +25,8 @@
 
 pub mod baseline;
 pub mod cluster;
-mod plan;
 pub mod peers;
+mod plan;
 pub mod plot;
 pub mod probe;
 pub mod report;
@@ -43,11 +43,11 @@ use crate::error::{CliError, CliResult};
 use crate::procs::Programs;
 use baseline::{quinn_cost, TransportCost};
 use cluster::{run_cluster, RunLimits};
+use peers::{peer_table, PeerRow, PeerScript};
 use plan::{memory_needed, setup, Setup};
 use probe::{measure_links, LinkRate};
 use report::{host_lines, make_row, table, RowContext, RunRow};
 use topo::{check_interrupted, Shaping, Topology};
-use peers::{peer_table, PeerRow, PeerScript};
 use train::{train_config, train_table, TrainPlan, TrainRow, COMPUTE_ONLY};
 
 pub use plan::{run_config, scale_for_mb};
@@ -520,7 +520,11 @@ fn run_peers(
                     peer: job.label().to_string(),
                     compressor: compressor.clone(),
                     workers: args.workers,
-                    servers: if job == peers::PeerJob::Ps { args.servers } else { 0 },
+                    servers: if job == peers::PeerJob::Ps {
+                        args.servers
+                    } else {
+                        0
+                    },
                     bytes_per_worker: moved,
                     piece_bytes: piece,
                     median_seconds: seconds,

@@ -179,7 +179,8 @@ impl PeerScript {
                     se.read_to_string(&mut err),
                     child.wait()
                 );
-                let status = status.map_err(|e| CliError::failed(format!("peer rank {rank}: {e}")))?;
+                let status =
+                    status.map_err(|e| CliError::failed(format!("peer rank {rank}: {e}")))?;
                 if !status.success() {
                     let tail: Vec<&str> = err.lines().rev().take(5).collect();
                     return Err(CliError::failed(format!(
@@ -307,7 +308,10 @@ mod tests {
         let p = plan(&[&none, &onebit], 102_000_000);
         assert_eq!(p.len(), 3);
         assert_eq!(p[0].job, PeerJob::AllReduce);
-        assert_eq!((p[1].job, p[1].bytes, p[1].piece), (PeerJob::Ps, 102_000_000, 4_000_000));
+        assert_eq!(
+            (p[1].job, p[1].bytes, p[1].piece),
+            (PeerJob::Ps, 102_000_000, 4_000_000)
+        );
         // 32x fewer bytes in as many pieces: each piece 32x smaller.
         assert_eq!(
             (p[2].job, p[2].compressor.as_str(), p[2].bytes, p[2].piece),
