@@ -5,7 +5,7 @@
 //! (`pushpull bench sink`, in the role of servers) and `ceil(N / S)` *senders* (`pushpull bench
 //! send`, in the role of workers), with `N` connections laid out like a W×S cluster (sender `w`
 //! connects to sinks `0..S`, the first `N` pairs). Every endpoint is
-//! [`pushpull_common::transport::Endpoint::bind`] with the same transport settings and mutual
+//! [`pushpull_net::transport::Endpoint::bind`] with the same transport settings and mutual
 //! TLS as the cluster (a throw-away CA). Each connection carries `B` bytes as data frames of
 //! `partition_bytes` (the cluster's chunk size), each on its own unidirectional stream, sent
 //! by the cluster's own [`FrameSender`] (byte window `cluster.send_window_bytes`); the sink
@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use pushpull_common::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
-use pushpull_common::sender::{FrameSender, OnError, Peer};
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{read_frame, Endpoint};
-use pushpull_common::Config;
+use pushpull_net::sender::{FrameSender, OnError, Peer};
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::transport::{read_frame, Endpoint};
+use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
@@ -238,18 +238,6 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
     let tls = generate_cluster(dir.path(), &opts.config.tls.server_name, &names)
         .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
     let config_path = write_config(&opts.config, dir.path())?;
-    let tls_args = |t: &pushpull_common::config::TlsConfig| {
-        let p =
-            |p: &Option<std::path::PathBuf>| p.as_ref().expect("generated").display().to_string();
-        vec![
-            "--ca".into(),
-            p(&t.ca),
-            "--cert".into(),
-            p(&t.cert),
-            "--key".into(),
-            p(&t.key),
-        ]
-    };
     let exe = &opts.programs.pushpull;
     let mut group = ProcGroup::new();
     let mut sink_addrs = Vec::new();
@@ -272,7 +260,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
             "--listen".into(),
             listen.to_string(),
         ];
-        a.extend(tls_args(&tls[s as usize]));
+        a.extend(tls[s as usize].to_args());
         let (prog, a) = NetnsPlacement::command(placed.map(|p| &p.0), exe, a);
         let idx = group.spawn(&format!("sink {s}"), &prog, &a)?;
         sink_addrs.push(
@@ -297,7 +285,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
             "--bytes".into(),
             opts.bytes.to_string(),
         ];
-        a.extend(tls_args(&tls[(sinks + w) as usize]));
+        a.extend(tls[(sinks + w) as usize].to_args());
         let ns = opts.netns.as_ref().map(|n| &n.senders[w as usize]);
         let (prog, a) = NetnsPlacement::command(ns, exe, a);
         group.spawn(&format!("sender {w}"), &prog, &a)?;

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use pushpull_common::tls::{generate_cluster, CA_CERT_FILE, CA_KEY_FILE};
+use pushpull_net::tls::{generate_cluster, CA_CERT_FILE, CA_KEY_FILE};
 
 use crate::error::{CliError, CliResult};
 

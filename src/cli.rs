@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use pushpull_common::Config;
+use pushpull_proto::Config;
 
 use crate::error::{CliError, CliResult};
 use crate::local::{default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec};

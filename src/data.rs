@@ -8,13 +8,7 @@
 
 use rayon::prelude::*;
 
-/// SplitMix64's finaliser (a bijection on u64).
-#[inline]
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use pushpull_proto::placement::mix64;
 
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 

@@ -26,9 +26,9 @@
 
 use std::time::Instant;
 
-use pushpull_common::Config;
 use pushpull_kernels::chunk::effective_spec;
 use pushpull_kernels::CodecSpec;
+use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{Reduce, Tensor, Worker};
 use serde::{Deserialize, Serialize};

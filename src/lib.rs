@@ -18,7 +18,7 @@
 //! | [`error`] | [`error::CliError`]: bad input (exit 2) or a failed run (exit 1) |
 //!
 //! The library crates do the work: `pushpull_scheduler::Scheduler`, `pushpull_server::Server`,
-//! `pushpull_worker::Worker`, all on `pushpull_common` (config, protocol, TLS, transport).
+//! `pushpull_worker::Worker`, all on `pushpull_proto` (config, protocol, placement) and `pushpull_net` (TLS, transport).
 
 #![warn(missing_docs)]
 

@@ -2,7 +2,7 @@
 //! binaries on loopback.
 //!
 //! 1. Makes a throw-away cluster CA and node certificates in a temporary folder
-//!    ([`pushpull_common::tls::generate_cluster`]) and writes the effective cluster file there.
+//!    ([`pushpull_net::tls::generate_cluster`]) and writes the effective cluster file there.
 //! 2. Starts the scheduler (it binds port 0 and prints `pushpull-scheduler listening on ADDR`),
 //!    then S servers and W workers with `--scheduler ADDR`; every process binds port 0.
 //! 3. Drives a progress bar from worker 0's `pushpull-worker progress ...` lines, collects every
@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pushpull_common::tls::generate_cluster;
-use pushpull_common::Config;
+use pushpull_net::tls::generate_cluster;
+use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, CliResult};
@@ -150,18 +150,6 @@ pub fn write_config(config: &Config, dir: &Path) -> CliResult<PathBuf> {
     Ok(path)
 }
 
-fn tls_args(tls: &pushpull_common::config::TlsConfig) -> Vec<String> {
-    let p = |p: &Option<PathBuf>| p.as_ref().expect("generated").display().to_string();
-    vec![
-        "--ca".into(),
-        p(&tls.ca),
-        "--cert".into(),
-        p(&tls.cert),
-        "--key".into(),
-        p(&tls.key),
-    ]
-}
-
 /// Runs the cluster to the end. Must be called on a runtime whose thread outlives the run
 /// (see [`crate::procs`]); the CLI uses a current-thread runtime.
 pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
@@ -239,16 +227,16 @@ async fn run_group(
     opts: &LocalOptions,
     group: &mut ProcGroup,
     bar: &ProgressBar,
-    tls: &[pushpull_common::config::TlsConfig],
+    tls: &[pushpull_proto::config::TlsConfig],
     config_arg: &str,
 ) -> CliResult<GroupResult> {
     let config = &opts.config;
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
     let p = &opts.programs;
-    let base = |prog: &(PathBuf, Vec<String>), tls: &pushpull_common::config::TlsConfig| {
+    let base = |prog: &(PathBuf, Vec<String>), tls: &pushpull_proto::config::TlsConfig| {
         let mut a = prog.1.clone();
         a.extend(["--config".to_string(), config_arg.to_string()]);
-        a.extend(tls_args(tls));
+        a.extend(tls.to_args());
         a
     };
 

@@ -17,9 +17,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
-use pushpull_common::config::parse_addr;
-use pushpull_common::tls::TlsIdentity;
-use pushpull_common::Config;
+use pushpull_net::tls::TlsIdentity;
+use pushpull_proto::config::parse_addr;
+use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
 use pushpull_worker::{JoinOptions, Worker, WorkerError};

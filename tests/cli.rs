@@ -252,13 +252,13 @@ fn certs_command_writes_a_usable_set() {
         stdout.contains("# server0") && stdout.contains("server0.pem"),
         "{stdout}"
     );
-    let tls = pushpull_common::config::TlsConfig {
+    let tls = pushpull_proto::config::TlsConfig {
         ca: Some(out.join("ca.pem")),
         cert: Some(out.join("worker0.pem")),
         key: Some(out.join("worker0.key")),
         server_name: "pushpull.cluster".into(),
     };
-    pushpull_common::tls::TlsIdentity::load(&tls).unwrap();
+    pushpull_net::tls::TlsIdentity::load(&tls).unwrap();
     // A second run refuses to overwrite the CA.
     let (code, _, err) = run_bin(PUSHPULL, &["certs", "--out", &out_s], T);
     expect_usage(code, &err, &["--force"]);

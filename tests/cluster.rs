@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use pushpull::data;
-use pushpull_common::ParamMap;
+use pushpull_proto::ParamMap;
 use pushpull_worker::{Reduce, Tensor, Worker, WorkerError};
 
 /// Declares `specs` on every worker concurrently; returns tensors[rank][i].

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use common::*;
-use pushpull_common::protocol::{
+use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
+use pushpull_proto::protocol::{
     max_payload_len, ClusterMap, FrameHeader, FrameKind, FromScheduler, ReduceOp, ToScheduler,
     PROTOCOL_VERSION,
 };
-use pushpull_common::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
-use pushpull_common::{Config, NodeRole, ParamMap};
+use pushpull_proto::{Config, NodeRole, ParamMap};
 use pushpull_worker::{Reduce, WorkerError};
 use tokio::sync::{mpsc, Mutex};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use pushpull_common::tls::{TlsIdentity, ALPN};
-use pushpull_common::transport::Endpoint;
+use pushpull_net::tls::{TlsIdentity, ALPN};
+use pushpull_net::transport::Endpoint;
 use quinn::crypto::rustls::QuicClientConfig;
 
 /// An identity whose certificate comes from another CA but which trusts the cluster's CA (so

@@ -11,7 +11,7 @@ use common::*;
 use pushpull::train::check::{check_converged, loss_threshold};
 use pushpull::train::compare::{preset, set_default_map};
 use pushpull::train::{run_train, Exchange, TrainOptions, TrainReport};
-use pushpull_common::Config;
+use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
 use pushpull_worker::{BlockingWorker, JoinOptions, Metrics, Tensor, WorkerError};

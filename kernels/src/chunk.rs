@@ -1,6 +1,15 @@
-//! The bridge to the data path: a compressor chain as a [`ChunkCodec`], and the one function
+//! The codec plug-in: where compression enters the data path, and the one function
 //! ([`chunk_codec`]) that workers, servers and the single-process reference all use to build
 //! the chain of a chunk, so that they cannot disagree.
+//!
+//! When the scheduler places a tensor, a worker (for every chunk) and a server (for the chunks
+//! it holds) ask their [`CodecFactory`] for one [`Compressor`] per chunk, told in a
+//! [`CodecContext`] which tensor, which chunk and which node ([`Node`]: a worker's rank or a
+//! server's id). The codec is kept for every round of that chunk, so it may keep state (error
+//! feedback, momentum). The default, [`KernelsFactory`], builds the chain of the tensor's
+//! agreed parameter map; [`Fp32Factory`] ignores the map and carries raw fp32. A factory's
+//! `Err` names what is wrong: on a worker it fails the declare, on a server it goes back to the
+//! scheduler and fails every worker's declare of that tensor.
 //!
 //! # What a chunk gets
 //! * The tensor's parameter map is parsed once ([`parse_params`]); a bad map is an error naming
@@ -14,19 +23,147 @@
 //!   placement (the same job on 1 or 4 servers gives the same bits).
 //! * A tensor's chunks differ in length by at most one; the first (longest) is the full-size
 //!   chunk that a top-k/random-k count `k` refers to ([`BuildOptions::full_chunk_len`]).
+//! * The learning rate of a round (what the training loop set with the worker's
+//!   `set_learning_rate`; on servers, what the round's pushes carried) reaches the codec in
+//!   [`crate::RoundCtx::lr`]; only corrected error feedback needs it.
 
 use std::collections::BTreeMap;
 
-use pushpull_common::codec::{ChunkCodec, CodecError};
-use pushpull_common::protocol::TensorPlacement;
+use pushpull_proto::protocol::{ChunkPlacement, TensorPlacement};
+use pushpull_proto::Config;
 
+use crate::codecs::cast::{Cast, CastCodec};
+use crate::codecs::Base;
 use crate::params::{parse_params, CodecSpec, CompressorSpec};
 use crate::registry::{build_from_spec, BuildOptions, Purpose};
 use crate::rng::Role;
-use crate::{Compressor, NodeIdentity, RoundCtx};
+use crate::{Compressor, NodeIdentity};
 
 /// The rank every server uses in its random draws (see the module docs).
 pub const SERVER_RANK: u32 = 0;
+
+/// The node that builds a codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    /// The worker of this rank.
+    Worker {
+        /// Its rank.
+        rank: u32,
+    },
+    /// The server of this id.
+    Server {
+        /// Its id.
+        id: u32,
+    },
+}
+
+impl Node {
+    /// Worker or server.
+    pub fn role(self) -> Role {
+        match self {
+            Node::Worker { .. } => Role::Worker,
+            Node::Server { .. } => Role::Server,
+        }
+    }
+
+    /// The rank of its random draws: a worker's rank, [`SERVER_RANK`] on every server.
+    pub fn draw_rank(self) -> u32 {
+        match self {
+            Node::Worker { rank } => rank,
+            Node::Server { .. } => SERVER_RANK,
+        }
+    }
+}
+
+/// What a [`CodecFactory`] is told about the chunk it builds a codec for.
+#[derive(Debug, Clone, Copy)]
+pub struct CodecContext<'a> {
+    /// The whole tensor's placement: name, element count, agreed parameter map (config
+    /// defaults < per-tensor table < declare map), priority, all chunks.
+    pub tensor: &'a TensorPlacement,
+    /// The chunk: key, offset, element count, server (`tensor.chunks[chunk_index]`).
+    pub chunk: &'a ChunkPlacement,
+    /// The chunk's index in `tensor.chunks`.
+    pub chunk_index: u32,
+    /// The job seed (the same on every node).
+    pub job_seed: u64,
+    /// Who builds it.
+    pub node: Node,
+    /// The cluster file the node runs with (e.g. `cluster.min_compress_bytes`).
+    pub config: &'a Config,
+}
+
+impl<'a> CodecContext<'a> {
+    /// The context of chunk `index` of `tensor` (`None` if there is no such chunk).
+    pub fn new(
+        tensor: &'a TensorPlacement,
+        index: usize,
+        job_seed: u64,
+        node: Node,
+        config: &'a Config,
+    ) -> Option<CodecContext<'a>> {
+        Some(CodecContext {
+            tensor,
+            chunk: tensor.chunks.get(index)?,
+            chunk_index: u32::try_from(index).ok()?,
+            job_seed,
+            node,
+            config,
+        })
+    }
+}
+
+/// Builds the codec of each chunk a node handles (see the module docs). Must return a codec
+/// whose `len()` is `ctx.chunk.len`; an `Err` names what is wrong.
+///
+/// Any `Fn(&CodecContext) -> Result<Box<dyn Compressor>, String> + Send + Sync` is a factory.
+pub trait CodecFactory: Send + Sync {
+    /// A fresh codec (with fresh state) for `ctx.chunk`.
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String>;
+}
+
+impl<F> CodecFactory for F
+where
+    F: Fn(&CodecContext<'_>) -> Result<Box<dyn Compressor>, String> + Send + Sync,
+{
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+        self(ctx)
+    }
+}
+
+/// The default factory: each chunk's compressor chain from the tensor's agreed parameter map
+/// ([`chunk_codec`]: on workers momentum and error feedback if configured, on servers error
+/// feedback only; a tensor below `cluster.min_compress_bytes` travels as raw fp32).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KernelsFactory;
+
+impl CodecFactory for KernelsFactory {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+        chunk_codec(&ChunkInfo::of_context(ctx))
+    }
+}
+
+/// Raw little-endian fp32 ([`fp32_codec`]) for every chunk, whatever the parameters say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fp32Factory;
+
+impl CodecFactory for Fp32Factory {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+        let len = usize::try_from(ctx.chunk.len)
+            .map_err(|_| format!("chunk of {} elements is too large", ctx.chunk.len))?;
+        Ok(fp32_codec(len))
+    }
+}
+
+/// Raw little-endian fp32 for a chunk of `len` elements (the `none` compressor, no state):
+/// what broadcasts carry whatever a tensor's map says.
+pub fn fp32_codec(len: usize) -> Box<dyn Compressor> {
+    let who = NodeIdentity::worker(0, 0, 0);
+    Box::new(CastCodec::new(
+        Base::new(CodecSpec::None.display_name(), len, &who, None),
+        Cast::None,
+    ))
+}
 
 /// What [`chunk_codec`] needs to know about the chunk and the node.
 #[derive(Debug, Clone, Copy)]
@@ -43,10 +180,8 @@ pub struct ChunkInfo<'a> {
     pub key: u64,
     /// The job seed.
     pub job_seed: u64,
-    /// Worker or server.
-    pub role: Role,
-    /// The worker's rank (ignored for servers, which use [`SERVER_RANK`]).
-    pub rank: u32,
+    /// Who builds it.
+    pub node: Node,
     /// Tensors below this many bytes (4 per element) are not compressed.
     pub min_compress_bytes: u64,
 }
@@ -70,130 +205,45 @@ pub fn effective_spec(
 }
 
 impl<'a> ChunkInfo<'a> {
-    /// Chunk `index` of a placed tensor, for a node of `role` (`rank`: a worker's rank).
-    ///
-    /// # Panics
-    /// If `index` is not a chunk of `tensor`.
-    pub fn of_placement(
-        tensor: &'a TensorPlacement,
-        index: usize,
-        job_seed: u64,
-        role: Role,
-        rank: u32,
-        min_compress_bytes: u64,
-    ) -> ChunkInfo<'a> {
-        let chunk = &tensor.chunks[index];
+    /// What [`chunk_codec`] needs from a factory's context.
+    pub fn of_context(ctx: &CodecContext<'a>) -> ChunkInfo<'a> {
         ChunkInfo {
-            params: &tensor.params,
-            tensor_len: tensor.len,
-            chunk_len: chunk.len,
-            full_chunk_len: tensor.chunks.first().map_or(0, |c| c.len),
-            key: chunk.key,
-            job_seed,
-            role,
-            rank,
-            min_compress_bytes,
+            params: &ctx.tensor.params,
+            tensor_len: ctx.tensor.len,
+            chunk_len: ctx.chunk.len,
+            full_chunk_len: ctx.tensor.chunks.first().map_or(0, |c| c.len),
+            key: ctx.chunk.key,
+            job_seed: ctx.job_seed,
+            node: ctx.node,
+            min_compress_bytes: ctx.config.cluster.min_compress_bytes,
         }
     }
 }
 
 /// Builds the codec of one chunk (see the module docs for the rules).
-pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<CompressorCodec, String> {
+pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> {
     let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?;
     let len = usize::try_from(info.chunk_len)
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
     let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
         .map_err(|_| format!("chunk of {} elements is too large", info.full_chunk_len))?;
-    let rank = match info.role {
-        Role::Worker => info.rank,
-        Role::Server => SERVER_RANK,
-    };
     let who = NodeIdentity {
         job_seed: info.job_seed,
         key: info.key,
-        role: info.role,
-        rank,
+        role: info.node.role(),
+        rank: info.node.draw_rank(),
     };
     let opts = BuildOptions {
         purpose: Purpose::Gradient,
         full_chunk_len: (full != len).then_some(full),
     };
-    let inner = build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())?;
-    Ok(CompressorCodec::new(inner))
-}
-
-/// A [`Compressor`] chain as the data path's [`ChunkCodec`]: `encode` compresses one round
-/// (with the learning rate last set), `decode`/`decode_add` decompress.
-pub struct CompressorCodec {
-    inner: Box<dyn Compressor>,
-    lr: Option<f32>,
-}
-
-impl CompressorCodec {
-    /// Wraps a chain.
-    pub fn new(inner: Box<dyn Compressor>) -> CompressorCodec {
-        CompressorCodec { inner, lr: None }
-    }
-
-    /// The chain.
-    pub fn compressor(&self) -> &dyn Compressor {
-        self.inner.as_ref()
-    }
-}
-
-impl std::fmt::Debug for CompressorCodec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompressorCodec")
-            .field("chain", &self.inner.name())
-            .field("len", &self.inner.len())
-            .field("lr", &self.lr)
-            .finish()
-    }
-}
-
-fn codec_error(e: crate::KernelError) -> CodecError {
-    CodecError(e.to_string())
-}
-
-impl ChunkCodec for CompressorCodec {
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-
-    fn max_encoded_len(&self) -> usize {
-        self.inner.max_compressed_len()
-    }
-
-    fn encode(&mut self, input: &[f32], round: u64, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        let mut ctx = RoundCtx::new(round);
-        ctx.lr = self.lr;
-        self.inner.compress(input, &ctx, out).map_err(codec_error)
-    }
-
-    fn decode(&self, payload: &[u8], round: u64, out: &mut [f32]) -> Result<(), CodecError> {
-        self.inner
-            .decompress(payload, &RoundCtx::new(round), out)
-            .map_err(codec_error)
-    }
-
-    fn decode_add(&self, payload: &[u8], round: u64, acc: &mut [f32]) -> Result<(), CodecError> {
-        self.inner
-            .decompress_add(payload, &RoundCtx::new(round), acc)
-            .map_err(codec_error)
-    }
-
-    fn set_learning_rate(&mut self, lr: f32) {
-        self.lr = Some(lr);
-    }
-
-    fn describe(&self) -> String {
-        self.inner.name().to_string()
-    }
+    build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RoundCtx;
 
     fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()
@@ -209,8 +259,7 @@ mod tests {
             full_chunk_len: tensor_len,
             key: 7,
             job_seed: 42,
-            role: Role::Worker,
-            rank: 1,
+            node: Node::Worker { rank: 1 },
             min_compress_bytes: 65536,
         }
     }
@@ -224,26 +273,24 @@ mod tests {
         ]);
         // 16384 elements = 65536 bytes: compressed; one fewer: raw fp32 with momentum.
         let at = chunk_codec(&info(&p, 16384)).unwrap();
-        assert_eq!(at.max_encoded_len(), 4 + 4 * 16384 / 32);
-        assert!(at.describe().contains("onebit"), "{}", at.describe());
+        assert_eq!(at.max_compressed_len(), 4 + 4 * 16384 / 32);
+        assert!(at.name().contains("onebit"), "{}", at.name());
         let below = chunk_codec(&info(&p, 16383)).unwrap();
-        assert_eq!(below.max_encoded_len(), 4 * 16383);
-        assert!(
-            below.describe().starts_with("nesterov"),
-            "{}",
-            below.describe()
-        );
-        assert!(!below.describe().contains("ef("), "{}", below.describe());
+        assert_eq!(below.max_compressed_len(), 4 * 16383);
+        assert!(below.name().starts_with("nesterov"), "{}", below.name());
+        assert!(!below.name().contains("ef("), "{}", below.name());
         // A server builds no momentum.
         let mut s = info(&p, 16383);
-        s.role = Role::Server;
-        assert!(!chunk_codec(&s).unwrap().describe().contains("nesterov"));
+        s.node = Node::Server { id: 3 };
+        assert!(!chunk_codec(&s).unwrap().name().contains("nesterov"));
     }
 
     #[test]
     fn bad_maps_are_refused_even_for_small_tensors() {
         let p = map(&[("compressor", "topq")]);
-        let e = chunk_codec(&info(&p, 10)).unwrap_err();
+        let Err(e) = chunk_codec(&info(&p, 10)) else {
+            panic!("a bad map was accepted")
+        };
         assert!(e.contains("compressor") && e.contains("topq"), "{e}");
     }
 
@@ -255,10 +302,34 @@ mod tests {
             .map(|i| ((i * 7919) % 1000) as f32 - 500.0)
             .collect();
         let mut out = Vec::new();
-        let e = c.encode(&x, 0, &mut out).unwrap_err();
-        assert!(e.0.contains("learning rate"), "{e}");
-        c.set_learning_rate(0.1);
-        c.encode(&x, 0, &mut out).unwrap();
-        assert_eq!(out.len(), c.max_encoded_len());
+        let e = c.compress(&x, &RoundCtx::new(0), &mut out).unwrap_err();
+        assert!(e.to_string().contains("learning rate"), "{e}");
+        c.compress(&x, &RoundCtx::new(0).with_lr(0.1), &mut out)
+            .unwrap();
+        assert_eq!(out.len(), c.max_compressed_len());
+    }
+
+    #[test]
+    fn fp32_round_trip_and_add() {
+        let x: Vec<f32> = (0..1001).map(|i| (i as f32 * 0.37).sin() * 1e3).collect();
+        let mut c = fp32_codec(x.len());
+        let mut bytes = Vec::new();
+        c.compress(&x, &RoundCtx::new(0), &mut bytes).unwrap();
+        assert_eq!(bytes.len(), c.max_compressed_len());
+        // The format is plain little-endian f32, checked against the standard library.
+        let le: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(bytes, le);
+        let mut y = vec![0.0; x.len()];
+        c.decompress(&bytes, &RoundCtx::new(0), &mut y).unwrap();
+        assert_eq!(x, y);
+        let mut acc = x.clone();
+        c.decompress_add(&bytes, &RoundCtx::new(0), &mut acc)
+            .unwrap();
+        assert!(acc.iter().zip(&x).all(|(a, b)| *a == b + b));
+        let e = c
+            .decompress(&bytes[..7], &RoundCtx::new(0), &mut y)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains('7'), "{e}");
     }
 }

@@ -6,7 +6,7 @@
 //! | module | what |
 //! |---|---|
 //! | (root) | the [`Compressor`] trait, [`NodeIdentity`], [`RoundCtx`], re-exports |
-//! | [`chunk`] | [`chunk::chunk_codec`]: the chain of one chunk of a declared tensor as the data path's `ChunkCodec` (workers, servers and the reference build it the same way) |
+//! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
 //! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
@@ -153,6 +153,9 @@ pub mod rng;
 mod simd;
 mod stats;
 
+pub use chunk::{
+    chunk_codec, fp32_codec, CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node,
+};
 pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
 pub use params::{

@@ -8,6 +8,7 @@
 //! when the compressor is built ([`crate::build_compressor`]) or in
 //! [`CompressorSpec::check_len`].
 
+pub use crate::codecs::moniqua::Rounding;
 use crate::error::KernelError;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -190,15 +191,6 @@ pub enum Encoding {
     Packed,
     /// Elias-coded gaps and levels of the non-zero elements.
     Elias,
-}
-
-/// Moniqua's rounding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rounding {
-    /// Stochastic rounding: `δ = 2^-bits`.
-    Stochastic,
-    /// Nearest rounding: `δ = 2^-(bits+1)`.
-    Nearest,
 }
 
 /// The compressor proper (without decorators).

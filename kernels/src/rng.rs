@@ -47,13 +47,7 @@ impl Role {
     }
 }
 
-/// SplitMix64's finaliser: a bijective 64-bit mixing function.
-#[inline(always)]
-pub const fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+pub use pushpull_proto::placement::mix64;
 
 /// One independent stream of 64-bit draws, addressed by a counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

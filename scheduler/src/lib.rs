@@ -1,6 +1,6 @@
 //! The pushpull scheduler: rendezvous, ranks, tensor placement, barriers, heartbeats and
-//! shutdown for a cluster of servers and workers (DESIGN.md §2; the rules are in the spine
-//! contract and in [`pushpull_common::protocol`]).
+//! shutdown for a cluster of servers and workers (the rules are in [`state`] and in
+//! [`pushpull_proto::protocol`]).
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -10,8 +10,8 @@
 //! Entry points (used by the `pushpull` binaries):
 //!
 //! ```no_run
-//! # async fn f(config: pushpull_common::Config,
-//! #            identity: pushpull_common::tls::TlsIdentity) -> Result<(), pushpull_scheduler::SchedulerError> {
+//! # async fn f(config: pushpull_proto::Config,
+//! #            identity: pushpull_net::tls::TlsIdentity) -> Result<(), pushpull_scheduler::SchedulerError> {
 //! let scheduler = pushpull_scheduler::Scheduler::bind(config, identity).await?;
 //! println!("scheduler at {}", scheduler.local_addr());
 //! scheduler.run().await // Ok once every worker finished; Err naming a lost node

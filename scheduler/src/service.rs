@@ -18,10 +18,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use pushpull_common::config::{Config, ConfigError};
-use pushpull_common::protocol::{FromScheduler, ToScheduler};
-use pushpull_common::tls::TlsIdentity;
-use pushpull_common::transport::{ControlSender, ControlStream, Endpoint, TransportError};
+use pushpull_net::tls::TlsIdentity;
+use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
+use pushpull_proto::config::{Config, ConfigError};
+use pushpull_proto::protocol::{FromScheduler, ToScheduler};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 

@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushpull_common::protocol::{FromScheduler, NodeRole, ToScheduler, PROTOCOL_VERSION};
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{ControlReceiver, ControlSender, ControlStream, Endpoint};
-use pushpull_common::Config;
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::transport::{ControlReceiver, ControlSender, ControlStream, Endpoint};
+use pushpull_proto::protocol::{FromScheduler, NodeRole, ToScheduler, PROTOCOL_VERSION};
+use pushpull_proto::Config;
 use pushpull_scheduler::{Scheduler, SchedulerError};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;

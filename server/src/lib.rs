@@ -3,17 +3,21 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with the rules of SPINE-CONTRACT §7 and their tests |
-//! | [`factory`] | [`CodecFactory`]: where each key's [`common::codec::ChunkCodec`] comes from, the plug-in point for compressors; [`KernelsFactory`] (the tensor's compressor chain) is the default |
-//! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], registration and heartbeats with the scheduler, worker connections, one task per incoming stream and per outgoing frame |
+//! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
+//! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
+//! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], the scheduler session (registration, placements, heartbeats, shutdown) |
 //!
 //! # Life of a server
 //! 1. [`Server::bind`] binds a QUIC endpoint at `server.listen`.
 //! 2. [`Server::run`] dials the scheduler (retrying for `cluster.connect_timeout_ms`), sends
 //!    `Register` with the address workers should dial ([`service::advertised_addr`]), and
 //!    waits for `Welcome` (or fails with the scheduler's `Refused` reason).
-//! 3. For each `Placement`, it builds a [`rounds::KeyRounds`] per chunk placed on it (codec from
-//!    the [`CodecFactory`]) and answers `PlacementAck`.
+//! 3. For each `Placement`, it builds a [`rounds::KeyRounds`] per chunk placed on it and answers
+//!    `PlacementAck`. Each key's codec comes from a [`CodecFactory`], the codec plug-in that
+//!    workers use too (`pushpull_kernels::chunk`, re-exported here): by default
+//!    [`KernelsFactory`], the tensor's compressor chain in the server role; another plugs in
+//!    with [`Server::with_codec_factory`]. A factory error goes back to the scheduler in
+//!    `PlacementAck { error }` and fails every worker's declare of that tensor.
 //! 4. Workers connect, say `Hello` (their rank), and push chunks; each completed round's result
 //!    goes to every worker, each rejected push aborts that key's round for every worker with a
 //!    message naming the tensor, chunk, key, round and rank.
@@ -23,12 +27,9 @@
 
 #![warn(missing_docs)]
 
-// The shared crate under the short name the whole workspace uses in prose.
-extern crate pushpull_common as common;
-
-pub mod factory;
+mod data;
 pub mod rounds;
 pub mod service;
 
-pub use factory::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory};
+pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
 pub use service::{Server, ServerError};

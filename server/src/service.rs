@@ -1,4 +1,6 @@
-//! The async shell around [`crate::rounds`]: sockets, tasks, timers.
+//! The async shell around [`crate::rounds`]: sockets, tasks, timers. This file holds the
+//! server and its scheduler session; the data-plane tasks (accept, streams, sends) are in
+//! `crate::data`.
 //!
 //! # Tasks
 //! * **Control** (inside [`Server::run`]): one QUIC connection to the scheduler with one
@@ -13,7 +15,7 @@
 //! * **Sends**: every frame the server sends (a result or abort per worker) is its own task on
 //!   its own unidirectional stream, so one slow worker never holds up the others.
 //!
-//! Keys live in a [`DashMap`] of per-key mutexes: pushes to different keys proceed in
+//! Keys live in a `DashMap` of per-key mutexes: pushes to different keys proceed in
 //! parallel; the decode/sum work of a push runs inline in its stream task while it holds only
 //! its key's lock. That is the simple choice, and the measurements did not ask for more: a
 //! whole W=2 round of a 4 MB fp32 chunk (decode, decode_add, encode) takes 17 ms in the
@@ -24,34 +26,29 @@
 //! so the summing is not the bottleneck and a hop to the blocking pool would only add latency.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use common::codec::ChunkCodec;
-use common::config::{parse_addr, ConfigError};
-use common::pool::BufPool;
-use common::protocol::{
-    max_payload_len, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
-    TensorPlacement, ToScheduler, FRAME_HEADER_LEN, PROTOCOL_VERSION,
+use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
+use pushpull_net::tls::TlsIdentity;
+use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
+use pushpull_proto::config::{parse_addr, ConfigError};
+use pushpull_proto::protocol::{
+    FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler, PROTOCOL_VERSION,
 };
-use common::sender::{FrameSender, OnError, Peer};
-use common::tls::TlsIdentity;
-use common::transport::{ControlSender, ControlStream, Endpoint, TransportError};
-use common::Config;
-use dashmap::DashMap;
+use pushpull_proto::Config;
 use tokio::sync::mpsc;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
-use crate::factory::{CodecContext, CodecFactory, KernelsFactory};
-use crate::rounds::{Action, KeyInfo, KeyRounds};
+use crate::data::{accept_loop, Shared};
+use crate::rounds::{KeyInfo, KeyRounds};
 
 /// How long the server waits, when it exits, for frames it is still sending (aborts, last
 /// results) before it closes its endpoint.
 const SEND_DRAIN: Duration = Duration::from_secs(2);
 
 /// Idle capacity the pool of result payload buffers keeps.
-const RESULT_POOL_BYTES: usize = 128 << 20;
+pub(crate) const RESULT_POOL_BYTES: usize = 128 << 20;
 
 /// After `NodeLost`, how long the server waits for the scheduler's `Shutdown` before it exits
 /// on its own.
@@ -60,7 +57,7 @@ const LOST_GRACE: Duration = Duration::from_secs(5);
 /// QUIC application error code for a clean close.
 const CLOSE_OK: u32 = 0;
 /// QUIC application error code for a refused worker connection.
-const CLOSE_REFUSED: u32 = 1;
+pub(crate) const CLOSE_REFUSED: u32 = 1;
 /// Close code when the server stops because of a failure; the reason names it.
 const CLOSE_FAILED: u32 = 2;
 
@@ -118,7 +115,7 @@ pub enum ServerError {
 /// rank order and sends every worker the result.
 ///
 /// ```no_run
-/// # async fn demo(config: pushpull_common::Config, identity: pushpull_common::tls::TlsIdentity)
+/// # async fn demo(config: pushpull_proto::Config, identity: pushpull_net::tls::TlsIdentity)
 /// # -> Result<(), pushpull_server::ServerError> {
 /// let server = pushpull_server::Server::bind(config, identity).await?;
 /// println!("listening on {}", server.local_addr());
@@ -172,7 +169,7 @@ impl Server {
     }
 
     /// Uses `factory` to build each key's codec instead of [`KernelsFactory`] (see
-    /// [`crate::factory`]): the plug-in point for compressors.
+    /// `pushpull_kernels::chunk`): the plug-in point for compressors.
     pub fn with_codec_factory(mut self, factory: impl CodecFactory + 'static) -> Server {
         self.factory = Arc::new(factory);
         self
@@ -504,10 +501,10 @@ fn place_keys(
             chunk,
             chunk_index: index,
             job_seed,
-            server_id,
+            node: Node::Server { id: server_id },
             config,
         };
-        let codec: Box<dyn ChunkCodec> = factory.make(&ctx).map_err(|e| {
+        let codec: Box<dyn Compressor> = factory.make(&ctx).map_err(|e| {
             format!(
                 "tensor {:?} chunk {index} (key {:#018x}): {e}",
                 p.name, chunk.key
@@ -551,475 +548,5 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A frame to send: kind, key, round, payload.
-type OutFrame = (FrameKind, u64, u64, Bytes);
-
-/// Priority of abort frames: before any result.
-const ABORT_PRIORITY: i32 = i32::MAX;
-
-/// A worker's data connection.
-#[derive(Clone)]
-struct WorkerConn {
-    /// The connection and `worker R (addr)`.
-    peer: Peer,
-    /// Sends results and aborts, the server's one queue for every worker.
-    sender: FrameSender,
-}
-
-impl WorkerConn {
-    /// Queues one frame for worker `rank`.
-    fn send(&self, rank: u32, (kind, key, round, payload): OutFrame, priority: i32) {
-        let header = FrameHeader {
-            kind,
-            op: ReduceOp::Sum,
-            rank,
-            aux: 0,
-            key,
-            round,
-            payload_len: payload.len() as u64,
-        };
-        self.sender.send(&self.peer, header, payload, priority);
-    }
-}
-
-/// State shared by every task of a running server.
-struct Shared {
-    num_workers: u32,
-    max_payload: u64,
-    heartbeat_timeout: Duration,
-    server_id: OnceLock<u32>,
-    keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
-    /// Data connections by rank.
-    workers: RwLock<Vec<Option<WorkerConn>>>,
-    /// Sends every result and abort in priority order within `cluster.send_window_bytes`.
-    sender: FrameSender,
-    /// Buffers for encoded results.
-    pool: Arc<BufPool>,
-}
-
-impl Shared {
-    /// The state and the driver of its [`FrameSender`] (spawn it).
-    fn new(
-        config: &Config,
-    ) -> (
-        Shared,
-        impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        let w = config.cluster.num_workers;
-        let on_error: OnError = Box::new(|peer: &Peer, e: TransportError| {
-            // The worker's connection failed: the scheduler reports the worker lost.
-            debug!("sending to {} failed: {e}", peer.name);
-        });
-        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
-        let shared = Shared {
-            num_workers: w,
-            max_payload: max_payload_len(config.cluster.partition_bytes),
-            heartbeat_timeout: config.heartbeat_timeout(),
-            server_id: OnceLock::new(),
-            keys: DashMap::new(),
-            workers: RwLock::new(vec![None; w as usize]),
-            sender,
-            pool: BufPool::new(RESULT_POOL_BYTES),
-        };
-        (shared, driver)
-    }
-
-    fn id_str(&self) -> String {
-        match self.server_id.get() {
-            Some(id) => format!("server {id}"),
-            None => "this server".to_string(),
-        }
-    }
-
-    fn worker(&self, rank: u32) -> Option<WorkerConn> {
-        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
-        w.get(rank as usize).cloned().flatten()
-    }
-
-    /// Aborts every open round naming `node`; every later push is refused naming it.
-    fn node_lost(self: &Arc<Self>, node: &str, reason: &str) {
-        let keys: Vec<(u64, Arc<Mutex<KeyRounds>>)> = self
-            .keys
-            .iter()
-            .map(|e| (*e.key(), e.value().clone()))
-            .collect();
-        for (key, k) in keys {
-            let (priority, actions) = {
-                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
-                (k.info().priority, k.node_lost(node, reason))
-            };
-            self.execute(key, priority, actions);
-        }
-    }
-
-    /// Carries out a state machine's actions for `key`, whose results go out at `priority`
-    /// (aborts, small and urgent, always at the highest).
-    fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
-        for action in actions {
-            match action {
-                Action::SendResult { round, payload } => {
-                    for rank in 0..self.num_workers {
-                        let frame = (FrameKind::Result, key, round, payload.clone());
-                        self.send_to_rank(rank, frame, priority);
-                    }
-                }
-                Action::SendAbort {
-                    round,
-                    ranks,
-                    message,
-                } => {
-                    debug!(key, round, ?ranks, "abort: {message}");
-                    let payload = Bytes::from(message);
-                    for rank in ranks {
-                        let frame = (FrameKind::Abort, key, round, payload.clone());
-                        self.send_to_rank(rank, frame, ABORT_PRIORITY);
-                    }
-                }
-            }
-        }
-    }
-
-    fn send_to_rank(self: &Arc<Self>, rank: u32, frame: OutFrame, priority: i32) {
-        match self.worker(rank) {
-            Some(w) => w.send(rank, frame, priority),
-            None => debug!(
-                rank,
-                key = frame.1,
-                round = frame.2,
-                kind = ?frame.0,
-                "worker not connected; frame dropped"
-            ),
-        }
-    }
-
-    /// Waits (at most `limit`) until every frame queued for a worker was handed to QUIC.
-    async fn flush(&self, limit: Duration) {
-        let _ = tokio::time::timeout(limit, self.sender.flushed()).await;
-    }
-}
-
-async fn accept_loop(endpoint: Endpoint, shared: Arc<Shared>) {
-    while let Some(incoming) = endpoint.quinn.accept().await {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            match incoming.await {
-                Ok(conn) => serve_worker(shared, conn).await,
-                Err(e) => debug!("incoming connection failed: {e}"),
-            }
-        });
-    }
-}
-
-/// What reading one incoming stream gave.
-enum Incoming {
-    /// A well-formed frame.
-    Frame(FrameHeader, Bytes),
-    /// The header was readable but the rest was not (payload too long, truncated, extra
-    /// bytes, stream reset).
-    Bad(FrameHeader, String),
-    /// Not even a header.
-    Unreadable(String),
-}
-
-/// Reads one data frame to the end of its stream. Like [`common::transport::read_frame`], but
-/// keeps the header when the payload is bad, so the sender can be answered with an `Abort`.
-async fn read_incoming(recv: &mut quinn::RecvStream, max_payload: u64) -> Incoming {
-    let mut head = [0u8; FRAME_HEADER_LEN];
-    match recv.read_exact(&mut head).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(n)) => {
-            return Incoming::Unreadable(format!(
-                "truncated frame header: {n} of {FRAME_HEADER_LEN} bytes"
-            ))
-        }
-        Err(quinn::ReadExactError::ReadError(e)) => return Incoming::Unreadable(e.to_string()),
-    }
-    let header = match FrameHeader::decode(&head, u64::MAX) {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = recv.stop(quinn::VarInt::from_u32(1));
-            return Incoming::Unreadable(e.to_string());
-        }
-    };
-    if header.payload_len > max_payload {
-        let _ = recv.stop(quinn::VarInt::from_u32(1));
-        return Incoming::Bad(
-            header,
-            format!(
-                "frame payload of {} bytes exceeds the limit of {max_payload} bytes",
-                header.payload_len
-            ),
-        );
-    }
-    let want = header.payload_len as usize;
-    let mut single: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
-    let mut got = 0usize;
-    loop {
-        match recv.read_chunk(usize::MAX, true).await {
-            Ok(Some(chunk)) => {
-                got += chunk.bytes.len();
-                if got > want {
-                    let _ = recv.stop(quinn::VarInt::from_u32(1));
-                    return Incoming::Bad(
-                        header,
-                        format!("more bytes than the declared payload of {want} bytes"),
-                    );
-                }
-                if single.is_none() && buf.is_empty() {
-                    single = Some(chunk.bytes);
-                } else {
-                    if let Some(first) = single.take() {
-                        buf.reserve(want);
-                        buf.extend_from_slice(&first);
-                    }
-                    buf.extend_from_slice(&chunk.bytes);
-                }
-            }
-            Ok(None) => break,
-            Err(quinn::ReadError::ConnectionLost(e)) => {
-                return Incoming::Unreadable(format!("connection lost: {e}"))
-            }
-            Err(e) => return Incoming::Bad(header, format!("stream failed: {e}")),
-        }
-    }
-    if got < want {
-        return Incoming::Bad(
-            header,
-            format!("truncated frame payload: {got} of {want} bytes"),
-        );
-    }
-    let payload = single.unwrap_or_else(|| buf.freeze());
-    Incoming::Frame(header, payload)
-}
-
-/// Serves one worker's data connection: `Hello` first, then one task per stream.
-async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
-    let addr = conn.remote_address();
-    let refuse = |why: String| {
-        warn!(%addr, "worker connection refused: {why}");
-        conn.close(quinn::VarInt::from_u32(CLOSE_REFUSED), why.as_bytes());
-    };
-    // The first stream and its whole frame, within the bound: a peer that opens the stream
-    // and stalls must not hold this task forever.
-    let hello = async {
-        let mut first = conn.accept_uni().await?;
-        Ok::<_, quinn::ConnectionError>(read_incoming(&mut first, 0).await)
-    };
-    let hello = match tokio::time::timeout(shared.heartbeat_timeout, hello).await {
-        Ok(Ok(frame)) => frame,
-        Ok(Err(e)) => return debug!(%addr, "connection closed before Hello: {e}"),
-        Err(_) => return refuse("no Hello within the heartbeat timeout".into()),
-    };
-    let rank = match hello {
-        Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
-        Incoming::Frame(h, _) | Incoming::Bad(h, _) => {
-            return refuse(format!("the first frame must be Hello, got {:?}", h.kind))
-        }
-        Incoming::Unreadable(e) => return refuse(format!("bad Hello frame: {e}")),
-    };
-    if rank >= shared.num_workers {
-        return refuse(format!(
-            "Hello from rank {rank}, but the job has {} workers",
-            shared.num_workers
-        ));
-    }
-    let w = WorkerConn {
-        peer: Peer {
-            conn: conn.clone(),
-            name: format!("worker {rank} ({addr})").into(),
-        },
-        sender: shared.sender.clone(),
-    };
-    {
-        let mut workers = shared.workers.write().unwrap_or_else(|e| e.into_inner());
-        let slot = &mut workers[rank as usize];
-        if let Some(old) = slot {
-            if old.peer.conn.close_reason().is_none() {
-                let why = format!("rank {rank} is already connected as {}", old.peer.name);
-                drop(workers);
-                return refuse(why);
-            }
-        }
-        *slot = Some(w.clone());
-    }
-    info!("{} connected", w.peer.name);
-    loop {
-        match conn.accept_uni().await {
-            Ok(mut stream) => {
-                let shared = shared.clone();
-                let w = w.clone();
-                tokio::spawn(async move {
-                    let frame = read_incoming(&mut stream, shared.max_payload).await;
-                    handle_frame(&shared, &w, rank, frame);
-                });
-            }
-            Err(e) => {
-                info!("{} disconnected: {e}", w.peer.name);
-                break;
-            }
-        }
-    }
-}
-
-/// Feeds one frame from worker `rank` to its key and carries out the actions.
-fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming) {
-    let (header, payload, bad) = match frame {
-        Incoming::Frame(h, p) => (h, p, None),
-        Incoming::Bad(h, why) => (h, Bytes::new(), Some(why)),
-        Incoming::Unreadable(why) => {
-            warn!("unreadable frame from {}: {why}", w.peer.name);
-            return;
-        }
-    };
-    let key = header.key;
-    let round = header.round;
-    if header.kind != FrameKind::Push {
-        let why = format!(
-            "{} expected a Push frame from {}, got {:?}{}",
-            shared.id_str(),
-            w.peer.name,
-            header.kind,
-            bad.as_deref()
-                .map(|b| format!(" ({b})"))
-                .unwrap_or_default()
-        );
-        warn!(key, round, "{why}");
-        if header.kind != FrameKind::Hello {
-            let frame = (FrameKind::Abort, key, round, Bytes::from(why));
-            w.send(rank, frame, ABORT_PRIORITY);
-        }
-        return;
-    }
-    let Some(k) = shared.keys.get(&key).map(|e| e.value().clone()) else {
-        let why =
-            format!(
-            "key {key:#018x} round {round}: push from rank {rank} for a key that {} does not hold (no \
-             tensor placed on it has this key){}",
-            shared.id_str(),
-            bad.as_deref().map(|b| format!("; also: {b}")).unwrap_or_default()
-        );
-        warn!("{why}");
-        let frame = (FrameKind::Abort, key, round, Bytes::from(why));
-        w.send(rank, frame, ABORT_PRIORITY);
-        return;
-    };
-    let (priority, actions) = {
-        let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
-        let actions = if let Some(why) = bad {
-            k.reject(rank, round, &why)
-        } else if header.rank != rank {
-            let why = format!(
-                "its header says rank {} but the connection said Hello as rank {rank}",
-                header.rank
-            );
-            k.reject(rank, round, &why)
-        } else {
-            k.push(rank, round, header.op, header.aux, payload)
-        };
-        (k.info().priority, actions)
-    };
-    shared.execute(key, priority, actions);
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A factory that records the parameter `k` of every codec it builds.
-    fn recording_factory(seen: Arc<Mutex<Vec<String>>>) -> impl CodecFactory {
-        move |ctx: &CodecContext<'_>| -> Result<Box<dyn ChunkCodec>, String> {
-            let k = ctx.tensor.params.get("k").cloned().unwrap_or_default();
-            seen.lock().unwrap().push(k);
-            Ok(Box::new(common::codec::Fp32Codec::new(
-                ctx.chunk.len as usize,
-            )))
-        }
-    }
-
-    fn two_chunk_placement(name: &str, len: u64, k: &str) -> TensorPlacement {
-        let mut placer = common::placement::Placer::new(2, 400);
-        let mut params = common::config::ParamMap::new();
-        params.insert("k".into(), k.into());
-        let p = placer.place(name, len, params);
-        assert_eq!(p.chunks.len(), 2);
-        assert_eq!(p.chunks[0].server, 0);
-        p
-    }
-
-    #[test]
-    fn a_tensor_placed_again_after_a_failed_declare_gets_fresh_keys() {
-        // Server 0 accepted "t" but server 1 refused it, so the declare failed; the workers
-        // declare "t" again with other parameters (or another length). Server 0 must build
-        // its key from the new placement, not keep the codec of the failed one, nor refuse
-        // the key it still holds.
-        let mut config = Config::local(2, 2);
-        config.cluster.partition_bytes = 400;
-        let (shared, _sender) = Shared::new(&config);
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let factory = recording_factory(seen.clone());
-        let first = two_chunk_placement("t", 150, "1");
-        place_keys(&shared, &factory, &config, 0, 7, &first).unwrap();
-        assert_eq!(*seen.lock().unwrap(), ["1"]);
-        let again = two_chunk_placement("t", 150, "2");
-        place_keys(&shared, &factory, &config, 0, 7, &again).unwrap();
-        assert_eq!(*seen.lock().unwrap(), ["1", "2"]);
-        let longer = two_chunk_placement("t", 180, "2");
-        place_keys(&shared, &factory, &config, 0, 7, &longer).unwrap();
-        let key = longer.chunks[0].key;
-        let k = shared.keys.get(&key).unwrap().value().clone();
-        assert_eq!(k.lock().unwrap().info().len, 90);
-        // A key in use is never replaced: the same chunk keeps its state, another length is
-        // refused; another tensor's key is refused by name.
-        let acts = k
-            .lock()
-            .unwrap()
-            .push(0, 0, ReduceOp::Sum, 0, Bytes::from(vec![0u8; 360]));
-        assert!(acts.is_empty());
-        let n = seen.lock().unwrap().len();
-        place_keys(&shared, &factory, &config, 0, 7, &longer).unwrap();
-        assert_eq!(seen.lock().unwrap().len(), n);
-        assert!(k.lock().unwrap().is_open());
-        let e = place_keys(&shared, &factory, &config, 0, 7, &again).unwrap_err();
-        assert!(
-            e.contains("already held") && e.contains("tensor \"t\" chunk 0"),
-            "{e}"
-        );
-        assert!(k.lock().unwrap().is_open());
-        let mut other = two_chunk_placement("u", 150, "2");
-        other.chunks[0].key = key;
-        let e = place_keys(&shared, &factory, &config, 0, 7, &other).unwrap_err();
-        assert!(
-            e.contains("tensor \"u\" chunk 0") && e.contains("tensor \"t\""),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn advertised_address_rules() {
-        let bound: SocketAddr = "0.0.0.0:4000".parse().unwrap();
-        let local: IpAddr = "10.0.0.7".parse().unwrap();
-        assert_eq!(
-            advertised_addr(Some("192.168.1.2:5000"), bound, Some(local)).unwrap(),
-            "192.168.1.2:5000".parse().unwrap()
-        );
-        assert_eq!(
-            advertised_addr(None, "127.0.0.1:4000".parse().unwrap(), Some(local)).unwrap(),
-            "127.0.0.1:4000".parse().unwrap()
-        );
-        assert_eq!(
-            advertised_addr(None, bound, Some(local)).unwrap(),
-            "10.0.0.7:4000".parse().unwrap()
-        );
-        // An IPv4-mapped local address of a dual-stack socket is advertised as IPv4.
-        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
-        assert_eq!(
-            advertised_addr(None, "[::]:4000".parse().unwrap(), Some(mapped)).unwrap(),
-            "10.0.0.7:4000".parse().unwrap()
-        );
-        let e = advertised_addr(None, bound, None).unwrap_err();
-        assert!(e.contains("server.advertise"), "{e}");
-        let e = advertised_addr(Some("nope"), bound, None).unwrap_err();
-        assert!(e.contains("IP address and port"), "{e}");
-    }
-}
+mod tests;

@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pushpull_common::codec::{ChunkCodec, Fp32Codec};
-use pushpull_common::config::ParamMap;
-use pushpull_common::placement::Placer;
-use pushpull_common::protocol::{
+use pushpull_kernels::{fp32_codec, Compressor, RoundCtx};
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
+use pushpull_proto::config::ParamMap;
+use pushpull_proto::placement::Placer;
+use pushpull_proto::protocol::{
     ClusterMap, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
     TensorPlacement, ToScheduler,
 };
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
-use pushpull_common::Config;
+use pushpull_proto::Config;
 use pushpull_server::{CodecContext, Server, ServerError};
 use tokio::sync::{mpsc, Mutex};
 use tokio::task::JoinHandle;
@@ -256,7 +256,9 @@ impl FakeWorker {
 
 fn enc(x: &[f32]) -> Bytes {
     let mut out = Vec::new();
-    Fp32Codec::new(x.len()).encode(x, 0, &mut out).unwrap();
+    fp32_codec(x.len())
+        .compress(x, &RoundCtx::new(0), &mut out)
+        .unwrap();
     Bytes::from(out)
 }
 
@@ -305,9 +307,9 @@ async fn setup(mut cfg: Config, heartbeats: bool, welcome: bool) -> Setup {
         .await
         .unwrap()
         .with_codec_factory(
-            |ctx: &CodecContext<'_>| -> Result<Box<dyn ChunkCodec>, String> {
+            |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
                 match ctx.tensor.params.get("compressor").map(String::as_str) {
-                    None | Some("none") => Ok(Box::new(Fp32Codec::new(ctx.chunk.len as usize))),
+                    None | Some("none") => Ok(fp32_codec(ctx.chunk.len as usize)),
                     Some(other) => Err(format!("unknown compressor {other:?}")),
                 }
             },

@@ -1,6 +1,6 @@
 //! What moving bytes costs without pushpull, on the same shaped network: the CPU per gigabyte
 //! of raw quinn with the cluster's exact transport settings (the fair baseline: same TLS, same
-//! streams, same [`pushpull_common::sender::FrameSender`]), and of plain TCP as context.
+//! streams, same [`pushpull_net::sender::FrameSender`]), and of plain TCP as context.
 //!
 //! * **Raw quinn**: `pushpull bench transport` ([`crate::bench::run_transport`]) with its sinks
 //!   on the server hosts and its senders on the worker hosts, every worker connected to every
@@ -19,7 +19,7 @@ use super::topo::Topology;
 use crate::bench::{run_transport, NetnsPlacement, TransportOptions};
 use crate::error::CliResult;
 use crate::procs::Programs;
-use pushpull_common::Config;
+use pushpull_proto::Config;
 
 /// What one transport cost.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushpull_common::config::TlsConfig;
-use pushpull_common::tls::generate_cluster;
-use pushpull_common::Config;
+use pushpull_net::tls::generate_cluster;
+use pushpull_proto::config::TlsConfig;
+use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
 use crate::error::{CliError, CliResult};
@@ -81,22 +81,6 @@ pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some((utime + stime) / hz)
-}
-
-fn tls_args(tls: &TlsConfig) -> Vec<String> {
-    let p = |p: &Option<PathBuf>| {
-        p.as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    };
-    vec![
-        "--ca".into(),
-        p(&tls.ca),
-        "--cert".into(),
-        p(&tls.cert),
-        "--key".into(),
-        p(&tls.key),
-    ]
 }
 
 fn netns_exec(ns: &str, prog: &(PathBuf, Vec<String>), extra: Vec<String>) -> Vec<String> {
@@ -243,7 +227,7 @@ async fn drive(
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
     let base = |tls: &TlsConfig| {
         let mut a = vec!["--config".to_string(), config_arg.to_string()];
-        a.extend(tls_args(tls));
+        a.extend(tls.to_args());
         a
     };
     let ip = Path::new("ip");

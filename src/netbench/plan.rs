@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use pushpull_common::Config;
+use pushpull_proto::Config;
 
 use super::topo::parse_rate;
 use super::train::{train_config, TrainPlan, COMPUTE_ONLY};

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use pushpull_common::Config;
+use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
 use super::cluster::{run_cluster, RunLimits};

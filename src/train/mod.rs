@@ -40,7 +40,7 @@ pub mod rng;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pushpull_common::config::JobConfig;
+use pushpull_proto::config::JobConfig;
 use serde::{Deserialize, Serialize};
 
 pub use exchange::{Exchange, InRuntime};

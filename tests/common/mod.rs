@@ -12,9 +12,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pushpull_common::config::TlsConfig;
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::Config;
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_proto::config::TlsConfig;
+use pushpull_proto::Config;
 use pushpull_worker::{JoinOptions, Worker};
 
 pub const SCHEDULER: &str = env!("CARGO_BIN_EXE_pushpull-scheduler");
@@ -91,16 +91,7 @@ impl Certs {
 
     /// `--ca F --cert F --key F` for node `name`.
     pub fn args(&self, name: &str) -> Vec<String> {
-        let t = self.tls(name);
-        let p = |p: &Option<PathBuf>| p.as_ref().unwrap().display().to_string();
-        vec![
-            "--ca".into(),
-            p(&t.ca),
-            "--cert".into(),
-            p(&t.cert),
-            "--key".into(),
-            p(&t.key),
-        ]
+        self.tls(name).to_args()
     }
 
     pub fn path(&self) -> &Path {

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use pushpull_common::tls::TlsIdentity;
-use pushpull_common::{Config, ParamMap};
+use pushpull_net::tls::TlsIdentity;
+use pushpull_proto::{Config, ParamMap};
 
 use crate::error::WorkerError;
 use crate::tensor::{Metrics, Reduce, Tensor};

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use pushpull_common::protocol::ChunkPlacement;
+use pushpull_proto::protocol::ChunkPlacement;
 
 /// Checks that `chunks` tile `[0, len)` exactly, in order, each non-empty and on a server id
 /// below `num_servers`, and returns their element ranges as `usize`. The error says which chunk
@@ -84,8 +84,8 @@ pub(crate) fn split_chunks<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pushpull_common::placement::Placer;
-    use pushpull_common::ParamMap;
+    use pushpull_proto::placement::Placer;
+    use pushpull_proto::ParamMap;
 
     const P: u64 = 4_096_000;
 

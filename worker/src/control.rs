@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use pushpull_common::protocol::TensorPlacement;
+use pushpull_proto::protocol::TensorPlacement;
 use tokio::sync::oneshot;
 
 use crate::error::WorkerError;
@@ -101,10 +101,10 @@ impl ControlPending {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pushpull_common::ParamMap;
+    use pushpull_proto::ParamMap;
 
     fn placement(name: &str, len: u64) -> TensorPlacement {
-        pushpull_common::placement::Placer::new(1, 4096).place(name, len, ParamMap::new())
+        pushpull_proto::placement::Placer::new(1, 4096).place(name, len, ParamMap::new())
     }
 
     #[test]

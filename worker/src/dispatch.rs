@@ -165,7 +165,7 @@ impl Dispatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pushpull_common::{NodeName, NodeRole};
+    use pushpull_proto::{NodeName, NodeRole};
 
     fn pending(w: Waiter) -> oneshot::Receiver<Delivery> {
         match w {

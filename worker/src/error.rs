@@ -6,7 +6,7 @@
 //! [`NodeName`] prints it (`worker 1 (10.0.0.2:50312)`, `server 0 (10.0.0.3:9100)`,
 //! `scheduler (10.0.0.1:9000)`).
 
-use pushpull_common::NodeName;
+use pushpull_proto::NodeName;
 
 /// An error from a [`crate::Worker`] call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -198,7 +198,7 @@ impl WorkerError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pushpull_common::NodeRole;
+    use pushpull_proto::NodeRole;
 
     fn node(role: NodeRole, id: u32, port: u16) -> NodeName {
         NodeName {

@@ -23,15 +23,15 @@
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
 //! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
 //! | [`Metrics`], [`TensorMetrics`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing; per tensor and in total |
-//! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | the hook that builds each chunk's [`ChunkCodec`]: by default the compressor chain of the tensor's parameter map (kernels registry, worker role) |
-//! | [`reference`] | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
+//! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | re-exported from `pushpull_kernels::chunk`, the one codec plug-in of workers and servers: what builds each chunk's [`Compressor`] (by default the chain of the tensor's parameter map, worker role) |
+//! | [`reference`](mod@reference) | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
 //!
 //! Internals: `shared` (state shared with the background tasks: the control writer and
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
 //! `chunks` (u64 placement ↔ buffer slices). The protocol itself is documented in
-//! [`pushpull_common::protocol`].
+//! [`pushpull_proto::protocol`].
 //!
 //! # How a push_pull travels
 //! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
@@ -63,7 +63,7 @@
 //! (`pushpull-server --config FILE`), or a whole local cluster with `pushpull local`; then
 //! run training processes that join with the same cluster file. See `examples/basic.rs`.
 //!
-//! [`ChunkCodec`]: pushpull_common::codec::ChunkCodec
+//! [`Compressor`]: pushpull_kernels::Compressor
 
 #![warn(missing_docs)]
 
@@ -80,10 +80,9 @@ mod worker;
 
 pub use blocking::BlockingWorker;
 pub use error::WorkerError;
-pub use tensor::{
-    CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Metrics, Reduce, Tensor, TensorMetrics,
-};
+pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
+pub use tensor::{Metrics, Reduce, Tensor, TensorMetrics};
 pub use worker::{JoinOptions, Worker};
 
-pub use pushpull_common::tls::TlsIdentity;
-pub use pushpull_common::{Config, NodeName, NodeRole, ParamMap};
+pub use pushpull_net::tls::TlsIdentity;
+pub use pushpull_proto::{Config, NodeName, NodeRole, ParamMap};

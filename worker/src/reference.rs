@@ -9,18 +9,16 @@
 //! that payload with its own chain (then divides by the number of workers for
 //! [`Reduce::Average`]). Chunking, keys, parameter maps (config defaults overlaid with the
 //! declared map) and the `min_compress_bytes` rule are the cluster's own
-//! ([`pushpull_common::placement`], [`pushpull_kernels::chunk::chunk_codec`]); nothing else is
+//! ([`pushpull_proto::placement`], [`pushpull_kernels::chunk::chunk_codec`]); nothing else is
 //! shared with the worker's data path.
 //!
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
 
-use pushpull_common::codec::ChunkCodec;
-use pushpull_common::placement::Placer;
-use pushpull_common::protocol::TensorPlacement;
-use pushpull_common::{Config, ParamMap};
-use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, CompressorCodec};
-use pushpull_kernels::Role;
+use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node, RoundCtx};
+use pushpull_proto::placement::Placer;
+use pushpull_proto::protocol::TensorPlacement;
+use pushpull_proto::{Config, ParamMap};
 
 use crate::tensor::Reduce;
 
@@ -31,9 +29,9 @@ pub struct RefTensor(usize);
 struct RefState {
     placement: TensorPlacement,
     /// `[rank][chunk]`.
-    workers: Vec<Vec<CompressorCodec>>,
+    workers: Vec<Vec<Box<dyn Compressor>>>,
     /// `[chunk]`.
-    servers: Vec<CompressorCodec>,
+    servers: Vec<Box<dyn Compressor>>,
     round: u64,
 }
 
@@ -68,24 +66,20 @@ impl Reference {
         merged.extend(params);
         let placement =
             Placer::new(1, self.config.cluster.partition_bytes).place(name, len, merged);
-        let build = |role: Role, rank: u32| -> Result<Vec<CompressorCodec>, String> {
+        // The same factory and context as a worker's declare and a server's placement.
+        let build = |node: Node| -> Result<Vec<Box<dyn Compressor>>, String> {
             (0..placement.chunks.len())
                 .map(|i| {
-                    chunk_codec(&ChunkInfo::of_placement(
-                        &placement,
-                        i,
-                        self.job_seed,
-                        role,
-                        rank,
-                        self.config.cluster.min_compress_bytes,
-                    ))
+                    let ctx = CodecContext::new(&placement, i, self.job_seed, node, &self.config)
+                        .expect("a chunk of the placement");
+                    KernelsFactory.make(&ctx)
                 })
                 .collect()
         };
         let workers = (0..self.num_workers)
-            .map(|r| build(Role::Worker, r))
+            .map(|rank| build(Node::Worker { rank }))
             .collect::<Result<Vec<_>, _>>()?;
-        let servers = build(Role::Server, 0)?;
+        let servers = build(Node::Server { id: 0 })?;
         self.tensors.push(RefState {
             placement,
             workers,
@@ -137,40 +131,36 @@ impl Reference {
         let mut sum = Vec::new();
         for (c, chunk) in state.placement.chunks.iter().enumerate() {
             let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
-            let what = |who: String, e: pushpull_common::codec::CodecError| {
+            let what = |who: String, e: pushpull_kernels::KernelError| {
                 format!(
                     "tensor {:?} chunk {c} round {round}: {who}: {e}",
                     state.placement.name
                 )
             };
+            let ctx = RoundCtx {
+                lr,
+                ..RoundCtx::new(round)
+            };
             sum.clear();
             sum.resize(range.len(), 0.0f32);
             for (r, input) in inputs.iter().enumerate() {
-                let codec = &mut state.workers[r][c];
-                if let Some(lr) = lr {
-                    codec.set_learning_rate(lr);
-                }
-                codec
-                    .encode(&input[range.clone()], round, &mut payload)
+                state.workers[r][c]
+                    .compress(&input[range.clone()], &ctx, &mut payload)
                     .map_err(|e| what(format!("rank {r} compress"), e))?;
                 let server = &state.servers[c];
                 let added = if r == 0 {
-                    server.decode(&payload, round, &mut sum)
+                    server.decompress(&payload, &ctx, &mut sum)
                 } else {
-                    server.decode_add(&payload, round, &mut sum)
+                    server.decompress_add(&payload, &ctx, &mut sum)
                 };
                 added.map_err(|e| what(format!("server decompress of rank {r}"), e))?;
             }
-            let server = &mut state.servers[c];
-            if let Some(lr) = lr {
-                server.set_learning_rate(lr);
-            }
-            server
-                .encode(&sum, round, &mut payload)
+            state.servers[c]
+                .compress(&sum, &ctx, &mut payload)
                 .map_err(|e| what("server compress".into(), e))?;
             for (r, out) in outputs.iter_mut().enumerate() {
                 state.workers[r][c]
-                    .decode(&payload, round, &mut out[range.clone()])
+                    .decompress(&payload, &ctx, &mut out[range.clone()])
                     .map_err(|e| what(format!("rank {r} decompress"), e))?;
             }
         }

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use pushpull_common::codec::{ChunkCodec, Fp32Codec};
-use pushpull_common::pool::BufPool;
-use pushpull_common::protocol::{FrameHeader, FrameKind, ReduceOp};
-use pushpull_common::sender::{FrameSender, Peer};
-use pushpull_common::NodeName;
+use pushpull_kernels::{fp32_codec, RoundCtx as CodecRound};
+use pushpull_net::sender::{FrameSender, Peer};
+use pushpull_proto::pool::BufPool;
+use pushpull_proto::protocol::{FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::NodeName;
 
 use crate::chunks::split_chunks;
 use crate::dispatch::{Outcome, Waiter};
@@ -178,7 +178,7 @@ async fn chunk_round(
         // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
         // arrive exactly, and no compressor state (error feedback, momentum) is touched.
         let mut out = ctx.pool.take();
-        match Fp32Codec::new(slice.len()).encode(slice, round, &mut out) {
+        match fp32_codec(slice.len()).compress(slice, &CodecRound::new(round), &mut out) {
             Ok(()) => ctx.pool.freeze(out),
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
@@ -190,11 +190,17 @@ async fn chunk_round(
         let mut codec = tensor.codecs[index]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if ctx.learning_rate != 0 {
-            codec.set_learning_rate(f32::from_bits(ctx.learning_rate));
-        }
+        // The learning rate travels as f32 bits, 0 when the training loop set none.
+        let lr = (ctx.learning_rate != 0).then(|| f32::from_bits(ctx.learning_rate));
         let t0 = std::time::Instant::now();
-        let encoded = codec.encode(slice, round, &mut out);
+        let encoded = codec.compress(
+            slice,
+            &CodecRound {
+                lr,
+                ..CodecRound::new(round)
+            },
+            &mut out,
+        );
         drop(codec);
         add_nanos(&tensor.compress_nanos, t0);
         match encoded {
@@ -255,9 +261,9 @@ async fn chunk_round(
             let t0 = std::time::Instant::now();
             let decoded = match kind {
                 RoundKind::Broadcast { .. } => {
-                    Fp32Codec::new(slice.len()).decode(&payload, round, slice)
+                    fp32_codec(slice.len()).decompress(&payload, &CodecRound::new(round), slice)
                 }
-                RoundKind::Sum { .. } => codec.decode(&payload, round, slice),
+                RoundKind::Sum { .. } => codec.decompress(&payload, &CodecRound::new(round), slice),
             };
             drop(codec);
             add_nanos(&tensor.decompress_nanos, t0);

@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pushpull_common::protocol::{
+use pushpull_net::transport::{read_frame, TransportError};
+use pushpull_proto::protocol::{
     check_control_len, decode_control, encode_control, ClusterMap, FrameHeader, FrameKind,
     FromScheduler, ProtocolError, ToScheduler,
 };
-use pushpull_common::transport::{read_frame, TransportError};
-use pushpull_common::NodeName;
+use pushpull_proto::NodeName;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -119,7 +119,7 @@ impl Shared {
     #[allow(clippy::type_complexity)]
     pub(crate) fn new(
         scheduler: NodeName,
-        config: &pushpull_common::Config,
+        config: &pushpull_proto::Config,
     ) -> (
         Arc<Shared>,
         mpsc::UnboundedReceiver<Outgoing>,

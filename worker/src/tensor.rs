@@ -1,13 +1,13 @@
-//! Declared tensors, reduce operations, the codec hook and byte counters.
+//! Declared tensors, reduce operations and byte counters.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pushpull_common::codec::{ChunkCodec, Fp32Codec};
-use pushpull_common::protocol::{ChunkPlacement, TensorPlacement};
-use pushpull_common::{Config, ParamMap};
+use pushpull_kernels::Compressor;
+use pushpull_proto::protocol::TensorPlacement;
+use pushpull_proto::ParamMap;
 
 /// How [`crate::Worker::push_pull`] combines the workers' buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,81 +20,6 @@ pub enum Reduce {
     /// `sum / num_workers as f32` (an IEEE division, not a multiplication by the reciprocal),
     /// so every worker still gets the same bits.
     Average,
-}
-
-/// What a [`CodecFactory`] is told about the chunk it builds a codec for (the same fields as
-/// the server's `CodecContext`, with this worker's rank instead of a server id).
-#[derive(Debug, Clone, Copy)]
-pub struct CodecContext<'a> {
-    /// The whole tensor's placement: name, element count, agreed parameter map (config
-    /// defaults < per-tensor table < declare map), all chunks.
-    pub tensor: &'a TensorPlacement,
-    /// The chunk: key, offset, element count, server.
-    pub chunk: &'a ChunkPlacement,
-    /// The chunk's index in `tensor.chunks`.
-    pub chunk_index: u32,
-    /// The job seed (the same on every node).
-    pub job_seed: u64,
-    /// This worker's rank.
-    pub rank: u32,
-    /// The cluster file this worker joined with (e.g. `cluster.min_compress_bytes`: smaller
-    /// tensors travel uncompressed, DESIGN.md §3).
-    pub config: &'a Config,
-}
-
-/// Builds the codec of each chunk (key) of a tensor this worker declares: called once per
-/// chunk at declare time, and the codec is kept for every round of that chunk (so it may keep
-/// state, e.g. error feedback). Servers build the codec of the same key with their own
-/// factory; both must agree on the payload format. Must return a codec whose `len()` is
-/// `ctx.chunk.len`; an `Err` fails the declare with a [`crate::WorkerError::Placement`]
-/// naming the tensor.
-///
-/// Any `Fn(&CodecContext) -> Result<Box<dyn ChunkCodec>, String> + Send + Sync` is a factory.
-pub trait CodecFactory: Send + Sync {
-    /// A fresh codec (with fresh state) for `ctx.chunk`.
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String>;
-}
-
-impl<F> CodecFactory for F
-where
-    F: Fn(&CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> + Send + Sync,
-{
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
-        self(ctx)
-    }
-}
-
-/// The default factory: each chunk's compressor chain from the tensor's agreed parameter map,
-/// built by the kernels' registry in the worker role with this worker's rank
-/// ([`pushpull_kernels::chunk::chunk_codec`]: momentum and error feedback if configured; a
-/// tensor below `cluster.min_compress_bytes` travels as raw fp32 but keeps its momentum).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct KernelsFactory;
-
-impl CodecFactory for KernelsFactory {
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
-        let info = pushpull_kernels::chunk::ChunkInfo::of_placement(
-            ctx.tensor,
-            ctx.chunk_index as usize,
-            ctx.job_seed,
-            pushpull_kernels::Role::Worker,
-            ctx.rank,
-            ctx.config.cluster.min_compress_bytes,
-        );
-        Ok(Box::new(pushpull_kernels::chunk::chunk_codec(&info)?))
-    }
-}
-
-/// [`Fp32Codec`] (raw little-endian fp32) for every chunk, whatever the parameters say.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Fp32Factory;
-
-impl CodecFactory for Fp32Factory {
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn ChunkCodec>, String> {
-        let len = usize::try_from(ctx.chunk.len)
-            .map_err(|_| format!("chunk of {} elements is too large", ctx.chunk.len))?;
-        Ok(Box::new(Fp32Codec::new(len)))
-    }
 }
 
 /// A declared tensor: a cheap `Clone` handle (an `Arc`) to its name, length, placement, codecs
@@ -115,7 +40,7 @@ pub(crate) struct TensorInner {
     pub(crate) ranges: Vec<Range<usize>>,
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
     /// a time; the mutex is never held across an await.
-    pub(crate) codecs: Vec<Mutex<Box<dyn ChunkCodec>>>,
+    pub(crate) codecs: Vec<Mutex<Box<dyn Compressor>>>,
     /// The next round number; holding this lock is holding the tensor.
     pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
     pub(crate) rounds_started: AtomicU64,
@@ -171,12 +96,17 @@ impl Tensor {
         self.inner.rounds_started.load(Ordering::Relaxed)
     }
 
-    /// The compressor chain of each chunk, e.g. `ef(vanilla, onebit(scaling))` (or `fp32`).
+    /// The compressor chain of each chunk, e.g. `ef(vanilla, onebit(scaling))` (or `none`).
     pub fn codecs(&self) -> Vec<String> {
         self.inner
             .codecs
             .iter()
-            .map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).describe())
+            .map(|c| {
+                c.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .name()
+                    .to_string()
+            })
             .collect()
     }
 

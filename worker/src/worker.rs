@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use pushpull_common::pool::BufPool;
-use pushpull_common::protocol::{
+use pushpull_net::sender::{FrameSender, OnError, Peer};
+use pushpull_net::tls::TlsIdentity;
+use pushpull_net::transport::{send_frame, Endpoint, TransportError};
+use pushpull_proto::pool::BufPool;
+use pushpull_proto::protocol::{
     max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler, PROTOCOL_VERSION,
 };
-use pushpull_common::sender::{FrameSender, OnError, Peer};
-use pushpull_common::tls::TlsIdentity;
-use pushpull_common::transport::{send_frame, Endpoint, TransportError};
-use pushpull_common::{Config, NodeName, NodeRole, ParamMap};
+use pushpull_proto::{Config, NodeName, NodeRole, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
@@ -24,9 +24,8 @@ use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
 use crate::shared::{
     control_reader, control_writer, heartbeat, server_reader, transport_reason, Phase, Shared,
 };
-use crate::tensor::{
-    CodecContext, CodecFactory, KernelsFactory, Metrics, Reduce, Tensor, TensorInner,
-};
+use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
+use pushpull_kernels::{CodecContext, CodecFactory, KernelsFactory, Node};
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
 /// closing the control stream's acknowledgement) before closing the connections anyway.
@@ -541,7 +540,7 @@ impl Worker {
 
     fn register_tensor(
         &self,
-        placement: pushpull_common::protocol::TensorPlacement,
+        placement: pushpull_proto::protocol::TensorPlacement,
     ) -> Result<Tensor, WorkerError> {
         let mut tensors = lock(&self.inner.tensors);
         let name = placement.name.clone();
@@ -568,7 +567,9 @@ impl Worker {
                 chunk: c,
                 chunk_index: i as u32,
                 job_seed: self.inner.map.job_seed,
-                rank: self.inner.rank,
+                node: Node::Worker {
+                    rank: self.inner.rank,
+                },
                 config: &self.inner.config,
             };
             let codec = factory

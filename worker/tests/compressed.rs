@@ -2,7 +2,7 @@
 //! single-process [`Reference`] bit for bit; mismatched maps, corrupted payloads, the
 //! `min_compress_bytes` boundary, lossless broadcast.
 
-use pushpull_common::codec::{ChunkCodec, CodecError};
+use pushpull_kernels::{Compressor, KernelError, RoundCtx};
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{
     CodecContext, CodecFactory, KernelsFactory, ParamMap, Reduce, Tensor, WorkerError,
@@ -142,7 +142,7 @@ async fn run_cluster(seed: u64) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
 }
 
 fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
-    let mut config = pushpull_common::Config::local(3, 2);
+    let mut config = pushpull_proto::Config::local(3, 2);
     config.cluster.partition_bytes = 64 * 1024;
     let mut reference = Reference::new(&config, seed);
     let set = tensor_set();
@@ -283,21 +283,32 @@ async fn workers_declaring_different_maps_get_an_error_naming_the_key() {
 /// A codec that corrupts its payload in one round: truncates it, or overwrites its first
 /// bytes (a top-k payload then has indices out of order or out of range).
 struct Corrupt {
-    inner: Box<dyn ChunkCodec>,
+    inner: Box<dyn Compressor>,
     round: u64,
     truncate: bool,
 }
 
-impl ChunkCodec for Corrupt {
+impl Compressor for Corrupt {
+    fn name(&self) -> &str {
+        "corrupt"
+    }
     fn len(&self) -> usize {
         self.inner.len()
     }
-    fn max_encoded_len(&self) -> usize {
-        self.inner.max_encoded_len()
+    fn max_compressed_len(&self) -> usize {
+        self.inner.max_compressed_len()
     }
-    fn encode(&mut self, input: &[f32], round: u64, out: &mut Vec<u8>) -> Result<(), CodecError> {
-        self.inner.encode(input, round, out)?;
-        if round == self.round {
+    fn is_stochastic(&self) -> bool {
+        self.inner.is_stochastic()
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        self.inner.compress(input, ctx, out)?;
+        if ctx.round == self.round {
             if self.truncate {
                 out.truncate(out.len() - 3);
             } else {
@@ -308,11 +319,21 @@ impl ChunkCodec for Corrupt {
         }
         Ok(())
     }
-    fn decode(&self, payload: &[u8], round: u64, out: &mut [f32]) -> Result<(), CodecError> {
-        self.inner.decode(payload, round, out)
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress(payload, ctx, out)
     }
-    fn decode_add(&self, payload: &[u8], round: u64, acc: &mut [f32]) -> Result<(), CodecError> {
-        self.inner.decode_add(payload, round, acc)
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.inner.decompress_add(payload, ctx, acc)
     }
 }
 
@@ -323,7 +344,7 @@ async fn a_corrupted_payload_aborts_that_key_for_everyone_naming_key_and_rank() 
         let s = stack_with(3, 2, 64 * 1024, |c| c.cluster.seed = Some(seed)).await;
         // Rank 1 corrupts chunk 0 of "a" (onebit) in round 1 by truncation, and chunk 0 of
         // "b" (topk) in round 2 with garbage.
-        let factory = |ctx: &CodecContext<'_>| -> Result<Box<dyn ChunkCodec>, String> {
+        let factory = |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
             let inner = KernelsFactory.make(ctx)?;
             let target = match ctx.tensor.name.as_str() {
                 "a" if ctx.chunk_index == 0 => Some((1, true)),

@@ -1,5 +1,5 @@
 //! End-to-end tests of the worker against a minimal in-test scheduler and server that speak
-//! the protocol of `pushpull_common` over real QUIC with mutual TLS on loopback.
+//! the protocol of `pushpull_proto` over real QUIC with mutual TLS on loopback.
 //!
 //! The mocks are deliberately small (they trust their peers) so that the tests exercise the
 //! worker: rendezvous, declares, push_pull/broadcast rounds with many keys in flight, barriers,
@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pushpull_common::codec::{ChunkCodec, Fp32Codec};
-use pushpull_common::placement::Placer;
-use pushpull_common::protocol::{
+use pushpull_kernels::{fp32_codec, RoundCtx};
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
+use pushpull_proto::placement::Placer;
+use pushpull_proto::protocol::{
     ClusterMap, FrameHeader, FrameKind, FromScheduler, ReduceOp, TensorPlacement, ToScheduler,
 };
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
-use pushpull_common::{Config, NodeName, NodeRole};
+use pushpull_proto::{Config, NodeName, NodeRole};
 use pushpull_worker::{JoinOptions, ParamMap, Reduce, Tensor, Worker, WorkerError};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -90,7 +90,7 @@ async fn mock_server(
     let endpoint = Endpoint::bind("127.0.0.1:0".parse().unwrap(), identity, config).unwrap();
     let addr = endpoint.local_addr();
     let (tx, mut rx) = mpsc::unbounded_channel::<Incoming>();
-    let max = pushpull_common::protocol::max_payload_len(config.cluster.partition_bytes);
+    let max = pushpull_proto::protocol::max_payload_len(config.cluster.partition_bytes);
     let ep = endpoint.clone();
     let accept = tokio::spawn(async move {
         while let Some(incoming) = ep.quinn.accept().await {
@@ -148,17 +148,18 @@ async fn mock_server(
                 (FrameKind::Result, pushes[&h.aux].1.clone())
             } else {
                 let len = pushes[&0].1.len() / 4;
-                let codec = Fp32Codec::new(len);
+                let mut codec = fp32_codec(len);
+                let ctx = RoundCtx::new(round);
                 let mut acc = vec![0f32; len];
                 for (r, (_, p)) in &pushes {
                     if *r == 0 {
-                        codec.decode(p, round, &mut acc).unwrap();
+                        codec.decompress(p, &ctx, &mut acc).unwrap();
                     } else {
-                        codec.decode_add(p, round, &mut acc).unwrap();
+                        codec.decompress_add(p, &ctx, &mut acc).unwrap();
                     }
                 }
                 let mut out = Vec::new();
-                Fp32Codec::new(len).encode(&acc, round, &mut out).unwrap();
+                codec.compress(&acc, &ctx, &mut out).unwrap();
                 (FrameKind::Result, Bytes::from(out))
             };
             for r in 0..workers {

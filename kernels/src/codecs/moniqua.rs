@@ -24,10 +24,18 @@
 
 use super::{par_segments, prepare, Base, GroupDecoder, GroupEncoder};
 use crate::error::KernelError;
-use crate::params::Rounding;
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::{Compressor, RoundCtx};
+
+/// Moniqua's rounding (the `rounding` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// Stochastic rounding: `δ = 2^-bits`.
+    Stochastic,
+    /// Nearest rounding: `δ = 2^-(bits+1)`.
+    Nearest,
+}
 
 /// The Moniqua compressor.
 pub(crate) struct Moniqua {

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::Config;
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
 use pushpull_worker::{JoinOptions, ParamMap, Tensor, Worker};

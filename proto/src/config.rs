@@ -47,6 +47,10 @@ pub const MAX_UDP_PAYLOAD: u16 = 6500;
 /// A string-to-string parameter map for one tensor, as BytePS users write it.
 pub type ParamMap = BTreeMap<String, String>;
 
+/// Largest allowed `partition_bytes` (1 GiB): keeps every payload bound below `u32::MAX`-ish
+/// sizes that a single QUIC stream handles comfortably.
+pub const MAX_PARTITION_BYTES: u64 = 1 << 30;
+
 /// An error in a cluster file: names the file, the key and what is allowed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -174,6 +178,26 @@ pub struct TlsConfig {
     /// `pushpull.cluster`); one cluster-wide name, so certificates don't depend on IPs.
     #[serde(default = "default_server_name")]
     pub server_name: String,
+}
+
+impl TlsConfig {
+    /// The node command-line flags that select these files: `--ca F --cert F --key F` (a flag
+    /// whose file is unset gets an empty value, which the node then refuses naming it).
+    pub fn to_args(&self) -> Vec<String> {
+        let p = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        vec![
+            "--ca".into(),
+            p(&self.ca),
+            "--cert".into(),
+            p(&self.cert),
+            "--key".into(),
+            p(&self.key),
+        ]
+    }
 }
 
 /// `[server]`.
@@ -616,11 +640,11 @@ impl Config {
                 "must be a positive multiple of 4 (bytes of fp32)",
             ));
         }
-        if c.partition_bytes > crate::protocol::MAX_PARTITION_BYTES {
+        if c.partition_bytes > MAX_PARTITION_BYTES {
             return Err(bad(
                 "cluster.partition_bytes",
                 c.partition_bytes.to_string(),
-                &format!("must be at most {}", crate::protocol::MAX_PARTITION_BYTES),
+                &format!("must be at most {}", MAX_PARTITION_BYTES),
             ));
         }
         if c.heartbeat_interval_ms == 0 {
@@ -851,152 +875,7 @@ fn scalar_to_string(v: &toml::Value) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MINIMAL: &str = r#"
-        [cluster]
-        scheduler = "127.0.0.1:9000"
-        num_workers = 2
-        num_servers = 1
-    "#;
-
-    #[test]
-    fn minimal_file_gets_defaults() {
-        let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
-        assert_eq!(c.cluster.partition_bytes, 131_072);
-        assert_eq!(c.cluster.min_compress_bytes, 65_536);
-        assert_eq!(c.tls.server_name, "pushpull.cluster");
-        assert_eq!(c.job.kind, "benchmark");
-    }
-
-    #[test]
-    fn unknown_key_is_named() {
-        let text = format!("{MINIMAL}\nnum_wrokers = 3\n");
-        let e = Config::from_toml_str(&text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("num_wrokers"), "{e}");
-        assert!(e.contains("t.toml"), "{e}");
-    }
-
-    #[test]
-    fn missing_key_is_named() {
-        let text = "[cluster]\nscheduler = \"127.0.0.1:1\"\nnum_workers = 1\n";
-        let e = Config::from_toml_str(text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("num_servers"), "{e}");
-    }
-
-    #[test]
-    fn wrong_type_is_named() {
-        let text = MINIMAL.replace("num_workers = 2", "num_workers = \"two\"");
-        let e = Config::from_toml_str(&text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("num_workers"), "{e}");
-    }
-
-    #[test]
-    fn zero_workers_and_bad_address_are_refused() {
-        let text = MINIMAL.replace("num_workers = 2", "num_workers = 0");
-        let e = Config::from_toml_str(&text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("cluster.num_workers") && e.contains("at least 1"),
-            "{e}"
-        );
-        let text = MINIMAL.replace("127.0.0.1:9000", "localhost:x");
-        let e = Config::from_toml_str(&text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("cluster.scheduler") && e.contains("localhost:x"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn tensor_tables_overlay_and_stringify() {
-        let text = format!(
-            "{MINIMAL}\n[tensors.default]\ncompressor = \"onebit\"\nscaling = true\n\
-             [tensors.\"fc1.weight\"]\ncompressor = \"topk\"\nk = 0.01\n"
-        );
-        let c = Config::from_toml_str(&text, "t.toml").unwrap();
-        let p = c.tensor_params("fc1.weight");
-        assert_eq!(p["compressor"], "topk");
-        assert_eq!(p["k"], "0.01");
-        assert_eq!(p["scaling"], "true");
-        assert_eq!(c.tensor_params("other")["compressor"], "onebit");
-    }
-
-    #[test]
-    fn send_window_and_udp_payload_are_checked() {
-        let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
-        assert_eq!(c.cluster.send_window_bytes, 16 << 20);
-        assert_eq!(c.cluster.max_udp_payload, 6500);
-        for (line, key) in [
-            ("send_window_bytes = 0", "cluster.send_window_bytes"),
-            (
-                "send_window_bytes = 2147483648",
-                "cluster.send_window_bytes",
-            ),
-            ("max_udp_payload = 1199", "cluster.max_udp_payload"),
-            ("max_udp_payload = 8952", "cluster.max_udp_payload"),
-        ] {
-            let text = MINIMAL.replace("num_servers = 1", &format!("num_servers = 1\n{line}"));
-            let e = Config::from_toml_str(&text, "t.toml")
-                .unwrap_err()
-                .to_string();
-            assert!(e.contains(key) && e.contains("bytes"), "{line}: {e}");
-        }
-        // The key it replaced is named as unknown, with the keys that exist.
-        let text = MINIMAL.replace(
-            "num_servers = 1",
-            "num_servers = 1\nmax_inflight_chunks = 4",
-        );
-        let e = Config::from_toml_str(&text, "t.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("max_inflight_chunks") && e.contains("send_window_bytes"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn digest_names_the_first_difference() {
-        let a = Config::from_toml_str(MINIMAL, "a").unwrap();
-        let mut b = a.clone();
-        b.cluster.partition_bytes = 1024;
-        let (key, ours, theirs) = a.digest().first_difference(&b.digest()).unwrap();
-        assert_eq!(key, "cluster.partition_bytes");
-        assert_eq!(ours, "131072");
-        assert_eq!(theirs, "1024");
-        assert!(a.digest().first_difference(&a.digest()).is_none());
-    }
-}
+mod tests;
 
 #[cfg(test)]
-mod example_files {
-    use super::*;
-
-    #[test]
-    fn shipped_examples_parse() {
-        for (name, text) in [
-            (
-                "configs/local.toml",
-                include_str!("../../configs/local.toml"),
-            ),
-            (
-                "configs/multi-host.toml",
-                include_str!("../../configs/multi-host.toml"),
-            ),
-        ] {
-            let c = Config::from_toml_str(text, name).unwrap_or_else(|e| panic!("{e}"));
-            assert!(c.cluster.num_workers >= 1, "{name}");
-        }
-    }
-}
+mod example_files;

@@ -1,4 +1,4 @@
-//! [`FrameSender`]: the async shell around [`crate::sendq::SendQueue`] for one node.
+//! [`FrameSender`]: the async shell around [`pushpull_proto::sendq::SendQueue`] for one node.
 //!
 //! A node has one sender for all its data connections (a worker's to every server, a server's
 //! to every worker): callers [`send`](FrameSender::send) a frame to a [`Peer`] with a priority
@@ -28,9 +28,9 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 
-use crate::protocol::{FrameHeader, FRAME_HEADER_LEN};
-use crate::sendq::SendQueue;
 use crate::transport::TransportError;
+use pushpull_proto::protocol::{FrameHeader, FRAME_HEADER_LEN};
+use pushpull_proto::sendq::SendQueue;
 
 /// A connection frames can be sent on, and its name in errors.
 #[derive(Clone, Debug)]
@@ -85,7 +85,7 @@ impl Shared {
 pub type OnError = Box<dyn Fn(&Peer, TransportError) + Send + Sync>;
 
 /// Sends a node's data frames in priority order within one byte window (see the [module
-/// docs](self) and [`crate::sendq`]). Cheap to clone; every clone feeds the same queue.
+/// docs](self) and [`pushpull_proto::sendq`]). Cheap to clone; every clone feeds the same queue.
 #[derive(Clone)]
 pub struct FrameSender {
     shared: Arc<Shared>,

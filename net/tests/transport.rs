@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use pushpull_common::config::Config;
-use pushpull_common::protocol::{
+use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::transport::{read_frame, send_frame, ControlStream, Endpoint, TransportError};
+use pushpull_proto::config::Config;
+use pushpull_proto::protocol::{
     FrameHeader, FrameKind, FromScheduler, ProtocolError, ReduceOp, ToScheduler,
 };
-use pushpull_common::tls::{generate_cluster, TlsIdentity};
-use pushpull_common::transport::{read_frame, send_frame, ControlStream, Endpoint, TransportError};
 
 fn identities(dir: &std::path::Path, n: usize) -> Vec<TlsIdentity> {
     let names: Vec<String> = (0..n).map(|i| format!("node{i}")).collect();
@@ -180,7 +180,7 @@ async fn mutual_tls_accepts_the_cluster_and_refuses_strangers() {
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    no_cert.alpn_protocols = vec![pushpull_common::tls::ALPN.to_vec()];
+    no_cert.alpn_protocols = vec![pushpull_net::tls::ALPN.to_vec()];
     let mut anon = quinn::Endpoint::client(local()).unwrap();
     anon.set_default_client_config(quinn::ClientConfig::new(std::sync::Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(no_cert).unwrap(),

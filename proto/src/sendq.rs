@@ -9,7 +9,7 @@
 //! waits for another worker, and two workers that issue tensors in different orders can never
 //! wait on each other (the window of one can always drain).
 //!
-//! The async shell ([`crate::transport::FrameSender`]) pops frames, writes each on its own
+//! The async shell (`pushpull_net::sender::FrameSender`) pops frames, writes each on its own
 //! QUIC stream with the same priority (quinn sends higher-priority streams first and, with
 //! `send_fairness(false)`, finishes one stream before starting the next of the same priority),
 //! and reports deliveries. No I/O and no clock here, so the order is tested directly.

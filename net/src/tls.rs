@@ -10,7 +10,7 @@
 //!   pull.
 //! * [`generate_cluster`] makes a CA and node certificates (`pushpull certs`, and the throw-away
 //!   set of `pushpull local`). Only the `ring` provider is used (aws-lc-rs costs minutes of
-//!   build time, DESIGN.md §8).
+//!   build time).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::config::TlsConfig;
+use pushpull_proto::config::TlsConfig;
 
 /// ALPN protocol id of pushpull.
 pub const ALPN: &[u8] = b"pushpull/1";

@@ -21,8 +21,11 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     h
 }
 
-/// SplitMix64's finaliser (a bijection), used to spread chunk keys.
-fn mix64(mut z: u64) -> u64 {
+/// SplitMix64's finaliser, a bijection on u64: spreads chunk keys here, and is the mixing
+/// step of the compressors' counter-based random streams (`pushpull_kernels::rng`) and of the
+/// benchmark's data, which all use this one definition.
+#[inline(always)]
+pub const fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)

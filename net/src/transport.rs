@@ -1,7 +1,8 @@
 //! QUIC endpoints and framed I/O over quinn: the thin layer between sockets and the protocol.
 //!
-//! * [`Endpoint`]s are built with the settings measured in DESIGN.md §8: GSO on, 16 MiB stream
-//!   receive window, 64 MiB send window, 4 MiB UDP socket buffers, and an idle timeout equal to
+//! * [`Endpoint`]s are built with these settings: GSO on, 16 MiB stream receive window,
+//!   connection windows of at least 64 MiB (see [`transport_config`]), 4 MiB UDP socket
+//!   buffers, datagrams up to `cluster.max_udp_payload`, and an idle timeout equal to
 //!   the heartbeat timeout with keep-alives at the heartbeat interval (so quinn declares a dead
 //!   peer at the same moment the heartbeat logic would). Every endpoint is both a TLS server
 //!   (when it has an identity to serve) and a client with the cluster's client config.
@@ -16,11 +17,11 @@ use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::config::Config;
-use crate::protocol::{
+use crate::tls::TlsIdentity;
+use pushpull_proto::config::Config;
+use pushpull_proto::protocol::{
     check_control_len, decode_control, encode_control, FrameHeader, ProtocolError, FRAME_HEADER_LEN,
 };
-use crate::tls::TlsIdentity;
 
 /// Bytes of UDP socket send and receive buffer requested (the kernel may cap it at
 /// `net.core.rmem_max`).
@@ -85,7 +86,7 @@ pub enum TransportError {
 ///   chunk in flight finishes late, and results cannot flow back while pushes still go out).
 ///   Priorities between frames come from [`crate::sender::FrameSender`].
 /// * The connection's send and receive windows are at least twice `cluster.send_window_bytes`,
-///   so the frames the [`crate::sendq`] window lets out never block in quinn.
+///   so the frames the [`pushpull_proto::sendq`] window lets out never block in quinn.
 /// * Path MTU discovery up to `cluster.max_udp_payload` (jumbo frames where the path has them);
 ///   [`Endpoint::bind`] also advertises that size to peers, or they would cap the discovery.
 pub fn transport_config(cfg: &Config) -> quinn::TransportConfig {

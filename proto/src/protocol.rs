@@ -17,7 +17,7 @@
 //! Because every stream is finished as soon as its frame is written, and every receiver reads
 //! every incoming stream to the end at once (never waiting for other workers before reading),
 //! no stream is ever held open while the round waits for someone else: stream credit cannot
-//! run out however many keys are in flight or in which order workers issue them (DESIGN.md §3).
+//! run out however many keys are in flight or in which order workers issue them.
 //!
 //! # Data frame header (little-endian, 40 bytes)
 //! | offset | size | field |
@@ -49,10 +49,6 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.
 pub const MAX_CONTROL_FRAME: u32 = 64 << 20;
-
-/// Largest allowed `partition_bytes` (1 GiB): keeps every payload bound below `u32::MAX`-ish
-/// sizes that a single QUIC stream handles comfortably.
-pub const MAX_PARTITION_BYTES: u64 = 1 << 30;
 
 /// Size of [`FrameHeader`] on the wire.
 pub const FRAME_HEADER_LEN: usize = 40;

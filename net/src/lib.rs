@@ -1,0 +1,13 @@
+//! pushpull's networking shell: mutual TLS with a cluster CA and the QUIC transport every node
+//! uses, driving the I/O-free pieces of `pushpull-proto` (frame headers, control messages, the
+//! send queue) over quinn.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`tls`] | mutual TLS 1.3 with a cluster CA: loading PEM files, rustls configs, generating a CA and node certificates |
+//! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream |
+//! | [`sender`] | [`sender::FrameSender`]: the async shell that drives one `SendQueue` over all of a node's data connections |
+
+pub mod sender;
+pub mod tls;
+pub mod transport;

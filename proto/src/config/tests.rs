@@ -1,0 +1,127 @@
+//! Tests of the cluster file: parsing, validation errors that name the key, the digest.
+
+use super::*;
+
+const MINIMAL: &str = r#"
+    [cluster]
+    scheduler = "127.0.0.1:9000"
+    num_workers = 2
+    num_servers = 1
+"#;
+
+#[test]
+fn minimal_file_gets_defaults() {
+    let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+    assert_eq!(c.cluster.partition_bytes, 131_072);
+    assert_eq!(c.cluster.min_compress_bytes, 65_536);
+    assert_eq!(c.tls.server_name, "pushpull.cluster");
+    assert_eq!(c.job.kind, "benchmark");
+}
+
+#[test]
+fn unknown_key_is_named() {
+    let text = format!("{MINIMAL}\nnum_wrokers = 3\n");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_wrokers"), "{e}");
+    assert!(e.contains("t.toml"), "{e}");
+}
+
+#[test]
+fn missing_key_is_named() {
+    let text = "[cluster]\nscheduler = \"127.0.0.1:1\"\nnum_workers = 1\n";
+    let e = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_servers"), "{e}");
+}
+
+#[test]
+fn wrong_type_is_named() {
+    let text = MINIMAL.replace("num_workers = 2", "num_workers = \"two\"");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_workers"), "{e}");
+}
+
+#[test]
+fn zero_workers_and_bad_address_are_refused() {
+    let text = MINIMAL.replace("num_workers = 2", "num_workers = 0");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cluster.num_workers") && e.contains("at least 1"),
+        "{e}"
+    );
+    let text = MINIMAL.replace("127.0.0.1:9000", "localhost:x");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cluster.scheduler") && e.contains("localhost:x"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tensor_tables_overlay_and_stringify() {
+    let text = format!(
+        "{MINIMAL}\n[tensors.default]\ncompressor = \"onebit\"\nscaling = true\n\
+         [tensors.\"fc1.weight\"]\ncompressor = \"topk\"\nk = 0.01\n"
+    );
+    let c = Config::from_toml_str(&text, "t.toml").unwrap();
+    let p = c.tensor_params("fc1.weight");
+    assert_eq!(p["compressor"], "topk");
+    assert_eq!(p["k"], "0.01");
+    assert_eq!(p["scaling"], "true");
+    assert_eq!(c.tensor_params("other")["compressor"], "onebit");
+}
+
+#[test]
+fn send_window_and_udp_payload_are_checked() {
+    let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+    assert_eq!(c.cluster.send_window_bytes, 16 << 20);
+    assert_eq!(c.cluster.max_udp_payload, 6500);
+    for (line, key) in [
+        ("send_window_bytes = 0", "cluster.send_window_bytes"),
+        (
+            "send_window_bytes = 2147483648",
+            "cluster.send_window_bytes",
+        ),
+        ("max_udp_payload = 1199", "cluster.max_udp_payload"),
+        ("max_udp_payload = 8952", "cluster.max_udp_payload"),
+    ] {
+        let text = MINIMAL.replace("num_servers = 1", &format!("num_servers = 1\n{line}"));
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains("bytes"), "{line}: {e}");
+    }
+    // The key it replaced is named as unknown, with the keys that exist.
+    let text = MINIMAL.replace(
+        "num_servers = 1",
+        "num_servers = 1\nmax_inflight_chunks = 4",
+    );
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_inflight_chunks") && e.contains("send_window_bytes"),
+        "{e}"
+    );
+}
+
+#[test]
+fn digest_names_the_first_difference() {
+    let a = Config::from_toml_str(MINIMAL, "a").unwrap();
+    let mut b = a.clone();
+    b.cluster.partition_bytes = 1024;
+    let (key, ours, theirs) = a.digest().first_difference(&b.digest()).unwrap();
+    assert_eq!(key, "cluster.partition_bytes");
+    assert_eq!(ours, "131072");
+    assert_eq!(theirs, "1024");
+    assert!(a.digest().first_difference(&a.digest()).is_none());
+}

@@ -1,0 +1,25 @@
+//! pushpull's I/O-free core, shared by every node: what a cluster file says, what nodes say to
+//! each other, where each chunk lives and in which order frames leave. Nothing here opens a
+//! socket, reads a clock or spawns a task, so every rule is tested without a network (the
+//! networking shell is the `pushpull-net` crate; the compression plug-in is in
+//! `pushpull-kernels`).
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`config`] | the TOML cluster file ([`config::Config`]), validation with errors that name the key, the digest of settings that must agree across nodes |
+//! | [`protocol`] | control messages (node ↔ scheduler, bincode 2) and the fixed 40-byte data-frame header (worker ↔ server), with the rules that keep stream credit from running out |
+//! | [`placement`] | pure arithmetic: equal-size chunks, keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
+//! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery), as a pure state machine |
+//! | [`pool`] | [`pool::BufPool`]: reused byte buffers for encoded payloads, returned when the last `Bytes` handle drops |
+//!
+//! The crate graph: `pushpull-proto` ← `pushpull-kernels` (compression), `pushpull-net` (TLS,
+//! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI).
+
+pub mod config;
+pub mod placement;
+pub mod pool;
+pub mod protocol;
+pub mod sendq;
+
+pub use config::{Config, ConfigError, ParamMap};
+pub use protocol::{NodeName, NodeRole};

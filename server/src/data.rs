@@ -1,0 +1,391 @@
+//! The data plane of a server: worker connections, incoming push streams, the key table and
+//! the one send queue for results and aborts. The scheduler session that places keys and
+//! watches liveness is in [`crate::service`].
+
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use dashmap::DashMap;
+use pushpull_net::sender::{FrameSender, OnError, Peer};
+use pushpull_net::transport::{Endpoint, TransportError};
+use pushpull_proto::pool::BufPool;
+use pushpull_proto::protocol::{
+    max_payload_len, FrameHeader, FrameKind, ReduceOp, FRAME_HEADER_LEN,
+};
+use pushpull_proto::Config;
+use tracing::{debug, info, warn};
+
+use crate::rounds::{Action, KeyRounds};
+use crate::service::{CLOSE_REFUSED, RESULT_POOL_BYTES};
+
+/// A frame to send: kind, key, round, payload.
+pub(crate) type OutFrame = (FrameKind, u64, u64, Bytes);
+
+/// Priority of abort frames: before any result.
+pub(crate) const ABORT_PRIORITY: i32 = i32::MAX;
+
+/// A worker's data connection.
+#[derive(Clone)]
+pub(crate) struct WorkerConn {
+    /// The connection and `worker R (addr)`.
+    pub(crate) peer: Peer,
+    /// Sends results and aborts, the server's one queue for every worker.
+    pub(crate) sender: FrameSender,
+}
+
+impl WorkerConn {
+    /// Queues one frame for worker `rank`.
+    pub(crate) fn send(&self, rank: u32, (kind, key, round, payload): OutFrame, priority: i32) {
+        let header = FrameHeader {
+            kind,
+            op: ReduceOp::Sum,
+            rank,
+            aux: 0,
+            key,
+            round,
+            payload_len: payload.len() as u64,
+        };
+        self.sender.send(&self.peer, header, payload, priority);
+    }
+}
+
+/// State shared by every task of a running server.
+pub(crate) struct Shared {
+    pub(crate) num_workers: u32,
+    pub(crate) max_payload: u64,
+    pub(crate) heartbeat_timeout: Duration,
+    pub(crate) server_id: OnceLock<u32>,
+    pub(crate) keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
+    /// Data connections by rank.
+    pub(crate) workers: RwLock<Vec<Option<WorkerConn>>>,
+    /// Sends every result and abort in priority order within `cluster.send_window_bytes`.
+    pub(crate) sender: FrameSender,
+    /// Buffers for encoded results.
+    pub(crate) pool: Arc<BufPool>,
+}
+
+impl Shared {
+    /// The state and the driver of its [`FrameSender`] (spawn it).
+    pub(crate) fn new(
+        config: &Config,
+    ) -> (
+        Shared,
+        impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let w = config.cluster.num_workers;
+        let on_error: OnError = Box::new(|peer: &Peer, e: TransportError| {
+            // The worker's connection failed: the scheduler reports the worker lost.
+            debug!("sending to {} failed: {e}", peer.name);
+        });
+        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+        let shared = Shared {
+            num_workers: w,
+            max_payload: max_payload_len(config.cluster.partition_bytes),
+            heartbeat_timeout: config.heartbeat_timeout(),
+            server_id: OnceLock::new(),
+            keys: DashMap::new(),
+            workers: RwLock::new(vec![None; w as usize]),
+            sender,
+            pool: BufPool::new(RESULT_POOL_BYTES),
+        };
+        (shared, driver)
+    }
+
+    pub(crate) fn id_str(&self) -> String {
+        match self.server_id.get() {
+            Some(id) => format!("server {id}"),
+            None => "this server".to_string(),
+        }
+    }
+
+    pub(crate) fn worker(&self, rank: u32) -> Option<WorkerConn> {
+        let w = self.workers.read().unwrap_or_else(|e| e.into_inner());
+        w.get(rank as usize).cloned().flatten()
+    }
+
+    /// Aborts every open round naming `node`; every later push is refused naming it.
+    pub(crate) fn node_lost(self: &Arc<Self>, node: &str, reason: &str) {
+        let keys: Vec<(u64, Arc<Mutex<KeyRounds>>)> = self
+            .keys
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect();
+        for (key, k) in keys {
+            let (priority, actions) = {
+                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
+                (k.info().priority, k.node_lost(node, reason))
+            };
+            self.execute(key, priority, actions);
+        }
+    }
+
+    /// Carries out a state machine's actions for `key`, whose results go out at `priority`
+    /// (aborts, small and urgent, always at the highest).
+    pub(crate) fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::SendResult { round, payload } => {
+                    for rank in 0..self.num_workers {
+                        let frame = (FrameKind::Result, key, round, payload.clone());
+                        self.send_to_rank(rank, frame, priority);
+                    }
+                }
+                Action::SendAbort {
+                    round,
+                    ranks,
+                    message,
+                } => {
+                    debug!(key, round, ?ranks, "abort: {message}");
+                    let payload = Bytes::from(message);
+                    for rank in ranks {
+                        let frame = (FrameKind::Abort, key, round, payload.clone());
+                        self.send_to_rank(rank, frame, ABORT_PRIORITY);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn send_to_rank(self: &Arc<Self>, rank: u32, frame: OutFrame, priority: i32) {
+        match self.worker(rank) {
+            Some(w) => w.send(rank, frame, priority),
+            None => debug!(
+                rank,
+                key = frame.1,
+                round = frame.2,
+                kind = ?frame.0,
+                "worker not connected; frame dropped"
+            ),
+        }
+    }
+
+    /// Waits (at most `limit`) until every frame queued for a worker was handed to QUIC.
+    pub(crate) async fn flush(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.sender.flushed()).await;
+    }
+}
+
+pub(crate) async fn accept_loop(endpoint: Endpoint, shared: Arc<Shared>) {
+    while let Some(incoming) = endpoint.quinn.accept().await {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(conn) => serve_worker(shared, conn).await,
+                Err(e) => debug!("incoming connection failed: {e}"),
+            }
+        });
+    }
+}
+
+/// What reading one incoming stream gave.
+pub(crate) enum Incoming {
+    /// A well-formed frame.
+    Frame(FrameHeader, Bytes),
+    /// The header was readable but the rest was not (payload too long, truncated, extra
+    /// bytes, stream reset).
+    Bad(FrameHeader, String),
+    /// Not even a header.
+    Unreadable(String),
+}
+
+/// Reads one data frame to the end of its stream. Like [`pushpull_net::transport::read_frame`], but
+/// keeps the header when the payload is bad, so the sender can be answered with an `Abort`.
+pub(crate) async fn read_incoming(recv: &mut quinn::RecvStream, max_payload: u64) -> Incoming {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    match recv.read_exact(&mut head).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(n)) => {
+            return Incoming::Unreadable(format!(
+                "truncated frame header: {n} of {FRAME_HEADER_LEN} bytes"
+            ))
+        }
+        Err(quinn::ReadExactError::ReadError(e)) => return Incoming::Unreadable(e.to_string()),
+    }
+    let header = match FrameHeader::decode(&head, u64::MAX) {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = recv.stop(quinn::VarInt::from_u32(1));
+            return Incoming::Unreadable(e.to_string());
+        }
+    };
+    if header.payload_len > max_payload {
+        let _ = recv.stop(quinn::VarInt::from_u32(1));
+        return Incoming::Bad(
+            header,
+            format!(
+                "frame payload of {} bytes exceeds the limit of {max_payload} bytes",
+                header.payload_len
+            ),
+        );
+    }
+    let want = header.payload_len as usize;
+    let mut single: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut got = 0usize;
+    loop {
+        match recv.read_chunk(usize::MAX, true).await {
+            Ok(Some(chunk)) => {
+                got += chunk.bytes.len();
+                if got > want {
+                    let _ = recv.stop(quinn::VarInt::from_u32(1));
+                    return Incoming::Bad(
+                        header,
+                        format!("more bytes than the declared payload of {want} bytes"),
+                    );
+                }
+                if single.is_none() && buf.is_empty() {
+                    single = Some(chunk.bytes);
+                } else {
+                    if let Some(first) = single.take() {
+                        buf.reserve(want);
+                        buf.extend_from_slice(&first);
+                    }
+                    buf.extend_from_slice(&chunk.bytes);
+                }
+            }
+            Ok(None) => break,
+            Err(quinn::ReadError::ConnectionLost(e)) => {
+                return Incoming::Unreadable(format!("connection lost: {e}"))
+            }
+            Err(e) => return Incoming::Bad(header, format!("stream failed: {e}")),
+        }
+    }
+    if got < want {
+        return Incoming::Bad(
+            header,
+            format!("truncated frame payload: {got} of {want} bytes"),
+        );
+    }
+    let payload = single.unwrap_or_else(|| buf.freeze());
+    Incoming::Frame(header, payload)
+}
+
+/// Serves one worker's data connection: `Hello` first, then one task per stream.
+pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
+    let addr = conn.remote_address();
+    let refuse = |why: String| {
+        warn!(%addr, "worker connection refused: {why}");
+        conn.close(quinn::VarInt::from_u32(CLOSE_REFUSED), why.as_bytes());
+    };
+    // The first stream and its whole frame, within the bound: a peer that opens the stream
+    // and stalls must not hold this task forever.
+    let hello = async {
+        let mut first = conn.accept_uni().await?;
+        Ok::<_, quinn::ConnectionError>(read_incoming(&mut first, 0).await)
+    };
+    let hello = match tokio::time::timeout(shared.heartbeat_timeout, hello).await {
+        Ok(Ok(frame)) => frame,
+        Ok(Err(e)) => return debug!(%addr, "connection closed before Hello: {e}"),
+        Err(_) => return refuse("no Hello within the heartbeat timeout".into()),
+    };
+    let rank = match hello {
+        Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
+        Incoming::Frame(h, _) | Incoming::Bad(h, _) => {
+            return refuse(format!("the first frame must be Hello, got {:?}", h.kind))
+        }
+        Incoming::Unreadable(e) => return refuse(format!("bad Hello frame: {e}")),
+    };
+    if rank >= shared.num_workers {
+        return refuse(format!(
+            "Hello from rank {rank}, but the job has {} workers",
+            shared.num_workers
+        ));
+    }
+    let w = WorkerConn {
+        peer: Peer {
+            conn: conn.clone(),
+            name: format!("worker {rank} ({addr})").into(),
+        },
+        sender: shared.sender.clone(),
+    };
+    {
+        let mut workers = shared.workers.write().unwrap_or_else(|e| e.into_inner());
+        let slot = &mut workers[rank as usize];
+        if let Some(old) = slot {
+            if old.peer.conn.close_reason().is_none() {
+                let why = format!("rank {rank} is already connected as {}", old.peer.name);
+                drop(workers);
+                return refuse(why);
+            }
+        }
+        *slot = Some(w.clone());
+    }
+    info!("{} connected", w.peer.name);
+    loop {
+        match conn.accept_uni().await {
+            Ok(mut stream) => {
+                let shared = shared.clone();
+                let w = w.clone();
+                tokio::spawn(async move {
+                    let frame = read_incoming(&mut stream, shared.max_payload).await;
+                    handle_frame(&shared, &w, rank, frame);
+                });
+            }
+            Err(e) => {
+                info!("{} disconnected: {e}", w.peer.name);
+                break;
+            }
+        }
+    }
+}
+
+/// Feeds one frame from worker `rank` to its key and carries out the actions.
+pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming) {
+    let (header, payload, bad) = match frame {
+        Incoming::Frame(h, p) => (h, p, None),
+        Incoming::Bad(h, why) => (h, Bytes::new(), Some(why)),
+        Incoming::Unreadable(why) => {
+            warn!("unreadable frame from {}: {why}", w.peer.name);
+            return;
+        }
+    };
+    let key = header.key;
+    let round = header.round;
+    if header.kind != FrameKind::Push {
+        let why = format!(
+            "{} expected a Push frame from {}, got {:?}{}",
+            shared.id_str(),
+            w.peer.name,
+            header.kind,
+            bad.as_deref()
+                .map(|b| format!(" ({b})"))
+                .unwrap_or_default()
+        );
+        warn!(key, round, "{why}");
+        if header.kind != FrameKind::Hello {
+            let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+            w.send(rank, frame, ABORT_PRIORITY);
+        }
+        return;
+    }
+    let Some(k) = shared.keys.get(&key).map(|e| e.value().clone()) else {
+        let why =
+            format!(
+            "key {key:#018x} round {round}: push from rank {rank} for a key that {} does not hold (no \
+             tensor placed on it has this key){}",
+            shared.id_str(),
+            bad.as_deref().map(|b| format!("; also: {b}")).unwrap_or_default()
+        );
+        warn!("{why}");
+        let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+        w.send(rank, frame, ABORT_PRIORITY);
+        return;
+    };
+    let (priority, actions) = {
+        let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
+        let actions = if let Some(why) = bad {
+            k.reject(rank, round, &why)
+        } else if header.rank != rank {
+            let why = format!(
+                "its header says rank {} but the connection said Hello as rank {rank}",
+                header.rank
+            );
+            k.reject(rank, round, &why)
+        } else {
+            k.push(rank, round, header.op, header.aux, payload)
+        };
+        (k.info().priority, actions)
+    };
+    shared.execute(key, priority, actions);
+}
