@@ -27,7 +27,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
 use pushpull_net::tls::TlsIdentity;
@@ -36,6 +36,7 @@ use pushpull_proto::config::{parse_addr, ConfigError};
 use pushpull_proto::protocol::{
     FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler, PROTOCOL_VERSION,
 };
+use pushpull_proto::session::{End, Input, Output, Session, SessionConfig};
 use pushpull_proto::Config;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -372,73 +373,81 @@ impl Control<'_> {
         &mut self,
         rx: &mut mpsc::Receiver<Result<Option<FromScheduler>, TransportError>>,
     ) -> Result<(), ServerError> {
-        let timeout = self.config.heartbeat_timeout();
-        let mut ticker = tokio::time::interval(self.config.heartbeat_interval());
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_heard = tokio::time::Instant::now();
-        let mut lost: Option<(NodeName, String, tokio::time::Instant)> = None;
+        let cfg = SessionConfig::from_config(self.config, Some(LOST_GRACE));
+        let mut session = Session::new(cfg, Instant::now());
         loop {
-            let lost_deadline = lost.as_ref().map(|l| l.2);
+            while let Some(out) = session.poll_output() {
+                self.carry_out(out).await?;
+            }
+            if let Some(end) = session.end() {
+                return self.ended(end);
+            }
+            let deadline = session.poll_timeout();
             tokio::select! {
                 msg = rx.recv() => {
-                    let msg = match msg {
-                        Some(Ok(Some(msg))) => msg,
+                    let input = match msg {
+                        Some(Ok(Some(msg))) => Input::Message(msg),
                         Some(Ok(None)) | None => {
-                            return Err(self.sched_err("the scheduler closed the control stream"))
+                            Input::StreamEnded("the scheduler closed the control stream".into())
                         }
-                        Some(Err(e)) => return Err(self.sched_err(format!("control stream failed: {e}"))),
+                        Some(Err(e)) => Input::StreamEnded(format!("control stream failed: {e}")),
                     };
-                    last_heard = tokio::time::Instant::now();
-                    match msg {
-                        FromScheduler::Heartbeat => {}
-                        FromScheduler::Welcome { id, map } => {
-                            if self.shared.server_id.set(id).is_err() {
-                                warn!(id, "second Welcome ignored");
-                                continue;
-                            }
-                            self.job_seed = Some(map.job_seed);
-                            info!(id, job_seed = map.job_seed, servers = ?map.servers, "welcomed");
-                        }
-                        FromScheduler::Refused { reason } => return Err(ServerError::Refused { reason }),
-                        FromScheduler::Placement(p) => {
-                            let error = self.place(&p).err();
-                            if let Some(e) = &error {
-                                warn!(tensor = %p.name, "placement refused: {e}");
-                            }
-                            self.send(&ToScheduler::PlacementAck { name: p.name.clone(), error }).await?;
-                        }
-                        FromScheduler::NodeLost { node, reason } => {
-                            warn!(%node, %reason, "node lost; aborting open rounds");
-                            self.shared.node_lost(&node.to_string(), &reason);
-                            if lost.is_none() {
-                                lost = Some((node, reason, tokio::time::Instant::now() + LOST_GRACE));
-                            }
-                        }
-                        FromScheduler::Shutdown { error } => {
-                            return match (lost.take(), error) {
-                                (Some((node, reason, _)), _) => Err(ServerError::NodeLost { node, reason }),
-                                (None, Some(error)) => Err(ServerError::Shutdown { error }),
-                                (None, None) => Ok(()),
-                            };
-                        }
-                        other @ (FromScheduler::Declared { .. } | FromScheduler::BarrierDone { .. }) => {
-                            warn!(msg = ?other, "unexpected worker message from the scheduler ignored");
-                        }
-                    }
+                    session.handle(Instant::now(), input);
                 }
-                _ = ticker.tick() => self.send(&ToScheduler::Heartbeat).await?,
-                _ = tokio::time::sleep_until(last_heard + timeout) => {
-                    return Err(self.sched_err(format!(
-                        "no message for {:.1} s (heartbeat timeout)",
-                        timeout.as_secs_f64()
-                    )));
-                }
-                _ = sleep_until_opt(lost_deadline) => {
-                    if let Some((node, reason, _)) = lost.take() {
-                        return Err(ServerError::NodeLost { node, reason });
-                    }
+                _ = sleep_until_opt(deadline.map(tokio::time::Instant::from_std)) => {
+                    session.handle_timeout(Instant::now());
                 }
             }
+        }
+    }
+
+    /// Does what the session asks.
+    async fn carry_out(&mut self, out: Output) -> Result<(), ServerError> {
+        match out {
+            Output::Send(msg) => self.send(&msg).await?,
+            Output::Welcomed { id, map } => {
+                // The session passes on only the first Welcome.
+                let _ = self.shared.server_id.set(id);
+                self.job_seed = Some(map.job_seed);
+                info!(id, job_seed = map.job_seed, servers = ?map.servers, "welcomed");
+            }
+            Output::NodeLost { node, reason } => {
+                warn!(%node, %reason, "node lost; aborting open rounds");
+                self.shared.node_lost(&node.to_string(), &reason);
+            }
+            Output::Role(FromScheduler::Placement(p)) => {
+                let error = self.place(&p).err();
+                if let Some(e) = &error {
+                    warn!(tensor = %p.name, "placement refused: {e}");
+                }
+                self.send(&ToScheduler::PlacementAck {
+                    name: p.name.clone(),
+                    error,
+                })
+                .await?;
+            }
+            Output::Role(other) => {
+                warn!(msg = ?other, "unexpected worker message from the scheduler ignored");
+            }
+        }
+        Ok(())
+    }
+
+    /// What the session's end means for [`Server::run`].
+    fn ended(&self, end: &End) -> Result<(), ServerError> {
+        match end {
+            End::Shutdown { .. } => Ok(()),
+            End::Refused { reason } => Err(ServerError::Refused {
+                reason: reason.clone(),
+            }),
+            End::NodeLost { node, reason } => Err(ServerError::NodeLost {
+                node: node.clone(),
+                reason: reason.clone(),
+            }),
+            End::JobFailed { reason } => Err(ServerError::Shutdown {
+                error: reason.clone(),
+            }),
+            End::SchedulerLost { reason } => Err(self.sched_err(reason.clone())),
         }
     }
 

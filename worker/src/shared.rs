@@ -5,10 +5,12 @@
 //! * **control writer**: the only writer of the control stream; every message to the scheduler
 //!   goes through an unbounded channel, so a caller whose future is dropped can never leave a
 //!   half-written message behind;
-//! * **control reader**: reads `FromScheduler` messages and acts on them (Welcome, Refused,
-//!   Declared, BarrierDone, Heartbeat, NodeLost, Shutdown);
-//! * **heartbeat**: sends `Heartbeat` every interval and fails the job when the scheduler has
-//!   been silent longer than the heartbeat timeout;
+//! * **control reader**: feeds `FromScheduler` messages to the worker's
+//!   [`Session`](pushpull_proto::session::Session) (the I/O-free session with the scheduler
+//!   that servers run too) and carries out what it asks: Welcome, Declared, BarrierDone, and
+//!   the end (Refused, NodeLost, Shutdown, a lost scheduler);
+//! * **heartbeat**: wakes the session at its deadlines, so it sends `Heartbeat` every interval
+//!   and ends when the scheduler has been silent longer than the heartbeat timeout;
 //! * **server reader** (one per server connection): accepts every incoming unidirectional
 //!   stream at once, reads its frame in a task of its own and hands `Result`/`Abort` frames to
 //!   the [`Dispatch`] table by `(key, round)`.
@@ -16,7 +18,7 @@
 //! The first failure wins ([`Shared::fail`]): it is recorded, and every waiting declare,
 //! barrier and chunk fails with it at once, as does every later call.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,7 @@ use pushpull_proto::protocol::{
     check_control_len, decode_control, encode_control, ClusterMap, FrameHeader, FrameKind,
     FromScheduler, ProtocolError, ToScheduler,
 };
+use pushpull_proto::session::{End, Input, Output, Session, SessionConfig};
 use pushpull_proto::NodeName;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -77,15 +80,16 @@ pub(crate) struct Shared {
     pub(crate) scheduler: NodeName,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) heartbeat_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
     state: watch::Sender<State>,
     /// Declares and barriers waiting for the scheduler.
     pub(crate) pending: Mutex<ControlPending>,
     /// Dispatch table per server id.
     pub(crate) dispatch: Vec<Dispatch>,
     outgoing: mpsc::UnboundedSender<Outgoing>,
-    base: Instant,
-    last_heard_ms: AtomicU64,
+    /// The session with the scheduler (heartbeats, silence, the end).
+    session: Mutex<Session>,
+    /// The session's end was acted on.
+    session_ended: AtomicBool,
     welcome: Mutex<Option<oneshot::Sender<(u32, ClusterMap)>>>,
 }
 
@@ -138,15 +142,18 @@ impl Shared {
             scheduler,
             heartbeat_interval: config.heartbeat_interval(),
             heartbeat_timeout: config.heartbeat_timeout(),
-            connect_timeout: config.connect_timeout(),
             state,
             pending: Mutex::new(ControlPending::default()),
             dispatch: (0..config.cluster.num_servers)
                 .map(|_| Dispatch::new())
                 .collect(),
             outgoing: tx,
-            base: Instant::now(),
-            last_heard_ms: AtomicU64::new(0),
+            // Workers end at once on NodeLost: there is nothing to wind down.
+            session: Mutex::new(Session::new(
+                SessionConfig::from_config(config, None),
+                Instant::now(),
+            )),
+            session_ended: AtomicBool::new(false),
             welcome: Mutex::new(Some(welcome_tx)),
         });
         (shared, rx, welcome_rx)
@@ -162,8 +169,12 @@ impl Shared {
         self.state.borrow().clone()
     }
 
-    /// Moves to `phase` (never backwards).
+    /// Moves to `phase` (never backwards). From [`Phase::FinishedSent`] on, the scheduler
+    /// going away is the expected end of the session.
     pub(crate) fn set_phase(&self, phase: Phase) {
+        if phase >= Phase::FinishedSent {
+            lock(&self.session).finished();
+        }
         self.state.send_modify(|s| {
             if phase > s.phase {
                 s.phase = phase
@@ -247,25 +258,87 @@ impl Shared {
         }
     }
 
-    /// The scheduler's control stream or connection ended, or it went silent. Before this
-    /// worker sent `Finished` (and before a clean Shutdown) that is fatal, naming the
-    /// scheduler; afterwards it is the expected end.
+    /// The control stream or the connection to the scheduler ended, with why.
     pub(crate) fn scheduler_gone(&self, reason: String) {
-        let mut expected = false;
-        self.state.send_modify(|s| {
-            s.scheduler_closed = true;
-            expected = s.phase >= Phase::FinishedSent || s.shutdown;
-        });
-        if expected {
-            tracing::debug!(
-                "worker: control stream to {} ended: {reason}",
-                self.scheduler
-            );
-        } else {
-            self.fail(WorkerError::NodeLost {
-                node: self.scheduler.clone(),
-                reason,
-            });
+        self.state.send_modify(|s| s.scheduler_closed = true);
+        self.session_input(Input::StreamEnded(reason));
+    }
+
+    /// Feeds the session one input and carries out what it asks.
+    fn session_input(&self, input: Input) {
+        let mut session = lock(&self.session);
+        session.handle(Instant::now(), input);
+        self.carry_out(&mut session);
+    }
+
+    /// Heartbeats and silence as of now; returns the session's next deadline (`None` once it
+    /// has ended).
+    fn session_timeout(&self) -> Option<Instant> {
+        let mut session = lock(&self.session);
+        session.handle_timeout(Instant::now());
+        self.carry_out(&mut session);
+        session.poll_timeout()
+    }
+
+    fn carry_out(&self, session: &mut Session) {
+        while let Some(out) = session.poll_output() {
+            match out {
+                Output::Send(msg) => {
+                    // A closed writer means the job is over; its cause is recorded already.
+                    let _ = self.send(msg);
+                }
+                Output::Welcomed { id, map } => {
+                    if let Some(tx) = lock(&self.welcome).take() {
+                        let _ = tx.send((id, map));
+                    }
+                }
+                // Workers have no grace: the session's end names the node at once.
+                Output::NodeLost { .. } => {}
+                Output::Role(FromScheduler::Declared { name, result }) => {
+                    if lock(&self.pending).declared(&name, result) == 0 {
+                        tracing::debug!(
+                            "worker: answer to declare of {name:?} arrived with nobody waiting"
+                        );
+                    }
+                }
+                Output::Role(FromScheduler::BarrierDone { id }) => {
+                    if !lock(&self.pending).barrier_done(id) {
+                        tracing::debug!("worker: barrier {id} done with nobody waiting");
+                    }
+                }
+                Output::Role(other) => {
+                    tracing::warn!("worker: ignoring {other:?} (meant for servers)");
+                }
+            }
+        }
+        if let Some(end) = session.end() {
+            if !self.session_ended.swap(true, Ordering::SeqCst) {
+                self.on_session_end(end.clone());
+            }
+        }
+    }
+
+    /// The session with the scheduler is over: the end of the job, or its fatal error.
+    fn on_session_end(&self, end: End) {
+        match end {
+            End::Shutdown { after_finish } => {
+                self.state.send_modify(|s| s.shutdown = true);
+                if after_finish {
+                    tracing::debug!("worker: the session with {} ended", self.scheduler);
+                } else {
+                    self.fail(WorkerError::ShutDown);
+                }
+            }
+            End::Refused { reason } => self.fail(WorkerError::Refused { reason }),
+            End::NodeLost { node, reason } => self.fail(WorkerError::NodeLost { node, reason }),
+            End::JobFailed { reason } => self.fail(WorkerError::JobFailed { reason }),
+            End::SchedulerLost { reason } => {
+                self.state.send_modify(|s| s.scheduler_closed = true);
+                self.fail(WorkerError::NodeLost {
+                    node: self.scheduler.clone(),
+                    reason,
+                });
+            }
         }
     }
 
@@ -309,72 +382,6 @@ impl Shared {
             node: self.scheduler.clone(),
             reason: "control stream closed".into(),
         })
-    }
-
-    /// Notes that the scheduler was heard from now.
-    fn heard(&self) {
-        let ms = self.base.elapsed().as_millis() as u64;
-        self.last_heard_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// How long the scheduler has been silent.
-    fn silence(&self) -> Duration {
-        let now = self.base.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_heard_ms.load(Ordering::Relaxed)))
-    }
-
-    /// Acts on one message from the scheduler; false when the reader should stop.
-    fn on_message(&self, msg: FromScheduler) -> bool {
-        match msg {
-            FromScheduler::Welcome { id, map } => match lock(&self.welcome).take() {
-                Some(tx) => {
-                    let _ = tx.send((id, map));
-                }
-                None => tracing::warn!("worker: ignoring a second Welcome from {}", self.scheduler),
-            },
-            FromScheduler::Refused { reason } => {
-                self.fail(WorkerError::Refused { reason });
-                return false;
-            }
-            FromScheduler::Placement(p) => {
-                tracing::warn!(
-                    "worker: ignoring a Placement of tensor {:?} (meant for servers)",
-                    p.name
-                );
-            }
-            FromScheduler::Declared { name, result } => {
-                if lock(&self.pending).declared(&name, result) == 0 {
-                    tracing::debug!(
-                        "worker: answer to declare of {name:?} arrived with nobody waiting"
-                    );
-                }
-            }
-            FromScheduler::BarrierDone { id } => {
-                if !lock(&self.pending).barrier_done(id) {
-                    tracing::debug!("worker: barrier {id} done with nobody waiting");
-                }
-            }
-            FromScheduler::Heartbeat => {}
-            FromScheduler::NodeLost { node, reason } => {
-                self.fail(WorkerError::NodeLost { node, reason });
-            }
-            FromScheduler::Shutdown {
-                error: Some(reason),
-            } => {
-                self.fail(WorkerError::JobFailed { reason });
-            }
-            FromScheduler::Shutdown { error: None } => {
-                let mut early = false;
-                self.state.send_modify(|s| {
-                    s.shutdown = true;
-                    early = s.phase < Phase::FinishedSent;
-                });
-                if early {
-                    self.fail(WorkerError::ShutDown);
-                }
-            }
-        }
-        true
     }
 
     /// Hands one frame from `server` to the chunk waiting for it.
@@ -490,16 +497,10 @@ async fn recv_control<T: DeserializeOwned>(
 
 /// Reads and acts on messages from the scheduler until the stream ends.
 pub(crate) async fn control_reader(shared: Arc<Shared>, mut recv: quinn::RecvStream) {
-    shared.heard();
     let peer = shared.scheduler.to_string();
     loop {
         match recv_control::<FromScheduler>(&mut recv, &peer).await {
-            Ok(Some(msg)) => {
-                shared.heard();
-                if !shared.on_message(msg) {
-                    return;
-                }
-            }
+            Ok(Some(msg)) => shared.session_input(Input::Message(msg)),
             Ok(None) => {
                 shared.scheduler_gone("it closed the control stream".into());
                 return;
@@ -522,33 +523,13 @@ pub(crate) async fn control_reader(shared: Arc<Shared>, mut recv: quinn::RecvStr
     }
 }
 
-/// Sends a heartbeat every interval; fails the job when the scheduler was silent too long
-/// (while joining: the larger of the heartbeat and connect timeouts, since the scheduler may
-/// wait for slow nodes before it says anything).
+/// Wakes the session at each of its deadlines (heartbeats; the scheduler's silence) until it
+/// ends or the job does.
 pub(crate) async fn heartbeat(shared: Arc<Shared>) {
-    let mut tick = tokio::time::interval(shared.heartbeat_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
+    while let Some(next) = shared.session_timeout() {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(next)).await;
         let s = shared.state();
         if s.fatal.is_some() || s.phase >= Phase::Closed || s.scheduler_closed {
-            return;
-        }
-        let bound = if s.phase == Phase::Joining {
-            shared.heartbeat_timeout.max(shared.connect_timeout)
-        } else {
-            shared.heartbeat_timeout
-        };
-        let silence = shared.silence();
-        if silence > bound {
-            shared.scheduler_gone(format!(
-                "no message for {:.1} s (heartbeat timeout {:.1} s)",
-                silence.as_secs_f64(),
-                bound.as_secs_f64()
-            ));
-            return;
-        }
-        if shared.send(ToScheduler::Heartbeat).is_err() {
             return;
         }
     }
