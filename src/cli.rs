@@ -263,7 +263,7 @@ pub enum BenchCommand {
     Send(SendArgs),
     /// The cluster on a shaped network: every node in its own network namespace, links shaped
     /// with tc tbf (needs root); seconds per round against the wire floor, per compressor.
-    Net(crate::netbench::NetArgs),
+    Net(Box<crate::netbench::NetArgs>),
 }
 
 /// `pushpull bench transport`.
@@ -515,7 +515,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
         BenchCommand::Send(s) => {
             multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))
         }
-        BenchCommand::Net(n) => crate::netbench::run(n),
+        BenchCommand::Net(n) => crate::netbench::run(*n),
     }
 }
 

@@ -216,6 +216,10 @@ pub struct NetArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Run nothing: read a report saved with `--json` from this file and print its tables (and
+    /// draw `--plot`) again. Needs no root.
+    #[arg(long, value_name = "FILE")]
+    pub from_json: Option<std::path::PathBuf>,
     /// Show every process's log lines (stderr), prefixed with its name.
     #[arg(long)]
     pub logs: bool,
@@ -557,6 +561,17 @@ fn run_peers(
 /// prints the tables (or JSON) and draws the plot. Exit code 1 if any run failed (the others
 /// are still reported).
 pub fn run(args: NetArgs) -> CliResult<()> {
+    if let Some(path) = &args.from_json {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::usage(format!("--from-json {}: {e}", path.display())))?;
+        let report: NetReport = serde_json::from_str(&text).map_err(|e| {
+            CliError::usage(format!(
+                "--from-json {}: not a `bench net --json` report: {e}",
+                path.display()
+            ))
+        })?;
+        return print_report(&args, &report);
+    }
     let setup = setup(&args)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -734,15 +749,7 @@ pub fn run(args: NetArgs) -> CliResult<()> {
         peer_runs,
         failures,
     };
-    if args.json {
-        print_stdout(&serde_json::to_string(&report).expect("report serializes"));
-    } else {
-        print_stdout(&to_text(&report));
-    }
-    if let Some(path) = &args.plot {
-        plot::draw(path, &report.runs, &report.train_runs)?;
-        eprintln!("pushpull bench net: plot written to {}", path.display());
-    }
+    print_report(&args, &report)?;
     if report
         .failures
         .iter()
@@ -752,6 +759,20 @@ pub fn run(args: NetArgs) -> CliResult<()> {
             "{} of the runs failed (see above)",
             report.failures.len()
         )));
+    }
+    Ok(())
+}
+
+/// Prints the report (table or `--json`) and draws `--plot`.
+fn print_report(args: &NetArgs, report: &NetReport) -> CliResult<()> {
+    if args.json {
+        print_stdout(&serde_json::to_string(report).expect("report serializes"));
+    } else {
+        print_stdout(&to_text(report));
+    }
+    if let Some(path) = &args.plot {
+        plot::draw(path, &report.runs, &report.train_runs)?;
+        eprintln!("pushpull bench net: plot written to {}", path.display());
     }
     Ok(())
 }

@@ -299,12 +299,16 @@ mod tests {
 
     #[test]
     fn the_plan_has_both_peers_and_one_ps_per_compressed_run() {
-        let mut none = RunRow::default();
-        none.compressor = "none".into();
-        none.push_bytes_per_worker = 1e8;
-        let mut onebit = none.clone();
-        onebit.compressor = "onebit".into();
-        onebit.push_bytes_per_worker = 3.2e6;
+        let none = RunRow {
+            compressor: "none".into(),
+            push_bytes_per_worker: 1e8,
+            ..RunRow::default()
+        };
+        let onebit = RunRow {
+            compressor: "onebit".into(),
+            push_bytes_per_worker: 3.2e6,
+            ..RunRow::default()
+        };
         let p = plan(&[&none, &onebit], 102_000_000);
         assert_eq!(p.len(), 3);
         assert_eq!(p[0].job, PeerJob::AllReduce);

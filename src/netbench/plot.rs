@@ -1,7 +1,7 @@
 //! `pushpull bench net --plot FILE.svg`: the report as a picture (plotters' SVG backend).
 //!
 //! One panel per rate of the compressor series: seconds per round of every compressor (the
-//! median as a dot, the fastest and slowest round as a bar) next to its wire floor (a dash),
+//! median as a dot, the fastest and slowest round as a bar) next to its wire floor (a red dash),
 //! on a log scale, so a glance shows how far each run is from the floor. Then, if the scaling
 //! series ran, seconds per round and the floor against the size per worker (log-log), and
 //! against the number of servers. Then, for `--job train`, seconds per training step per
@@ -52,6 +52,23 @@ fn log_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     (lo / 1.6)..(hi * 1.6)
 }
 
+/// Tick positions of a log axis over `r`: 1, 2 and 5 times each power of ten inside it (plotters'
+/// own log ticks are powers of ten only, often a single label).
+fn log_ticks(r: &std::ops::Range<f64>) -> Vec<f64> {
+    let mut v = Vec::new();
+    let mut p = 10f64.powf(r.start.max(1e-9).log10().floor());
+    while p <= r.end {
+        for m in [1.0, 2.0, 5.0] {
+            let t = p * m;
+            if (r.start..=r.end).contains(&t) {
+                v.push(t);
+            }
+        }
+        p *= 10.0;
+    }
+    v
+}
+
 /// One panel: categories along x, for each a measured median with its min-max and a floor.
 fn categories(
     area: &Area<'_>,
@@ -67,7 +84,10 @@ fn categories(
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.5..(n - 0.5), y.log_scale())
+        .build_cartesian_2d(
+            -0.5..(n - 0.5),
+            y.clone().log_scale().with_key_points(log_ticks(&y)),
+        )
         .map_err(err)?;
     let labels: Vec<String> = items.iter().map(|i| i.0.clone()).collect();
     chart
@@ -81,6 +101,7 @@ fn categories(
                 String::new()
             }
         })
+        .x_desc(format!("dot: {measured}; red bar: {floor}"))
         .y_desc(y_label)
         .y_label_formatter(&tick)
         .light_line_style(TRANSPARENT)
@@ -97,9 +118,7 @@ fn categories(
         .map_err(err)?;
     chart
         .draw_series(xs().map(|(x, it)| Circle::new((x, it.1), 5, MEASURED.filled())))
-        .map_err(err)?
-        .label(measured)
-        .legend(|(x, y)| Circle::new((x + 10, y), 5, MEASURED.filled()));
+        .map_err(err)?;
     chart
         .draw_series(xs().map(|(x, it)| {
             PathElement::new(
@@ -107,15 +126,8 @@ fn categories(
                 FLOOR.stroke_width(3),
             )
         }))
-        .map_err(err)?
-        .label(floor)
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], FLOOR.stroke_width(3)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)
+        .map_err(err)?;
+    Ok(())
 }
 
 /// Seconds per round and the floor against `x` (log-log), one line each.
@@ -127,11 +139,16 @@ fn lines(area: &Area<'_>, title: &str, x_label: &str, points: &[(f64, f64, f64)]
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(60)
-        .build_cartesian_2d(x.log_scale(), y.log_scale())
+        .build_cartesian_2d(
+            x.clone().log_scale().with_key_points(log_ticks(&x)),
+            y.clone().log_scale().with_key_points(log_ticks(&y)),
+        )
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc(x_label)
+        .x_desc(format!(
+            "{x_label} (blue: push_pull, median s/round; red: wire floor)"
+        ))
         .y_desc("seconds per round")
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
@@ -143,9 +160,7 @@ fn lines(area: &Area<'_>, title: &str, x_label: &str, points: &[(f64, f64, f64)]
             points.iter().map(|p| (p.0, p.1)),
             MEASURED.stroke_width(2),
         ))
-        .map_err(err)?
-        .label("push_pull, median s/round")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], MEASURED.stroke_width(2)));
+        .map_err(err)?;
     chart
         .draw_series(
             points
@@ -158,15 +173,27 @@ fn lines(area: &Area<'_>, title: &str, x_label: &str, points: &[(f64, f64, f64)]
             points.iter().map(|p| (p.0, p.2)),
             FLOOR.stroke_width(2),
         ))
-        .map_err(err)?
-        .label("wire floor")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], FLOOR.stroke_width(2)));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)
+        .map_err(err)?;
+    Ok(())
+}
+
+/// The size (MB per worker) the server-count runs share: the one run at the most server counts
+/// (the largest on a tie).
+fn server_series_size(scaling: &[&RunRow]) -> f64 {
+    let mut best = (0usize, 0.0f64);
+    for r in scaling {
+        let mut counts: Vec<u32> = scaling
+            .iter()
+            .filter(|o| (o.mb_per_worker - r.mb_per_worker).abs() < 1e-9)
+            .map(|o| o.servers)
+            .collect();
+        counts.sort_unstable();
+        counts.dedup();
+        if (counts.len(), r.mb_per_worker) > best {
+            best = (counts.len(), r.mb_per_worker);
+        }
+    }
+    best.1
 }
 
 /// Draws the report's charts into `path` (see the module docs).
@@ -242,10 +269,7 @@ pub fn draw(path: &Path, runs: &[RunRow], train: &[TrainRow]) -> CliResult<()> {
             "MB fp32 per worker per round",
             &sizes,
         )?;
-        let full = scaling
-            .iter()
-            .map(|r| r.mb_per_worker)
-            .fold(0.0f64, f64::max);
+        let full = server_series_size(&scaling);
         let mut servers: Vec<(f64, f64, f64)> = scaling
             .iter()
             .filter(|r| (r.mb_per_worker - full).abs() < 1e-9)
@@ -304,6 +328,32 @@ pub fn draw(path: &Path, runs: &[RunRow], train: &[TrainRow]) -> CliResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_server_panel_uses_the_size_run_at_most_server_counts() {
+        let row = |mb: f64, servers: u32| RunRow {
+            series: "scaling".into(),
+            mb_per_worker: mb,
+            servers,
+            ..RunRow::default()
+        };
+        let rows = [
+            row(1.0, 4),
+            row(100.0, 4),
+            row(400.0, 4),
+            row(102.2, 1),
+            row(102.2, 2),
+            row(102.2, 4),
+        ];
+        let refs: Vec<&RunRow> = rows.iter().collect();
+        assert_eq!(server_series_size(&refs), 102.2);
+    }
+
+    #[test]
+    fn log_ticks_are_1_2_5_inside_the_range() {
+        assert_eq!(log_ticks(&(0.06..1.3)), vec![0.1, 0.2, 0.5, 1.0]);
+        assert_eq!(log_ticks(&(3.0..60.0)), vec![5.0, 10.0, 20.0, 50.0]);
+    }
 
     #[test]
     fn ticks_are_short() {
