@@ -14,7 +14,7 @@
 //! reports its own CPU seconds.
 //!
 //! With `--compare-cluster` the same run then starts the local cluster benchmark
-//! ([`crate::local`]) and prints its push + pull payload throughput summed over workers and the
+//! ([`crate::launch::local`]) and prints its push + pull payload throughput summed over workers and the
 //! ratio to the raw number. Note the shapes differ: the cluster moves data both ways on each
 //! connection (pushes out, results back), the raw benchmark one way.
 
@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use pushpull_net::sender::{FrameSender, OnError, Peer};
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{read_frame, Endpoint};
 use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::Config;
@@ -35,9 +35,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
 use crate::error::{CliError, CliResult};
-use crate::local::{run_local, write_config, LocalOptions, LocalSummary};
+use crate::launch::local::{run_local, LocalOptions, LocalSummary};
+use crate::launch::procs::{Event, ProcGroup, Programs};
 use crate::node::{load_config, load_identity, parse_addr_flag, NodeArgs};
-use crate::procs::{Event, ProcGroup, Programs};
 
 /// The line prefix a sink prints once bound.
 pub const SINK_LISTENING: &str = "pushpull-bench-sink listening on ";
@@ -227,17 +227,12 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
         .map(|j| (j / sinks, j % sinks))
         .collect();
 
-    let dir = tempfile::Builder::new()
-        .prefix("pushpull-bench-")
-        .tempdir()
-        .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
     let names: Vec<String> = (0..sinks)
         .map(|i| format!("sink{i}"))
         .chain((0..senders).map(|i| format!("sender{i}")))
         .collect();
-    let tls = generate_cluster(dir.path(), &opts.config.tls.server_name, &names)
-        .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
-    let config_path = write_config(&opts.config, dir.path())?;
+    let files = crate::launch::ClusterFiles::new("pushpull-bench-", &opts.config, &names)?;
+    let (tls, config_path) = (&files.tls, &files.config_path);
     let exe = &opts.programs.pushpull;
     let mut group = ProcGroup::new();
     let mut sink_addrs = Vec::new();
@@ -265,7 +260,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
         let idx = group.spawn(&format!("sink {s}"), &prog, &a)?;
         sink_addrs.push(
             group
-                .wait_line(idx, SINK_LISTENING, crate::local::STARTUP_TIMEOUT)
+                .wait_line(idx, SINK_LISTENING, crate::launch::local::STARTUP_TIMEOUT)
                 .await?,
         );
     }
@@ -464,7 +459,7 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
     let frame = config.cluster.partition_bytes;
     let payload = Bytes::from(
         (0..frame)
-            .map(|i| crate::data::mix64(i) as u8)
+            .map(|i| crate::jobs::data::mix64(i) as u8)
             .collect::<Vec<u8>>(),
     );
     let mut conns = Vec::new();

@@ -12,9 +12,11 @@ use clap::{Args, Parser, Subcommand};
 use pushpull_proto::Config;
 
 use crate::error::{CliError, CliResult};
-use crate::local::{default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec};
+use crate::launch::local::{
+    default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
+};
+use crate::launch::procs::Programs;
 use crate::node::{run_scheduler, run_server, run_worker, NodeArgs, WorkerOptions};
-use crate::procs::Programs;
 use crate::{bench, certs, logging};
 
 /// `pushpull-scheduler`: the rendezvous point of a cluster.
@@ -420,7 +422,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     let params = args
         .params
         .iter()
-        .map(|p| crate::train::compare::parse_param(p).map_err(CliError::usage))
+        .map(|p| crate::jobs::train::compare::parse_param(p).map_err(CliError::usage))
         .collect::<CliResult<Vec<_>>>()?;
     let runs = match (&args.compare, &args.compressor) {
         (Some(list), _) => list

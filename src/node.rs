@@ -26,8 +26,8 @@ use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
 use crate::cpu::cpu_line;
 use crate::error::{CliError, CliResult};
-use crate::job::{self, PROGRESS_PREFIX};
-use crate::train::{self, InRuntime, TrainOptions};
+use crate::jobs::benchmark::{self, PROGRESS_PREFIX};
+use crate::jobs::train::{self, InRuntime, TrainOptions};
 
 /// The line prefix a scheduler prints once bound: `pushpull-scheduler listening on ADDR`.
 pub const SCHEDULER_LISTENING: &str = "pushpull-scheduler listening on ";
@@ -138,8 +138,8 @@ pub struct WorkerOptions {
 }
 
 /// `pushpull-worker`: joins the cluster, runs the built-in job (`job.kind`: the benchmark of
-/// [`crate::job`] or the training of [`crate::train`]), says it is finished and prints the
-/// report ([`crate::job::JobReport`] or [`crate::train::TrainReport`]).
+/// [`crate::jobs::benchmark`] or the training of [`crate::jobs::train`]), says it is finished and prints the
+/// report ([`crate::jobs::benchmark::JobReport`] or [`crate::jobs::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;
@@ -180,7 +180,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
         print_line(if opts.json { &json } else { &text });
         return Ok(());
     }
-    let report = job::run_benchmark(&worker, &config, show).await;
+    let report = benchmark::run_benchmark(&worker, &config, show).await;
     let (text, json) = finish_report(worker, rank, report, |mut r| {
         r.cpu_seconds = crate::cpu::process_cpu_seconds();
         (r.to_text(), serde_json::to_string(&r))

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use pushpull::data;
+use pushpull::jobs::data;
 use pushpull_proto::ParamMap;
 use pushpull_worker::{Reduce, Tensor, Worker, WorkerError};
 

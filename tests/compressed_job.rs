@@ -13,7 +13,7 @@ fn compressed_benchmark_job_matches_the_reference_in_every_process() {
     let _g = cluster_lock();
     let seed = test_seed();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = pushpull::local::default_config();
+    let mut config = pushpull::launch::local::default_config();
     config.cluster.seed = Some(seed);
     // At scale 0.01 most ResNet tensors are small: compress everything from 1 KiB up.
     config.cluster.min_compress_bytes = 1024;
@@ -39,7 +39,7 @@ fn compressed_benchmark_job_matches_the_reference_in_every_process() {
         Duration::from_secs(300),
     );
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    let summary: pushpull::local::LocalSummary = serde_json::from_str(out.trim()).unwrap();
+    let summary: pushpull::launch::local::LocalSummary = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary.workers.len(), 2);
     for w in &summary.workers {
         assert_eq!(w.check, "passed", "{w:?}");

@@ -46,7 +46,7 @@ fn pushpull_local_runs_a_tiny_job() {
         Duration::from_secs(240),
     );
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    let summary: pushpull::local::LocalSummary = serde_json::from_str(out.trim()).unwrap();
+    let summary: pushpull::launch::local::LocalSummary = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary.workers.len(), 3);
     assert!(summary
         .workers
@@ -61,7 +61,7 @@ fn pushpull_local_reports_a_failed_process() {
     // The scheduler cannot bind its port: the launcher names it and shows its stderr.
     let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = pushpull::local::default_config();
+    let mut config = pushpull::launch::local::default_config();
     config.cluster.scheduler = taken.local_addr().unwrap().to_string();
     config.job.kind = "benchmark".into();
     config.job.scale = 0.001;
@@ -101,7 +101,8 @@ fn pushpull_local_trains_and_compares() {
         Duration::from_secs(240),
     );
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    let r: pushpull::train::compare::CompareReport = serde_json::from_str(out.trim()).unwrap();
+    let r: pushpull::jobs::train::compare::CompareReport =
+        serde_json::from_str(out.trim()).unwrap();
     let names: Vec<&str> = r.summary.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["none", "onebit", "logistic"]);
     assert_eq!(r.runs.len(), 3);

@@ -284,8 +284,8 @@ fn bad_frames_are_rejected_and_other_keys_keep_working() {
         assert!(m.contains("7 bytes") && m.contains("rank 1"), "{m}");
 
         // The server keeps serving: the good key sums, and the aborted keys work next round.
-        let d0 = pushpull::data::generate(seed, 0, 0, 0, LEN as usize);
-        let d1 = pushpull::data::generate(seed, 0, 1, 0, LEN as usize);
+        let d0 = pushpull::jobs::data::generate(seed, 0, 0, 0, LEN as usize);
+        let d1 = pushpull::jobs::data::generate(seed, 0, 1, 0, LEN as usize);
         let want = rank_order_sum(&[d0.clone(), d1.clone()]);
         for (n, round) in [("good", 0), ("truncated", 1), ("badlen", 1)] {
             let payload = f32_bytes(&d1);

@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
+use pushpull::launch::procs::Programs;
 use pushpull::netbench::cluster::{run_cluster, RunLimits};
 use pushpull::netbench::probe::transfer;
 use pushpull::netbench::topo::{list_namespaces, Shaping, Topology, DEFAULT_MTU};
 use pushpull::netbench::{preset, run_config, scale_for_mb};
-use pushpull::procs::Programs;
 
 const RATE: u64 = 100_000_000;
 
@@ -68,7 +68,7 @@ fn onebit_round_on_a_shaped_network() {
     );
 
     let config = run_config(
-        &pushpull::local::default_config(),
+        &pushpull::launch::local::default_config(),
         2,
         1,
         scale_for_mb(10.0),

@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
-use pushpull::train::check::{check_converged, loss_threshold};
-use pushpull::train::compare::{preset, set_default_map};
-use pushpull::train::{run_train, Exchange, TrainOptions, TrainReport};
+use pushpull::jobs::train::check::{check_converged, loss_threshold};
+use pushpull::jobs::train::compare::{preset, set_default_map};
+use pushpull::jobs::train::{run_train, Exchange, TrainOptions, TrainReport};
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::topo::Topology;
 use crate::bench::{run_transport, NetnsPlacement, TransportOptions};
 use crate::error::CliResult;
-use crate::procs::Programs;
+use crate::launch::procs::Programs;
 use pushpull_proto::Config;
 
 /// What one transport cost.

@@ -12,18 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushpull_net::tls::generate_cluster;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
 use crate::error::{CliError, CliResult};
-use crate::job::{JobReport, PROGRESS_PREFIX};
-use crate::local::parse_kv;
-use crate::local::{write_config, STARTUP_TIMEOUT};
+use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
+use crate::jobs::train::TrainReport;
+use crate::launch::local::parse_kv;
+use crate::launch::local::STARTUP_TIMEOUT;
+use crate::launch::procs::{Event, ProcGroup, Programs};
 use crate::node::SCHEDULER_LISTENING;
-use crate::procs::{Event, ProcGroup, Programs};
-use crate::train::TrainReport;
 
 /// Counters read at one round boundary.
 #[derive(Debug, Clone)]
@@ -114,17 +113,12 @@ pub async fn run_cluster(
         .map(|p| topo.host(p))
         .collect::<CliResult<_>>()?;
 
-    let dir = tempfile::Builder::new()
-        .prefix("pushpull-netbench-")
-        .tempdir()
-        .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
-    let tls = generate_cluster(dir.path(), &config.tls.server_name, &processes)
-        .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
     let mut config = config.clone();
     config.cluster.scheduler = format!("{}:0", hosts[0].ip);
     config.server.listen = "0.0.0.0:0".to_string();
     config.server.advertise = None;
-    let config_path = write_config(&config, dir.path())?;
+    let files = crate::launch::ClusterFiles::new("pushpull-netbench-", &config, &processes)?;
+    let (tls, config_path) = (&files.tls, &files.config_path);
     let config_arg = config_path.display().to_string();
 
     let mut group = ProcGroup::new();
@@ -147,7 +141,7 @@ pub async fn run_cluster(
             programs,
             &mut group,
             &hosts,
-            &tls,
+            tls,
             &config_arg,
         ),
     )

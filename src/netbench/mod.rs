@@ -40,7 +40,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, CliResult};
-use crate::procs::Programs;
+use crate::launch::procs::Programs;
 use baseline::{quinn_cost, TransportCost};
 use cluster::{run_cluster, RunLimits};
 use peers::{peer_table, PeerRow, PeerScript};
@@ -347,7 +347,7 @@ fn run_benchmarks(
     for p in setup.plans.get(rate).into_iter().flatten() {
         check_interrupted()?;
         let params = preset(&p.compressor)?;
-        let mb_per_worker = p.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
+        let mb_per_worker = p.scale * crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
         let fail = |e: String| RunFailure {
             series: p.series.to_string(),
             compressor: p.compressor.clone(),
@@ -492,7 +492,7 @@ fn run_peers(
         .iter()
         .filter(|r| r.rate == rate && r.series == "compressors")
         .collect();
-    let bytes = (args.scale * crate::resnet::RESNET50_ELEMENTS as f64 * 4.0).round() as u64;
+    let bytes = (args.scale * crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0).round() as u64;
     for peers::PeerPlan {
         job,
         compressor,
@@ -883,7 +883,7 @@ mod tests {
 
     #[test]
     fn presets_make_valid_cluster_files() {
-        let base = crate::local::default_config();
+        let base = crate::launch::local::default_config();
         for (name, _) in PRESETS {
             let c = run_config(&base, 4, 4, 1.0, (5, 1, false), &preset(name).unwrap()).unwrap();
             assert_eq!(c.cluster.num_workers, 4);

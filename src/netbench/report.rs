@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::baseline::per_gb;
 use super::cluster::ClusterRun;
 use super::probe::LinkRate;
-use crate::job::tensor_set;
+use crate::jobs::benchmark::tensor_set;
 
 /// Bytes of one host per timed round.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -318,7 +318,7 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
 }
 
 /// Per timed round, the latest any worker got the first tensor's result; their median.
-fn first_layer_seconds(reports: &[crate::job::JobReport]) -> f64 {
+fn first_layer_seconds(reports: &[crate::jobs::benchmark::JobReport]) -> f64 {
     let rounds = reports
         .iter()
         .map(|r| r.first_tensor_seconds.len())

@@ -45,7 +45,7 @@ pub fn test_seed() -> u64 {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap();
-            pushpull::data::mix64(t.as_nanos() as u64 ^ std::process::id() as u64)
+            pushpull::jobs::data::mix64(t.as_nanos() as u64 ^ std::process::id() as u64)
         }
     };
     eprintln!("test seed: {seed} (set PUSHPULL_TEST_SEED={seed} to replay)");
@@ -111,7 +111,7 @@ pub fn test_config(workers: u32, servers: u32) -> Config {
 
 /// Writes `config` to `dir/cluster.toml`.
 pub fn write_config(config: &Config, dir: &Path) -> PathBuf {
-    pushpull::local::write_config(config, dir).unwrap()
+    pushpull::launch::local::write_config(config, dir).unwrap()
 }
 
 /// A child process of a real binary with its stdout lines in a channel and its stderr

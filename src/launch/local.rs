@@ -1,19 +1,19 @@
 //! `pushpull local`: a whole cluster on this machine, as separate processes of the real
 //! binaries on loopback.
 //!
-//! 1. Makes a throw-away cluster CA and node certificates in a temporary folder
-//!    ([`pushpull_net::tls::generate_cluster`]) and writes the effective cluster file there.
+//! 1. Makes a throw-away cluster CA and node certificates in a temporary folder and writes the
+//!    effective cluster file there ([`super::ClusterFiles`]).
 //! 2. Starts the scheduler (it binds port 0 and prints `pushpull-scheduler listening on ADDR`),
 //!    then S servers and W workers with `--scheduler ADDR`; every process binds port 0.
 //! 3. Drives a progress bar from worker 0's `pushpull-worker progress ...` lines, collects every
 //!    worker's JSON report and every process's CPU seconds, and returns a [`LocalSummary`].
 //!
-//! With `job.kind = "train"` each worker trains ([`crate::train`]) and [`run_compare`] runs the
+//! With `job.kind = "train"` each worker trains ([`crate::jobs::train`]) and [`run_compare`] runs the
 //! same training once per compressor and seed, each on a fresh cluster, and tabulates the
 //! runs ([`CompareReport`]).
 //!
 //! If any process fails, the others are killed and the error names the failed process with its
-//! last stderr lines. Ctrl-C kills everything. See [`crate::procs`] for why children cannot
+//! last stderr lines. Ctrl-C kills everything. See [`crate::launch::procs`] for why children cannot
 //! outlive the launcher.
 
 use std::collections::BTreeMap;
@@ -22,19 +22,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use pushpull_net::tls::generate_cluster;
 use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, CliResult};
-use crate::job::{JobReport, PROGRESS_PREFIX};
+use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
+use crate::jobs::train::compare::{self, CompareReport, RunRow};
+use crate::jobs::train::TrainReport;
+use crate::launch::procs::{Event, ProcGroup, Programs};
 use crate::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
-use crate::procs::{Event, ProcGroup, Programs};
-use crate::train::compare::{self, CompareReport, RunRow};
-use crate::train::TrainReport;
 
 /// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
-pub const LOCAL_TOML: &str = include_str!("../configs/local.toml");
+pub const LOCAL_TOML: &str = include_str!("../../configs/local.toml");
 
 /// How long a process may take to print its `listening on` line.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -151,18 +150,13 @@ pub fn write_config(config: &Config, dir: &Path) -> CliResult<PathBuf> {
 }
 
 /// Runs the cluster to the end. Must be called on a runtime whose thread outlives the run
-/// (see [`crate::procs`]); the CLI uses a current-thread runtime.
+/// (see [`crate::launch::procs`]); the CLI uses a current-thread runtime.
 pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let config = &opts.config;
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
-    let dir = tempfile::Builder::new()
-        .prefix("pushpull-local-")
-        .tempdir()
-        .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
     let names = crate::certs::default_node_names(ns, nw);
-    let tls = generate_cluster(dir.path(), &config.tls.server_name, &names)
-        .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
-    let config_path = write_config(config, dir.path())?;
+    let files = super::ClusterFiles::new("pushpull-local-", config, &names)?;
+    let (tls, config_path) = (&files.tls, &files.config_path);
     let config_arg = config_path.display().to_string();
 
     let training = config.job.kind == "train";
@@ -195,7 +189,7 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
         }));
     }
     let start = Instant::now();
-    let result = run_group(opts, &mut group, &bar, &tls, &config_arg).await;
+    let result = run_group(opts, &mut group, &bar, tls, &config_arg).await;
     bar.finish_and_clear();
     let (scheduler, servers, (workers, train), cpu) = match result {
         Ok(r) => r,
@@ -354,7 +348,7 @@ async fn run_group(
 /// One run of a training comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunSpec {
-    /// A compressor preset ([`crate::train::compare::preset`]) with the `--param` overrides.
+    /// A compressor preset ([`crate::jobs::train::compare::preset`]) with the `--param` overrides.
     Preset(String),
     /// The logistic-regression baseline, uncompressed.
     Baseline,

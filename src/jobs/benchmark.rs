@@ -1,13 +1,13 @@
 //! The built-in benchmark job (`[job] kind = "benchmark"`), run by every worker of
 //! `pushpull-worker` and `pushpull local`.
 //!
-//! 1. Declares the ResNet-50 parameter set ([`crate::resnet`]: 161 tensors, 25.6 M elements),
+//! 1. Declares the ResNet-50 parameter set ([`crate::jobs::resnet`]: 161 tensors, 25.6 M elements),
 //!    each tensor scaled by `job.scale` (at least one element), tensor i with priority -i
 //!    (`job.priority = "forward"`: the first layers first, as the next forward pass needs
 //!    them) or all with priority 0 (`"none"`).
 //! 2. Rank 0 broadcasts every tensor once (its data for the pseudo-round
 //!    [`BROADCAST_ROUND`]); everyone checks it received rank 0's bytes.
-//! 3. Every worker generates its data once ([`crate::data`], a pure function of the job seed,
+//! 3. Every worker generates its data once ([`crate::jobs::data`], a pure function of the job seed,
 //!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
 //!    round) and copies it into the round's buffers before each round.
 //! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull(Sum)` of every
@@ -34,9 +34,9 @@ use pushpull_worker::{Reduce, Tensor, Worker};
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
-use crate::data;
 use crate::error::{CliError, CliResult};
-use crate::resnet;
+use crate::jobs::data;
+use crate::jobs::resnet;
 
 /// The data round used for the initial broadcast (distinct from [`DATA_ROUND`]).
 pub const BROADCAST_ROUND: u64 = u64::MAX;

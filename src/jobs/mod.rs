@@ -1,0 +1,13 @@
+//! The built-in jobs a launched cluster runs (`[job] kind`), and what they are made of.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`benchmark`] | the benchmark job: ResNet-50 tensor set, broadcast, timed push_pull rounds, bit-exact checks, [`benchmark::JobReport`] |
+//! | [`train`] | the training job: an MLP in candle on a synthetic task, its gradients through push_pull, the comparison table of `pushpull local --compare` |
+//! | [`data`] | reproducible per-(seed, round, rank, tensor) data and the rank-order sums to check against |
+//! | [`resnet`] | ResNet-50's 161 parameter shapes |
+
+pub mod benchmark;
+pub mod data;
+pub mod resnet;
+pub mod train;

@@ -1,0 +1,54 @@
+//! Launching a cluster of this machine's binaries: the files every node needs (a throw-away CA
+//! and certificates, the effective cluster file) and the child processes.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | here | [`ClusterFiles`]: a temporary folder with certificates for the given node names and the cluster file, used by `pushpull local`, `bench transport` and `bench net` |
+//! | [`local`] | `pushpull local`: a whole cluster as child processes on loopback |
+//! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
+
+pub mod local;
+pub mod procs;
+
+use std::path::{Path, PathBuf};
+
+use pushpull_net::tls::generate_cluster;
+use pushpull_proto::config::TlsConfig;
+use pushpull_proto::Config;
+
+use crate::error::{CliError, CliResult};
+
+/// What the nodes of one launched cluster read: certificates and the cluster file, in a
+/// temporary folder deleted on drop.
+#[derive(Debug)]
+pub struct ClusterFiles {
+    dir: tempfile::TempDir,
+    /// Each node's TLS files, in the order of the names given.
+    pub tls: Vec<TlsConfig>,
+    /// The cluster file.
+    pub config_path: PathBuf,
+}
+
+impl ClusterFiles {
+    /// A folder named `PREFIX…` with a fresh CA, a certificate per name of `nodes`, and
+    /// `config` written as `cluster.toml`.
+    pub fn new(prefix: &str, config: &Config, nodes: &[String]) -> CliResult<ClusterFiles> {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
+        let tls = generate_cluster(dir.path(), &config.tls.server_name, nodes)
+            .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
+        let config_path = local::write_config(config, dir.path())?;
+        Ok(ClusterFiles {
+            dir,
+            tls,
+            config_path,
+        })
+    }
+
+    /// The folder (logs may go there too).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
