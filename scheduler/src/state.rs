@@ -5,7 +5,7 @@
 //! [`SchedulerState::handle`], and drains the resulting [`Action`]s with
 //! [`SchedulerState::poll_action`]. Every rule of the scheduler lives here, so
 //! registration orders, declare mismatches, barriers, lost nodes and the clean finish are
-//! tested without a network (`state/tests.rs`).
+//! tested without a network (`state/tests/`).
 //!
 //! The rules live by concern: `register` (step 1 below), `declare` (step 2), `liveness`
 //! (steps 3 to 5); this file holds the types, the event loop and the helpers they share.
