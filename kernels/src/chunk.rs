@@ -240,6 +240,27 @@ pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> 
     build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
 }
 
+/// The largest payload one push of a chunk of `chunk_len` elements carries (its codec's
+/// largest encoding; `4 · chunk_len` for a tensor below `min_compress_bytes`): what the
+/// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk.
+pub fn payload_bytes(
+    params: &BTreeMap<String, String>,
+    (tensor_len, chunk_len, full_chunk_len): (u64, u64, u64),
+    min_compress_bytes: u64,
+) -> Result<u64, String> {
+    let info = ChunkInfo {
+        params,
+        tensor_len,
+        chunk_len,
+        full_chunk_len,
+        key: 0,
+        job_seed: 0,
+        node: Node::Server { id: 0 },
+        min_compress_bytes,
+    };
+    Ok(chunk_codec(&info)?.max_compressed_len() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,6 +304,28 @@ mod tests {
         let mut s = info(&p, 16383);
         s.node = Node::Server { id: 3 };
         assert!(!chunk_codec(&s).unwrap().name().contains("nesterov"));
+    }
+
+    #[test]
+    fn payload_bytes_follow_the_codec_and_min_compress_bytes() {
+        let onebit = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
+        // 32768 elements: onebit's 4-byte scale plus one bit per element.
+        let n = 32768;
+        assert_eq!(payload_bytes(&onebit, (n, n, n), 65536).unwrap(), 4 + n / 8);
+        // A tensor below min_compress_bytes travels as fp32.
+        assert_eq!(
+            payload_bytes(&onebit, (1000, 1000, 1000), 65536).unwrap(),
+            4000
+        );
+        let topk = map(&[("compressor", "topk"), ("k", "0.01")]);
+        let built = chunk_codec(&info(&topk, 20000))
+            .unwrap()
+            .max_compressed_len() as u64;
+        assert_eq!(
+            payload_bytes(&topk, (20000, 20000, 20000), 65536).unwrap(),
+            built
+        );
+        assert!(built < 20000 * 4 / 10, "{built}");
     }
 
     #[test]

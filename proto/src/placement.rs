@@ -54,7 +54,8 @@ pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64
     })
 }
 
-/// Assigns chunks to servers, least-loaded by bytes first.
+/// Assigns chunks to servers, least-loaded by bytes first: by default fp32 bytes, or with
+/// [`Placer::place_weighted`] the bytes each chunk really carries (its payload).
 #[derive(Debug, Clone)]
 pub struct Placer {
     load_bytes: Vec<u64>,
@@ -75,9 +76,23 @@ impl Placer {
         &self.load_bytes
     }
 
-    /// Cuts a tensor into chunks and assigns each to the currently least-loaded server. The
-    /// placement's priority is 0; the scheduler sets the agreed one.
+    /// Cuts a tensor into chunks and assigns each to the currently least-loaded server,
+    /// weighing each chunk by its fp32 bytes. The placement's priority is 0; the scheduler sets
+    /// the agreed one.
     pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
+        self.place_weighted(name, len, params, |chunk_len| chunk_len * 4)
+    }
+
+    /// [`Placer::place`], weighing each chunk by `bytes(chunk_len)`: e.g. the payload its
+    /// codec sends, so that servers carry equal traffic when some tensors are compressed and
+    /// others (below `min_compress_bytes`) are not.
+    pub fn place_weighted(
+        &mut self,
+        name: &str,
+        len: u64,
+        params: ParamMap,
+        mut bytes: impl FnMut(u64) -> u64,
+    ) -> TensorPlacement {
         let chunks = chunk_ranges(len, self.partition_bytes)
             .enumerate()
             .map(|(i, (offset, clen))| {
@@ -88,7 +103,7 @@ impl Placer {
                     .min_by_key(|&(id, &bytes)| (bytes, id))
                     .map(|(id, _)| id)
                     .unwrap_or(0);
-                self.load_bytes[server] += clen * 4;
+                self.load_bytes[server] += bytes(clen);
                 ChunkPlacement {
                     key: chunk_key(name, i as u64),
                     offset,

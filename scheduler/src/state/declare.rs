@@ -2,6 +2,15 @@
 //! collecting the servers' acknowledgements (step 2 in the [parent module](super)).
 
 use super::*;
+use pushpull_kernels::chunk::payload_bytes;
+use pushpull_proto::placement::chunk_ranges;
+
+/// The longest chunk of a tensor of `len` elements (its first).
+fn placement_full_chunk(len: u64, partition_bytes: u64) -> u64 {
+    chunk_ranges(len, partition_bytes)
+        .next()
+        .map_or(0, |(_, l)| l)
+}
 
 impl SchedulerState {
     pub(super) fn on_declare(&mut self, rank: u32, name: String, decl: Decl) {
@@ -131,8 +140,25 @@ impl SchedulerState {
             };
             return self.send_workers(self.all_ranks(), &msg);
         }
+        // Servers are balanced by the bytes each chunk really carries: with compression, a
+        // tensor below `min_compress_bytes` (raw fp32) weighs up to 32 times more per element
+        // than its compressed neighbours. Chunks have at most two lengths: one codec each.
+        let full = placement_full_chunk(len, self.cfg.partition_bytes);
+        let mut weights: Vec<(u64, u64)> = Vec::new();
+        let min_compress = self.cfg.min_compress_bytes;
+        let weigh = |chunk_len: u64| -> u64 {
+            if let Some(&(_, w)) = weights.iter().find(|(l, _)| *l == chunk_len) {
+                return w;
+            }
+            // A map the kernels refuse is refused by the servers' factories with a named
+            // error; until then it weighs as fp32.
+            let w = payload_bytes(&params, (len, chunk_len, full), min_compress)
+                .unwrap_or(chunk_len * 4);
+            weights.push((chunk_len, w));
+            w
+        };
         let mut trial = self.placer.clone();
-        let mut placement = trial.place(&name, len, params);
+        let mut placement = trial.place_weighted(&name, len, params.clone(), weigh);
         // The default: declaration order, earliest first.
         placement.priority = priority.unwrap_or_else(|| {
             i32::try_from(self.placed_count)

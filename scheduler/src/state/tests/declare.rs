@@ -108,6 +108,38 @@ fn placement_balances_bytes_over_servers_across_tensors() {
 }
 
 #[test]
+fn placement_balances_payload_bytes_when_some_tensors_are_not_compressed() {
+    // 400-byte partitions (100 elements per chunk), tensors of 400 bytes or more compressed.
+    let (mut h, srv, wrk) = H::start_with(1, 2, |c| c.cluster.min_compress_bytes = 400);
+    let onebit = [("compressor", "onebit")];
+    // "big": 7 onebit chunks of 100 elements, 20 bytes each (fp32: 400): 4 on one server.
+    h.declare(wrk[0], "big", 700, &onebit);
+    // Two 90-element biases, below min_compress_bytes: one fp32 chunk of 360 bytes each.
+    h.declare(wrk[0], "bias", 90, &onebit);
+    h.declare(wrk[0], "bias2", 90, &onebit);
+    let placed = placements(&h.take(), srv[0]);
+    assert_eq!(placed.len(), 3);
+    // An independent tally of each server's payload bytes per push.
+    let mut load = [0u64; 2];
+    for p in &placed {
+        for c in &p.chunks {
+            load[c.server as usize] += if p.len * 4 < 400 {
+                c.len * 4
+            } else {
+                4 + 4 * c.len.div_ceil(32)
+            };
+        }
+    }
+    // Weighed by fp32 bytes (big: 1600 + 1200) both biases would go to the lighter server;
+    // weighed by payload they split.
+    assert_ne!(
+        placed[1].chunks[0].server, placed[2].chunks[0].server,
+        "{placed:?}"
+    );
+    assert!(load[0].abs_diff(load[1]) <= 360, "{load:?}");
+}
+
+#[test]
 fn length_mismatch_names_the_tensor_and_both_values_and_others_keep_working() {
     let (mut h, srv, wrk) = H::start(3, 1);
     h.declare(wrk[0], "fc1.weight", 1000, &[]);

@@ -24,8 +24,12 @@ fn saddr(conn: ConnId) -> SocketAddr {
 
 impl H {
     fn new(workers: u32, servers: u32) -> H {
+        H::new_with(workers, servers, |_| {})
+    }
+    fn new_with(workers: u32, servers: u32, tweak: impl FnOnce(&mut Config)) -> H {
         let mut cfg = Config::local(workers, servers);
         cfg.cluster.partition_bytes = 400; // 100 elements per chunk
+        tweak(&mut cfg);
         let now = Instant::now();
         H {
             s: SchedulerState::new(StateConfig::from_config(&cfg, SEED), now),
@@ -76,7 +80,14 @@ impl H {
     /// Registers servers on conns 100.. and workers on conns 0.., returns the conn of
     /// every server id and worker rank.
     fn start(workers: u32, servers: u32) -> (H, Vec<ConnId>, Vec<ConnId>) {
-        let mut h = H::new(workers, servers);
+        H::start_with(workers, servers, |_| {})
+    }
+    fn start_with(
+        workers: u32,
+        servers: u32,
+        tweak: impl FnOnce(&mut Config),
+    ) -> (H, Vec<ConnId>, Vec<ConnId>) {
+        let mut h = H::new_with(workers, servers, tweak);
         for s in 0..servers {
             h.register(100 + s as ConnId, NodeRole::Server, None);
         }
