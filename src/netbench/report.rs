@@ -9,7 +9,8 @@
 //! the declarations complete, which varies from run to run, so the share is measured: the
 //! server's fraction of all servers' interface bytes in that direction (without counters,
 //! the fraction of fp32 bytes a replay of the placement with
-//! [`pushpull_proto::placement::Placer`] in declaration order gives it).
+//! [`pushpull_proto::placement::Placer`] in declaration order gives it: an approximation, since
+//! the scheduler balances payload bytes).
 //!
 //! **CPU-bound.** The CPU seconds of all processes per timed round divided by the cores
 //! (`nproc`) is the least wall time the CPU work needs; a run is CPU-bound when that is at least
