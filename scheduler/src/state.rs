@@ -23,10 +23,11 @@
 //!    only withdraws its registration (its slot becomes free again): nobody depends on it yet.
 //! 2. **Declare** (a collective): once every worker declared a name, lengths and parameter
 //!    maps are compared (an error names the tensor, the two ranks and both values), a tensor
-//!    of more than [`MAX_CHUNKS_PER_TENSOR`] chunks is refused, the tensor
-//!    is placed with the job's one [`Placer`] (each chunk weighed by its payload bytes), its chunk keys are checked against every other
-//!    tensor's, the placement goes to every server, and once every server acknowledged it the
-//!    workers get [`FromScheduler::Declared`]. A placed name declared again is answered at once.
+//!    of more than [`MAX_CHUNKS_PER_TENSOR`] chunks is refused, the tensor is placed with the
+//!    job's one [`Placer`] (each chunk weighed by its payload bytes), its chunk keys are checked
+//!    against every other tensor's, the placement goes to every server, and once every server
+//!    acknowledged it the workers get [`FromScheduler::Declared`]. A placed name declared again
+//!    is answered at once.
 //! 3. **Barriers**: barrier `id` completes when every worker entered it.
 //! 4. **Heartbeats**: [`Event::Tick`] sends the scheduler's own heartbeat to every registered
 //!    node each interval and declares a welcomed node lost when it has been silent for the
