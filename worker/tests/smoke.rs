@@ -102,7 +102,7 @@ async fn more_than_100_keys_in_opposite_orders() {
         // 16-byte partitions: the 1000-element tensor has 250 keys on one server; 120
         // one-key tensors are issued in opposite orders by the two workers. A send window of
         // 4 frames (56 bytes each) keeps most of them queued.
-        let mut s = stack_with(2, 1, 16, |c| c.cluster.send_window_bytes = 4 * 56).await;
+        let s = stack_with(2, 1, 16, |c| c.cluster.send_window_bytes = 4 * 56).await;
         let n = 120;
         let mut small = Vec::new();
         for i in 0..n {
@@ -144,15 +144,7 @@ async fn more_than_100_keys_in_opposite_orders() {
         let expected = rank_order_sum(&[input(0, 9999, 1000), input(1, 9999, 1000)]);
         assert!(same_bits(&a.1, &expected));
         assert!(same_bits(&b.1, &expected));
-        let fin: Vec<_> = s
-            .workers
-            .drain(..)
-            .map(|w| tokio::spawn(w.finish()))
-            .collect();
-        for f in fin {
-            f.await.unwrap().unwrap();
-        }
-        s.scheduler.await.unwrap().unwrap();
+        s.finish_all().await;
     })
     .await
     .expect("test timed out");
@@ -168,7 +160,7 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
         // 64-byte partitions: 16 elements per chunk; frames of 104 bytes.
-        let mut s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
+        let s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
         let n = 60usize;
         let len = |i: usize| 1 + (i * 7) % 50; // 1..50 elements: 1 to 4 chunks
         let mut tensors = Vec::new();
@@ -214,15 +206,7 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
                 "rank {r} tensor p{i:02} (seed {seed})"
             );
         }
-        let fin: Vec<_> = s
-            .workers
-            .drain(..)
-            .map(|w| tokio::spawn(w.finish()))
-            .collect();
-        for f in fin {
-            f.await.unwrap().unwrap();
-        }
-        s.scheduler.await.unwrap().unwrap();
+        s.finish_all().await;
     })
     .await
     .expect("test timed out");
@@ -276,7 +260,7 @@ async fn large_tensor_rounds() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(25_600_000);
     let seed = seed();
-    let mut s = stack(2, 2, 4_096_000).await;
+    let s = stack(2, 2, 4_096_000).await;
     let t = declare_all(&s, "resnet50.flat", len as u64).await;
     println!("{} elements in {} chunks", len, t[0].num_chunks());
     let inputs: Vec<Vec<f32>> = (0..2u64).map(|r| data(seed ^ (r << 48), len)).collect();
@@ -298,13 +282,5 @@ async fn large_tensor_rounds() {
         assert!(same_bits(&b, &expected), "seed {seed}");
     }
     println!("worker 0: {}", s.workers[0].metrics());
-    let fin: Vec<_> = s
-        .workers
-        .drain(..)
-        .map(|w| tokio::spawn(w.finish()))
-        .collect();
-    for f in fin {
-        f.await.unwrap().unwrap();
-    }
-    s.scheduler.await.unwrap().unwrap();
+    s.finish_all().await;
 }

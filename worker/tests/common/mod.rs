@@ -22,6 +22,22 @@ pub struct Stack {
     pub workers: Vec<Worker>,
 }
 
+impl Stack {
+    /// Finishes every worker (concurrently, as separate processes would) and waits for the
+    /// scheduler's clean end; panics naming the first failure.
+    pub async fn finish_all(mut self) {
+        let fin: Vec<_> = self
+            .workers
+            .drain(..)
+            .map(|w| tokio::spawn(w.finish()))
+            .collect();
+        for f in fin {
+            f.await.unwrap().unwrap();
+        }
+        self.scheduler.await.unwrap().unwrap();
+    }
+}
+
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
