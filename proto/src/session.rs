@@ -10,6 +10,9 @@
 //! until [`Session::end`] says why the session is over.
 //!
 //! # Rules
+//! * **Registration**: the first output of a new session is the node's
+//!   [`ToScheduler::Register`], built from its [`Registration`] (so both roles register
+//!   the same way, with this crate's `PROTOCOL_VERSION`).
 //! * **Heartbeats**: one [`ToScheduler::Heartbeat`] per `heartbeat_interval`, the first one
 //!   interval after the start.
 //! * **Silence**: any message from the scheduler counts as a sign of life. Before `Welcome`
@@ -30,10 +33,27 @@
 //! After the end, inputs are ignored and nothing more is sent.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::config::Config;
-use crate::protocol::{ClusterMap, FromScheduler, NodeName, ToScheduler};
+use crate::config::{ClusterDigest, Config};
+use crate::protocol::{
+    ClusterMap, FromScheduler, NodeName, NodeRole, ToScheduler, PROTOCOL_VERSION,
+};
+
+/// Who a node says it is when it registers: everything of [`ToScheduler::Register`] but the
+/// protocol version, which the session fills in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registration {
+    /// `Server` or `Worker`.
+    pub role: NodeRole,
+    /// The rank (worker) or id (server) asked for, if any.
+    pub requested_id: Option<u32>,
+    /// Servers: the address workers dial.
+    pub listen_addr: Option<SocketAddr>,
+    /// The node's cluster-relevant settings ([`Config::digest`]).
+    pub digest: ClusterDigest,
+}
 
 /// The session's timing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,8 +163,22 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session that starts at `now` (right after `Register` was sent).
-    pub fn new(cfg: SessionConfig, now: Instant) -> Session {
+    /// A session that starts at `now`, just after the control stream opened: its first
+    /// output is the `Register` message for `registration`.
+    pub fn new(cfg: SessionConfig, now: Instant, registration: Registration) -> Session {
+        let Registration {
+            role,
+            requested_id,
+            listen_addr,
+            digest,
+        } = registration;
+        let register = ToScheduler::Register {
+            version: PROTOCOL_VERSION,
+            role,
+            requested_id,
+            listen_addr,
+            digest,
+        };
         Session {
             cfg,
             last_heard: now,
@@ -153,7 +187,7 @@ impl Session {
             finished: false,
             lost: None,
             end: None,
-            out: VecDeque::new(),
+            out: VecDeque::from([Output::Send(register)]),
         }
     }
 

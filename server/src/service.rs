@@ -33,10 +33,8 @@ use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, N
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::{parse_addr, ConfigError};
-use pushpull_proto::protocol::{
-    FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler, PROTOCOL_VERSION,
-};
-use pushpull_proto::session::{End, Input, Output, Session, SessionConfig};
+use pushpull_proto::protocol::{FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler};
+use pushpull_proto::session::{End, Input, Output, Registration, Session, SessionConfig};
 use pushpull_proto::Config;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -344,14 +342,12 @@ impl Control<'_> {
             },
         })?;
         info!(scheduler = %self.scheduler, %listen_addr, "registering");
-        self.send(&ToScheduler::Register {
-            version: PROTOCOL_VERSION,
+        let registration = Registration {
             role: NodeRole::Server,
             requested_id,
             listen_addr: Some(listen_addr),
             digest: self.config.digest(),
-        })
-        .await?;
+        };
 
         // Control frames arrive through a channel: `recv` is not cancel-safe.
         let (tx, mut rx) = mpsc::channel(64);
@@ -364,17 +360,18 @@ impl Control<'_> {
                 }
             }
         });
-        let result = self.serve(&mut rx).await;
+        let result = self.serve(registration, &mut rx).await;
         reader.abort();
         result
     }
 
     async fn serve(
         &mut self,
+        registration: Registration,
         rx: &mut mpsc::Receiver<Result<Option<FromScheduler>, TransportError>>,
     ) -> Result<(), ServerError> {
         let cfg = SessionConfig::from_config(self.config, Some(LOST_GRACE));
-        let mut session = Session::new(cfg, Instant::now());
+        let mut session = Session::new(cfg, Instant::now(), registration);
         loop {
             while let Some(out) = session.poll_output() {
                 self.carry_out(out).await?;

@@ -28,7 +28,7 @@ use pushpull_proto::protocol::{
     check_control_len, decode_control, encode_control, ClusterMap, FrameHeader, FrameKind,
     FromScheduler, ProtocolError, ToScheduler,
 };
-use pushpull_proto::session::{End, Input, Output, Session, SessionConfig};
+use pushpull_proto::session::{End, Input, Output, Registration, Session, SessionConfig};
 use pushpull_proto::NodeName;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -118,12 +118,14 @@ pub(crate) fn transport_reason(e: &TransportError) -> String {
 }
 
 impl Shared {
-    /// Shared state for a worker registering with `scheduler`; returns the receiving ends of
-    /// the outgoing-message channel (for the writer task) and of the Welcome.
+    /// Shared state for a worker registering with `scheduler` as `registration` says; the
+    /// `Register` message is queued on the outgoing channel already. Returns the receiving
+    /// ends of that channel (for the writer task) and of the Welcome.
     #[allow(clippy::type_complexity)]
     pub(crate) fn new(
         scheduler: NodeName,
         config: &pushpull_proto::Config,
+        registration: Registration,
     ) -> (
         Arc<Shared>,
         mpsc::UnboundedReceiver<Outgoing>,
@@ -152,10 +154,12 @@ impl Shared {
             session: Mutex::new(Session::new(
                 SessionConfig::from_config(config, None),
                 Instant::now(),
+                registration,
             )),
             session_ended: AtomicBool::new(false),
             welcome: Mutex::new(Some(welcome_tx)),
         });
+        shared.carry_out(&mut lock(&shared.session));
         (shared, rx, welcome_rx)
     }
 

@@ -13,8 +13,9 @@ use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{send_frame, Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{
-    max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler, PROTOCOL_VERSION,
+    max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler,
 };
+use pushpull_proto::session::Registration;
 use pushpull_proto::{Config, NodeName, NodeRole, ParamMap};
 use tokio::task::JoinHandle;
 
@@ -209,15 +210,14 @@ impl Worker {
             .open_bi()
             .await
             .map_err(|e| connect_err(&scheduler, format!("opening the control stream: {e}")))?;
-        let (shared, outgoing, welcome) = Shared::new(scheduler.clone(), config);
-        cleanup.shared = Some(shared.clone());
-        shared.send(ToScheduler::Register {
-            version: PROTOCOL_VERSION,
+        let registration = Registration {
             role: NodeRole::Worker,
             requested_id: opts.requested_rank,
             listen_addr: None,
             digest: config.digest(),
-        })?;
+        };
+        let (shared, outgoing, welcome) = Shared::new(scheduler.clone(), config, registration);
+        cleanup.shared = Some(shared.clone());
         cleanup
             .tasks
             .push(tokio::spawn(control_writer(shared.clone(), send, outgoing)));

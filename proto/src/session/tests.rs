@@ -17,6 +17,26 @@ fn cfg(lost_grace: Option<Duration>) -> SessionConfig {
     }
 }
 
+fn registration() -> Registration {
+    Registration {
+        role: NodeRole::Worker,
+        requested_id: Some(1),
+        listen_addr: None,
+        digest: Config::local(2, 1).digest(),
+    }
+}
+
+/// A new session whose `Register` went out (the first output, checked here).
+fn start(cfg: SessionConfig, t0: Instant) -> Session {
+    let mut s = Session::new(cfg, t0, registration());
+    let first = s.poll_output();
+    assert!(
+        matches!(first, Some(Output::Send(ToScheduler::Register { .. }))),
+        "{first:?}"
+    );
+    s
+}
+
 fn ms(t0: Instant, ms: u64) -> Instant {
     t0 + Duration::from_millis(ms)
 }
@@ -62,9 +82,25 @@ fn run_until(s: &mut Session, until: Instant) -> usize {
 }
 
 #[test]
+fn the_first_message_is_the_registration() {
+    let reg = registration();
+    let mut s = Session::new(cfg(None), Instant::now(), reg.clone());
+    assert_eq!(
+        outputs(&mut s),
+        vec![Output::Send(ToScheduler::Register {
+            version: PROTOCOL_VERSION,
+            role: reg.role,
+            requested_id: reg.requested_id,
+            listen_addr: reg.listen_addr,
+            digest: reg.digest,
+        })]
+    );
+}
+
+#[test]
 fn heartbeats_go_out_every_interval_while_the_scheduler_speaks() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(t0, Input::Message(welcome()));
     assert!(matches!(
         &outputs(&mut s)[..],
@@ -83,7 +119,7 @@ fn heartbeats_go_out_every_interval_while_the_scheduler_speaks() {
 #[test]
 fn silence_past_the_timeout_ends_naming_the_bound() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(t0, Input::Message(welcome()));
     run_until(&mut s, ms(t0, 60_000));
     match s.end() {
@@ -101,7 +137,7 @@ fn silence_past_the_timeout_ends_naming_the_bound() {
 #[test]
 fn before_welcome_the_join_timeout_applies() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     run_until(&mut s, ms(t0, 9_999));
     assert_eq!(s.end(), None, "silent for 9.999 s while joining is fine");
     run_until(&mut s, ms(t0, 10_000));
@@ -111,7 +147,7 @@ fn before_welcome_the_join_timeout_applies() {
 #[test]
 fn the_role_gets_what_the_session_does_not_handle() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     let declared = FromScheduler::Declared {
         name: "w".into(),
         result: Err("no".into()),
@@ -131,7 +167,7 @@ fn the_role_gets_what_the_session_does_not_handle() {
 #[test]
 fn without_grace_a_lost_node_ends_at_once_and_stays_the_cause() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     let lost = node(NodeRole::Server, 1);
     s.handle(
         t0,
@@ -174,7 +210,7 @@ fn with_grace_a_lost_node_waits_for_shutdown_then_ends_by_itself() {
         reason: "silent".into(),
     };
     // Shutdown within the grace: the end names the lost node, not the Shutdown's error.
-    let mut s = Session::new(cfg(Some(GRACE)), t0);
+    let mut s = start(cfg(Some(GRACE)), t0);
     s.handle(t0, Input::Message(welcome()));
     s.handle(ms(t0, 100), Input::Message(msg.clone()));
     assert_eq!(s.end(), None);
@@ -187,7 +223,7 @@ fn with_grace_a_lost_node_waits_for_shutdown_then_ends_by_itself() {
     assert!(matches!(s.end(), Some(End::NodeLost { node, .. }) if *node == lost));
     // No Shutdown: the session ends at the end of the grace, still naming the lost node, even
     // though the scheduler went silent meanwhile.
-    let mut s = Session::new(cfg(Some(GRACE)), t0);
+    let mut s = start(cfg(Some(GRACE)), t0);
     s.handle(t0, Input::Message(welcome()));
     s.handle(ms(t0, 100), Input::Message(msg));
     run_until(&mut s, ms(t0, 60_000));
@@ -197,7 +233,7 @@ fn with_grace_a_lost_node_waits_for_shutdown_then_ends_by_itself() {
 #[test]
 fn the_stream_ending_is_expected_only_after_finishing() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(t0, Input::Message(welcome()));
     s.handle(t0, Input::StreamEnded("connection lost".into()));
     assert_eq!(
@@ -206,7 +242,7 @@ fn the_stream_ending_is_expected_only_after_finishing() {
             reason: "connection lost".into()
         })
     );
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(t0, Input::Message(welcome()));
     s.finished();
     s.handle(t0, Input::StreamEnded("closed".into()));
@@ -217,7 +253,7 @@ fn the_stream_ending_is_expected_only_after_finishing() {
 fn shutdown_says_whether_this_node_had_finished() {
     let t0 = Instant::now();
     let clean = FromScheduler::Shutdown { error: None };
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(t0, Input::Message(clean.clone()));
     assert_eq!(
         s.end(),
@@ -225,11 +261,11 @@ fn shutdown_says_whether_this_node_had_finished() {
             after_finish: false
         })
     );
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.finished();
     s.handle(t0, Input::Message(clean));
     assert_eq!(s.end(), Some(&End::Shutdown { after_finish: true }));
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(
         t0,
         Input::Message(FromScheduler::Shutdown {
@@ -247,7 +283,7 @@ fn shutdown_says_whether_this_node_had_finished() {
 #[test]
 fn refused_ends_and_nothing_is_sent_after_the_end() {
     let t0 = Instant::now();
-    let mut s = Session::new(cfg(None), t0);
+    let mut s = start(cfg(None), t0);
     s.handle(
         t0,
         Input::Message(FromScheduler::Refused {
