@@ -131,13 +131,7 @@ async fn run_cluster(seed: u64) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
             (m.bytes_pushed, m.raw_bytes)
         })
         .collect();
-    for w in s.workers {
-        w.finish().await.unwrap();
-    }
-    s.scheduler.await.unwrap().unwrap();
-    for sv in s.servers {
-        sv.await.unwrap().unwrap();
-    }
+    s.finish_all().await;
     (out, bytes)
 }
 
@@ -272,9 +266,7 @@ async fn workers_declaring_different_maps_get_an_error_naming_the_key() {
         );
         assert_eq!(x.unwrap(), vec![3.0; 10]);
         assert_eq!(y.unwrap(), vec![3.0; 10]);
-        for w in s.workers {
-            w.finish().await.unwrap();
-        }
+        s.finish_all().await;
     })
     .await
     .expect("timed out");
@@ -403,16 +395,15 @@ async fn a_corrupted_payload_aborts_that_key_for_everyone_naming_key_and_rank() 
                             matches!(e, WorkerError::Aborted { .. })
                                 && text.contains(&key)
                                 && text.contains("rank 1")
-                                && text.contains("undecodable"),
+                                && text.contains("undecodable")
+                                && text.contains("server "),
                             "{text}"
                         );
                     }
                 }
             }
         }
-        for w in s.workers {
-            w.finish().await.unwrap();
-        }
+        s.finish_all().await;
     })
     .await
     .expect("timed out");
@@ -462,9 +453,7 @@ async fn min_compress_bytes_boundary_and_lossless_broadcast() {
         );
         assert!(same_bits(&x.unwrap(), &root));
         assert!(same_bits(&y.unwrap(), &root));
-        for w in s.workers {
-            w.finish().await.unwrap();
-        }
+        s.finish_all().await;
     })
     .await
     .expect("timed out");

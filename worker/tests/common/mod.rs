@@ -1,30 +1,173 @@
-//! The test cluster shared by this crate's integration tests: the real scheduler and servers
-//! as tokio tasks on 127.0.0.1 (port 0), certificates from `generate_cluster`, workers of this
-//! crate; plus seeded data and independent references.
+//! The test kit shared by this crate's integration tests: a cluster of the real scheduler and
+//! servers on 127.0.0.1 (port 0) with certificates from `generate_cluster`, workers of this
+//! crate, fault injection, seeded data and independent references.
+//!
+//! Each scheduler and server runs as a [`Node`]: its own thread with its own single-threaded
+//! tokio runtime, so a fault stops all of it at once, as it would stop a process:
+//! * [`Node::kill`] drops the runtime with every task and socket in it (like SIGKILL: peers
+//!   hear nothing more and notice by timeout);
+//! * [`Node::freeze`] blocks the runtime's thread (like SIGSTOP: the socket stays open, nothing
+//!   is answered, not even heartbeats).
+//!
+//! Worker faults need no kit: drop a [`Worker`] without `finish` (it vanishes), or give it a
+//! codec factory that corrupts payloads (`Worker::set_codec_factory`).
 #![allow(dead_code)]
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::time::Duration;
 
 use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
-use pushpull_worker::{JoinOptions, ParamMap, Tensor, Worker};
-use tokio::task::JoinHandle;
+use pushpull_worker::{JoinOptions, ParamMap, Tensor, Worker, WorkerError};
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Spare worker identities beyond `num_workers` (for workers that join a second time).
+const SPARE_IDENTITIES: usize = 2;
+
+/// What a node's thread runs: the node's `run`, as a boxed future.
+type RunFuture = Pin<Box<dyn Future<Output = Result<(), String>>>>;
+
+enum Fault {
+    Kill,
+    Freeze,
+}
+
+/// A scheduler or server on its own thread and runtime (see the module docs).
+pub struct Node {
+    /// E.g. "server 1".
+    pub name: String,
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    faults: tokio::sync::mpsc::UnboundedSender<Fault>,
+    thaw: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+}
+
+impl Node {
+    /// Starts `start` (which binds the node and returns its address and run future) on a new
+    /// thread with its own runtime.
+    fn spawn<S, F>(name: String, start: S) -> Node
+    where
+        S: FnOnce() -> F + Send + 'static,
+        F: Future<Output = (SocketAddr, RunFuture)>,
+    {
+        let (faults, mut fault_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (thaw, thaw_rx) = std::sync::mpsc::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread_name = name.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let result = rt.block_on(async move {
+                    let (addr, mut run) = start().await;
+                    addr_tx.send(addr).unwrap();
+                    loop {
+                        tokio::select! {
+                            r = &mut run => return r,
+                            fault = fault_rx.recv() => match fault {
+                                // Blocks the runtime: nothing of this node runs until thawed.
+                                Some(Fault::Freeze) => {
+                                    let _ = thaw_rx.recv();
+                                }
+                                Some(Fault::Kill) | None => {
+                                    return Err(format!("{thread_name} was killed"));
+                                }
+                            },
+                        }
+                    }
+                });
+                // Drops every task and socket of the node, without waiting for any of them.
+                rt.shutdown_background();
+                result
+            })
+            .unwrap();
+        let addr = addr_rx.recv().expect("the node failed to start");
+        Node {
+            name,
+            addr,
+            faults,
+            thaw,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops the node at once, as SIGKILL would (see the module docs).
+    pub fn kill(&self) {
+        let _ = self.faults.send(Fault::Kill);
+        let _ = self.thaw.send(());
+    }
+
+    /// Stops the node from doing anything, as SIGSTOP would; it stays so until killed.
+    pub fn freeze(&self) {
+        let _ = self.faults.send(Fault::Freeze);
+    }
+
+    /// Waits for the node's end: its `run` result as text, or that it was killed.
+    pub async fn join(mut self) -> Result<(), String> {
+        let thread = self.thread.take().unwrap();
+        tokio::task::spawn_blocking(move || thread.join().expect("the node's thread panicked"))
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.kill();
+        }
+    }
+}
+
+/// A test cluster (see the module docs).
 pub struct Stack {
     pub _dir: tempfile::TempDir,
+    /// The job's config, with the scheduler's address.
     pub config: Config,
-    pub scheduler: JoinHandle<Result<(), pushpull_scheduler::SchedulerError>>,
-    pub servers: Vec<JoinHandle<Result<(), pushpull_server::ServerError>>>,
+    pub scheduler: Node,
+    pub servers: Vec<Node>,
+    /// The joined workers, by rank.
     pub workers: Vec<Worker>,
+    identities: Vec<TlsIdentity>,
 }
 
 impl Stack {
+    /// The TLS identity for the `w`-th worker to join (`num_workers + 2` exist).
+    pub fn identity(&self, w: usize) -> TlsIdentity {
+        self.identities[w].clone()
+    }
+
+    /// Joins one worker per entry of `requested` (the rank it asks for) concurrently, with
+    /// identities `0..`; returns the results in that order.
+    pub async fn join(&self, requested: &[Option<u32>]) -> Vec<Result<Worker, WorkerError>> {
+        let joins: Vec<_> = requested
+            .iter()
+            .enumerate()
+            .map(|(w, &requested_rank)| {
+                let (config, id) = (self.config.clone(), self.identity(w));
+                tokio::spawn(async move {
+                    Worker::join(&config, id, JoinOptions { requested_rank }).await
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for j in joins {
+            out.push(j.await.unwrap());
+        }
+        out
+    }
+
     /// Finishes every worker (concurrently, as separate processes would) and waits for the
-    /// scheduler's clean end; panics naming the first failure.
+    /// clean end of the scheduler and every server; panics naming the first failure.
     pub async fn finish_all(mut self) {
         let fin: Vec<_> = self
             .workers
@@ -34,7 +177,11 @@ impl Stack {
         for f in fin {
             f.await.unwrap().unwrap();
         }
-        self.scheduler.await.unwrap().unwrap();
+        self.scheduler.join().await.unwrap();
+        for s in self.servers {
+            let name = s.name.clone();
+            s.join().await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
     }
 }
 
@@ -51,8 +198,29 @@ pub async fn stack(workers: u32, servers: u32, partition_bytes: u64) -> Stack {
     stack_with(workers, servers, partition_bytes, |_| {}).await
 }
 
-/// A stack whose config `tweak` may change (before any node starts).
+/// A stack whose config `tweak` may change (before any node starts), with every worker
+/// joined (no requested ranks).
 pub async fn stack_with(
+    workers: u32,
+    servers: u32,
+    partition_bytes: u64,
+    tweak: impl FnOnce(&mut Config),
+) -> Stack {
+    let mut s = nodes_with(workers, servers, partition_bytes, tweak).await;
+    let requested = vec![None; workers as usize];
+    let mut ws: Vec<Worker> = s
+        .join(&requested)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    ws.sort_by_key(|w| w.rank());
+    s.workers = ws;
+    s
+}
+
+/// The scheduler and servers of a stack, no workers yet ([`Stack::join`] adds them).
+pub async fn nodes_with(
     workers: u32,
     servers: u32,
     partition_bytes: u64,
@@ -62,9 +230,9 @@ pub async fn stack_with(
     let dir = tempfile::tempdir().unwrap();
     let names: Vec<String> = std::iter::once("scheduler".to_string())
         .chain((0..servers).map(|s| format!("server{s}")))
-        .chain((0..workers).map(|w| format!("worker{w}")))
+        .chain((0..workers as usize + SPARE_IDENTITIES).map(|w| format!("worker{w}")))
         .collect();
-    let ids: Vec<TlsIdentity> = generate_cluster(dir.path(), "pushpull.cluster", &names)
+    let mut ids: Vec<TlsIdentity> = generate_cluster(dir.path(), "pushpull.cluster", &names)
         .unwrap()
         .iter()
         .map(|c| TlsIdentity::load(c).unwrap())
@@ -72,39 +240,45 @@ pub async fn stack_with(
     let mut config = Config::local(workers, servers);
     config.cluster.partition_bytes = partition_bytes;
     config.cluster.heartbeat_interval_ms = 200;
-    // Generous: this machine may be heavily loaded; no test here relies on timeouts.
+    // Generous: this machine may be heavily loaded. Fault tests that wait for a timeout set
+    // a shorter one.
     config.cluster.heartbeat_timeout_ms = 10_000;
     config.cluster.connect_timeout_ms = 10_000;
     tweak(&mut config);
-    let scheduler = Scheduler::bind(config.clone(), ids[0].clone())
-        .await
-        .unwrap();
-    config.cluster.scheduler = scheduler.local_addr().to_string();
-    let scheduler = tokio::spawn(scheduler.run());
-    let mut server_tasks = Vec::new();
-    for s in 0..servers as usize {
-        let server = Server::bind(config.clone(), ids[1 + s].clone())
-            .await
-            .unwrap();
-        server_tasks.push(tokio::spawn(server.run()));
-    }
-    let joins: Vec<_> = (0..workers as usize)
-        .map(|w| {
-            let (config, id) = (config.clone(), ids[1 + servers as usize + w].clone());
-            tokio::spawn(async move { Worker::join(&config, id, JoinOptions::default()).await })
+
+    let worker_ids = ids.split_off(1 + servers as usize);
+    let server_ids = ids.split_off(1);
+    let scheduler = {
+        let (config, id) = (config.clone(), ids[0].clone());
+        Node::spawn("scheduler".into(), move || async move {
+            let s = Scheduler::bind(config, id).await.unwrap();
+            let addr = s.local_addr();
+            let run: RunFuture = Box::pin(async move { s.run().await.map_err(|e| e.to_string()) });
+            (addr, run)
+        })
+    };
+    config.cluster.scheduler = scheduler.addr.to_string();
+    let servers = server_ids
+        .into_iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let config = config.clone();
+            Node::spawn(format!("server {i}"), move || async move {
+                let s = Server::bind(config, id).await.unwrap();
+                let addr = s.local_addr();
+                let run: RunFuture =
+                    Box::pin(async move { s.run().await.map_err(|e| e.to_string()) });
+                (addr, run)
+            })
         })
         .collect();
-    let mut ws = Vec::new();
-    for j in joins {
-        ws.push(j.await.unwrap().unwrap());
-    }
-    ws.sort_by_key(|w| w.rank());
     Stack {
         _dir: dir,
         config,
         scheduler,
-        servers: server_tasks,
-        workers: ws,
+        servers,
+        workers: Vec::new(),
+        identities: worker_ids,
     }
 }
 

@@ -1,29 +1,43 @@
-//! In-process smoke test of the whole stack: the real scheduler and servers (as tokio tasks on
-//! 127.0.0.1, port 0), certificates from `generate_cluster`, and workers of this crate.
-//! Results are compared bit for bit with the rank-order f32 sum computed here.
+//! Rounds through the whole stack (the test kit in `common`: the real scheduler and servers,
+//! workers of this crate): results bit for bit against the rank-order f32 sum computed here,
+//! many keys in opposite orders, calls that are refused, dropped or blocking.
 
 use std::time::Duration;
 
-use pushpull_worker::{Reduce, WorkerError};
+use pushpull_worker::{JoinOptions, ParamMap, Reduce, WorkerError};
 
 mod common;
 use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_two_servers_bit_exact() {
+async fn sums_are_bit_identical_to_the_rank_order_sum() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
-        // 4 KiB partitions: the 100_003-element tensor has 98 chunks over 2 servers.
-        let s = stack(2, 2, 4096).await;
+        // 64-byte partitions: 16 elements per chunk, so the 10_007-element tensor has 626
+        // chunks spread over 2 servers.
+        let mut s = nodes_with(2, 2, 64, |_| {}).await;
+        // The first worker to join asks for rank 1, the second for rank 0.
+        let mut ws: Vec<_> = s
+            .join(&[Some(1), Some(0)])
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!((ws[0].rank(), ws[1].rank()), (1, 0));
+        ws.reverse();
+        s.workers = ws;
         let w = &s.workers;
         assert_eq!(w[0].num_workers(), 2);
-        assert_eq!(w[1].rank(), 1);
+        assert_eq!(w[0].num_servers(), 2);
         assert_eq!(w[0].job_seed(), w[1].job_seed());
-        let sizes = [1usize, 1000, 100_003];
+        let sizes = [1usize, 1000, 10_007];
         let mut tensors = Vec::new();
         for (i, len) in sizes.iter().enumerate() {
             tensors.push(declare_all(&s, &format!("t{i}"), *len as u64).await);
         }
+        let big = &tensors[2];
+        assert_eq!(big[0].num_chunks(), 626);
+        assert_eq!(big[0].placement(), big[1].placement());
         for round in 0..3u64 {
             let op = if round == 2 { Reduce::Average } else { Reduce::Sum };
             let inputs: Vec<Vec<Vec<f32>>> = sizes
@@ -56,12 +70,12 @@ async fn two_workers_two_servers_bit_exact() {
                 );
             }
         }
+        assert_eq!(big[0].rounds_started(), 3);
         // Broadcast from rank 1.
-        let t = &tensors[2];
         let root_data = data(seed ^ 0xb0, sizes[2]);
         let (a, b) = tokio::join!(
-            w[0].broadcast(&t[0], vec![0.0; sizes[2]], 1),
-            w[1].broadcast(&t[1], root_data.clone(), 1)
+            w[0].broadcast(&big[0], vec![0.0; sizes[2]], 1),
+            w[1].broadcast(&big[1], root_data.clone(), 1)
         );
         assert!(same_bits(&a.unwrap(), &root_data));
         assert!(same_bits(&b.unwrap(), &root_data));
@@ -69,6 +83,7 @@ async fn two_workers_two_servers_bit_exact() {
         let m = w[0].metrics();
         println!("worker 0: {m}");
         assert_eq!(m.rounds, 3 * 3 + 1);
+        assert_eq!(m.tensors["t2"].rounds, 4);
         let elems: u64 = sizes.iter().map(|&l| l as u64).sum();
         assert_eq!(m.bytes_pushed, 3 * 4 * elems); // non-root broadcast pushes are empty
         assert_eq!(m.bytes_pulled, 3 * 4 * elems + 4 * sizes[2] as u64);
@@ -76,27 +91,14 @@ async fn two_workers_two_servers_bit_exact() {
         let (x, y) = tokio::join!(w[0].barrier(), w[1].barrier());
         x.unwrap();
         y.unwrap();
-        let Stack {
-            workers,
-            scheduler,
-            servers,
-            ..
-        } = s;
-        let fin: Vec<_> = workers.into_iter().map(|w| tokio::spawn(w.finish())).collect();
-        for f in fin {
-            f.await.unwrap().unwrap();
-        }
-        scheduler.await.unwrap().unwrap();
-        for srv in servers {
-            srv.await.unwrap().unwrap();
-        }
+        s.finish_all().await;
     })
     .await
     .expect("test timed out");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn more_than_100_keys_in_opposite_orders() {
+async fn many_keys_issued_in_opposite_orders() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
         // 16-byte partitions: the 1000-element tensor has 250 keys on one server; 120
@@ -144,6 +146,7 @@ async fn more_than_100_keys_in_opposite_orders() {
         let expected = rank_order_sum(&[input(0, 9999, 1000), input(1, 9999, 1000)]);
         assert!(same_bits(&a.1, &expected));
         assert!(same_bits(&b.1, &expected));
+        assert_eq!(s.workers[0].metrics().tensors.len(), n + 1);
         s.finish_all().await;
     })
     .await
@@ -213,40 +216,140 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_vanished_worker_fails_the_others_naming_it() {
+async fn call_errors_name_the_tensor_and_values() {
     tokio::time::timeout(TIMEOUT, async {
-        let mut s = stack(2, 1, 4096).await;
-        let t = declare_all(&s, "grad", 100).await;
-        let pending = {
-            let (w, t) = (s.workers[0].clone(), t[0].clone());
-            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 100], Reduce::Sum).await })
-        };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let w1 = s.workers.pop().unwrap();
-        drop(t);
-        drop(w1); // no finish: the scheduler sees worker 1 vanish
-        let e = pending.await.unwrap().unwrap_err();
-        println!("worker 0 got: {e}");
-        assert!(e.to_string().contains("worker 1"), "{e}");
-        // The server's abort and the scheduler's report race; the worker waits briefly for
-        // the report, so the pending call normally fails with NodeLost too.
+        let c = stack(2, 1, 4096).await;
+        let w = &c.workers;
+        let t = declare_all(&c, "fc1.weight", 10).await;
+        let e = w[0]
+            .push_pull(&t[0], vec![0.0; 9], Reduce::Sum)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "tensor \"fc1.weight\" was declared with 10 elements, but the buffer has 9"
+        );
+        // A handle from another worker is refused, even with the same name.
+        let e = w[0]
+            .push_pull(&t[1], vec![0.0; 10], Reduce::Sum)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, WorkerError::Undeclared { .. }), "{e}");
+        assert!(e.to_string().contains("\"fc1.weight\""), "{e}");
+        let e = w[0].tensor("nope").unwrap_err();
         assert!(
-            e.is_fatal() || matches!(e, WorkerError::Aborted { .. }),
+            e.to_string().contains("tensor \"nope\" is not declared"),
             "{e}"
         );
-        let e = s.workers[0].barrier().await.unwrap_err();
-        assert!(e.to_string().contains("worker 1"), "{e}");
-        let e = s.scheduler.await.unwrap().unwrap_err();
-        assert!(e.to_string().contains("worker 1"), "{e}");
-        assert!(matches!(
-            s.workers[0].clone().finish().await,
-            Err(WorkerError::NodeLost { .. }
-                | WorkerError::JobFailed { .. }
-                | WorkerError::Aborted { .. })
-        ));
+        let e = w[0].broadcast(&t[0], vec![0.0; 10], 2).await.unwrap_err();
+        assert!(e.to_string().contains("root 2 is not a rank"), "{e}");
+        assert_eq!(t[0].rounds_started(), 0, "rejected calls use no round");
+        assert_eq!(w[0].tensor("fc1.weight").unwrap().rounds_started(), 0);
+
+        // Lengths that differ between workers: both get an error naming both values; other
+        // tensors keep working.
+        let (a, b) = tokio::join!(
+            w[0].declare("mismatch", 1000, ParamMap::new()),
+            w[1].declare("mismatch", 999, ParamMap::new())
+        );
+        for e in [a.unwrap_err(), b.unwrap_err()] {
+            let s = e.to_string();
+            assert!(
+                s.contains("\"mismatch\"") && s.contains("1000") && s.contains("999"),
+                "{s}"
+            );
+        }
+        // Parameters overlay: declare params win over the config's [tensors.default].
+        let mut p = ParamMap::new();
+        p.insert("compressor".into(), "none".into());
+        let (a, b) = tokio::join!(
+            w[0].declare("with_params", 5, p.clone()),
+            w[1].declare("with_params", 5, p.clone())
+        );
+        assert_eq!(a.unwrap().params(), b.unwrap().params());
+        // Declaring again returns the same tensor (same round counter).
+        let (x, y) = tokio::join!(
+            w[0].push_pull(&t[0], vec![1.0; 10], Reduce::Average),
+            w[1].push_pull(&t[1], vec![3.0; 10], Reduce::Average)
+        );
+        assert_eq!(x.unwrap(), vec![2.0; 10]);
+        assert_eq!(y.unwrap(), vec![2.0; 10]);
+        let again = w[0]
+            .declare("fc1.weight", 10, ParamMap::new())
+            .await
+            .unwrap();
+        assert_eq!(again.rounds_started(), 1);
+        c.finish_all().await;
     })
     .await
     .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_push_pull_completes_in_the_background() {
+    tokio::time::timeout(TIMEOUT, async {
+        let c = stack(2, 1, 16).await;
+        let w = &c.workers;
+        let t = declare_all(&c, "grad", 10).await;
+        // Worker 0 gives up waiting for worker 1: its round 0 is detached, not cancelled.
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            w[0].push_pull(&t[0], vec![1.0; 10], Reduce::Sum),
+        )
+        .await;
+        assert!(r.is_err(), "worker 1 has not pushed yet");
+        assert_eq!(t[0].rounds_started(), 1);
+        let b = w[1]
+            .push_pull(&t[1], vec![2.0; 10], Reduce::Sum)
+            .await
+            .unwrap();
+        assert_eq!(b, vec![3.0; 10], "worker 0's detached round completed");
+        // The next round pairs up correctly.
+        let (a, b) = tokio::join!(
+            w[0].push_pull(&t[0], vec![5.0; 10], Reduce::Sum),
+            w[1].push_pull(&t[1], vec![6.0; 10], Reduce::Sum)
+        );
+        assert_eq!(a.unwrap(), vec![11.0; 10]);
+        assert_eq!(b.unwrap(), vec![11.0; 10]);
+        c.finish_all().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
+#[test]
+fn blocking_workers_in_threads() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let c = rt.block_on(nodes_with(2, 2, 64, |_| {}));
+    let threads: Vec<_> = (0..2)
+        .map(|w| {
+            let (config, id) = (c.config.clone(), c.identity(w));
+            std::thread::spawn(move || {
+                let bw = pushpull_worker::BlockingWorker::join(&config, id, JoinOptions::default())
+                    .unwrap();
+                let t = bw.declare("p", 1000, ParamMap::new()).unwrap();
+                let mut buf: Vec<f32> = (0..1000).map(|i| (i * (bw.rank() + 1)) as f32).collect();
+                bw.push_pull(&t, &mut buf, Reduce::Sum).unwrap();
+                assert!(buf.iter().enumerate().all(|(i, v)| *v == (3 * i) as f32));
+                let mut b = vec![bw.rank() as f32; 1000];
+                bw.broadcast(&t, &mut b, 1).unwrap();
+                assert_eq!(b, vec![1.0; 1000]);
+                let mut wrong = vec![0.0; 3];
+                let e = bw.push_pull(&t, &mut wrong, Reduce::Sum).unwrap_err();
+                assert!(e
+                    .to_string()
+                    .contains("1000 elements, but the buffer has 3"));
+                assert_eq!(wrong, vec![0.0; 3], "unchanged on error");
+                bw.barrier().unwrap();
+                assert_eq!(bw.metrics().tensors["p"].rounds, 2);
+                bw.finish().unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    rt.block_on(c.finish_all());
 }
 
 /// A ResNet-50-sized gradient (25.6 M elements, 100 MB) in one tensor with the default
