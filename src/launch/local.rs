@@ -30,7 +30,7 @@ use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
 use crate::jobs::train::compare::{self, CompareReport, RunRow};
 use crate::jobs::train::TrainReport;
 use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
+use crate::node::SERVER_LISTENING;
 
 /// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
 pub const LOCAL_TOML: &str = include_str!("../../configs/local.toml");
@@ -156,8 +156,6 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
     let names = crate::certs::default_node_names(ns, nw);
     let files = super::ClusterFiles::new("pushpull-local-", config, &names)?;
-    let (tls, config_path) = (&files.tls, &files.config_path);
-    let config_arg = config_path.display().to_string();
 
     let training = config.job.kind == "train";
     let total_rounds = if training {
@@ -189,7 +187,7 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
         }));
     }
     let start = Instant::now();
-    let result = run_group(opts, &mut group, &bar, tls, &config_arg).await;
+    let result = run_group(opts, &mut group, &bar, &files).await;
     bar.finish_and_clear();
     let (scheduler, servers, (workers, train), cpu) = match result {
         Ok(r) => r,
@@ -221,43 +219,14 @@ async fn run_group(
     opts: &LocalOptions,
     group: &mut ProcGroup,
     bar: &ProgressBar,
-    tls: &[pushpull_proto::config::TlsConfig],
-    config_arg: &str,
+    files: &super::ClusterFiles,
 ) -> CliResult<GroupResult> {
     let config = &opts.config;
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
-    let p = &opts.programs;
-    let base = |prog: &(PathBuf, Vec<String>), tls: &pushpull_proto::config::TlsConfig| {
-        let mut a = prog.1.clone();
-        a.extend(["--config".to_string(), config_arg.to_string()]);
-        a.extend(tls.to_args());
-        a
-    };
-
     bar.set_message("starting the scheduler");
-    let sched = group.spawn("scheduler", &p.scheduler.0, &base(&p.scheduler, &tls[0]))?;
-    let sched_addr = group
-        .wait_line(sched, SCHEDULER_LISTENING, STARTUP_TIMEOUT)
-        .await?;
-    let mut server_idx = Vec::new();
-    for s in 0..ns {
-        let mut a = base(&p.server, &tls[1 + s as usize]);
-        a.extend(["--scheduler".to_string(), sched_addr.clone()]);
-        server_idx.push(group.spawn(&format!("server {s}"), &p.server.0, &a)?);
-    }
-    let mut worker_idx = Vec::new();
-    for w in 0..nw {
-        let mut a = base(&p.worker, &tls[1 + ns as usize + w as usize]);
-        a.extend([
-            "--scheduler".to_string(),
-            sched_addr.clone(),
-            "--rank".to_string(),
-            w.to_string(),
-            "--json".to_string(),
-            "--progress".to_string(),
-        ]);
-        worker_idx.push(group.spawn(&format!("worker {w}"), &p.worker.0, &a)?);
-    }
+    let started = super::nodes::start(group, &opts.programs, files, ns, nw, &[]).await?;
+    let (sched_addr, server_idx, worker_idx) =
+        (started.scheduler_addr, started.servers, started.workers);
     bar.set_message(format!(
         "waiting for {ns} servers and {nw} workers to register and declare"
     ));

@@ -8,11 +8,9 @@
 //! exactly the timed rounds.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
@@ -20,9 +18,9 @@ use crate::error::{CliError, CliResult};
 use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
 use crate::jobs::train::TrainReport;
 use crate::launch::local::parse_kv;
-use crate::launch::local::STARTUP_TIMEOUT;
+use crate::launch::nodes::{self, Place};
 use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::node::SCHEDULER_LISTENING;
+use crate::launch::ClusterFiles;
 
 /// Counters read at one round boundary.
 #[derive(Debug, Clone)]
@@ -82,18 +80,6 @@ pub fn proc_cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / hz)
 }
 
-fn netns_exec(ns: &str, prog: &(PathBuf, Vec<String>), extra: Vec<String>) -> Vec<String> {
-    let mut a = vec![
-        "netns".to_string(),
-        "exec".to_string(),
-        ns.to_string(),
-        prog.0.display().to_string(),
-    ];
-    a.extend(prog.1.iter().cloned());
-    a.extend(extra);
-    a
-}
-
 /// Runs `config`'s job on the topology's hosts `scheduler`, `server0..S`, `worker0..W` and
 /// waits for every process to exit. `config.cluster.scheduler` and each server's `--listen`
 /// (its host's address) are set here. Fails naming the process (with its last stderr lines) if any exits non-zero; kills
@@ -117,9 +103,7 @@ pub async fn run_cluster(
     config.cluster.scheduler = format!("{}:0", hosts[0].ip);
     config.server.listen = "0.0.0.0:0".to_string();
     config.server.advertise = None;
-    let files = crate::launch::ClusterFiles::new("pushpull-netbench-", &config, &processes)?;
-    let (tls, config_path) = (&files.tls, &files.config_path);
-    let config_arg = config_path.display().to_string();
+    let files = ClusterFiles::new("pushpull-netbench-", &config, &processes)?;
 
     let mut group = ProcGroup::new();
     if limits.logs {
@@ -135,15 +119,7 @@ pub async fn run_cluster(
     let start = Instant::now();
     let run = tokio::time::timeout(
         limits.timeout,
-        drive(
-            topo,
-            &config,
-            programs,
-            &mut group,
-            &hosts,
-            tls,
-            &config_arg,
-        ),
+        drive(topo, &config, programs, &mut group, &hosts, &files),
     )
     .await;
     let result = match run {
@@ -215,60 +191,23 @@ async fn drive(
     programs: &Programs,
     group: &mut ProcGroup,
     hosts: &[&Host],
-    tls: &[TlsConfig],
-    config_arg: &str,
+    files: &ClusterFiles,
 ) -> CliResult<Driven> {
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
-    let base = |tls: &TlsConfig| {
-        let mut a = vec!["--config".to_string(), config_arg.to_string()];
-        a.extend(tls.to_args());
-        a
-    };
-    let ip = Path::new("ip");
-    let sched = group.spawn(
-        "scheduler",
-        ip,
-        &netns_exec(&hosts[0].ns, &programs.scheduler, base(&tls[0])),
-    )?;
-    let sched_addr = group
-        .wait_line(sched, SCHEDULER_LISTENING, STARTUP_TIMEOUT)
-        .await?;
-    let mut pids = vec![group.pid(sched)];
-    for s in 0..ns as usize {
-        let mut a = base(&tls[1 + s]);
-        a.extend([
-            "--scheduler".to_string(),
-            sched_addr.clone(),
-            "--listen".to_string(),
-            format!("{}:0", hosts[1 + s].ip),
-        ]);
-        let idx = group.spawn(
-            &format!("server{s}"),
-            ip,
-            &netns_exec(&hosts[1 + s].ns, &programs.server, a),
-        )?;
-        pids.push(group.pid(idx));
-    }
-    let mut worker_idx = Vec::new();
-    for w in 0..nw as usize {
-        let p = 1 + ns as usize + w;
-        let mut a = base(&tls[p]);
-        a.extend([
-            "--scheduler".to_string(),
-            sched_addr.clone(),
-            "--rank".to_string(),
-            w.to_string(),
-            "--json".to_string(),
-            "--progress".to_string(),
-        ]);
-        let idx = group.spawn(
-            &format!("worker{w}"),
-            ip,
-            &netns_exec(&hosts[p].ns, &programs.worker, a),
-        )?;
-        worker_idx.push(idx);
-        pids.push(group.pid(idx));
-    }
+    let places: Vec<Place> = hosts
+        .iter()
+        .map(|h| Place::Netns {
+            ns: h.ns.clone(),
+            ip: h.ip.into(),
+        })
+        .collect();
+    let started = nodes::start(group, programs, files, ns, nw, &places).await?;
+    let worker_idx = started.workers;
+    let pids: Vec<u32> = std::iter::once(started.scheduler)
+        .chain(started.servers)
+        .chain(worker_idx.iter().copied())
+        .map(|i| group.pid(i))
+        .collect();
 
     let (warmup, total) = (config.job.warmup, config.job.warmup + config.job.rounds);
     let mut progress_at: BTreeMap<u64, Instant> = BTreeMap::new();

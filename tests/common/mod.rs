@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: certificates, cluster files, the real binaries as
-//! child processes (each binds port 0 and reports its address on stdout), in-process workers,
-//! and a global lock so cluster tests run one at a time.
+//! child processes (each binds port 0 and reports its address on stdout; their command lines
+//! come from `pushpull::launch::nodes`, as `pushpull local`'s do), in-process workers, and a
+//! global lock so cluster tests run one at a time.
 
 #![allow(dead_code)]
 
@@ -12,6 +13,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use pushpull::launch::nodes;
+use pushpull::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
 use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
@@ -243,10 +246,9 @@ impl Drop for Proc {
 
 /// Starts `pushpull-scheduler` and returns it with its address.
 pub fn start_scheduler(config: &Path, certs: &Certs) -> (Proc, SocketAddr) {
-    let mut args = vec!["--config".to_string(), config.display().to_string()];
-    args.extend(certs.args("scheduler"));
+    let args = nodes::scheduler_args(config, certs.tls("scheduler"));
     let mut p = Proc::spawn("scheduler", SCHEDULER, &args);
-    let addr = p.wait_line("pushpull-scheduler listening on ", GENEROUS);
+    let addr = p.wait_line(SCHEDULER_LISTENING, GENEROUS);
     (p, addr.parse().unwrap())
 }
 
@@ -257,31 +259,18 @@ pub fn start_server(
     id: u32,
     scheduler: SocketAddr,
 ) -> (Proc, SocketAddr) {
-    let mut args = vec![
-        "--config".to_string(),
-        config.display().to_string(),
-        "--scheduler".to_string(),
-        scheduler.to_string(),
-    ];
-    args.extend(certs.args(&format!("server{id}")));
+    let tls = certs.tls(&format!("server{id}"));
+    let args = nodes::server_args(config, tls, &scheduler.to_string(), None);
     let mut p = Proc::spawn(&format!("server {id}"), SERVER, &args);
-    let addr = p.wait_line("pushpull-server listening on ", GENEROUS);
+    let addr = p.wait_line(SERVER_LISTENING, GENEROUS);
     (p, addr.parse().unwrap())
 }
 
-/// Starts `pushpull-worker` (the built-in job) with `--rank id --progress --json`.
+/// Starts `pushpull-worker` running the cluster file's job as rank `id`, as `pushpull
+/// local` does (`--progress --json`).
 pub fn start_worker_process(config: &Path, certs: &Certs, id: u32, scheduler: SocketAddr) -> Proc {
-    let mut args = vec![
-        "--config".to_string(),
-        config.display().to_string(),
-        "--scheduler".to_string(),
-        scheduler.to_string(),
-        "--rank".to_string(),
-        id.to_string(),
-        "--progress".to_string(),
-        "--json".to_string(),
-    ];
-    args.extend(certs.args(&format!("worker{id}")));
+    let tls = certs.tls(&format!("worker{id}"));
+    let args = nodes::worker_args(config, tls, &scheduler.to_string(), id);
     Proc::spawn(&format!("worker {id}"), WORKER, &args)
 }
 
