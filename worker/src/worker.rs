@@ -1,49 +1,35 @@
-//! [`Worker`]: joining the cluster and the collective operations.
+//! [`Worker`]: the handle and the collective operations; joining the cluster is in
+//! [`join`].
+
+mod join;
+
+pub use join::JoinOptions;
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use pushpull_net::sender::{FrameSender, OnError, Peer};
-use pushpull_net::tls::TlsIdentity;
-use pushpull_net::transport::{send_frame, Endpoint, TransportError};
+use pushpull_net::sender::FrameSender;
+use pushpull_net::transport::Endpoint;
 use pushpull_proto::pool::BufPool;
-use pushpull_proto::protocol::{
-    max_payload_len, ClusterMap, FrameHeader, FrameKind, ReduceOp, ToScheduler,
-};
-use pushpull_proto::session::Registration;
-use pushpull_proto::{Config, NodeName, NodeRole, ParamMap};
+use pushpull_proto::protocol::{ClusterMap, ToScheduler};
+use pushpull_proto::{Config, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
 use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
-use crate::shared::{
-    control_reader, control_writer, heartbeat, server_reader, transport_reason, Phase, Shared,
-};
+use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
-use pushpull_kernels::{CodecContext, CodecFactory, KernelsFactory, Node};
+use pushpull_kernels::{CodecContext, CodecFactory, Node};
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
 /// closing the control stream's acknowledgement) before closing the connections anyway.
 const CLOSE_CONTROL_BOUND: Duration = Duration::from_secs(2);
-/// Idle capacity the pool of push payload buffers keeps (about one ResNet-50 round of fp32).
-const PAYLOAD_POOL_BYTES: usize = 128 << 20;
 /// How long closing waits for the connections to be acknowledged closed.
 const WAIT_IDLE_BOUND: Duration = Duration::from_secs(1);
-
-/// Options for [`Worker::join`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct JoinOptions {
-    /// Ask the scheduler for this rank (`0..num_workers`). The scheduler refuses the worker if
-    /// the rank is out of range or already taken; `None` takes the lowest free rank once every
-    /// node has registered.
-    pub requested_rank: Option<u32>,
-}
 
 /// A member of a pushpull job: the handle users' training code calls.
 ///
@@ -96,278 +82,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Closes what a join attempt started if it fails or is cancelled.
-struct JoinCleanup {
-    endpoint: Option<Endpoint>,
-    shared: Option<Arc<Shared>>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Drop for JoinCleanup {
-    fn drop(&mut self) {
-        if let Some(endpoint) = self.endpoint.take() {
-            if let Some(shared) = &self.shared {
-                shared.set_phase(Phase::Closed);
-            }
-            for t in &self.tasks {
-                t.abort();
-            }
-            endpoint.quinn.close(0u32.into(), b"join failed");
-        }
-    }
-}
-
-fn connect_message(e: &TransportError) -> String {
-    match e {
-        TransportError::Connect { message, .. } => message.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Resolves with the job's fatal error once one is recorded.
-async fn until_fatal(shared: &Shared) -> WorkerError {
-    let mut rx = shared.subscribe();
-    let fatal = match rx.wait_for(|s| s.fatal.is_some()).await {
-        Ok(s) => s.fatal.clone(),
-        Err(_) => None,
-    };
-    fatal.unwrap_or_else(|| WorkerError::Internal("worker state dropped".into()))
-}
-
 impl Worker {
-    /// Joins the job described by `config` with the TLS `identity` (this node's certificate
-    /// and the cluster CA).
-    ///
-    /// Dials the scheduler at `cluster.scheduler`, retrying for `cluster.connect_timeout_ms`;
-    /// registers (with `opts.requested_rank`, if any, and the digest of the cluster-relevant
-    /// settings); waits until every server and worker of the job has registered and the
-    /// scheduler sends the cluster map; then connects to every server. Must be called inside a
-    /// tokio runtime (use [`crate::BlockingWorker`] from synchronous code).
-    ///
-    /// # Errors
-    /// * [`WorkerError::Config`]: the config does not validate, or the scheduler's port is 0
-    ///   (workers must dial the scheduler's real port);
-    /// * [`WorkerError::Connect`]: the scheduler or a server could not be reached (names it);
-    /// * [`WorkerError::Refused`]: the scheduler refused the registration; the reason names
-    ///   what was wrong (a setting that differs, with both values; a rank taken or out of
-    ///   range; the cluster full);
-    /// * [`WorkerError::NodeLost`] / [`WorkerError::JobFailed`]: the job failed while joining.
-    ///
-    /// Dropping the returned future cancels the join and closes everything it opened.
-    pub async fn join(
-        config: &Config,
-        identity: TlsIdentity,
-        opts: JoinOptions,
-    ) -> Result<Worker, WorkerError> {
-        config
-            .validate("(worker config)")
-            .map_err(|e| WorkerError::Config(e.to_string()))?;
-        let sched_addr = config.scheduler_addr();
-        if sched_addr.port() == 0 {
-            return Err(WorkerError::Config(format!(
-                "`cluster.scheduler` = {sched_addr}: workers need the scheduler's actual port, not 0"
-            )));
-        }
-        if let Some(r) = opts.requested_rank {
-            if r >= config.cluster.num_workers {
-                return Err(WorkerError::Config(format!(
-                    "requested rank {r} is out of range: `cluster.num_workers` = {}",
-                    config.cluster.num_workers
-                )));
-            }
-        }
-        let scheduler = NodeName {
-            role: NodeRole::Scheduler,
-            id: 0,
-            addr: sched_addr,
-        };
-        let bind: SocketAddr = if sched_addr.is_ipv6() {
-            (Ipv6Addr::UNSPECIFIED, 0).into()
-        } else {
-            (Ipv4Addr::UNSPECIFIED, 0).into()
-        };
-        let endpoint = Endpoint::bind(bind, &identity, config).map_err(|e| match e {
-            TransportError::Tls(t) => WorkerError::Config(t.to_string()),
-            other => WorkerError::Internal(other.to_string()),
-        })?;
-        let mut cleanup = JoinCleanup {
-            endpoint: Some(endpoint.clone()),
-            shared: None,
-            tasks: Vec::new(),
-        };
-        let connect_err = |node: &NodeName, message: String| WorkerError::Connect {
-            node: node.to_string(),
-            message,
-        };
-
-        // Register.
-        let conn = endpoint
-            .connect_with_retry(sched_addr, config.connect_timeout())
-            .await
-            .map_err(|e| connect_err(&scheduler, connect_message(&e)))?;
-        tracing::debug!("worker: connected to {scheduler}");
-        let (send, recv) = conn
-            .open_bi()
-            .await
-            .map_err(|e| connect_err(&scheduler, format!("opening the control stream: {e}")))?;
-        let registration = Registration {
-            role: NodeRole::Worker,
-            requested_id: opts.requested_rank,
-            listen_addr: None,
-            digest: config.digest(),
-        };
-        let (shared, outgoing, welcome) = Shared::new(scheduler.clone(), config, registration);
-        cleanup.shared = Some(shared.clone());
-        cleanup
-            .tasks
-            .push(tokio::spawn(control_writer(shared.clone(), send, outgoing)));
-        cleanup
-            .tasks
-            .push(tokio::spawn(control_reader(shared.clone(), recv)));
-        cleanup.tasks.push(tokio::spawn(heartbeat(shared.clone())));
-
-        tracing::debug!("worker: registered with {scheduler}; waiting for the other nodes");
-        // Wait for the cluster map.
-        let (rank, map) = tokio::select! {
-            w = welcome => w.map_err(|_| WorkerError::Internal("welcome channel dropped".into()))?,
-            e = until_fatal(&shared) => return Err(e),
-        };
-        let (num_workers, num_servers) = (config.cluster.num_workers, config.cluster.num_servers);
-        if map.servers.len() != num_servers as usize || rank >= num_workers {
-            return Err(WorkerError::Protocol {
-                peer: scheduler.to_string(),
-                message: format!(
-                    "Welcome with rank {rank} and {} server addresses for a job of {num_workers} workers and {num_servers} servers",
-                    map.servers.len()
-                ),
-            });
-        }
-
-        tracing::debug!(
-            "worker: welcomed as rank {rank}; connecting to {} servers",
-            map.servers.len()
-        );
-        // Connect to every server and say hello.
-        let timeout = config.connect_timeout();
-        let connects = map.servers.iter().enumerate().map(|(id, &addr)| {
-            let endpoint = endpoint.clone();
-            async move {
-                let name = NodeName {
-                    role: NodeRole::Server,
-                    id: id as u32,
-                    addr,
-                };
-                let err = |message: String| WorkerError::Connect {
-                    node: name.to_string(),
-                    message,
-                };
-                let conn = endpoint
-                    .connect_with_retry(addr, timeout)
-                    .await
-                    .map_err(|e| err(connect_message(&e)))?;
-                let hello = FrameHeader {
-                    kind: FrameKind::Hello,
-                    op: ReduceOp::Sum,
-                    rank,
-                    aux: 0,
-                    key: 0,
-                    round: 0,
-                    payload_len: 0,
-                };
-                send_frame(&conn, &hello, Bytes::new(), &name.to_string())
-                    .await
-                    .map_err(|e| err(format!("sending Hello: {e}")))?;
-                Ok::<_, WorkerError>((name, conn))
-            }
-        });
-        let conns = tokio::select! {
-            conns = futures_util::future::try_join_all(connects) => conns?,
-            e = until_fatal(&shared) => return Err(e),
-        };
-        let servers: Vec<NodeName> = conns.iter().map(|(name, _)| name.clone()).collect();
-        let on_error: OnError = {
-            let shared = shared.clone();
-            // A failed write to a server is that server's loss.
-            Box::new(move |peer: &Peer, error: TransportError| {
-                let Some(node) = servers.iter().find(|n| n.to_string() == *peer.name) else {
-                    return;
-                };
-                let reason = transport_reason(&error);
-                shared.server_gone(
-                    node,
-                    WorkerError::NodeLost {
-                        node: node.clone(),
-                        reason,
-                    },
-                );
-            })
-        };
-        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
-        cleanup.tasks.push(tokio::spawn(driver));
-        let links: Vec<ServerLink> = conns
-            .into_iter()
-            .map(|(name, conn)| ServerLink {
-                peer: Peer {
-                    conn,
-                    name: name.to_string().into(),
-                },
-                name,
-            })
-            .collect();
-        let max_payload = max_payload_len(config.cluster.partition_bytes);
-        for link in &links {
-            cleanup.tasks.push(tokio::spawn(server_reader(
-                shared.clone(),
-                link.name.clone(),
-                link.peer.conn.clone(),
-                rank,
-                max_payload,
-            )));
-        }
-        shared.set_phase(Phase::Running);
-        shared.check()?;
-        tracing::info!(
-            "worker {rank} of {num_workers} joined: {num_servers} servers, job seed {}",
-            map.job_seed
-        );
-
-        cleanup.endpoint = None; // disarm
-        let tasks = std::mem::take(&mut cleanup.tasks);
-        Ok(Worker {
-            inner: Arc::new(WorkerInner {
-                shared,
-                links: Arc::new(links),
-                sender,
-                endpoint,
-                rank,
-                map,
-                config: config.clone(),
-                tensors: Mutex::new(HashMap::new()),
-                codec_factory: Mutex::new(Arc::new(KernelsFactory)),
-                pool: BufPool::new(PAYLOAD_POOL_BYTES),
-                learning_rate: AtomicU32::new(0),
-                barrier_seq: AtomicU64::new(0),
-                tasks: Mutex::new(tasks),
-            }),
-        })
-    }
-
-    /// Reads the cluster file at `path`, loads the TLS identity its `[tls]` section names
-    /// (`ca`, `cert`, `key`), and [`join`](Worker::join)s.
-    ///
-    /// # Errors
-    /// [`WorkerError::Config`] naming the file and key, or the PEM file that could not be
-    /// loaded; then as for `join`.
-    pub async fn join_with_config_file(
-        path: impl AsRef<Path>,
-        opts: JoinOptions,
-    ) -> Result<Worker, WorkerError> {
-        let config = Config::from_file(path).map_err(|e| WorkerError::Config(e.to_string()))?;
-        let identity =
-            TlsIdentity::load(&config.tls).map_err(|e| WorkerError::Config(e.to_string()))?;
-        Worker::join(&config, identity, opts).await
-    }
-
     /// This worker's rank, `0..num_workers`.
     pub fn rank(&self) -> u32 {
         self.inner.rank
@@ -425,7 +140,7 @@ impl Worker {
         }
     }
 
-    /// Replaces the factory that builds each chunk's codec (default: [`KernelsFactory`], the
+    /// Replaces the factory that builds each chunk's codec (default: [`KernelsFactory`](pushpull_kernels::KernelsFactory), the
     /// compressor chain the tensor's parameter map asks for): the
     /// plug-in point for compressors. Applies to tensors declared after this call; workers and
     /// servers must build matching codecs for a key.

@@ -1,0 +1,138 @@
+//! The table of parameter keys: every key a tensor's map may hold, its other spellings, what it
+//! applies to, its values and default. The crate docs' table and the error for an unknown key
+//! are both made from it.
+
+/// One parameter key: its short name, the other spellings accepted, and what it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The short name (the RFC's table, or this project's).
+    pub name: &'static str,
+    /// Other accepted spellings (the BytePS keys).
+    pub aliases: &'static [&'static str],
+    /// Which compressors or decorators use it.
+    pub applies_to: &'static str,
+    /// The values it accepts.
+    pub values: &'static str,
+    /// The default when absent.
+    pub default: &'static str,
+}
+
+/// Every key the registry accepts.
+pub const KEYS: &[KeyInfo] = &[
+    KeyInfo {
+        name: "compressor",
+        aliases: &["byteps_compressor_type"],
+        applies_to: "all",
+        values: "none, fp16, bf16, onebit, topk, randomk, dithering, minmax, moniqua",
+        default: "none",
+    },
+    KeyInfo {
+        name: "k",
+        aliases: &["byteps_compressor_k"],
+        applies_to: "topk, randomk, dithering",
+        values: "topk/randomk: a fraction of the chunk in (0, 1) (topk: <= 0.5) or a whole count \
+                 >= 1 per chunk (topk: <= len/2, randomk: <= len); dithering: the number of levels \
+                 s, a whole number, 1..=32767 (linear) or 1..=32 (natural)",
+        default: "required",
+    },
+    KeyInfo {
+        name: "scaling",
+        aliases: &["byteps_compressor_onebit_scaling"],
+        applies_to: "onebit",
+        values: "true, false",
+        default: "false",
+    },
+    KeyInfo {
+        name: "columns",
+        aliases: &[],
+        applies_to: "onebit",
+        values: "a whole number >= 1: the column count of the row-major 2-D shape; selects the \
+                 column-wise variant (two levels per column)",
+        default: "absent (one scale for the chunk)",
+    },
+    KeyInfo {
+        name: "unbiased",
+        aliases: &[],
+        applies_to: "randomk",
+        values: "true, false (true scales the k values by n/k on workers)",
+        default: "false",
+    },
+    KeyInfo {
+        name: "partition",
+        aliases: &["byteps_dithering_partition"],
+        applies_to: "dithering",
+        values: "linear or 0, natural or 1",
+        default: "linear",
+    },
+    KeyInfo {
+        name: "normalize",
+        aliases: &["byteps_dithering_normalize"],
+        applies_to: "dithering",
+        values: "max or 0, l2 or 1",
+        default: "max",
+    },
+    KeyInfo {
+        name: "encoding",
+        aliases: &[],
+        applies_to: "dithering",
+        values: "packed, elias",
+        default: "packed",
+    },
+    KeyInfo {
+        name: "bucket",
+        aliases: &[],
+        applies_to: "dithering, minmax",
+        values: "a whole number >= 1 of elements per bucket (QSGD uses 512)",
+        default: "the whole chunk",
+    },
+    KeyInfo {
+        name: "bits",
+        aliases: &[],
+        applies_to: "minmax, moniqua",
+        values: "a whole number 1..=8 (moniqua with stochastic rounding: 2..=8)",
+        default: "8",
+    },
+    KeyInfo {
+        name: "theta",
+        aliases: &[],
+        applies_to: "moniqua",
+        values: "a finite number > 0: the a-priori bound on |x - reference|",
+        default: "required",
+    },
+    KeyInfo {
+        name: "rounding",
+        aliases: &[],
+        applies_to: "moniqua",
+        values: "stochastic (delta = 2^-bits), nearest (delta = 2^-(bits+1))",
+        default: "stochastic",
+    },
+    KeyInfo {
+        name: "ef",
+        aliases: &["byteps_error_feedback_type", "byteps_ef_type"],
+        applies_to: "all (decorator)",
+        values:
+            "none, vanilla, corrected (learning-rate corrected: needs RoundCtx::lr every round)",
+        default: "none",
+    },
+    KeyInfo {
+        name: "momentum",
+        aliases: &["byteps_momentum_type"],
+        applies_to: "all (decorator, workers only)",
+        values: "none, nesterov",
+        default: "none",
+    },
+    KeyInfo {
+        name: "mu",
+        aliases: &["byteps_momentum_mu"],
+        applies_to: "momentum=nesterov",
+        values: "a number in [0, 1)",
+        default: "0.9",
+    },
+    KeyInfo {
+        name: "seed",
+        aliases: &["byteps_seed"],
+        applies_to: "all",
+        values: "an unsigned 64-bit integer; replaces the job seed for this tensor's random draws",
+        default: "the job seed",
+    },
+];
