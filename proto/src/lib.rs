@@ -10,13 +10,15 @@
 //! | [`protocol`] | control messages (node ↔ scheduler, bincode 2) and the fixed 40-byte data-frame header (worker ↔ server), with the rules that keep stream credit from running out |
 //! | [`placement`] | pure arithmetic: equal-size chunks, keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
 //! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery), as a pure state machine |
-//! | [`session`] | [`session::Session`]: a node's session with the scheduler (heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
+//! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
+//! | [`departure`] | [`departure::Departure`]: why a node closed its connections (the QUIC close code and reason), so peers name the node really at fault |
 //! | [`pool`] | [`pool::BufPool`]: reused byte buffers for encoded payloads, returned when the last `Bytes` handle drops |
 //!
 //! The crate graph: `pushpull-proto` ← `pushpull-kernels` (compression), `pushpull-net` (TLS,
 //! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI).
 
 pub mod config;
+pub mod departure;
 pub mod placement;
 pub mod pool;
 pub mod protocol;

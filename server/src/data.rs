@@ -17,7 +17,8 @@ use pushpull_proto::Config;
 use tracing::{debug, info, warn};
 
 use crate::rounds::{Action, KeyRounds};
-use crate::service::{CLOSE_REFUSED, RESULT_POOL_BYTES};
+use crate::service::RESULT_POOL_BYTES;
+use pushpull_proto::departure::Departure;
 
 /// A frame to send: kind, key, round, payload.
 pub(crate) type OutFrame = (FrameKind, u64, u64, Bytes);
@@ -266,7 +267,8 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
     let addr = conn.remote_address();
     let refuse = |why: String| {
         warn!(%addr, "worker connection refused: {why}");
-        conn.close(quinn::VarInt::from_u32(CLOSE_REFUSED), why.as_bytes());
+        let refused = Departure::Refused(why);
+        conn.close(quinn::VarInt::from_u32(refused.code()), &refused.reason());
     };
     // The first stream and its whole frame, within the bound: a peer that opens the stream
     // and stalls must not hold this task forever.

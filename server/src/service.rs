@@ -33,6 +33,7 @@ use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, N
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::{parse_addr, ConfigError};
+use pushpull_proto::departure::Departure;
 use pushpull_proto::protocol::{FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler};
 use pushpull_proto::session::{End, Input, Output, Registration, Session, SessionConfig};
 use pushpull_proto::Config;
@@ -52,13 +53,6 @@ pub(crate) const RESULT_POOL_BYTES: usize = 128 << 20;
 /// After `NodeLost`, how long the server waits for the scheduler's `Shutdown` before it exits
 /// on its own.
 const LOST_GRACE: Duration = Duration::from_secs(5);
-
-/// QUIC application error code for a clean close.
-const CLOSE_OK: u32 = 0;
-/// QUIC application error code for a refused worker connection.
-pub(crate) const CLOSE_REFUSED: u32 = 1;
-/// Close code when the server stops because of a failure; the reason names it.
-const CLOSE_FAILED: u32 = 2;
 
 /// Why a server failed. Each variant's message names the node or setting involved.
 #[derive(Debug, thiserror::Error)]
@@ -235,23 +229,39 @@ impl Server {
         if let Some(mut s) = control.sender.take() {
             s.finish();
         }
-        // Workers read the close reason: on failure it names the cause (e.g. the lost
-        // scheduler), so a worker that sees this connection close first still reports the node
-        // that was really lost rather than just this server.
-        let (code, reason) = match &result {
-            Ok(()) => (CLOSE_OK, "server exiting".to_string()),
-            Err(e) => (CLOSE_FAILED, format!("server exiting: {e}")),
-        };
+        // Workers read the close: when another node's loss ended this server it names that
+        // node, so a worker that sees this connection close first still reports the node
+        // that was really lost rather than this server.
+        let departure = departure(&result);
+        let (code, reason) = (
+            quinn::VarInt::from_u32(departure.code()),
+            departure.reason(),
+        );
         if let Some(conn) = control.conn.take() {
-            conn.close(quinn::VarInt::from_u32(code), reason.as_bytes());
+            conn.close(code, &reason);
         }
         accept.abort();
-        endpoint
-            .quinn
-            .close(quinn::VarInt::from_u32(code), reason.as_bytes());
+        endpoint.quinn.close(code, &reason);
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.quinn.wait_idle()).await;
         sender.abort();
         result
+    }
+}
+
+/// Why this server closes its connections, given how it ended.
+fn departure(result: &Result<(), ServerError>) -> Departure {
+    match result {
+        Ok(()) => Departure::Done("server exiting".into()),
+        Err(ServerError::NodeLost { node, reason }) => Departure::NodeLost {
+            node: node.clone(),
+            reason: reason.clone(),
+        },
+        Err(ServerError::Scheduler { scheduler, message }) => Departure::NodeLost {
+            node: scheduler.clone(),
+            reason: message.clone(),
+        },
+        Err(ServerError::Shutdown { error }) => Departure::JobFailed(error.clone()),
+        Err(other) => Departure::Failed(format!("server exiting: {other}")),
     }
 }
 

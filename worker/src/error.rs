@@ -6,6 +6,8 @@
 //! [`NodeName`] prints it (`worker 1 (10.0.0.2:50312)`, `server 0 (10.0.0.3:9100)`,
 //! `scheduler (10.0.0.1:9000)`).
 
+use pushpull_net::transport::TransportError;
+use pushpull_proto::departure::Departure;
 use pushpull_proto::NodeName;
 
 /// An error from a [`crate::Worker`] call.
@@ -178,6 +180,46 @@ pub enum WorkerError {
 }
 
 impl WorkerError {
+    /// What losing the connection to `server` means. A server that ended because another
+    /// node was lost says so in its close ([`Departure`]); then that node is the one lost
+    /// (or the job failed, if the scheduler ended it), and `server` only reported it.
+    /// Otherwise `server` itself was lost.
+    pub(crate) fn server_lost(server: &NodeName, e: &TransportError) -> WorkerError {
+        let source = match e {
+            TransportError::Connection { source, .. } => source,
+            other => {
+                return WorkerError::NodeLost {
+                    node: server.clone(),
+                    reason: crate::shared::transport_reason(other),
+                }
+            }
+        };
+        WorkerError::server_connection_lost(server, source)
+    }
+
+    /// [`WorkerError::server_lost`] for the connection error itself.
+    pub(crate) fn server_connection_lost(
+        server: &NodeName,
+        e: &quinn::ConnectionError,
+    ) -> WorkerError {
+        if let quinn::ConnectionError::ApplicationClosed(close) = e {
+            match Departure::from_close(close.error_code.into_inner(), &close.reason) {
+                Departure::NodeLost { node, reason } => {
+                    return WorkerError::NodeLost {
+                        node,
+                        reason: format!("{reason} (reported by {server})"),
+                    }
+                }
+                Departure::JobFailed(reason) => return WorkerError::JobFailed { reason },
+                _ => {}
+            }
+        }
+        WorkerError::NodeLost {
+            node: server.clone(),
+            reason: format!("connection lost ({e})"),
+        }
+    }
+
     /// Whether this error ends the job for this worker (a lost node, a failed job, a protocol
     /// violation, finish, drop): every later call fails too. The other errors concern one call
     /// or one tensor.
@@ -205,6 +247,47 @@ mod tests {
             role,
             id,
             addr: ([127, 0, 0, 1], port).into(),
+        }
+    }
+
+    fn closed_with(d: &Departure) -> quinn::ConnectionError {
+        quinn::ConnectionError::ApplicationClosed(quinn::ApplicationClose {
+            error_code: quinn::VarInt::from_u32(d.code()),
+            reason: d.reason().into(),
+        })
+    }
+
+    #[test]
+    fn a_server_closing_because_of_another_node_names_that_node() {
+        let server = node(NodeRole::Server, 0, 9100);
+        let scheduler = node(NodeRole::Scheduler, 0, 9000);
+        let lost = Departure::NodeLost {
+            node: scheduler.clone(),
+            reason: "no message for 3.0 s".into(),
+        };
+        assert_eq!(
+            WorkerError::server_connection_lost(&server, &closed_with(&lost)).to_string(),
+            "scheduler (127.0.0.1:9000) was lost: no message for 3.0 s \
+             (reported by server 0 (127.0.0.1:9100))"
+        );
+        let failed = Departure::JobFailed("worker 1 lost".into());
+        assert_eq!(
+            WorkerError::server_connection_lost(&server, &closed_with(&failed)),
+            WorkerError::JobFailed {
+                reason: "worker 1 lost".into()
+            }
+        );
+        // The server's own failure, a clean close while the job runs, a reset: the server.
+        for e in [
+            closed_with(&Departure::Failed("server exiting: out of memory".into())),
+            closed_with(&Departure::Done("server exiting".into())),
+            quinn::ConnectionError::TimedOut,
+        ] {
+            let got = WorkerError::server_connection_lost(&server, &e).to_string();
+            assert!(
+                got.starts_with("server 0 (127.0.0.1:9100) was lost: connection lost"),
+                "{got}"
+            );
         }
     }
 

@@ -552,13 +552,7 @@ pub(crate) async fn server_reader(
         let mut stream = match conn.accept_uni().await {
             Ok(s) => s,
             Err(e) => {
-                shared.server_gone(
-                    &server,
-                    WorkerError::NodeLost {
-                        node: server.clone(),
-                        reason: format!("connection lost ({e})"),
-                    },
-                );
+                shared.server_gone(&server, WorkerError::server_connection_lost(&server, &e));
                 return;
             }
         };
@@ -566,13 +560,9 @@ pub(crate) async fn server_reader(
         tokio::spawn(async move {
             match read_frame(&mut stream, max_payload, &peer).await {
                 Ok((header, payload)) => shared.on_server_frame(&server, rank, header, payload),
-                Err(TransportError::Connection { source, .. }) => shared.server_gone(
-                    &server,
-                    WorkerError::NodeLost {
-                        node: server.clone(),
-                        reason: format!("connection lost ({source})"),
-                    },
-                ),
+                Err(e @ TransportError::Connection { .. }) => {
+                    shared.server_gone(&server, WorkerError::server_lost(&server, &e))
+                }
                 Err(e) => shared.server_gone(
                     &server,
                     WorkerError::Protocol {

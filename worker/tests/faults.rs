@@ -39,6 +39,7 @@ async fn a_vanished_worker_fails_the_others_naming_it() {
         let e = pending.await.unwrap().unwrap_err();
         println!("worker 0 got: {e}");
         assert!(e.to_string().contains("worker 1 ("), "{e}");
+        assert!(!e.to_string().starts_with("server"), "{e}");
         // The server's abort and the scheduler's report race; the worker waits briefly for
         // the report, so the pending call normally fails with NodeLost too.
         assert!(
@@ -46,7 +47,7 @@ async fn a_vanished_worker_fails_the_others_naming_it() {
             "{e}"
         );
         let e = barrier.await.unwrap().unwrap_err();
-        assert!(e.to_string().contains("worker 1 ("), "{e}");
+        assert!(e.to_string().starts_with("worker 1 ("), "{e}");
         assert!(e.is_fatal(), "{e}");
         let later = s.workers[0].barrier().await.unwrap_err();
         assert_eq!(later.to_string(), e.to_string(), "the first cause stays");
@@ -196,4 +197,52 @@ async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
     })
     .await
     .expect("test timed out");
+}
+
+/// Two workers, two servers, a round in flight on both servers; `victim` is killed. Every
+/// worker's error names the victim, though the other nodes end too (a server told of the loss
+/// closes its connections; its close names the victim, not itself).
+async fn every_worker_names(victim: impl FnOnce(&Stack) -> &Node) {
+    let s = stack_with(2, 2, 64, short_timeouts).await;
+    let t = declare_all(&s, "grad", 1000).await;
+    let victim = victim(&s);
+    let name = format!("{} (", victim.name);
+    let pending: Vec<_> = s
+        .workers
+        .iter()
+        .zip(&t)
+        .take(1)
+        .map(|(w, t)| {
+            let (w, t) = (w.clone(), t.clone());
+            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 1000], Reduce::Sum).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    victim.kill();
+    for p in pending {
+        let e = p.await.unwrap().unwrap_err();
+        println!("worker 0: {e}");
+        assert!(e.to_string().starts_with(&name), "{e}");
+    }
+    // Worker 1 had nothing in flight: its next call reports the same node.
+    let e = s.workers[1]
+        .push_pull(&t[1], vec![1.0; 1000], Reduce::Sum)
+        .await
+        .unwrap_err();
+    println!("worker 1: {e}");
+    assert!(e.to_string().starts_with(&name), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_named_not_the_server_that_reported_it() {
+    tokio::time::timeout(TIMEOUT, every_worker_names(|s| &s.servers[1]))
+        .await
+        .expect("test timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_scheduler_is_named_not_the_servers_that_ended_with_it() {
+    tokio::time::timeout(TIMEOUT, every_worker_names(|s| &s.scheduler))
+        .await
+        .expect("test timed out");
 }

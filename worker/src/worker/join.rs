@@ -21,9 +21,7 @@ use tokio::task::JoinHandle;
 use super::{Worker, WorkerInner};
 use crate::error::WorkerError;
 use crate::round::ServerLink;
-use crate::shared::{
-    control_reader, control_writer, heartbeat, server_reader, transport_reason, Phase, Shared,
-};
+use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
 
 /// Idle capacity the pool of push payload buffers keeps (about one ResNet-50 round of fp32).
 const PAYLOAD_POOL_BYTES: usize = 128 << 20;
@@ -228,19 +226,12 @@ impl Worker {
         let servers: Vec<NodeName> = conns.iter().map(|(name, _)| name.clone()).collect();
         let on_error: OnError = {
             let shared = shared.clone();
-            // A failed write to a server is that server's loss.
+            // A failed write to a server is that server's loss (or the loss its close names).
             Box::new(move |peer: &Peer, error: TransportError| {
                 let Some(node) = servers.iter().find(|n| n.to_string() == *peer.name) else {
                     return;
                 };
-                let reason = transport_reason(&error);
-                shared.server_gone(
-                    node,
-                    WorkerError::NodeLost {
-                        node: node.clone(),
-                        reason,
-                    },
-                );
+                shared.server_gone(node, WorkerError::server_lost(node, &error));
             })
         };
         let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
