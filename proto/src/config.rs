@@ -145,6 +145,12 @@ pub struct ClusterConfig {
     /// (default 30000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// `rendezvous_timeout_ms`: how long the scheduler waits, from its start, for every server
+    /// and worker to register (default 300000). Past it the job fails: every waiting node gets
+    /// an error saying who registered and who is missing. The scheduler logs who it waits for
+    /// every 10 s meanwhile.
+    #[serde(default = "default_rendezvous_timeout_ms")]
+    pub rendezvous_timeout_ms: u64,
     /// `send_window_bytes`: the most bytes of data frames a node keeps in flight over all its
     /// connections (handed to QUIC, not yet acknowledged by the peer; default 16 MiB). Below
     /// it the window follows the network (twice the sum of the connections' congestion
@@ -336,6 +342,9 @@ fn default_heartbeat_timeout_ms() -> u64 {
 }
 fn default_connect_timeout_ms() -> u64 {
     30_000
+}
+fn default_rendezvous_timeout_ms() -> u64 {
+    300_000
 }
 fn default_send_window_bytes() -> u64 {
     16 << 20
@@ -582,6 +591,7 @@ impl Config {
                 heartbeat_interval_ms: default_heartbeat_interval_ms(),
                 heartbeat_timeout_ms: default_heartbeat_timeout_ms(),
                 connect_timeout_ms: default_connect_timeout_ms(),
+                rendezvous_timeout_ms: default_rendezvous_timeout_ms(),
                 send_window_bytes: default_send_window_bytes(),
                 max_udp_payload: default_max_udp_payload(),
             },
@@ -645,6 +655,13 @@ impl Config {
                 "cluster.partition_bytes",
                 c.partition_bytes.to_string(),
                 &format!("must be at most {}", MAX_PARTITION_BYTES),
+            ));
+        }
+        if c.rendezvous_timeout_ms == 0 {
+            return Err(bad(
+                "cluster.rendezvous_timeout_ms",
+                "0".into(),
+                "must be at least 1",
             ));
         }
         if c.heartbeat_interval_ms == 0 {
@@ -743,6 +760,11 @@ impl Config {
     /// How long to keep trying to reach the scheduler.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.cluster.connect_timeout_ms)
+    }
+
+    /// `cluster.rendezvous_timeout_ms` as a duration.
+    pub fn rendezvous_timeout(&self) -> Duration {
+        Duration::from_millis(self.cluster.rendezvous_timeout_ms)
     }
 
     /// The parameter map the config gives tensor `name`: `[tensors.default]` overlaid with

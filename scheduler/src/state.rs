@@ -21,6 +21,10 @@
 //!    honoured, the others filled lowest-free-first in registration order, and every node gets
 //!    [`FromScheduler::Welcome`]. A node that disconnects or goes silent *before* that moment
 //!    only withdraws its registration (its slot becomes free again): nobody depends on it yet.
+//!    Meanwhile the scheduler logs who it waits for every [`RENDEZVOUS_LOG_INTERVAL`]; if the
+//!    cluster is not complete `rendezvous_timeout` after the scheduler's start, every waiting
+//!    node gets `Shutdown{error}` saying who registered and who is missing, and the machine
+//!    finishes with [`JobFailure::Rendezvous`].
 //! 2. **Declare** (a collective): once every worker declared a name, lengths and parameter
 //!    maps are compared (an error names the tensor, the two ranks and both values), a tensor
 //!    of more than [`MAX_CHUNKS_PER_TENSOR`] chunks is refused, the tensor is placed with the
@@ -61,6 +65,9 @@ pub type ConnId = u64;
 /// must fit a control frame ([`pushpull_proto::protocol::MAX_CONTROL_FRAME`]), and a mistyped
 /// length must not make the scheduler build billions of chunks.
 pub const MAX_CHUNKS_PER_TENSOR: u64 = 1 << 20;
+
+/// While the cluster is incomplete, how often the scheduler logs who it still waits for.
+pub const RENDEZVOUS_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// An input to the state machine. The time of the event is passed to
 /// [`SchedulerState::handle`] alongside it.
@@ -115,6 +122,10 @@ pub enum JobFailure {
         /// What the scheduler observed.
         reason: String,
     },
+    /// Not every node registered within `cluster.rendezvous_timeout_ms`; says who is
+    /// missing.
+    #[error("{0}")]
+    Rendezvous(String),
     /// The job can never finish (e.g. a worker finished without entering a barrier the others
     /// wait in).
     #[error("{0}")]
@@ -138,6 +149,8 @@ pub struct StateConfig {
     pub heartbeat_interval: Duration,
     /// Silence after which a node is lost.
     pub heartbeat_timeout: Duration,
+    /// From the scheduler's start, how long every node has to register.
+    pub rendezvous_timeout: Duration,
     /// The job seed every node receives in its [`ClusterMap`].
     pub job_seed: u64,
 }
@@ -153,6 +166,7 @@ impl StateConfig {
             min_compress_bytes: config.cluster.min_compress_bytes,
             heartbeat_interval: config.heartbeat_interval(),
             heartbeat_timeout: config.heartbeat_timeout(),
+            rendezvous_timeout: config.rendezvous_timeout(),
             job_seed,
         }
     }
@@ -221,6 +235,10 @@ pub struct SchedulerState {
     cfg: StateConfig,
     conns: BTreeMap<ConnId, Conn>,
     next_seq: u64,
+    /// Past this, a cluster that is not complete fails ([`JobFailure::Rendezvous`]).
+    rendezvous_deadline: Instant,
+    /// When to log who the rendezvous still waits for.
+    next_rendezvous_log: Instant,
     /// Filled at Welcome: index = server id / worker rank.
     servers: Vec<Member>,
     workers: Vec<Member>,
@@ -243,10 +261,13 @@ impl SchedulerState {
     /// scheduler heartbeats go out at the first [`Event::Tick`] at or after `now`).
     pub fn new(cfg: StateConfig, now: Instant) -> SchedulerState {
         let placer = Placer::new(cfg.num_servers, cfg.partition_bytes);
+        let rendezvous_deadline = now + cfg.rendezvous_timeout;
         SchedulerState {
             cfg,
             conns: BTreeMap::new(),
             next_seq: 0,
+            rendezvous_deadline,
+            next_rendezvous_log: now + RENDEZVOUS_LOG_INTERVAL,
             servers: Vec::new(),
             workers: Vec::new(),
             running: false,
@@ -301,7 +322,13 @@ impl SchedulerState {
             .filter(|c| !c.finished && !matches!(c.phase, Phase::Gone))
             .map(|c| c.last_heard + self.cfg.heartbeat_timeout)
             .min();
-        Some(silent.map_or(self.next_heartbeat, |s| s.min(self.next_heartbeat)))
+        let mut t = silent.map_or(self.next_heartbeat, |s| s.min(self.next_heartbeat));
+        if !self.running {
+            t = t
+                .min(self.rendezvous_deadline)
+                .min(self.next_rendezvous_log);
+        }
+        Some(t)
     }
 
     /// Feeds one event that happened at `now`.

@@ -246,3 +246,37 @@ async fn a_killed_scheduler_is_named_not_the_servers_that_ended_with_it() {
         .await
         .expect("test timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incomplete_rendezvous_fails_naming_who_is_missing() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = nodes_with(2, 1, 16, |c| c.cluster.rendezvous_timeout_ms = 1500).await;
+        let start = Instant::now();
+        let e = Worker::join(
+            &s.config,
+            s.identity(0),
+            JoinOptions {
+                requested_rank: Some(1),
+            },
+        )
+        .await
+        .unwrap_err();
+        println!("after {:?}: {e}", start.elapsed());
+        assert!(matches!(e, WorkerError::JobFailed { .. }), "{e}");
+        assert!(
+            e.to_string().contains(
+                "rendezvous timed out after 1.5 s (cluster.rendezvous_timeout_ms): \
+                 1 of 2 workers registered (missing ranks [0]); 1 of 1 servers registered"
+            ),
+            "{e}"
+        );
+        let e = s.scheduler.join().await.unwrap_err();
+        assert!(e.contains("rendezvous timed out"), "{e}");
+        for server in s.servers {
+            let e = server.join().await.unwrap_err();
+            assert!(e.contains("rendezvous timed out"), "{e}");
+        }
+    })
+    .await
+    .expect("test timed out");
+}

@@ -103,6 +103,12 @@ impl SchedulerState {
     }
 
     pub(super) fn on_tick(&mut self, now: Instant) {
+        if !self.running {
+            self.check_rendezvous(now);
+            if self.done {
+                return;
+            }
+        }
         if now >= self.next_heartbeat {
             let targets: Vec<ConnId> = self
                 .conns

@@ -244,4 +244,82 @@ impl SchedulerState {
             self.cfg.num_workers
         );
     }
+
+    /// Who registered and who is missing of one role, e.g. `1 of 2 workers registered
+    /// (missing ranks [1])`; missing ids are named when every registered node asked for one.
+    fn registered_of(&self, role: NodeRole, count: u32) -> String {
+        let requested: Vec<Option<u32>> = self
+            .conns
+            .values()
+            .filter_map(|c| match &c.phase {
+                Phase::Pending {
+                    role: r, requested, ..
+                } if *r == role => Some(*requested),
+                _ => None,
+            })
+            .collect();
+        let (n, plural, idname) = match role {
+            NodeRole::Server => (requested.len() as u32, "servers", "ids"),
+            _ => (requested.len() as u32, "workers", "ranks"),
+        };
+        if n >= count {
+            return format!("{count} of {count} {plural} registered");
+        }
+        if requested.iter().all(Option::is_some) {
+            let missing: Vec<u32> = (0..count)
+                .filter(|i| !requested.contains(&Some(*i)))
+                .collect();
+            format!("{n} of {count} {plural} registered (missing {idname} {missing:?})")
+        } else {
+            format!("{n} of {count} {plural} registered ({} missing)", count - n)
+        }
+    }
+
+    /// Who registered and who is missing, servers and workers.
+    pub(super) fn rendezvous_status(&self) -> String {
+        format!(
+            "{}; {}",
+            self.registered_of(NodeRole::Worker, self.cfg.num_workers),
+            self.registered_of(NodeRole::Server, self.cfg.num_servers)
+        )
+    }
+
+    /// Before the cluster is complete: logs who it waits for every
+    /// [`RENDEZVOUS_LOG_INTERVAL`]; past the rendezvous deadline, fails the job, telling every
+    /// waiting node who is missing.
+    pub(super) fn check_rendezvous(&mut self, now: Instant) {
+        if now >= self.rendezvous_deadline {
+            let msg = format!(
+                "rendezvous timed out after {:.1} s (cluster.rendezvous_timeout_ms): {}",
+                self.cfg.rendezvous_timeout.as_secs_f64(),
+                self.rendezvous_status()
+            );
+            tracing::error!("{msg}");
+            let waiting: Vec<ConnId> = self
+                .conns
+                .iter()
+                .filter(|(_, c)| !c.disconnected && matches!(c.phase, Phase::Pending { .. }))
+                .map(|(&k, _)| k)
+                .collect();
+            for conn in waiting {
+                self.send(
+                    conn,
+                    FromScheduler::Shutdown {
+                        error: Some(msg.clone()),
+                    },
+                );
+                self.actions.push_back(Action::Close(conn));
+            }
+            return self.finish(Err(JobFailure::Rendezvous(msg)));
+        }
+        if now >= self.next_rendezvous_log {
+            let left = self.rendezvous_deadline.saturating_duration_since(now);
+            tracing::info!(
+                "waiting for the cluster: {}; rendezvous timeout in {:.0} s",
+                self.rendezvous_status(),
+                left.as_secs_f64()
+            );
+            self.next_rendezvous_log = now + RENDEZVOUS_LOG_INTERVAL;
+        }
+    }
 }

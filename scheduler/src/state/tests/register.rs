@@ -286,4 +286,61 @@ fn silent_registrations_and_unregistered_connections_are_dropped_before_the_star
     assert_eq!(w, vec![(2, 1), (3, 0), (100, 0)]);
 }
 
+#[test]
+fn an_incomplete_cluster_fails_at_the_rendezvous_timeout_naming_who_is_missing() {
+    let mut h = H::new_with(3, 2, |c| c.cluster.rendezvous_timeout_ms = 60_000);
+    let deadline = h.now + Duration::from_millis(60_000);
+    h.register(100, NodeRole::Server, None);
+    h.register(0, NodeRole::Worker, Some(0));
+    h.register(1, NodeRole::Worker, Some(2));
+    h.take();
+    // The waiting nodes keep sending heartbeats: only the rendezvous can end the wait.
+    for _ in 0..59 {
+        for conn in [100, 0, 1] {
+            h.msg(conn, ToScheduler::Heartbeat);
+        }
+        h.advance(1_000);
+        assert!(h.s.next_timeout().unwrap() <= deadline);
+    }
+    h.advance(999);
+    assert!(finish_of(&h.take()).is_none(), "not before the deadline");
+    h.advance(1);
+    let acts = h.take();
+    let want = "rendezvous timed out after 60.0 s (cluster.rendezvous_timeout_ms): \
+                2 of 3 workers registered (missing ranks [1]); \
+                1 of 2 servers registered (1 missing)";
+    assert_eq!(
+        finish_of(&acts),
+        Some(Err(JobFailure::Rendezvous(want.into())))
+    );
+    for conn in [100, 0, 1] {
+        assert!(
+            acts.contains(&Action::Send(
+                conn,
+                FromScheduler::Shutdown {
+                    error: Some(want.into())
+                }
+            )),
+            "{conn}: {acts:?}"
+        );
+        assert!(acts.contains(&Action::Close(conn)));
+    }
+}
+
+#[test]
+fn without_requested_ids_the_rendezvous_error_counts_the_missing() {
+    let mut h = H::new_with(2, 1, |c| c.cluster.rendezvous_timeout_ms = 500);
+    h.register(0, NodeRole::Worker, None);
+    h.advance(500);
+    let Some(Err(JobFailure::Rendezvous(msg))) = finish_of(&h.take()) else {
+        panic!("no rendezvous failure")
+    };
+    assert!(
+        msg.ends_with(
+            "1 of 2 workers registered (1 missing); 0 of 1 servers registered (missing ids [0])"
+        ),
+        "{msg}"
+    );
+}
+
 // ---------------------------------------------------------------- declare
