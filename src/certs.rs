@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use pushpull_net::tls::{generate_cluster, CA_CERT_FILE, CA_KEY_FILE};
+use pushpull_net::certs::{generate_cluster_with, NodeCert, CA_CERT_FILE, CA_DIR, CA_KEY_FILE};
 
 use crate::error::{CliError, CliResult};
 
@@ -37,13 +37,15 @@ pub fn check_node_name(name: &str) -> CliResult<()> {
     Ok(())
 }
 
-/// Writes the CA and node certificates into `out` and returns the text to print: which files
-/// go into which node's `[tls]` table. Refuses to overwrite an existing CA unless `force`.
+/// Writes the CA and node certificates (valid for `days`) into `out` and returns the text to
+/// print: which folder goes to which host, and each node's `[tls]` table. Refuses to
+/// overwrite an existing CA unless `force`.
 pub fn make_certs(
     out: &Path,
     nodes: &[String],
     server_name: &str,
     force: bool,
+    days: u32,
 ) -> CliResult<String> {
     if nodes.is_empty() {
         return Err(CliError::usage("--nodes: no node names given"));
@@ -62,14 +64,19 @@ pub fn make_certs(
     if server_name.is_empty() {
         return Err(CliError::usage("--server-name: must not be empty"));
     }
-    if out.join(CA_CERT_FILE).exists() && !force {
+    if days == 0 {
+        return Err(CliError::usage("--days 0: must be at least 1"));
+    }
+    let ca_dir = out.join(CA_DIR);
+    if ca_dir.join(CA_CERT_FILE).exists() && !force {
         return Err(CliError::usage(format!(
-            "--out {}: already holds a CA ({CA_CERT_FILE}); pass --force to replace it (every \
-             node then needs new certificates)",
+            "--out {}: already holds a CA ({CA_DIR}/{CA_CERT_FILE}); pass --force to replace it \
+             (every node then needs new certificates)",
             out.display()
         )));
     }
-    let cfgs = generate_cluster(out, server_name, nodes).map_err(CliError::usage)?;
+    let certs: Vec<NodeCert> = nodes.iter().map(|n| NodeCert::named(n)).collect();
+    let cfgs = generate_cluster_with(out, server_name, &certs, days).map_err(CliError::usage)?;
     let abs = |p: &Option<PathBuf>| -> String {
         let p = p.clone().unwrap_or_default();
         std::fs::canonicalize(&p).unwrap_or(p).display().to_string()
@@ -77,19 +84,28 @@ pub fn make_certs(
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "Wrote a cluster CA and {} node certificates to {} (every certificate names \
-         {server_name:?}, the name clients verify: set `tls.server_name = {server_name:?}` if \
-         it is not the default).",
+        "Wrote a cluster CA and {} node certificates to {}, valid for {days} days (every \
+         certificate names {server_name:?}, the name clients verify: set \
+         `tls.server_name = {server_name:?}` if it is not the default).",
         nodes.len(),
         out.display()
     );
     let _ = writeln!(
         text,
-        "Keep {} off the nodes: it signs new members. Copy {} and each node's own .pem/.key to \
-         that node, and put in its cluster file:",
-        out.join(CA_KEY_FILE).display(),
-        CA_CERT_FILE
+        "Keep {} where it is: its key ({CA_KEY_FILE}, like every key readable by you only) \
+         signs new members. Copy each node's folder {}/NAME/ to that node's host, and put in \
+         its cluster file:",
+        ca_dir.display(),
+        out.display()
     );
+    for (cert, _) in certs.iter().zip(&cfgs).filter(|(c, _)| c.grant.is_none()) {
+        let _ = writeln!(
+            text,
+            "(note: {:?} is not a conventional name (scheduler, serverN, workerN), so its \
+             certificate grants no role: it works only with `tls.check_roles = false`)",
+            cert.name
+        );
+    }
     for (name, cfg) in nodes.iter().zip(&cfgs) {
         let _ = writeln!(text);
         let _ = writeln!(text, "# {name}");
@@ -121,15 +137,16 @@ mod tests {
             &default_node_names(1, 1),
             "pushpull.cluster",
             false,
+            30,
         )
         .unwrap();
         assert!(
             text.contains("server0.pem") && text.contains("# worker0"),
             "{text}"
         );
-        let e = make_certs(dir.path(), &["a".into()], "x", false).unwrap_err();
+        let e = make_certs(dir.path(), &["a".into()], "x", false, 30).unwrap_err();
         assert!(e.to_string().contains("--force"), "{e}");
-        let e = make_certs(dir.path(), &["../x".into()], "x", true).unwrap_err();
+        let e = make_certs(dir.path(), &["../x".into()], "x", true, 30).unwrap_err();
         assert!(e.to_string().contains("../x"), "{e}");
         assert_eq!(e.exit_code(), 2);
     }

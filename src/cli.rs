@@ -223,10 +223,13 @@ pub struct LocalArgs {
 /// `pushpull certs`.
 #[derive(Debug, Clone, Args)]
 pub struct CertsArgs {
-    /// Folder to write ca.pem, ca.key and NAME.pem / NAME.key per node into.
+    /// Folder to write into: the CA in DIR/ca/ (ca.pem, ca.key: keep it where it is), and
+    /// for each node a folder DIR/NAME/ (ca.pem, NAME.pem, NAME.key) to copy to its host.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Node names, comma-separated (e.g. scheduler,server0,server1,worker0,worker1).
+    /// Node names, comma-separated (e.g. scheduler,server0,server1,worker0,worker1). The
+    /// names `scheduler`, `serverN`, `workerN` get certificates that grant that role and id;
+    /// other names get role-free certificates (usable only with `tls.check_roles = false`).
     #[arg(long, value_name = "LIST", value_delimiter = ',', conflicts_with_all = ["servers", "workers"])]
     pub nodes: Option<Vec<String>>,
     /// Without --nodes: certificates for `scheduler`, `server0..N-1` …
@@ -241,6 +244,9 @@ pub struct CertsArgs {
     /// Replace an existing CA in --out.
     #[arg(long)]
     pub force: bool,
+    /// How long the certificates are valid, in days (from an hour ago).
+    #[arg(long, value_name = "N", default_value_t = pushpull_net::certs::DEFAULT_VALIDITY_DAYS)]
+    pub days: u32,
 }
 
 /// `pushpull bench`.
@@ -462,7 +468,7 @@ pub fn certs(args: CertsArgs) -> CliResult<()> {
         Some(n) => n.into_iter().map(|s| s.trim().to_string()).collect(),
         None => certs::default_node_names(args.servers, args.workers),
     };
-    let text = certs::make_certs(&args.out, &nodes, &args.server_name, args.force)?;
+    let text = certs::make_certs(&args.out, &nodes, &args.server_name, args.force, args.days)?;
     print(text.trim_end());
     Ok(())
 }

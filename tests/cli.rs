@@ -130,7 +130,7 @@ fn missing_config_file_and_unreadable_certificates_are_named() {
         let mut args = vec!["--config".to_string(), cfg.clone()];
         args.extend(certs.args(node));
         // Replace the key with a file that is not a key, then with one that does not exist.
-        let not_a_key = certs.path().join("ca.pem").display().to_string();
+        let not_a_key = certs.path().join("ca/ca.pem").display().to_string();
         let n = args.len();
         args[n - 1] = not_a_key.clone();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -240,23 +240,36 @@ fn certs_command_writes_a_usable_set() {
     );
     assert_eq!(code, Some(0), "{err}");
     for f in [
-        "ca.pem",
-        "ca.key",
-        "scheduler.pem",
-        "server0.key",
-        "worker0.pem",
+        "ca/ca.pem",
+        "ca/ca.key",
+        "scheduler/ca.pem",
+        "scheduler/scheduler.pem",
+        "server0/server0.key",
+        "worker0/worker0.pem",
     ] {
         assert!(out.join(f).is_file(), "{f} missing");
+    }
+    // The CA key stays out of every node's folder; keys are the owner's alone.
+    for node in ["scheduler", "server0", "worker0"] {
+        assert!(!out.join(node).join("ca.key").exists(), "{node}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["ca/ca.key", "worker0/worker0.key"] {
+            let mode = std::fs::metadata(out.join(f)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
     }
     assert!(
         stdout.contains("# server0") && stdout.contains("server0.pem"),
         "{stdout}"
     );
     let tls = pushpull_proto::config::TlsConfig {
-        ca: Some(out.join("ca.pem")),
-        cert: Some(out.join("worker0.pem")),
-        key: Some(out.join("worker0.key")),
-        server_name: "pushpull.cluster".into(),
+        ca: Some(out.join("worker0/ca.pem")),
+        cert: Some(out.join("worker0/worker0.pem")),
+        key: Some(out.join("worker0/worker0.key")),
+        ..Default::default()
     };
     pushpull_net::tls::TlsIdentity::load(&tls).unwrap();
     // A second run refuses to overwrite the CA.

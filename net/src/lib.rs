@@ -4,10 +4,12 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`tls`] | mutual TLS 1.3 with a cluster CA: loading PEM files, rustls configs, generating a CA and node certificates |
+//! | [`tls`] | mutual TLS 1.3 with a cluster CA: loading PEM files (and checking a key's permissions), rustls configs |
+//! | [`certs`] | generating a CA and node certificates (keys 0600, the CA key in its own folder, roles as `pushpull://` URIs), reading the role a peer's certificate grants |
 //! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream |
 //! | [`sender`] | [`sender::FrameSender`]: the async shell that drives one `SendQueue` over all of a node's data connections |
 
+pub mod certs;
 pub mod sender;
 pub mod tls;
 pub mod transport;

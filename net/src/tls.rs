@@ -8,21 +8,22 @@
 //!   from another CA, is refused at the handshake. Clients accept only a server certificate
 //!   signed by the cluster CA. So only holders of a cluster certificate can register, push or
 //!   pull.
-//! * [`generate_cluster`] makes a CA and node certificates (`pushpull certs`, and the throw-away
-//!   set of `pushpull local`). Only the `ring` provider is used (aws-lc-rs costs minutes of
-//!   build time).
+//! * Each certificate also states the role (and id) its holder may play; nodes check it at
+//!   the application level ([`crate::certs::peer_grant`], [`pushpull_proto::grant`]).
+//! * A private key file that group or others may read is warned about at load, or refused
+//!   with `tls.refuse_loose_keys` (as ssh does).
+//! * [`generate_cluster`] (in [`crate::certs`]) makes a CA and node certificates. Only the
+//!   `ring` provider is used (aws-lc-rs costs minutes of build time).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use pushpull_proto::config::TlsConfig;
+
+pub use crate::certs::{generate_cluster, CA_CERT_FILE, CA_KEY_FILE};
 
 /// ALPN protocol id of pushpull.
 pub const ALPN: &[u8] = b"pushpull/1";
@@ -87,6 +88,8 @@ impl TlsIdentity {
                 "no certificate in file".into(),
             ));
         }
+        check_key_permissions(key_path, cfg.refuse_loose_keys)
+            .map_err(|e| file_err("private key", key_path, e))?;
         let key = PrivateKeyDer::from_pem_file(key_path)
             .map_err(|e| file_err("private key", key_path, e.to_string()))?;
         Ok(TlsIdentity {
@@ -142,71 +145,24 @@ impl TlsIdentity {
     }
 }
 
-/// File names [`generate_cluster`] writes into its output folder.
-pub const CA_CERT_FILE: &str = "ca.pem";
-/// The CA's private key (keep it off the nodes).
-pub const CA_KEY_FILE: &str = "ca.key";
-
-/// Makes a cluster CA and one certificate per node name in `dir`: `ca.pem`, `ca.key`, and for
-/// each name `NAME.pem` + `NAME.key`. Every node certificate carries `server_name` as its DNS
-/// name (and `NAME` as its common name), usable both as client and as server certificate.
-/// Returns the [`TlsConfig`] of each node, in the order of `nodes`.
-pub fn generate_cluster(
-    dir: &Path,
-    server_name: &str,
-    nodes: &[String],
-) -> Result<Vec<TlsConfig>, TlsError> {
-    let setup = |e: rcgen::Error| TlsError::Setup(format!("certificate generation: {e}"));
-    std::fs::create_dir_all(dir).map_err(|e| TlsError::File {
-        what: "output folder",
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    let ca_key = KeyPair::generate().map_err(setup)?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(setup)?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "pushpull cluster CA");
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca_params.self_signed(&ca_key).map_err(setup)?;
-    write_file(&dir.join(CA_CERT_FILE), ca_cert.pem().as_bytes())?;
-    write_file(&dir.join(CA_KEY_FILE), ca_key.serialize_pem().as_bytes())?;
-    let issuer = Issuer::new(ca_params, ca_key);
-
-    let mut out = Vec::with_capacity(nodes.len());
-    for name in nodes {
-        let key = KeyPair::generate().map_err(setup)?;
-        let mut params = CertificateParams::new(vec![server_name.to_string()]).map_err(setup)?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, name.as_str());
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let cert = params.signed_by(&key, &issuer).map_err(setup)?;
-        let cert_path = dir.join(format!("{name}.pem"));
-        let key_path = dir.join(format!("{name}.key"));
-        write_file(&cert_path, cert.pem().as_bytes())?;
-        write_file(&key_path, key.serialize_pem().as_bytes())?;
-        out.push(TlsConfig {
-            ca: Some(dir.join(CA_CERT_FILE)),
-            cert: Some(cert_path),
-            key: Some(key_path),
-            server_name: server_name.to_string(),
-        });
+/// Warns about a key file that group or others may read, or refuses it (`refuse`).
+fn check_key_permissions(path: &Path, refuse: bool) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            let what = format!("readable by group or others (mode {mode:04o}); `chmod 600` it");
+            if refuse {
+                return Err(format!("{what} (tls.refuse_loose_keys is set)"));
+            }
+            tracing::warn!("TLS: private key {}: {what}", path.display());
+        }
     }
-    Ok(out)
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
-    std::fs::write(path, bytes).map_err(|e| TlsError::File {
-        what: "output file",
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    #[cfg(not(unix))]
+    let _ = (path, refuse);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -229,6 +185,7 @@ mod tests {
             cert: Some("/nonexistent/n.pem".into()),
             key: Some("/nonexistent/n.key".into()),
             server_name: "x".into(),
+            ..TlsConfig::default()
         };
         let e = TlsIdentity::load(&cfg).unwrap_err().to_string();
         assert!(e.contains("/nonexistent/ca.pem"), "{e}");
@@ -236,5 +193,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tls.ca"), "{e}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_others_may_read_is_refused_when_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = generate_cluster(dir.path(), "pushpull.cluster", &["worker0".into()])
+            .unwrap()
+            .remove(0);
+        let key = cfg.key.clone().unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        TlsIdentity::load(&cfg).expect("only a warning by default");
+        cfg.refuse_loose_keys = true;
+        let e = TlsIdentity::load(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("worker0.key") && e.contains("mode 0644") && e.contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        TlsIdentity::load(&cfg).unwrap();
     }
 }

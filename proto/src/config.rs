@@ -184,6 +184,16 @@ pub struct TlsConfig {
     /// `pushpull.cluster`); one cluster-wide name, so certificates don't depend on IPs.
     #[serde(default = "default_server_name")]
     pub server_name: String,
+    /// `check_roles`: every node checks that a peer's certificate grants the role (and id) it
+    /// claims, as a `pushpull://ROLE/ID` URI that `pushpull certs` writes (see
+    /// [`crate::grant`]; default true). `false` accepts any certificate the cluster CA signed
+    /// in any role: for certificates from one's own PKI that carry no such URI.
+    #[serde(default = "default_true")]
+    pub check_roles: bool,
+    /// `refuse_loose_keys`: refuse to start with a private key file that group or others may
+    /// read (as ssh does); default false, which only warns.
+    #[serde(default)]
+    pub refuse_loose_keys: bool,
 }
 
 impl TlsConfig {
@@ -426,6 +436,8 @@ impl Default for TlsConfig {
             cert: None,
             key: None,
             server_name: default_server_name(),
+            check_roles: true,
+            refuse_loose_keys: false,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | [`placement`] | pure arithmetic: equal-size chunks, keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
 //! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery), as a pure state machine |
 //! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
+//! | [`grant`] | [`grant::Grant`]: the role (and id) a node's certificate lets it play, as a `pushpull://ROLE/ID` URI, and the checks every node makes |
 //! | [`departure`] | [`departure::Departure`]: why a node closed its connections (the QUIC close code and reason), so peers name the node really at fault |
 //! | [`pool`] | [`pool::BufPool`]: reused byte buffers for encoded payloads, returned when the last `Bytes` handle drops |
 //!
@@ -19,6 +20,7 @@
 
 pub mod config;
 pub mod departure;
+pub mod grant;
 pub mod placement;
 pub mod pool;
 pub mod protocol;

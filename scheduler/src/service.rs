@@ -18,9 +18,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use pushpull_net::certs::peer_grant;
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::{Config, ConfigError};
+use pushpull_proto::grant::PeerGrant;
 use pushpull_proto::protocol::{FromScheduler, ToScheduler};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
@@ -120,7 +122,13 @@ impl Scheduler {
         let mut state = SchedulerState::new(StateConfig::from_config(&config, job_seed), now());
 
         let (tx, mut rx) = mpsc::channel::<Inbound>(1024);
-        let accept = tokio::spawn(accept_loop(endpoint.quinn.clone(), tx, timeout));
+        let check_roles = config.tls.check_roles;
+        let accept = tokio::spawn(accept_loop(
+            endpoint.quinn.clone(),
+            tx,
+            timeout,
+            check_roles,
+        ));
         let mut conns: HashMap<ConnId, ConnHandle> = HashMap::new();
 
         let result = 'main: loop {
@@ -129,9 +137,9 @@ impl Scheduler {
                 .map_or(now() + tick, |t| t.min(now() + tick));
             tokio::select! {
                 inbound = rx.recv() => match inbound {
-                    Some(Inbound::Accepted { conn, addr, handle }) => {
+                    Some(Inbound::Accepted { conn, addr, grant, handle }) => {
                         conns.insert(conn, handle);
-                        state.handle(now(), Event::Connected { conn, addr });
+                        state.handle(now(), Event::Connected { conn, addr, grant });
                     }
                     Some(Inbound::Message(conn, msg)) => {
                         state.handle(now(), Event::Message { conn, msg });
@@ -208,6 +216,8 @@ enum Inbound {
     Accepted {
         conn: ConnId,
         addr: SocketAddr,
+        /// What the node's certificate grants.
+        grant: PeerGrant,
         handle: ConnHandle,
     },
     /// A control message.
@@ -232,13 +242,18 @@ enum WriterCmd {
 
 /// Accepts connections until the endpoint closes; each gets a task in a set that is aborted
 /// when this task is.
-async fn accept_loop(ep: quinn::Endpoint, tx: mpsc::Sender<Inbound>, timeout: Duration) {
+async fn accept_loop(
+    ep: quinn::Endpoint,
+    tx: mpsc::Sender<Inbound>,
+    timeout: Duration,
+    check_roles: bool,
+) {
     let mut tasks = JoinSet::new();
     let mut next: ConnId = 0;
     while let Some(incoming) = ep.accept().await {
         let id = next;
         next += 1;
-        tasks.spawn(serve_conn(incoming, id, tx.clone(), timeout));
+        tasks.spawn(serve_conn(incoming, id, tx.clone(), timeout, check_roles));
         // Reap finished connection tasks.
         while tasks.try_join_next().is_some() {}
     }
@@ -250,6 +265,7 @@ async fn serve_conn(
     id: ConnId,
     tx: mpsc::Sender<Inbound>,
     timeout: Duration,
+    check_roles: bool,
 ) {
     let addr = incoming.remote_address();
     let conn = match incoming.accept() {
@@ -289,6 +305,7 @@ async fn serve_conn(
         .send(Inbound::Accepted {
             conn: id,
             addr,
+            grant: peer_grant(&conn, check_roles),
             handle,
         })
         .await

@@ -13,7 +13,9 @@
 //! # Life cycle
 //! 1. **Registration.** A connection ([`Event::Connected`]) must first send
 //!    [`ToScheduler::Register`]. It is refused at once ([`FromScheduler::Refused`], then
-//!    [`Action::Close`]) on a protocol version mismatch, a config digest difference (the
+//!    [`Action::Close`]) on a protocol version mismatch, a certificate that does not grant the
+//!    role (or the requested id) ([`pushpull_proto::grant`]; a certificate that fixes an id
+//!    gets that id), a config digest difference (the
 //!    reason names the setting and both values), a requested id out of range or already
 //!    taken, a server without a dialable listen address (or one another server already
 //!    advertises), or a full cluster. Accepted nodes wait (receiving scheduler heartbeats);
@@ -51,6 +53,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use pushpull_proto::config::{ClusterDigest, Config, ParamMap};
+use pushpull_proto::grant::PeerGrant;
 use pushpull_proto::placement::{num_chunks, Placer};
 use pushpull_proto::protocol::{
     ClusterMap, FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler, PROTOCOL_VERSION,
@@ -79,6 +82,8 @@ pub enum Event {
         conn: ConnId,
         /// The peer's address as the scheduler sees it.
         addr: SocketAddr,
+        /// What the peer's certificate grants (checked at `Register`).
+        grant: PeerGrant,
     },
     /// A control message arrived on `conn`.
     Message {
@@ -195,6 +200,7 @@ enum Phase {
 #[derive(Debug, Clone)]
 struct Conn {
     addr: SocketAddr,
+    grant: PeerGrant,
     phase: Phase,
     last_heard: Instant,
     /// Workers: sent `Finished`.
@@ -337,11 +343,12 @@ impl SchedulerState {
             return;
         }
         match event {
-            Event::Connected { conn, addr } => {
+            Event::Connected { conn, addr, grant } => {
                 self.conns.insert(
                     conn,
                     Conn {
                         addr,
+                        grant,
                         phase: Phase::Connected,
                         last_heard: now,
                         finished: false,

@@ -92,9 +92,12 @@ impl Drop for Node {
     }
 }
 
-/// Certificates for the scheduler and `n` nodes.
+/// Certificates for the scheduler, server 0 and workers 0..n-1 (each granting that role).
 fn identities(dir: &std::path::Path, n: usize) -> Vec<TlsIdentity> {
-    let names: Vec<String> = (0..=n).map(|i| format!("node{i}")).collect();
+    let names: Vec<String> = ["scheduler".to_string(), "server0".to_string()]
+        .into_iter()
+        .chain((0..n - 1).map(|i| format!("worker{i}")))
+        .collect();
     generate_cluster(dir, "pushpull.cluster", &names)
         .unwrap()
         .iter()

@@ -18,7 +18,9 @@ use tracing::{debug, info, warn};
 
 use crate::rounds::{Action, KeyRounds};
 use crate::service::RESULT_POOL_BYTES;
+use pushpull_net::certs::peer_grant;
 use pushpull_proto::departure::Departure;
+use pushpull_proto::protocol::NodeRole;
 
 /// A frame to send: kind, key, round, payload.
 pub(crate) type OutFrame = (FrameKind, u64, u64, Bytes);
@@ -56,6 +58,8 @@ pub(crate) struct Shared {
     pub(crate) num_workers: u32,
     pub(crate) max_payload: u64,
     pub(crate) heartbeat_timeout: Duration,
+    /// `tls.check_roles`: a worker's certificate must grant the rank its `Hello` claims.
+    pub(crate) check_roles: bool,
     pub(crate) server_id: OnceLock<u32>,
     pub(crate) keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
     /// Data connections by rank.
@@ -84,6 +88,7 @@ impl Shared {
             num_workers: w,
             max_payload: max_payload_len(config.cluster.partition_bytes),
             heartbeat_timeout: config.heartbeat_timeout(),
+            check_roles: config.tls.check_roles,
             server_id: OnceLock::new(),
             keys: DashMap::new(),
             workers: RwLock::new(vec![None; w as usize]),
@@ -293,6 +298,9 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
             "Hello from rank {rank}, but the job has {} workers",
             shared.num_workers
         ));
+    }
+    if let Err(why) = peer_grant(&conn, shared.check_roles).allows(NodeRole::Worker, Some(rank)) {
+        return refuse(format!("Hello from rank {rank}: {why}"));
     }
     let w = WorkerConn {
         peer: Peer {

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
+use pushpull_net::certs::peer_grant;
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::{parse_addr, ConfigError};
@@ -325,6 +326,9 @@ impl Control<'_> {
             .connect_with_retry(addr, self.config.connect_timeout())
             .await
             .map_err(|e| self.sched_err(e.to_string()))?;
+        peer_grant(&conn, self.config.tls.check_roles)
+            .allows(NodeRole::Scheduler, None)
+            .map_err(|why| self.sched_err(format!("refused: {why}")))?;
         self.conn = Some(conn.clone());
         let (send, recv) = conn
             .open_bi()

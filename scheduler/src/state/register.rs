@@ -29,6 +29,12 @@ impl SchedulerState {
                 return self.refuse(conn, "a scheduler cannot register with a scheduler".into())
             }
         };
+        let grant = self.conns[&conn].grant;
+        if let Err(why) = grant.allows(role, requested) {
+            return self.refuse(conn, why);
+        }
+        // A certificate that fixes the id decides it.
+        let requested = requested.or(grant.id());
         if let Some((key, ours, theirs)) = self.cfg.digest.first_difference(&digest) {
             return self.refuse(
                 conn,

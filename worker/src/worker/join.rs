@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use pushpull_kernels::KernelsFactory;
+use pushpull_net::certs::peer_grant;
 use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{send_frame, Endpoint, TransportError};
@@ -144,6 +145,9 @@ impl Worker {
             .connect_with_retry(sched_addr, config.connect_timeout())
             .await
             .map_err(|e| connect_err(&scheduler, connect_message(&e)))?;
+        peer_grant(&conn, config.tls.check_roles)
+            .allows(NodeRole::Scheduler, None)
+            .map_err(|why| connect_err(&scheduler, format!("refused: {why}")))?;
         tracing::debug!("worker: connected to {scheduler}");
         let (send, recv) = conn
             .open_bi()
@@ -188,6 +192,7 @@ impl Worker {
         );
         // Connect to every server and say hello.
         let timeout = config.connect_timeout();
+        let check_roles = config.tls.check_roles;
         let connects = map.servers.iter().enumerate().map(|(id, &addr)| {
             let endpoint = endpoint.clone();
             async move {
@@ -204,6 +209,9 @@ impl Worker {
                     .connect_with_retry(addr, timeout)
                     .await
                     .map_err(|e| err(connect_message(&e)))?;
+                peer_grant(&conn, check_roles)
+                    .allows(NodeRole::Server, Some(id as u32))
+                    .map_err(|why| err(format!("refused: {why}")))?;
                 let hello = FrameHeader {
                     kind: FrameKind::Hello,
                     op: ReduceOp::Sum,

@@ -1,6 +1,7 @@
 //! The test kit shared by this crate's integration tests: a cluster of the real scheduler and
-//! servers on 127.0.0.1 (port 0) with certificates from `generate_cluster`, workers of this
-//! crate, fault injection, seeded data and independent references.
+//! servers on 127.0.0.1 (port 0) with certificates from `generate_cluster_with` (workers'
+//! certificates grant any rank), workers of this crate, fault injection, seeded data and
+//! independent references.
 //!
 //! Each scheduler and server runs as a [`Node`]: its own thread with its own single-threaded
 //! tokio runtime, so a fault stops all of it at once, as it would stop a process:
@@ -18,7 +19,10 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::certs::{generate_cluster_with, NodeCert};
+use pushpull_net::tls::TlsIdentity;
+use pushpull_proto::grant::Grant;
+use pushpull_proto::protocol::NodeRole;
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
@@ -146,6 +150,18 @@ impl Stack {
         self.identities[w].clone()
     }
 
+    /// The TLS identity of node `name` (`scheduler`, `server0`, `worker1`, ...).
+    pub fn node_identity(&self, name: &str) -> TlsIdentity {
+        let dir = self._dir.path().join(name);
+        TlsIdentity::load(&pushpull_proto::config::TlsConfig {
+            ca: Some(dir.join("ca.pem")),
+            cert: Some(dir.join(format!("{name}.pem"))),
+            key: Some(dir.join(format!("{name}.key"))),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     /// Joins one worker per entry of `requested` (the rank it asks for) concurrently, with
     /// identities `0..`; returns the results in that order.
     pub async fn join(&self, requested: &[Option<u32>]) -> Vec<Result<Worker, WorkerError>> {
@@ -228,15 +244,24 @@ pub async fn nodes_with(
 ) -> Stack {
     init_tracing();
     let dir = tempfile::tempdir().unwrap();
-    let names: Vec<String> = std::iter::once("scheduler".to_string())
-        .chain((0..servers).map(|s| format!("server{s}")))
-        .chain((0..workers as usize + SPARE_IDENTITIES).map(|w| format!("worker{w}")))
+    // Worker certificates grant any rank, so tests choose ranks by asking for them.
+    let any_worker = Grant {
+        role: NodeRole::Worker,
+        id: None,
+    };
+    let nodes: Vec<NodeCert> = std::iter::once(NodeCert::named("scheduler"))
+        .chain((0..servers).map(|s| NodeCert::named(&format!("server{s}"))))
+        .chain((0..workers as usize + SPARE_IDENTITIES).map(|w| NodeCert {
+            name: format!("worker{w}"),
+            grant: Some(any_worker),
+        }))
         .collect();
-    let mut ids: Vec<TlsIdentity> = generate_cluster(dir.path(), "pushpull.cluster", &names)
-        .unwrap()
-        .iter()
-        .map(|c| TlsIdentity::load(c).unwrap())
-        .collect();
+    let mut ids: Vec<TlsIdentity> =
+        generate_cluster_with(dir.path(), "pushpull.cluster", &nodes, 1)
+            .unwrap()
+            .iter()
+            .map(|c| TlsIdentity::load(c).unwrap())
+            .collect();
     let mut config = Config::local(workers, servers);
     config.cluster.partition_bytes = partition_bytes;
     config.cluster.heartbeat_interval_ms = 200;

@@ -54,9 +54,21 @@ impl H {
         requested: Option<u32>,
         digest: ClusterDigest,
     ) {
+        self.register_granted(conn, role, requested, digest, PeerGrant::Unchecked);
+    }
+    /// Registers with a certificate that grants `grant`.
+    fn register_granted(
+        &mut self,
+        conn: ConnId,
+        role: NodeRole,
+        requested: Option<u32>,
+        digest: ClusterDigest,
+        grant: PeerGrant,
+    ) {
         self.ev(Event::Connected {
             conn,
             addr: waddr(conn),
+            grant,
         });
         let listen_addr = (role == NodeRole::Server).then(|| saddr(conn));
         self.msg(

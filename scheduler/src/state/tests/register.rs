@@ -157,6 +157,7 @@ fn digest_and_version_mismatches_name_the_setting_and_both_values() {
     h.ev(Event::Connected {
         conn: 2,
         addr: waddr(2),
+        grant: PeerGrant::Unchecked,
     });
     let digest = h.cfg.digest();
     h.msg(
@@ -179,6 +180,7 @@ fn digest_and_version_mismatches_name_the_setting_and_both_values() {
     h.ev(Event::Connected {
         conn: 3,
         addr: waddr(3),
+        grant: PeerGrant::Unchecked,
     });
     h.msg(3, ToScheduler::Barrier { id: 0 });
     let r = refusal(&h.take(), 3);
@@ -199,6 +201,7 @@ fn servers_must_advertise_a_distinct_dialable_address() {
         h.ev(Event::Connected {
             conn,
             addr: waddr(conn),
+            grant: PeerGrant::Unchecked,
         });
         h.msg(
             conn,
@@ -218,6 +221,7 @@ fn servers_must_advertise_a_distinct_dialable_address() {
     h.ev(Event::Connected {
         conn: 103,
         addr: waddr(103),
+        grant: PeerGrant::Unchecked,
     });
     h.msg(
         103,
@@ -261,6 +265,7 @@ fn silent_registrations_and_unregistered_connections_are_dropped_before_the_star
     h.ev(Event::Connected {
         conn: 1,
         addr: waddr(1),
+        grant: PeerGrant::Unchecked,
     });
     h.advance(5_000);
     // Both still alive; the registered one gets the scheduler's heartbeats.
@@ -284,6 +289,48 @@ fn silent_registrations_and_unregistered_connections_are_dropped_before_the_star
     let mut w = welcomes(&h.take());
     w.sort();
     assert_eq!(w, vec![(2, 1), (3, 0), (100, 0)]);
+}
+
+#[test]
+fn certificates_decide_roles_and_ids() {
+    use pushpull_proto::grant::Grant;
+    let g = |name: &str| PeerGrant::Grants(Grant::of_node_name(name).unwrap());
+    let mut h = H::new(2, 1);
+    let d = h.cfg.digest();
+    // A worker's certificate cannot register a server, nor another rank; a certificate
+    // without a grant registers nothing.
+    h.register_granted(1, NodeRole::Server, None, d.clone(), g("worker1"));
+    h.register_granted(2, NodeRole::Worker, Some(0), d.clone(), g("worker1"));
+    h.register_granted(3, NodeRole::Worker, None, d.clone(), PeerGrant::None);
+    h.register_granted(4, NodeRole::Server, None, d.clone(), g("scheduler"));
+    let acts = h.take();
+    assert_eq!(
+        refusal(&acts, 1),
+        "certificate of worker 1 cannot act as a server"
+    );
+    assert_eq!(
+        refusal(&acts, 2),
+        "certificate of worker 1 cannot act as worker 0"
+    );
+    assert!(refusal(&acts, 3).contains("grants no pushpull role"));
+    assert_eq!(
+        refusal(&acts, 4),
+        "certificate of the scheduler cannot act as a server"
+    );
+    // Worker 1's certificate gets rank 1 without asking; a second node with the same
+    // certificate is refused while the first is registered.
+    h.register_granted(5, NodeRole::Worker, None, d.clone(), g("worker1"));
+    h.register_granted(6, NodeRole::Worker, None, d.clone(), g("worker1"));
+    assert!(refusal(&h.take(), 6).contains("worker rank 1 is already taken"));
+    let any = PeerGrant::Grants(Grant {
+        role: NodeRole::Worker,
+        id: None,
+    });
+    h.register_granted(7, NodeRole::Worker, None, d.clone(), any);
+    h.register_granted(100, NodeRole::Server, None, d, g("server0"));
+    let mut w = welcomes(&h.take());
+    w.sort();
+    assert_eq!(w, vec![(5, 1), (7, 0), (100, 0)]);
 }
 
 #[test]
