@@ -22,6 +22,7 @@ use pushpull_net::certs::peer_grant;
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::{Config, ConfigError};
+use pushpull_proto::departure::Departure;
 use pushpull_proto::grant::PeerGrant;
 use pushpull_proto::protocol::{FromScheduler, ToScheduler};
 use tokio::sync::mpsc;
@@ -102,6 +103,11 @@ impl Scheduler {
         self.endpoint.local_addr()
     }
 
+    /// The QUIC endpoint (e.g. to count its open connections).
+    pub fn quinn_endpoint(&self) -> quinn::Endpoint {
+        self.endpoint.quinn.clone()
+    }
+
     /// The job seed every node will receive in its cluster map.
     pub fn job_seed(&self) -> u64 {
         self.job_seed
@@ -146,6 +152,12 @@ impl Scheduler {
                     }
                     Some(Inbound::Closed(conn, reason)) => {
                         state.handle(now(), Event::Disconnected { conn, reason });
+                        // Once the state forgot the connection, so does the shell: dropping
+                        // the handle ends its writer (after what is queued) and the
+                        // connection with it.
+                        if !state.tracks(conn) {
+                            conns.remove(&conn);
+                        }
                     }
                     None => break 'main Err(SchedulerError::EndpointClosed),
                 },
@@ -319,6 +331,13 @@ async fn serve_conn(
             Ok(None) => Inbound::Closed(id, "it closed its control stream".into()),
             Err(TransportError::Connection { source, .. }) => {
                 Inbound::Closed(id, source.to_string())
+            }
+            Err(e @ TransportError::Protocol { .. }) => {
+                // A malformed frame: nothing after it can be trusted. Close at once, saying why.
+                let why = Departure::Refused(format!("malformed control frame: {e}"));
+                tracing::warn!(peer = %addr, "{why}; closing the connection");
+                conn.close(why.code().into(), &why.reason());
+                Inbound::Closed(id, e.to_string())
             }
             Err(e) => Inbound::Closed(id, e.to_string()),
         };

@@ -23,6 +23,10 @@
 //!    honoured, the others filled lowest-free-first in registration order, and every node gets
 //!    [`FromScheduler::Welcome`]. A node that disconnects or goes silent *before* that moment
 //!    only withdraws its registration (its slot becomes free again): nobody depends on it yet.
+//!    A connection must register first (anything else, a heartbeat too, is refused) and
+//!    within the heartbeat timeout, at most `2 × (servers + workers) +` [`SPARE_UNREGISTERED`] may wait to
+//!    register at once, and the state of a connection that ended is dropped unless it was a
+//!    member of the running job ([`SchedulerState::connection_count`]).
 //!    Meanwhile the scheduler logs who it waits for every [`RENDEZVOUS_LOG_INTERVAL`]; if the
 //!    cluster is not complete `rendezvous_timeout` after the scheduler's start, every waiting
 //!    node gets `Shutdown{error}` saying who registered and who is missing, and the machine
@@ -68,6 +72,10 @@ pub type ConnId = u64;
 /// must fit a control frame ([`pushpull_proto::protocol::MAX_CONTROL_FRAME`]), and a mistyped
 /// length must not make the scheduler build billions of chunks.
 pub const MAX_CHUNKS_PER_TENSOR: u64 = 1 << 20;
+
+/// The most connections that may wait to register at once beyond twice the cluster's size;
+/// more are refused at once, so a flood of connections cannot exhaust the scheduler.
+pub const SPARE_UNREGISTERED: usize = 32;
 
 /// While the cluster is incomplete, how often the scheduler logs who it still waits for.
 pub const RENDEZVOUS_LOG_INTERVAL: Duration = Duration::from_secs(10);
@@ -298,6 +306,19 @@ impl SchedulerState {
         self.running
     }
 
+    /// How many connections the machine keeps state for: every registered or welcomed node,
+    /// connections waiting to register, and refused ones until their transport ends. A
+    /// connection that ended is forgotten unless it was a member of the running job.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Whether the machine keeps state for `conn` (the shell drops what it holds for a
+    /// connection the machine forgot).
+    pub fn tracks(&self, conn: ConnId) -> bool {
+        self.conns.contains_key(&conn)
+    }
+
     /// Whether the machine emitted [`Action::Finish`].
     pub fn is_done(&self) -> bool {
         self.done
@@ -344,6 +365,11 @@ impl SchedulerState {
         }
         match event {
             Event::Connected { conn, addr, grant } => {
+                let waiting = self
+                    .conns
+                    .values()
+                    .filter(|c| c.phase == Phase::Connected)
+                    .count();
                 self.conns.insert(
                     conn,
                     Conn {
@@ -355,6 +381,17 @@ impl SchedulerState {
                         disconnected: false,
                     },
                 );
+                let cap =
+                    2 * (self.cfg.num_servers + self.cfg.num_workers) as usize + SPARE_UNREGISTERED;
+                if waiting >= cap {
+                    self.refuse(
+                        conn,
+                        format!(
+                            "{waiting} connections are already waiting to register (at most \
+                             {cap}); try again"
+                        ),
+                    );
+                }
             }
             Event::Message { conn, msg } => self.on_message(now, conn, msg),
             Event::Disconnected { conn, reason } => self.on_disconnected(conn, reason),
@@ -422,7 +459,9 @@ impl SchedulerState {
         c.last_heard = now;
         match (c.phase.clone(), msg) {
             (Phase::Gone, _) => {}
-            (_, ToScheduler::Heartbeat) => {}
+            // Before Register, even a heartbeat is a protocol error (below): a connection
+            // cannot linger without registering.
+            (Phase::Pending { .. } | Phase::Member { .. }, ToScheduler::Heartbeat) => {}
             (
                 Phase::Connected,
                 ToScheduler::Register {

@@ -273,3 +273,69 @@ async fn a_silent_worker_is_reported_lost_to_everyone() {
 async fn a_crashed_worker_is_reported_lost_to_everyone() {
     lost_worker(true).await;
 }
+
+/// 400 connections that each send one malformed control frame: the scheduler closes every
+/// one of them itself, saying why, and afterwards holds only the live nodes' connections;
+/// the job still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_close_their_connections_and_nothing_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = identities(dir.path(), 3);
+    let cfg = Config::local(1, 1);
+    let sched = Scheduler::bind(cfg.clone(), ids[0].clone()).await.unwrap();
+    let addr = sched.local_addr();
+    let endpoint = sched.quinn_endpoint();
+    let run = tokio::spawn(sched.run());
+    let mut server = Node::connect(&cfg, &ids[1], addr).await;
+    server.register(&cfg, NodeRole::Server).await;
+    let mut worker = Node::connect(&cfg, &ids[2], addr).await;
+    worker.register(&cfg, NodeRole::Worker).await;
+    assert!(matches!(server.recv().await, FromScheduler::Welcome { .. }));
+    assert!(matches!(worker.recv().await, FromScheduler::Welcome { .. }));
+
+    let attacker = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &ids[3], &cfg).unwrap();
+    let start = Instant::now();
+    let mut attacks = tokio::task::JoinSet::new();
+    for _ in 0..400 {
+        let ep = attacker.clone();
+        attacks.spawn(async move {
+            let conn = ep.connect(addr).await.unwrap();
+            let (mut send, _recv) = conn.open_bi().await.unwrap();
+            // A control frame of 4 bytes that are no message.
+            send.write_all(&[4, 0, 0, 0, 0xff, 0xff, 0xff, 0xff])
+                .await
+                .unwrap();
+            // The attacker keeps its end open: only the scheduler can close it.
+            tokio::time::timeout(Duration::from_secs(20), conn.closed())
+                .await
+                .expect("the scheduler did not close a connection after a malformed frame")
+        });
+    }
+    while let Some(closed) = attacks.join_next().await {
+        match closed.unwrap() {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                let reason = String::from_utf8_lossy(&c.reason).into_owned();
+                assert!(reason.contains("malformed control frame"), "{reason}");
+            }
+            other => panic!("closed otherwise: {other}"),
+        }
+    }
+    println!("400 malformed connections closed in {:?}", start.elapsed());
+    // Only the server's and the worker's connections remain.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while endpoint.open_connections() > 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(endpoint.open_connections(), 2);
+
+    worker.send(ToScheduler::Barrier { id: 0 }).await;
+    assert_eq!(worker.recv().await, FromScheduler::BarrierDone { id: 0 });
+    worker.send(ToScheduler::Finished).await;
+    assert_eq!(worker.recv().await, FromScheduler::Shutdown { error: None });
+    drop((server, worker));
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run() did not return")
+        .unwrap()
+        .expect("clean job");
+}

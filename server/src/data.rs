@@ -2,6 +2,7 @@
 //! the one send queue for results and aborts. The scheduler session that places keys and
 //! watches liveness is in [`crate::service`].
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     pub(crate) heartbeat_timeout: Duration,
     /// `tls.check_roles`: a worker's certificate must grant the rank its `Hello` claims.
     pub(crate) check_roles: bool,
+    /// Connections that have not sent their `Hello` yet (capped, see [`serve_worker`]).
+    pub(crate) awaiting_hello: AtomicUsize,
     pub(crate) server_id: OnceLock<u32>,
     pub(crate) keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
     /// Data connections by rank.
@@ -89,6 +92,7 @@ impl Shared {
             max_payload: max_payload_len(config.cluster.partition_bytes),
             heartbeat_timeout: config.heartbeat_timeout(),
             check_roles: config.tls.check_roles,
+            awaiting_hello: AtomicUsize::new(0),
             server_id: OnceLock::new(),
             keys: DashMap::new(),
             workers: RwLock::new(vec![None; w as usize]),
@@ -267,6 +271,18 @@ pub(crate) async fn read_incoming(recv: &mut quinn::RecvStream, max_payload: u64
     Incoming::Frame(header, payload)
 }
 
+/// Beyond twice the number of workers, how many connections may wait for their `Hello`.
+const SPARE_AWAITING_HELLO: usize = 32;
+
+/// Counts a connection in [`Shared::awaiting_hello`] until dropped.
+struct HelloWait<'a>(&'a AtomicUsize);
+
+impl Drop for HelloWait<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Serves one worker's data connection: `Hello` first, then one task per stream.
 pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
     let addr = conn.remote_address();
@@ -275,6 +291,16 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
         let refused = Departure::Refused(why);
         conn.close(quinn::VarInt::from_u32(refused.code()), &refused.reason());
     };
+    // At most 2 × workers + SPARE_AWAITING_HELLO connections may wait for their Hello at
+    // once: a flood of connections cannot pile up tasks.
+    let cap = 2 * shared.num_workers as usize + SPARE_AWAITING_HELLO;
+    let waiting = shared.awaiting_hello.fetch_add(1, Ordering::SeqCst);
+    let hello_wait = HelloWait(&shared.awaiting_hello);
+    if waiting >= cap {
+        return refuse(format!(
+            "{waiting} connections are already waiting to say Hello (at most {cap}); try again"
+        ));
+    }
     // The first stream and its whole frame, within the bound: a peer that opens the stream
     // and stalls must not hold this task forever.
     let hello = async {
@@ -286,6 +312,7 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
         Ok(Err(e)) => return debug!(%addr, "connection closed before Hello: {e}"),
         Err(_) => return refuse("no Hello within the heartbeat timeout".into()),
     };
+    drop(hello_wait);
     let rank = match hello {
         Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
         Incoming::Frame(h, _) | Incoming::Bad(h, _) => {

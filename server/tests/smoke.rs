@@ -725,3 +725,31 @@ async fn throughput_baseline_bare_quinn() {
         n as f64 / secs / 1e6
     );
 }
+
+/// Connections that never say Hello are capped (2 × workers + 32 may wait at once); the rest
+/// are closed at once, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_waiting_for_hello_are_capped() {
+    let s = setup(Config::local(1, 1), true, true).await;
+    let cap = 2 + 32;
+    let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &s.certs.workers[0], &s.cfg).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..cap + 5 {
+        conns.push(ep.connect(s.server_addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut refused = 0;
+    for c in &conns {
+        if let Some(e) = c.close_reason() {
+            let quinn::ConnectionError::ApplicationClosed(close) = e else {
+                panic!("closed otherwise: {e}")
+            };
+            let why = String::from_utf8_lossy(&close.reason).into_owned();
+            assert!(why.contains("already waiting to say Hello"), "{why}");
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 5);
+    drop(conns);
+    s.run.abort();
+}

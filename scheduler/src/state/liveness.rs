@@ -96,9 +96,12 @@ impl SchedulerState {
                     peer = %c.addr,
                     "{role} left before the cluster was complete ({reason}); its slot is free again"
                 );
-                c.phase = Phase::Gone;
+                self.conns.remove(&conn);
             }
-            Phase::Connected | Phase::Gone => c.phase = Phase::Gone,
+            // Nothing refers to a connection that never became a member: forget it.
+            Phase::Connected | Phase::Gone => {
+                self.conns.remove(&conn);
+            }
         }
     }
 

@@ -391,3 +391,68 @@ fn without_requested_ids_the_rendezvous_error_counts_the_missing() {
 }
 
 // ---------------------------------------------------------------- declare
+
+#[test]
+fn a_flood_of_bad_connections_leaves_only_the_live_nodes() {
+    let (mut h, srv, wrk) = H::start(1, 1);
+    h.take();
+    // 400 connections that each send something other than Register (refused and closed) or
+    // a frame the shell cannot read (it reports the connection gone), then end.
+    for i in 0..400u64 {
+        let conn = 1000 + i;
+        h.ev(Event::Connected {
+            conn,
+            addr: waddr(7),
+            grant: PeerGrant::Unchecked,
+        });
+        if i % 2 == 0 {
+            h.msg(conn, ToScheduler::Barrier { id: i });
+            assert!(refusal(&h.take(), conn).contains("first message must be Register"));
+        }
+        h.ev(Event::Disconnected {
+            conn,
+            reason: "closed".into(),
+        });
+        assert!(!h.s.tracks(conn), "connection {conn} kept");
+    }
+    assert_eq!(h.s.connection_count(), 2);
+    assert!(h.s.tracks(srv[0]) && h.s.tracks(wrk[0]));
+    // The job goes on.
+    h.msg(wrk[0], ToScheduler::Barrier { id: 1 });
+    assert!(h
+        .take()
+        .contains(&Action::Send(wrk[0], FromScheduler::BarrierDone { id: 1 })));
+}
+
+#[test]
+fn connections_waiting_to_register_are_capped_and_must_register_first() {
+    let mut h = H::new(1, 1);
+    let cap = 2 * 2 + SPARE_UNREGISTERED;
+    for conn in 0..cap as u64 + 3 {
+        h.ev(Event::Connected {
+            conn,
+            addr: waddr(conn),
+            grant: PeerGrant::Unchecked,
+        });
+    }
+    let acts = h.take();
+    for conn in 0..cap as u64 {
+        assert!(!acts.contains(&Action::Close(conn)), "{conn} refused");
+    }
+    for conn in cap as u64..cap as u64 + 3 {
+        assert!(
+            refusal(&acts, conn).contains(&format!("{cap} connections are already waiting")),
+            "{conn}"
+        );
+    }
+    // A heartbeat before Register is refused at once; silence until the heartbeat timeout.
+    h.msg(0, ToScheduler::Heartbeat);
+    let r = refusal(&h.take(), 0);
+    assert!(
+        r.contains("first message must be Register, got Heartbeat"),
+        "{r}"
+    );
+    h.advance(10_000);
+    let r = refusal(&h.take(), 1);
+    assert!(r.contains("no Register message"), "{r}");
+}
