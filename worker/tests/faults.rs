@@ -199,31 +199,33 @@ async fn a_certificate_from_another_ca_is_refused_at_the_handshake() {
     .expect("test timed out");
 }
 
+/// Which node [`every_survivor_names`] kills.
+#[derive(Clone, Copy)]
+enum Victim {
+    Scheduler,
+    Server(usize),
+}
+
 /// Two workers, two servers, a round in flight on both servers; `victim` is killed. Every
-/// worker's error names the victim, though the other nodes end too (a server told of the loss
-/// closes its connections; its close names the victim, not itself).
-async fn every_worker_names(victim: impl FnOnce(&Stack) -> &Node) {
+/// survivor's error names the victim, though the other nodes end too (a server told of the
+/// loss closes its connections; its close names the victim, not itself).
+async fn every_survivor_names(victim: Victim) {
     let s = stack_with(2, 2, 64, short_timeouts).await;
     let t = declare_all(&s, "grad", 1000).await;
-    let victim = victim(&s);
-    let name = format!("{} (", victim.name);
-    let pending: Vec<_> = s
-        .workers
-        .iter()
-        .zip(&t)
-        .take(1)
-        .map(|(w, t)| {
-            let (w, t) = (w.clone(), t.clone());
-            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 1000], Reduce::Sum).await })
-        })
-        .collect();
+    let node = match victim {
+        Victim::Scheduler => &s.scheduler,
+        Victim::Server(i) => &s.servers[i],
+    };
+    let name = format!("{} (", node.name);
+    let pending = {
+        let (w, t) = (s.workers[0].clone(), t[0].clone());
+        tokio::spawn(async move { w.push_pull(&t, vec![1.0; 1000], Reduce::Sum).await })
+    };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    victim.kill();
-    for p in pending {
-        let e = p.await.unwrap().unwrap_err();
-        println!("worker 0: {e}");
-        assert!(e.to_string().starts_with(&name), "{e}");
-    }
+    node.kill();
+    let e = pending.await.unwrap().unwrap_err();
+    println!("worker 0: {e}");
+    assert!(e.to_string().starts_with(&name), "{e}");
     // Worker 1 had nothing in flight: its next call reports the same node.
     let e = s.workers[1]
         .push_pull(&t[1], vec![1.0; 1000], Reduce::Sum)
@@ -231,18 +233,33 @@ async fn every_worker_names(victim: impl FnOnce(&Stack) -> &Node) {
         .unwrap_err();
     println!("worker 1: {e}");
     assert!(e.to_string().starts_with(&name), "{e}");
+    // The surviving scheduler and servers end naming it too.
+    let Stack {
+        scheduler, servers, ..
+    } = s;
+    let mut survivors = vec![scheduler];
+    survivors.extend(servers);
+    for n in survivors {
+        let who = n.name.clone();
+        if format!("{who} (") == name {
+            continue;
+        }
+        let e = n.join().await.unwrap_err();
+        println!("{who}: {e}");
+        assert!(e.contains(&name), "{who}: {e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_is_named_not_the_server_that_reported_it() {
-    tokio::time::timeout(TIMEOUT, every_worker_names(|s| &s.servers[1]))
+    tokio::time::timeout(TIMEOUT, every_survivor_names(Victim::Server(1)))
         .await
         .expect("test timed out");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_scheduler_is_named_not_the_servers_that_ended_with_it() {
-    tokio::time::timeout(TIMEOUT, every_worker_names(|s| &s.scheduler))
+    tokio::time::timeout(TIMEOUT, every_survivor_names(Victim::Scheduler))
         .await
         .expect("test timed out");
 }
