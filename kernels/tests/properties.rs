@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
+use pushpull_kernels::rng::{Permutation, Stream};
 use pushpull_kernels::{Compressor, NodeIdentity, RoundCtx};
 
 /// Lengths around the interesting boundaries plus random ones.
@@ -169,9 +170,14 @@ fn topk_with_massive_ties_and_large_input() {
 
 /// The support (indices of the values) a random-k payload of this identity covers.
 fn randomk_support(seed: u64, key: u64, round: u64, n: usize, rank: u32) -> Vec<usize> {
+    randomk_support_k(seed, key, round, n, rank, "0.1")
+}
+
+/// [`randomk_support`] for the setting `k` (read off a payload of `x[i] = i + 1`, sorted).
+fn randomk_support_k(seed: u64, key: u64, round: u64, n: usize, rank: u32, k: &str) -> Vec<usize> {
     let x: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
     let mut c = build_as(
-        &[("compressor", "randomk"), ("k", "0.1")],
+        &[("compressor", "randomk"), ("k", k)],
         n,
         NodeIdentity::worker(seed, key, rank),
     );
@@ -212,12 +218,14 @@ fn randomk_server_uses_the_same_support_and_does_not_rescale() {
     // Three workers push; the server sums, recompresses; the pull equals the sum on the support.
     let mut sum = vec![0f32; n];
     let server = build_as(&kv, n, NodeIdentity::server(seed, 9, 0));
+    let mut grads = Vec::new();
     for rank in 0..3 {
         let mut w = build_as(&kv, n, NodeIdentity::worker(seed, 9, rank));
         let g = rng.gradient(n, 1.0);
         let mut out = Vec::new();
         w.compress(&g, &ctx, &mut out).unwrap();
         server.decompress_add(&out, &ctx, &mut sum).unwrap();
+        grads.push(g);
     }
     let mut server = server;
     let mut pushed = Vec::new();
@@ -228,7 +236,25 @@ fn randomk_server_uses_the_same_support_and_does_not_rescale() {
     for i in 0..n {
         assert_eq!(pulled[i].to_bits(), sum[i].to_bits(), "element {i}");
     }
-    assert_eq!(sum.iter().filter(|v| **v != 0.0).count(), 50);
+    // The support itself, not a count of non-zero sums (a gradient element may be ±0, so a
+    // summed support element may be zero): the k = 50 indices the compressor selects, which
+    // must be the module docs' `Permutation::new(n, Stream::indices(seed, key, round))`.
+    let support = randomk_support_k(seed, 9, round, n, 0, "50");
+    let p = Permutation::new(n as u64, Stream::indices(seed, 9, round));
+    let mut want: Vec<usize> = (0..50).map(|j| p.permute(j) as usize).collect();
+    want.sort();
+    assert_eq!(support, want, "seed {seed}: the selected indices");
+    // On the support, each push scaled by n/k once (on the worker) and summed in rank order;
+    // off it, +0.0 exactly.
+    let scale = n as f32 / 50.0;
+    for i in 0..n {
+        let want = if support.binary_search(&i).is_ok() {
+            grads.iter().fold(0f32, |acc, g| acc + g[i] * scale)
+        } else {
+            0.0
+        };
+        assert_eq!(sum[i].to_bits(), want.to_bits(), "seed {seed}: element {i}");
+    }
 }
 
 #[test]
