@@ -17,7 +17,7 @@
 //! Unknown codes and undecodable reasons read as [`Departure::Failed`] with the bytes as
 //! (lossy) text: the closing node is then blamed, which is all a peer can know.
 
-use crate::protocol::NodeName;
+use crate::protocol::{bincode_config, NodeName};
 
 /// Why a node closed its connections (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +59,7 @@ impl Departure {
             | Departure::Failed(s)
             | Departure::JobFailed(s) => s.as_bytes().to_vec(),
             Departure::NodeLost { node, reason } => {
-                bincode::serde::encode_to_vec((node, reason), bincode::config::standard())
+                bincode::serde::encode_to_vec((node, reason), bincode_config())
                     .unwrap_or_else(|_| format!("{node} was lost: {reason}").into_bytes())
             }
         }
@@ -71,9 +71,11 @@ impl Departure {
         match code {
             0 => Departure::Done(text()),
             1 => Departure::Refused(text()),
+            // Control messages' configuration: its limit on what length fields claim keeps a
+            // reason claiming a 2^62-byte string from aborting the reader.
             3 => match bincode::serde::decode_from_slice::<(NodeName, String), _>(
                 bytes,
-                bincode::config::standard(),
+                bincode_config(),
             ) {
                 // All of it, or garbage that happens to start like a node name.
                 Ok(((node, reason), used)) if used == bytes.len() => {
