@@ -6,10 +6,12 @@
 //! |---|---|
 //! | [`tls`] | mutual TLS 1.3 with a cluster CA: loading PEM files (and checking a key's permissions), rustls configs |
 //! | [`certs`] | generating a CA and node certificates (keys 0600, the CA key in its own folder, roles as `pushpull://` URIs), reading the role a peer's certificate grants |
-//! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream |
+//! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream, the socket-wrapper hook tests use |
+//! | [`lossy`] | [`lossy::LossySocket`]: quinn's UDP socket behind seeded drops, duplicates and delays, for tests (no netem here) |
 //! | [`sender`] | [`sender::FrameSender`]: the async shell that drives one `SendQueue` over all of a node's data connections |
 
 pub mod certs;
+pub mod lossy;
 pub mod sender;
 pub mod tls;
 pub mod transport;

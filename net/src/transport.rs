@@ -8,7 +8,10 @@
 //!   (when it has an identity to serve) and a client with the cluster's client config.
 //! * [`ControlStream`] sends and receives length-prefixed bincode control messages.
 //! * [`send_frame`] / [`read_frame`] move one data frame per unidirectional stream.
+//! * [`with_socket_wrapper`] runs a future under which every endpoint bound puts its UDP
+//!   socket behind a [`SocketWrapper`] (tests: [`crate::lossy`]); without it, nothing wraps.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,6 +116,29 @@ pub fn transport_config(cfg: &Config) -> quinn::TransportConfig {
     t
 }
 
+/// Puts an endpoint's UDP socket (as quinn's tokio runtime wraps it) behind another
+/// [`quinn::AsyncUdpSocket`], e.g. [`crate::lossy::LossySocket`].
+pub type SocketWrapper = Arc<
+    dyn Fn(Arc<dyn quinn::AsyncUdpSocket>) -> std::io::Result<Arc<dyn quinn::AsyncUdpSocket>>
+        + Send
+        + Sync,
+>;
+
+tokio::task_local! {
+    static WRAP_SOCKET: SocketWrapper;
+}
+
+/// Runs `fut` so that every [`Endpoint::bind`] it calls (in its own task, not in tasks it
+/// spawns) passes the endpoint's UDP socket through `wrap`.
+///
+/// This is how tests put a node that binds its own endpoint (`Scheduler::bind`,
+/// `Server::bind`, `Worker::join`) behind a lossy socket without a parameter on those
+/// functions: the endpoint keeps the wrapped socket for its whole life, and an endpoint bound
+/// outside such a future (every endpoint of the binaries) uses the real socket directly.
+pub async fn with_socket_wrapper<F: Future>(wrap: SocketWrapper, fut: F) -> F::Output {
+    WRAP_SOCKET.scope(wrap, fut).await
+}
+
 /// A quinn endpoint plus the name clients verify.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
@@ -145,11 +171,19 @@ impl Endpoint {
         endpoint_config
             .max_udp_payload_size(cfg.cluster.max_udp_payload)
             .map_err(|e| crate::tls::TlsError::Setup(format!("cluster.max_udp_payload: {e}")))?;
-        let mut ep = quinn::Endpoint::new(
+        // What `quinn::Endpoint::new` does, with the wrapper of `with_socket_wrapper` between.
+        let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+        let mut socket = runtime
+            .wrap_udp_socket(socket)
+            .map_err(|source| TransportError::Bind { addr, source })?;
+        if let Ok(wrap) = WRAP_SOCKET.try_with(Arc::clone) {
+            socket = wrap(socket).map_err(|source| TransportError::Bind { addr, source })?;
+        }
+        let mut ep = quinn::Endpoint::new_with_abstract_socket(
             endpoint_config,
             Some(server),
             socket,
-            Arc::new(quinn::TokioRuntime),
+            runtime,
         )
         .map_err(|source| TransportError::Bind { addr, source })?;
         ep.set_default_client_config(client);
