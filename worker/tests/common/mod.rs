@@ -12,15 +12,23 @@
 //!
 //! Worker faults need no kit: drop a [`Worker`] without `finish` (it vanishes), or give it a
 //! codec factory that corrupts payloads (`Worker::set_codec_factory`).
+//!
+//! A lossy network: [`lossy_stack_with`] binds every node (scheduler, servers, workers)
+//! under `pushpull_net::transport::with_socket_wrapper`, behind a
+//! `pushpull_net::lossy::LossySocket` with the given impairments (a seed of its own per node);
+//! [`Stack::loss_stats`] sums what the sockets did.
 #![allow(dead_code)]
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pushpull_net::certs::{generate_cluster_with, NodeCert};
+use pushpull_net::lossy::{Impairments, LossCounters, LossStats};
 use pushpull_net::tls::TlsIdentity;
+use pushpull_net::transport::with_socket_wrapper;
 use pushpull_proto::grant::Grant;
 use pushpull_proto::protocol::NodeRole;
 use pushpull_proto::Config;
@@ -142,9 +150,41 @@ pub struct Stack {
     /// The joined workers, by rank.
     pub workers: Vec<Worker>,
     identities: Vec<TlsIdentity>,
+    /// The impairments of a lossy stack, and what its sockets did.
+    loss: Option<Loss>,
+}
+
+/// A lossy stack's impairments and counters.
+#[derive(Clone)]
+struct Loss {
+    impairments: Impairments,
+    counters: Arc<LossCounters>,
+}
+
+/// Node numbers for `Impairments::for_node`: the scheduler, then servers, then workers.
+const SCHEDULER_NODE: u64 = 0;
+const FIRST_SERVER_NODE: u64 = 1;
+const FIRST_WORKER_NODE: u64 = 1000;
+
+impl Loss {
+    /// Runs `fut` (which binds node `node`'s endpoint) behind its lossy socket, if any.
+    async fn bind<F: Future>(loss: Option<Loss>, node: u64, fut: F) -> F::Output {
+        match loss {
+            Some(l) => {
+                let wrap = l.impairments.for_node(node).wrapper(l.counters);
+                with_socket_wrapper(wrap, fut).await
+            }
+            None => fut.await,
+        }
+    }
 }
 
 impl Stack {
+    /// What the lossy sockets of every node did so far (`None` for a lossless stack).
+    pub fn loss_stats(&self) -> Option<LossStats> {
+        self.loss.as_ref().map(|l| l.counters.snapshot())
+    }
+
     /// The TLS identity for the `w`-th worker to join (`num_workers + 2` exist).
     pub fn identity(&self, w: usize) -> TlsIdentity {
         self.identities[w].clone()
@@ -170,8 +210,10 @@ impl Stack {
             .enumerate()
             .map(|(w, &requested_rank)| {
                 let (config, id) = (self.config.clone(), self.identity(w));
+                let (loss, node) = (self.loss.clone(), FIRST_WORKER_NODE + w as u64);
                 tokio::spawn(async move {
-                    Worker::join(&config, id, JoinOptions { requested_rank }).await
+                    let join = Worker::join(&config, id, JoinOptions { requested_rank });
+                    Loss::bind(loss, node, join).await
                 })
             })
             .collect();
@@ -222,7 +264,29 @@ pub async fn stack_with(
     partition_bytes: u64,
     tweak: impl FnOnce(&mut Config),
 ) -> Stack {
-    let mut s = nodes_with(workers, servers, partition_bytes, tweak).await;
+    stack_over(workers, servers, partition_bytes, None, tweak).await
+}
+
+/// [`stack_with`] with every node behind a lossy socket with `impairments` (see the module
+/// docs).
+pub async fn lossy_stack_with(
+    workers: u32,
+    servers: u32,
+    partition_bytes: u64,
+    impairments: Impairments,
+    tweak: impl FnOnce(&mut Config),
+) -> Stack {
+    stack_over(workers, servers, partition_bytes, Some(impairments), tweak).await
+}
+
+async fn stack_over(
+    workers: u32,
+    servers: u32,
+    partition_bytes: u64,
+    impairments: Option<Impairments>,
+    tweak: impl FnOnce(&mut Config),
+) -> Stack {
+    let mut s = nodes_over(workers, servers, partition_bytes, impairments, tweak).await;
     let requested = vec![None; workers as usize];
     let mut ws: Vec<Worker> = s
         .join(&requested)
@@ -242,7 +306,21 @@ pub async fn nodes_with(
     partition_bytes: u64,
     tweak: impl FnOnce(&mut Config),
 ) -> Stack {
+    nodes_over(workers, servers, partition_bytes, None, tweak).await
+}
+
+async fn nodes_over(
+    workers: u32,
+    servers: u32,
+    partition_bytes: u64,
+    impairments: Option<Impairments>,
+    tweak: impl FnOnce(&mut Config),
+) -> Stack {
     init_tracing();
+    let loss = impairments.map(|impairments| Loss {
+        impairments,
+        counters: Arc::new(LossCounters::default()),
+    });
     let dir = tempfile::tempdir().unwrap();
     // Worker certificates grant any rank, so tests choose ranks by asking for them.
     let any_worker = Grant {
@@ -274,9 +352,10 @@ pub async fn nodes_with(
     let worker_ids = ids.split_off(1 + servers as usize);
     let server_ids = ids.split_off(1);
     let scheduler = {
-        let (config, id) = (config.clone(), ids[0].clone());
+        let (config, id, loss) = (config.clone(), ids[0].clone(), loss.clone());
         Node::spawn("scheduler".into(), move || async move {
-            let s = Scheduler::bind(config, id).await.unwrap();
+            let bind = Scheduler::bind(config, id);
+            let s = Loss::bind(loss, SCHEDULER_NODE, bind).await.unwrap();
             let addr = s.local_addr();
             let run: RunFuture = Box::pin(async move { s.run().await.map_err(|e| e.to_string()) });
             (addr, run)
@@ -287,9 +366,12 @@ pub async fn nodes_with(
         .into_iter()
         .enumerate()
         .map(|(i, id)| {
-            let config = config.clone();
+            let (config, loss) = (config.clone(), loss.clone());
             Node::spawn(format!("server {i}"), move || async move {
-                let s = Server::bind(config, id).await.unwrap();
+                let bind = Server::bind(config, id);
+                let s = Loss::bind(loss, FIRST_SERVER_NODE + i as u64, bind)
+                    .await
+                    .unwrap();
                 let addr = s.local_addr();
                 let run: RunFuture =
                     Box::pin(async move { s.run().await.map_err(|e| e.to_string()) });
@@ -304,6 +386,7 @@ pub async fn nodes_with(
         servers,
         workers: Vec::new(),
         identities: worker_ids,
+        loss,
     }
 }
 
