@@ -159,8 +159,8 @@ pub use chunk::{
 pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
 pub use params::{
-    parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo, Normalize,
-    Partition, Rounding, KEYS,
+    overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
+    Normalize, Partition, Rounding, KEYS,
 };
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;

@@ -16,7 +16,7 @@ use crate::error::KernelError;
 use std::collections::BTreeMap;
 use std::fmt;
 
-pub use keys::{KeyInfo, KEYS};
+pub use keys::{overlay_params, KeyInfo, KEYS};
 pub use parse::parse_params;
 
 /// `k` of topk and randomk.

@@ -63,7 +63,7 @@ impl Reference {
     /// The kernels' message for a bad parameter map.
     pub fn declare(&mut self, name: &str, len: u64, params: ParamMap) -> Result<RefTensor, String> {
         let mut merged = self.config.tensor_params(name);
-        merged.extend(params);
+        pushpull_kernels::overlay_params(&mut merged, &params);
         let placement =
             Placer::new(1, self.config.cluster.partition_bytes).place(name, len, merged);
         // The same factory and context as a worker's declare and a server's placement.

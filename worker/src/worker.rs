@@ -158,8 +158,10 @@ impl Worker {
     /// the job has declared `name`, with the placement the scheduler chose.
     ///
     /// The parameter map sent is the config's `tensor_params(name)` (`[tensors.default]`
-    /// overlaid with `[tensors."name"]`) overlaid with `params`; every worker must end up with
-    /// the same map and length. Declaring a name again with the same length and parameters
+    /// overlaid with `[tensors."name"]`) overlaid with `params`, where a key of `params` replaces
+    /// its setting whatever the spelling in the file (`byteps_compressor_type` replaces
+    /// `compressor`; [`pushpull_kernels::overlay_params`]); every worker must end up with the
+    /// same map and length. Declaring a name again with the same length and parameters
     /// returns the same tensor (same round counter).
     ///
     /// The tensor's priority is the default, declaration order: the n-th tensor the scheduler
@@ -214,7 +216,7 @@ impl Worker {
         let shared = &self.inner.shared;
         shared.check()?;
         let mut merged = self.inner.config.tensor_params(name);
-        merged.extend(params);
+        pushpull_kernels::overlay_params(&mut merged, &params);
         let (rx, first) = lock(&shared.pending).wait_declare(name)?;
         if first {
             shared.send(ToScheduler::Declare {

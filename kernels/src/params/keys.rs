@@ -136,3 +136,54 @@ pub const KEYS: &[KeyInfo] = &[
         default: "the job seed",
     },
 ];
+
+/// Overlays `top` on `base`, as a declared map overlays the cluster file's defaults: each key of
+/// `top` replaces the value of its setting in `base` whatever the spelling there (so a declared
+/// `byteps_compressor_type = "onebit"` replaces a default `compressor = "none"` instead of
+/// conflicting with it). Keys that are not in [`KEYS`] are copied as they are (parsing names
+/// them later).
+pub fn overlay_params(
+    base: &mut std::collections::BTreeMap<String, String>,
+    top: &std::collections::BTreeMap<String, String>,
+) {
+    for (key, value) in top {
+        if let Some(info) = KEYS
+            .iter()
+            .find(|k| k.name == key.as_str() || k.aliases.contains(&key.as_str()))
+        {
+            base.remove(info.name);
+            for a in info.aliases {
+                base.remove(*a);
+            }
+        }
+        base.insert(key.clone(), value.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_replaces_every_spelling_of_a_setting() {
+        let m = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let mut base = m(&[("compressor", "none"), ("ef", "vanilla"), ("odd", "1")]);
+        overlay_params(
+            &mut base,
+            &m(&[("byteps_compressor_type", "onebit"), ("k", "0.1")]),
+        );
+        assert_eq!(
+            base,
+            m(&[
+                ("byteps_compressor_type", "onebit"),
+                ("ef", "vanilla"),
+                ("k", "0.1"),
+                ("odd", "1")
+            ])
+        );
+    }
+}
