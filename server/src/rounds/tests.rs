@@ -23,12 +23,18 @@ impl Rng {
     }
 }
 
+/// `PUSHPULL_TEST_SEED` if set, else the clock; printed so a failure can be replayed.
 fn seed() -> u64 {
-    let s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    println!("seed {s}");
+    let s = std::env::var("PUSHPULL_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    println!("seed {s} (set PUSHPULL_TEST_SEED to repeat)");
     s
 }
 
