@@ -218,6 +218,13 @@ pub struct LocalArgs {
     /// Show every process's log lines (stderr), prefixed with its name.
     #[arg(long)]
     pub logs: bool,
+    /// Run this command as every worker instead of the built-in job, e.g.
+    /// `pushpull local --workers 2 -- python train.py`: each copy gets the environment that
+    /// `pushpull.torch.init()` reads (the cluster file, the scheduler's address, its rank and
+    /// certificate), its output lines are prefixed with `[rank R]`, and the launcher exits
+    /// with the first failure's exit status after stopping the others.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// `pushpull certs`.
@@ -406,6 +413,34 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     config
         .validate("the cluster file with the command-line overrides")
         .map_err(CliError::usage)?;
+    if !args.command.is_empty() {
+        let job_flags = [
+            ("--job", args.job.is_some()),
+            ("--compressor", args.compressor.is_some()),
+            ("--param", !args.params.is_empty()),
+            ("--compare", args.compare.is_some()),
+            ("--steps", args.steps.is_some()),
+            ("--model", args.model.is_some()),
+            ("--lr", args.lr.is_some()),
+            ("--hidden", args.hidden.is_some()),
+            ("--json", args.json),
+        ];
+        if let Some((flag, _)) = job_flags.iter().find(|(_, set)| *set) {
+            return Err(CliError::usage(format!(
+                "{flag} configures the built-in job, which does not run when a command is given \
+                 after `--`; the command's job sets its own compression (e.g. \
+                 pushpull.torch.DistributedOptimizer(..., compression_params=...)) or reads \
+                 [tensors] from --config"
+            )));
+        }
+        let programs = Programs::from_current_exe()?;
+        return current_thread().block_on(crate::launch::script::run_script(
+            &config,
+            &programs,
+            &args.command,
+            args.logs,
+        ));
+    }
     let opts = LocalOptions {
         config,
         programs: Programs::from_current_exe()?,

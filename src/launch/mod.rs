@@ -6,11 +6,13 @@
 //! | here | [`ClusterFiles`]: a temporary folder with certificates for the given node names and the cluster file, used by `pushpull local`, `bench transport` and `bench net` |
 //! | [`nodes`] | the nodes of one cluster as child processes: each node's command line, the start order, where each runs (here or in a network namespace) |
 //! | [`local`] | `pushpull local`: a whole cluster as child processes on loopback |
+//! | [`script`] | `pushpull local -- COMMAND`: a scheduler and servers, and the user's command as every worker, with the environment `pushpull.torch` reads |
 //! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
 
 pub mod local;
 pub mod nodes;
 pub mod procs;
+pub mod script;
 
 use std::path::{Path, PathBuf};
 

@@ -145,8 +145,20 @@ impl ProcGroup {
 
     /// Starts `program args` as child `name`; returns its index.
     pub fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> CliResult<usize> {
+        self.spawn_with_env(name, program, args, &[])
+    }
+
+    /// [`ProcGroup::spawn`] with these environment variables added to the launcher's.
+    pub fn spawn_with_env(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, std::ffi::OsString)],
+    ) -> CliResult<usize> {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,186 @@
+//! `pushpull local --workers N -- COMMAND ARGS…`: a scheduler and servers on loopback, and N
+//! copies of the user's command as the workers (as `bpslaunch` or `torchrun` do). Each copy
+//! gets the environment that `pushpull.torch.init()` reads ([`worker_env`]); its stdout and
+//! stderr lines are printed prefixed with `[rank R] `. The launcher exits 0 once every copy has
+//! exited 0 and the scheduler and servers have ended the job, or with the first failure's exit
+//! status, after killing the rest.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pushpull_proto::config::TlsConfig;
+use pushpull_proto::Config;
+
+use crate::error::{CliError, CliResult};
+use crate::launch::procs::{Event, ProcGroup, Programs};
+
+/// How long the scheduler and servers may take to exit after the last worker exited 0.
+const WIND_DOWN: Duration = Duration::from_secs(30);
+
+/// The environment of the copy of rank `rank`: the cluster file, the scheduler's address, the
+/// job's size in BytePS's variables (one host with `num_workers` local ranks) and the rank's
+/// own certificate.
+pub fn worker_env(
+    config_path: &std::path::Path,
+    scheduler: &str,
+    num_workers: u32,
+    num_servers: u32,
+    rank: u32,
+    tls: &TlsConfig,
+) -> Vec<(String, OsString)> {
+    let (host, port) = scheduler.rsplit_once(':').unwrap_or((scheduler, ""));
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let path = |p: &Option<PathBuf>| p.clone().unwrap_or_default().into_os_string();
+    let s = |v: &str| OsString::from(v);
+    vec![
+        ("PUSHPULL_CONFIG".into(), config_path.as_os_str().to_owned()),
+        ("PUSHPULL_TLS_CA".into(), path(&tls.ca)),
+        ("PUSHPULL_TLS_CERT".into(), path(&tls.cert)),
+        ("PUSHPULL_TLS_KEY".into(), path(&tls.key)),
+        ("DMLC_ROLE".into(), s("worker")),
+        ("DMLC_PS_ROOT_URI".into(), s(host)),
+        ("DMLC_PS_ROOT_PORT".into(), s(port)),
+        ("DMLC_NUM_WORKER".into(), s("1")),
+        ("DMLC_NUM_SERVER".into(), s(&num_servers.to_string())),
+        ("DMLC_WORKER_ID".into(), s("0")),
+        ("BYTEPS_LOCAL_RANK".into(), s(&rank.to_string())),
+        ("BYTEPS_LOCAL_SIZE".into(), s(&num_workers.to_string())),
+    ]
+}
+
+/// Runs the job (see the module docs). Returns `Ok` when every copy exited 0; otherwise an
+/// error whose exit code is the failed copy's (or 1 when a scheduler or server failed).
+pub async fn run_script(
+    config: &Config,
+    programs: &Programs,
+    command: &[String],
+    logs: bool,
+) -> CliResult<()> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| CliError::usage("no command after `--`"))?;
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    let names = crate::certs::default_node_names(ns, nw);
+    let files = super::ClusterFiles::new("pushpull-script-", config, &names)?;
+    let mut group = ProcGroup::new();
+    group.forward_stderr(Arc::new(move |name: &str, line: &str| {
+        // The ranks' stderr always; the scheduler's and servers' logs with --logs.
+        if logs || name.starts_with("rank ") {
+            eprintln!("[{name}] {line}");
+        }
+    }));
+    let result = drive(&mut group, config, programs, &files, program, args).await;
+    if result.is_err() {
+        group.kill_all();
+    }
+    result
+}
+
+async fn drive(
+    group: &mut ProcGroup,
+    config: &Config,
+    programs: &Programs,
+    files: &super::ClusterFiles,
+    program: &str,
+    args: &[String],
+) -> CliResult<()> {
+    let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
+    // The scheduler and the servers; the workers are the user's command.
+    let started = super::nodes::start(group, programs, files, ns, 0, &[]).await?;
+    let mut ranks = Vec::with_capacity(nw as usize);
+    for r in 0..nw {
+        let tls = &files.tls[1 + ns as usize + r as usize];
+        let env = worker_env(&files.config_path, &started.scheduler_addr, nw, ns, r, tls);
+        ranks.push(group.spawn_with_env(
+            &format!("rank {r}"),
+            std::path::Path::new(program),
+            args,
+            &env,
+        )?);
+    }
+    let mut ok_ranks = 0;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let wind_down = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(wind_down);
+    loop {
+        let ev = tokio::select! {
+            ev = group.next_event() => ev,
+            _ = &mut ctrl_c => {
+                return Err(CliError::failed("interrupted (Ctrl-C): killed every process of the job"));
+            }
+            _ = &mut wind_down => {
+                return Err(CliError::failed(format!(
+                    "every rank exited 0, but the scheduler or a server was still running {} s later",
+                    WIND_DOWN.as_secs()
+                )));
+            }
+        };
+        let Some(ev) = ev else { return Ok(()) };
+        match ev {
+            Event::Line { proc, line } => {
+                if let Some(r) = ranks.iter().position(|&i| i == proc) {
+                    println!("[rank {r}] {line}");
+                }
+            }
+            Event::Exit { proc, status } => {
+                if status.success() {
+                    if ranks.contains(&proc) {
+                        ok_ranks += 1;
+                        if ok_ranks == nw {
+                            wind_down
+                                .as_mut()
+                                .reset(tokio::time::Instant::now() + WIND_DOWN);
+                        }
+                    }
+                    continue;
+                }
+                group.kill_all();
+                let err = if ranks.contains(&proc) {
+                    // Its stderr was printed as it came.
+                    let how = match status.code() {
+                        Some(c) => format!("exited with code {c}"),
+                        None => format!("ended with {status}"),
+                    };
+                    CliError::status(
+                        exit_code(status),
+                        format!(
+                            "{} {how}; stopped the other processes of the job",
+                            group.name(proc)
+                        ),
+                    )
+                } else {
+                    CliError::failed(format!(
+                        "{}; stopped the other processes of the job",
+                        group.failure_message(proc, status)
+                    ))
+                };
+                // Print what the others wrote before they were stopped.
+                let drain = async {
+                    while let Some(ev) = group.next_event().await {
+                        if let Event::Line { proc, line } = ev {
+                            if let Some(r) = ranks.iter().position(|&i| i == proc) {
+                                println!("[rank {r}] {line}");
+                            }
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+                return Err(err);
+            }
+        }
+    }
+}
+
+/// A child's exit status as a process exit code: its code, or 128 + the signal that killed it
+/// (as shells report it).
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1).max(1),
+        (None, Some(s)) => u8::try_from(128 + s).unwrap_or(1),
+        _ => 1,
+    }
+}
