@@ -1,0 +1,24 @@
+"""pushpull: a parameter server for data-parallel training with per-tensor gradient compression.
+
+The Python package binds pushpull's Rust worker library (``pushpull._native``); nothing of the
+protocol or the compressors is implemented in Python.
+
+* ``pushpull.torch``: BytePS's PyTorch API (``import pushpull.torch as bps``), with pushpull's
+  per-tensor compression on top.
+* ``pushpull.PushPullError``: every failure (the message names the tensor, key or node);
+  ``pushpull.NodeLostError``: the job is over because a node was lost (named in the message).
+
+Start a job with ``pushpull local --workers N -- python train.py`` (see the README).
+"""
+
+from ._native import NodeLostError, PushPullError, Reference, Worker
+from ._env import JoinSettings, join_settings
+
+__all__ = [
+    "JoinSettings",
+    "NodeLostError",
+    "PushPullError",
+    "Reference",
+    "Worker",
+    "join_settings",
+]

@@ -1,0 +1,578 @@
+"""BytePS's PyTorch API on pushpull: ``import pushpull.torch as bps``.
+
+The names and habits of ``byteps.torch`` (``init``, ``push_pull``, ``DistributedOptimizer``,
+``broadcast_parameters``, ...), with pushpull's per-tensor compression on top: any tensor may
+be declared with a parameter map of the Rust API's keys (``byteps_compressor_type``,
+``byteps_compressor_k``, ``byteps_ef_type``, ``byteps_momentum_type``, ... or the short names
+``compressor``, ``k``, ``ef``, ``momentum``), see :func:`declare` and
+``DistributedOptimizer(..., compression_params=...)``.
+
+Tensors
+    Contiguous float32 CPU tensors are summed in place: their memory goes to the Rust worker
+    by address and length (no copy), with the GIL released while the round runs, and the
+    handle keeps the tensor alive until the round has finished writing. float64, float16 and
+    bfloat16 tensors, non-contiguous tensors and CUDA tensors go through a float32 CPU copy
+    that is copied back at :func:`synchronize` (for float64 that rounds to float32 precision).
+    Other dtypes (integers, bool, complex) raise ``TypeError`` naming the tensor.
+
+Names and declaration
+    A tensor is declared once, by name, on every worker (a collective: every worker must
+    declare the same name, length, parameter map and priority). :func:`push_pull` declares a
+    tensor it has not seen; ``name=None`` takes ``push_pull.noname.N`` from a counter, which
+    matches across workers only if every worker makes the same calls in the same order (as in
+    BytePS).
+
+Priorities
+    A tensor's priority is fixed when it is declared: pushes (on every worker) and results (on
+    every server) leave in priority order, higher first. The default is declaration order
+    (earliest first), which is what BytePS does so that the next forward pass can start early;
+    :class:`DistributedOptimizer` declares parameter ``i`` of ``named_parameters`` with priority
+    ``-i``. The ``priority`` argument of a call is used when that call declares the tensor;
+    ``0`` (the default) keeps declaration order. A non-zero ``priority`` that differs from the
+    declared one raises ``ValueError``.
+
+Failures
+    Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
+    when a node is lost every waiting and later call raises :class:`pushpull.NodeLostError`
+    naming it, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import pickle
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from .. import _native
+from .._env import JoinSettings, join_settings
+from .._native import NodeLostError, PushPullError
+
+__all__ = [
+    "Compression",
+    "DistributedOptimizer",
+    "NodeLostError",
+    "PushPullError",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
+    "declare",
+    "init",
+    "local_rank",
+    "local_size",
+    "metrics",
+    "poll",
+    "push_pull",
+    "push_pull_async_inplace",
+    "push_pull_inplace",
+    "rank",
+    "shutdown",
+    "size",
+    "synchronize",
+]
+
+ParamMap = Mapping[str, str]
+
+_worker: Optional[_native.Worker] = None
+_settings: Optional[JoinSettings] = None
+_handles: Dict[int, "_Round"] = {}
+_next_handle = itertools.count(1)
+_noname = itertools.count()
+_declared: Dict[str, Tuple[int, int]] = {}  # name -> (numel, priority)
+
+_CONVERTIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+# --- joining and leaving -----------------------------------------------------------------
+
+
+def init(config: Optional[str] = None) -> None:
+    """Joins the job: reads the cluster file ``config`` (default: ``PUSHPULL_CONFIG``) and the
+    BytePS environment (see ``pushpull._env``), connects to the scheduler and waits until every
+    node has registered. Calling it again does nothing. :func:`shutdown` runs at exit if the
+    script did not call it."""
+    global _worker, _settings
+    if _worker is not None:
+        return
+    settings = join_settings(config)
+    _worker = _native.Worker(**settings.worker_kwargs())
+    _settings = settings
+    atexit.register(_shutdown_at_exit)
+
+
+def shutdown() -> None:
+    """Leaves the job cleanly: waits for rounds in flight, tells the scheduler, and waits until
+    every worker has finished (the job ends together)."""
+    global _worker
+    w = _worker
+    if w is None:
+        return
+    _worker = None
+    _handles.clear()
+    _declared.clear()
+    w.finish()
+
+
+def _shutdown_at_exit() -> None:
+    if _worker is not None:
+        try:
+            shutdown()
+        except PushPullError:
+            pass  # the job already failed; the script's own error says why
+
+
+def _w() -> _native.Worker:
+    if _worker is None:
+        raise PushPullError("pushpull.torch.init() has not been called (or shutdown() has)")
+    return _worker
+
+
+def rank() -> int:
+    """This worker's rank, ``0 .. size() - 1``."""
+    return _w().rank
+
+
+def size() -> int:
+    """The number of workers of the job."""
+    return _w().num_workers
+
+
+def local_rank() -> int:
+    """This worker's index on its host (``BYTEPS_LOCAL_RANK``, default 0)."""
+    _w()
+    return _settings.local_rank if _settings else 0
+
+
+def local_size() -> int:
+    """The number of workers on this host (``BYTEPS_LOCAL_SIZE``, default 1)."""
+    _w()
+    return _settings.local_size if _settings else 1
+
+
+def metrics() -> dict:
+    """This worker's counters: raw and payload bytes pushed and pulled, rounds, seconds spent
+    compressing, waiting and decompressing, in total and per tensor (with each tensor's codecs)."""
+    return _w().metrics()
+
+
+# --- declaring ---------------------------------------------------------------------------
+
+
+def declare(
+    name: str,
+    tensor: Union[torch.Tensor, int],
+    params: Optional[ParamMap] = None,
+    priority: Optional[int] = None,
+) -> None:
+    """Declares tensor ``name`` (a tensor, or its number of elements) with the parameter map
+    ``params`` (string keys and values, e.g. ``{"byteps_compressor_type": "topk",
+    "byteps_compressor_k": "0.01", "byteps_ef_type": "vanilla"}``) and ``priority`` (default:
+    declaration order). A collective: every worker makes the same declarations. A bad map
+    raises :class:`PushPullError` naming the tensor and the key."""
+    numel = tensor if isinstance(tensor, int) else tensor.numel()
+    if params is not None:
+        bad = [k for k, v in params.items() if not isinstance(k, str) or not isinstance(v, str)]
+        if bad:
+            raise TypeError(
+                f"tensor {name!r}: parameter map keys and values must be strings, "
+                f"not {bad[0]!r}: {params[bad[0]]!r}"
+            )
+    prio, _codecs = _w().declare(name, numel, dict(params) if params else None, priority)
+    _declared[name] = (numel, prio)
+
+
+def _ensure_declared(name: str, tensor: torch.Tensor, priority: int) -> None:
+    known = _declared.get(name)
+    if known is None:
+        if _w().is_declared(name):
+            raise PushPullError(f"tensor {name!r} was declared through another API")
+        declare(name, tensor, None, priority if priority != 0 else None)
+        return
+    numel, declared_priority = known
+    if priority != 0 and priority != declared_priority:
+        raise ValueError(
+            f"tensor {name!r} was declared with priority {declared_priority}; this call asks for "
+            f"{priority} (a tensor's priority is fixed when it is declared)"
+        )
+    if tensor.numel() != numel:
+        raise PushPullError(
+            f"tensor {name!r} was declared with {numel} elements; this call passes a tensor of "
+            f"{tensor.numel()} elements (shape {tuple(tensor.shape)})"
+        )
+
+
+# --- rounds ------------------------------------------------------------------------------
+
+
+class _Round:
+    """One round in flight: the native handle, the float32 CPU tensor it works in, and the
+    caller's tensor when that is a different one (copied back at synchronize)."""
+
+    def __init__(self, name: str, tensor: torch.Tensor):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in _CONVERTIBLE:
+            raise TypeError(
+                f"tensor {name!r} has dtype {tensor.dtype}: pushpull sums float32 "
+                "(float64, float16 and bfloat16 are converted); integer, bool and complex tensors "
+                "are not supported"
+            )
+        direct = (
+            tensor.dtype == torch.float32
+            and tensor.device.type == "cpu"
+            and tensor.is_contiguous()
+        )
+        self.name = name
+        self.target = None if direct else tensor
+        self.work = tensor.detach() if direct else tensor.detach().to("cpu", torch.float32).contiguous()
+        self.native: Optional[_native.Handle] = None
+
+    def start_push_pull(self, average: bool) -> None:
+        w = self.work
+        self.native = _w().push_pull(self.name, w, w.data_ptr(), w.numel(), average)
+
+    def start_broadcast(self, root: int) -> None:
+        w = self.work
+        self.native = _w().broadcast(self.name, w, w.data_ptr(), w.numel(), root)
+
+    def finish(self) -> torch.Tensor:
+        assert self.native is not None
+        self.native.wait()
+        if self.target is not None:
+            with torch.no_grad():
+                self.target.copy_(self.work)
+            return self.target
+        return self.work
+
+
+def _register(r: _Round) -> int:
+    h = next(_next_handle)
+    _handles[h] = r
+    return h
+
+
+def push_pull_async_inplace(
+    tensor: torch.Tensor, average: bool = True, name: Optional[str] = None, priority: int = 0
+) -> int:
+    """Starts summing ``tensor`` over every worker in place (the average with
+    ``average=True``: the sum divided by ``size()``). Returns a handle for :func:`poll` and
+    :func:`synchronize`; don't read or write the tensor until then."""
+    name = name if name is not None else f"push_pull.noname.{next(_noname)}"
+    r = _Round(name, tensor)
+    _ensure_declared(name, tensor, priority)
+    r.start_push_pull(average)
+    return _register(r)
+
+
+def poll(handle: int) -> bool:
+    """Whether the round of ``handle`` has finished (then :func:`synchronize` returns at once)."""
+    r = _handles.get(handle)
+    if r is None:
+        raise ValueError(f"unknown or already synchronized handle {handle}")
+    return r.native.poll()
+
+
+def synchronize(handle: int) -> torch.Tensor:
+    """Waits for the round of ``handle`` (the GIL is released meanwhile) and returns its tensor,
+    which now holds the result. Raises the round's error."""
+    r = _handles.pop(handle, None)
+    if r is None:
+        raise ValueError(f"unknown or already synchronized handle {handle}")
+    return r.finish()
+
+
+def push_pull_inplace(
+    tensor: torch.Tensor, average: bool = True, name: Optional[str] = None, priority: int = 0
+) -> torch.Tensor:
+    """:func:`push_pull_async_inplace` and :func:`synchronize`: returns ``tensor``."""
+    return synchronize(push_pull_async_inplace(tensor, average, name, priority))
+
+
+def push_pull(
+    tensor: torch.Tensor, average: bool = True, name: Optional[str] = None, priority: int = 0
+) -> torch.Tensor:
+    """The sum (or average) of ``tensor`` over every worker, as a new tensor; ``tensor`` is
+    unchanged. Every worker's result is bit-identical: servers add the workers' data in rank
+    order, in float32."""
+    return push_pull_inplace(tensor.detach().clone(), average, name, priority)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+    """Makes ``tensor`` equal to the ``root_rank`` worker's, bit for bit, in place, and returns
+    it (a tensor's compressor is not used for broadcasts)."""
+    name = name if name is not None else f"broadcast.noname.{next(_noname)}"
+    r = _Round(name, tensor)
+    _ensure_declared(name, tensor, 0)
+    r.start_broadcast(root_rank)
+    return r.finish()
+
+
+def _named_tensors(params) -> List[Tuple[str, torch.Tensor]]:
+    if isinstance(params, Mapping):
+        return sorted(params.items())
+    items = list(params)
+    if items and not isinstance(items[0], tuple):
+        return [(f"param.{i}", p) for i, p in enumerate(items)]
+    return items
+
+
+def broadcast_parameters(params, root_rank: int) -> None:
+    """Makes every worker's parameters (a ``state_dict()``, ``named_parameters()``, or a list of
+    tensors) equal to the ``root_rank`` worker's, in place. Floating tensors are broadcast in
+    float32 rounds (declared ``Parameter.NAME``), all in flight at once; other tensors (e.g.
+    BatchNorm's ``num_batches_tracked``) go through :func:`broadcast_object`."""
+    floats, others = [], {}
+    for name, p in _named_tensors(params):
+        if p is None:
+            continue
+        if p.dtype in _CONVERTIBLE:
+            floats.append((f"Parameter.{name}", p))
+        else:
+            others[name] = p
+    rounds = []
+    for name, p in floats:
+        r = _Round(name, p.data if isinstance(p, torch.nn.Parameter) else p)
+        _ensure_declared(name, p, 0)
+        r.start_broadcast(root_rank)
+        rounds.append(r)
+    for r in rounds:
+        r.finish()
+    if others:
+        got = broadcast_object(others, root_rank, name="Parameter.non_float")
+        with torch.no_grad():
+            for name, p in others.items():
+                p.copy_(got[name])
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Makes every worker's optimizer state (momentum buffers, step counts, hyperparameters)
+    equal to the ``root_rank`` worker's: its ``state_dict()`` is broadcast with
+    :func:`broadcast_object` and loaded on the others."""
+    state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state")
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None):
+    """Returns the ``root_rank`` worker's ``obj`` on every worker: pickled, and sent in two
+    float32 broadcasts (the length, then the bytes, three per element as an integer below
+    2**24, which float32 holds exactly: broadcasts carry finite floats only)."""
+    name = name if name is not None else "broadcast_object"
+    me = rank()
+    payload = pickle.dumps(obj) if me == root_rank else b""
+    n = len(payload)
+    header = torch.tensor([n & 0xFFFFFF, n >> 24], dtype=torch.float32)
+    broadcast(header, root_rank, name=f"{name}.length")
+    n = int(header[0]) | (int(header[1]) << 24)
+    elems = max((n + 2) // 3, 1)
+    body = torch.zeros(elems, dtype=torch.float32)
+    if me == root_rank:
+        b = torch.zeros(elems * 3, dtype=torch.int32)
+        b[:n] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(torch.int32)
+        b = b.view(elems, 3)
+        body.copy_(b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16))
+    broadcast(body, root_rank, name=f"{name}.bytes.{elems}")
+    v = body.to(torch.int32)
+    out = torch.stack([v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF], dim=1).reshape(-1)[:n]
+    return pickle.loads(out.to(torch.uint8).numpy().tobytes())
+
+
+# --- compression -------------------------------------------------------------------------
+
+
+class _Compressor:
+    """A BytePS compression choice, as the parameter map it stands for."""
+
+    def __init__(self, name: str, params: Mapping[str, str]):
+        self.name = name
+        self.params = dict(params)
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+
+class Compression:
+    """BytePS's compression choices for :class:`DistributedOptimizer`. ``fp16`` is pushpull's
+    fp16 compressor (workers send float16, servers sum in float32). For every other compressor,
+    error feedback or momentum, use ``compression_params``."""
+
+    none = _Compressor("none", {})
+    fp16 = _Compressor("fp16", {"byteps_compressor_type": "fp16"})
+
+
+_MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")
+_EF_KEYS = ("ef", "byteps_ef_type", "byteps_error_feedback_type")
+
+
+def _value(params: Mapping[str, str], keys) -> Optional[Tuple[str, str]]:
+    for k in keys:
+        if k in params:
+            return k, params[k]
+    return None
+
+
+def _own_momentum(group: Mapping) -> Optional[str]:
+    """What makes an optimizer's parameter group carry momentum of its own, if anything."""
+    m = group.get("momentum", 0)
+    if isinstance(m, (int, float)) and m > 0:
+        return f"momentum={m}"
+    if "betas" in group:
+        return f"betas={tuple(group['betas'])}"
+    return None
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, compression_params):
+        super(self.__class__, self).__init__(params)
+        if named_parameters is not None:
+            named = list(named_parameters)
+        else:
+            named = [
+                (f"param.{g}.{i}", p)
+                for g, group in enumerate(self.param_groups)
+                for i, p in enumerate(group["params"])
+            ]
+        names = [n for n, _ in named]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"named_parameters has duplicate names: {sorted(dup)}")
+        in_groups = {id(p) for group in self.param_groups for p in group["params"]}
+        named_ids = {id(p) for _, p in named}
+        if in_groups - named_ids:
+            raise ValueError(
+                "named_parameters does not name every parameter of the optimizer: pass "
+                "model.named_parameters() for the model whose parameters the optimizer holds"
+            )
+        group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step = {backward_passes_per_step}: must be >= 1")
+        self.backward_passes_per_step = backward_passes_per_step
+        self._entries = []  # (tensor name, parameter, group, corrected ef)
+        self._index = {}
+        for i, (name, p) in enumerate(named):
+            if not p.requires_grad or id(p) not in in_groups:
+                continue
+            if callable(compression_params):
+                cmap = compression_params(name)
+            elif compression_params is not None:
+                cmap = compression_params
+            else:
+                cmap = compression.params
+            cmap = dict(cmap or {})
+            tname = f"Gradient.{name}"
+            group = group_of[id(p)]
+            mom = _value(cmap, _MOMENTUM_KEYS)
+            if mom and mom[1] == "nesterov":
+                own = _own_momentum(group)
+                if own:
+                    raise ValueError(
+                        f"tensor {tname!r}: {mom[0]} = 'nesterov' adds momentum on the worker, but "
+                        f"the optimizer {type(self).__name__} has its own ({own}); use one of them"
+                    )
+            ef = _value(cmap, _EF_KEYS)
+            corrected = bool(ef and ef[1] == "corrected")
+            declare(tname, p, cmap, priority=-i)
+            self._index[id(p)] = len(self._entries)
+            self._entries.append((tname, p, group, corrected))
+        self._passes = [0] * len(self._entries)
+        self._inflight: Dict[int, _Round] = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
+        ]
+
+    def _start(self, k: int) -> None:
+        tname, p, group, corrected = self._entries[k]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        if corrected:
+            _w().set_learning_rate(float(group["lr"]))
+        r = _Round(tname, p.grad)
+        r.start_push_pull(average=True)
+        self._inflight[k] = r
+
+    def _hook(self, p: torch.Tensor) -> None:
+        k = self._index[id(p)]
+        self._passes[k] += 1
+        if self._passes[k] < self.backward_passes_per_step:
+            return
+        if k in self._inflight:
+            raise PushPullError(
+                f"tensor {self._entries[k][0]!r}: gradient computed again before step(); call "
+                "step() (or synchronize()) after each backward pass, or set backward_passes_per_step"
+            )
+        self._start(k)
+
+    def synchronize(self) -> None:
+        """Waits for every gradient's push_pull; gradients that no backward pass produced this
+        step are push_pulled as zeros, so every worker runs the same rounds."""
+        for k in range(len(self._entries)):
+            if k not in self._inflight:
+                self._start(k)
+        inflight, self._inflight = self._inflight, {}
+        try:
+            for r in inflight.values():
+                r.finish()
+        finally:
+            self._passes = [0] * len(self._entries)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within this context, ``step()`` does not call :meth:`synchronize` (call it yourself
+        first, e.g. to clip the averaged gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    compression: _Compressor = Compression.none,
+    backward_passes_per_step: int = 1,
+    compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
+) -> torch.optim.Optimizer:
+    """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
+
+    Every parameter is declared up front (a collective), in ``named_parameters`` order, as
+    ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first.
+    A hook push_pulls each gradient as soon as the backward pass has accumulated it (after
+    ``backward_passes_per_step`` passes), overlapping communication with the rest of the
+    backward pass; ``step()`` waits for all of them and then runs the wrapped optimizer's step.
+    The result is an instance of a subclass of the optimizer's class, made from its
+    ``param_groups``.
+
+    ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
+    map for every tensor, or a function of the parameter name returning its map (keys as in
+    the Rust API: ``byteps_compressor_type``, ``byteps_compressor_k``, ``byteps_ef_type``,
+    ``byteps_momentum_type``, ...). When given, it replaces ``compression``. A map with
+    ``momentum = nesterov`` is refused (``ValueError``) for an optimizer that has momentum of its
+    own; with ``ef = corrected`` the learning rate of the parameter's group is read from
+    ``param_groups`` at every step.
+    """
+    cls = type(
+        optimizer.__class__.__name__,
+        (optimizer.__class__,),
+        dict(_DistributedOptimizer.__dict__),
+    )
+    return cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        compression_params,
+    )

@@ -1,0 +1,572 @@
+//! `pushpull._native`: the worker library ([`pushpull_worker`]) bound to Python with PyO3.
+//! It is the only Rust in the `pushpull` Python package; everything the package does goes
+//! through the worker API, nothing is implemented twice.
+//!
+//! # Map of the crate
+//! | item | what it is |
+//! |---|---|
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `broadcast`, `barrier`, `metrics`, `finish` |
+//! | [`Handle`] | one round in flight: `poll()`, `wait()` |
+//! | [`Reference`] | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
+//! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
+//!
+//! The Python side (`pushpull/torch/`) turns torch tensors into the pointer, length and owner
+//! that [`Worker::push_pull`] takes, and reads the BytePS environment.
+//!
+//! # Buffers and the GIL
+//! A push_pull works in the caller's memory in place: Python hands over the address and length
+//! of a contiguous float32 buffer together with the object that owns it. The round keeps a
+//! reference to that object ([`PyBuf`]) until it has finished writing, even when Python drops
+//! the handle early, so the memory can never be freed under it. Every call that waits
+//! (join, declare, wait, barrier, finish) releases the GIL while it waits.
+
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pushpull_net::tls::TlsIdentity;
+use pushpull_proto::{Config, ParamMap};
+use pushpull_worker::reference::{RefTensor, Reference as RefJob};
+use pushpull_worker::{JoinOptions, Reduce, WorkerError};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+create_exception!(
+    _native,
+    PushPullError,
+    PyException,
+    "A pushpull operation failed; the message names the tensor, key or node."
+);
+create_exception!(
+    _native,
+    NodeLostError,
+    PushPullError,
+    "The job is over: a node was lost (the message names it) or the job failed."
+);
+
+/// The Python exception for a worker error: [`NodeLostError`] when the job is over because a
+/// node was lost or the job failed, [`PushPullError`] otherwise.
+fn to_py(e: WorkerError) -> PyErr {
+    match e {
+        WorkerError::NodeLost { .. } | WorkerError::JobFailed { .. } => {
+            NodeLostError::new_err(e.to_string())
+        }
+        e => PushPullError::new_err(e.to_string()),
+    }
+}
+
+/// A caller's float32 buffer, lent to a round: address, length, and a reference to the Python
+/// object that owns the memory, held until the round drops the buffer.
+struct PyBuf {
+    ptr: *mut f32,
+    len: usize,
+    /// Keeps the memory alive. Dropped on whatever thread ends the round; PyO3 defers the
+    /// reference count decrement until a thread holds the GIL.
+    _owner: Py<PyAny>,
+}
+
+// SAFETY: the memory behind `ptr` is owned by `_owner`, which lives as long as the `PyBuf`;
+// the Python side hands it over for the round's exclusive use (documented on
+// `Worker.push_pull`), so moving the pointer to the round's thread is like moving a
+// `&mut [f32]`.
+unsafe impl Send for PyBuf {}
+
+impl AsMut<[f32]> for PyBuf {
+    fn as_mut(&mut self) -> &mut [f32] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: see `unsafe impl Send`: `ptr` addresses `len` f32 that stay valid and
+        // unaliased while the round holds the buffer.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// How to join: `config` (a cluster file, or the defaults of a loopback cluster) with the
+/// overrides given. `None` keeps the file's value.
+#[allow(clippy::too_many_arguments)]
+fn join_config(
+    config: Option<PathBuf>,
+    scheduler: Option<String>,
+    num_workers: Option<u32>,
+    num_servers: Option<u32>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    server_name: Option<String>,
+) -> Result<Config, WorkerError> {
+    let bad = |e: String| WorkerError::Config(e);
+    let mut c = match &config {
+        Some(p) => Config::from_file(p).map_err(|e| bad(e.to_string()))?,
+        None => Config::local(num_workers.unwrap_or(1), num_servers.unwrap_or(1)),
+    };
+    if let Some(s) = scheduler {
+        pushpull_proto::config::parse_addr(&s)
+            .map_err(|e| bad(format!("scheduler address {s:?}: {e}")))?;
+        c.cluster.scheduler = s;
+    }
+    if let Some(n) = num_workers {
+        c.cluster.num_workers = n;
+    }
+    if let Some(n) = num_servers {
+        c.cluster.num_servers = n;
+    }
+    if tls_ca.is_some() {
+        c.tls.ca = tls_ca;
+    }
+    if tls_cert.is_some() {
+        c.tls.cert = tls_cert;
+    }
+    if tls_key.is_some() {
+        c.tls.key = tls_key;
+    }
+    if let Some(n) = server_name {
+        c.tls.server_name = n;
+    }
+    let origin = config.map_or("(worker settings)".to_string(), |p| {
+        format!("{} with the given overrides", p.display())
+    });
+    c.validate(&origin).map_err(|e| bad(e.to_string()))?;
+    Ok(c)
+}
+
+/// A joined worker (`pushpull._native.Worker`).
+///
+/// `Worker(config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None,
+/// tls_ca=None, tls_cert=None, tls_key=None, server_name=None)` reads the cluster file
+/// `config` (or starts from a loopback cluster's defaults), applies the overrides, loads the
+/// TLS identity and joins the job, asking for `rank` if given. Raises `PushPullError` naming
+/// the setting that is wrong, or the node that refused.
+#[pyclass(module = "pushpull._native", frozen)]
+pub struct Worker {
+    runtime: Arc<Runtime>,
+    worker: Mutex<Option<pushpull_worker::Worker>>,
+}
+
+impl Worker {
+    fn get(&self) -> PyResult<pushpull_worker::Worker> {
+        self.worker
+            .lock()
+            .expect("not poisoned")
+            .clone()
+            .ok_or_else(|| to_py(WorkerError::Finished))
+    }
+
+    fn tensor(&self, name: &str) -> PyResult<(pushpull_worker::Worker, pushpull_worker::Tensor)> {
+        let w = self.get()?;
+        let t = w.tensor(name).map_err(to_py)?;
+        Ok((w, t))
+    }
+
+    /// Starts a round of `kind` over the buffer in a task of the worker's runtime.
+    fn start(
+        &self,
+        name: &str,
+        owner: Py<PyAny>,
+        ptr: usize,
+        len: usize,
+        kind: Kind,
+    ) -> PyResult<Handle> {
+        let (w, t) = self.tensor(name)?;
+        if ptr == 0 && len != 0 {
+            return Err(PyValueError::new_err(format!(
+                "tensor {name:?}: a null buffer address for {len} elements"
+            )));
+        }
+        if ptr % std::mem::align_of::<f32>() != 0 {
+            return Err(PyValueError::new_err(format!(
+                "tensor {name:?}: buffer address {ptr:#x} is not aligned for float32"
+            )));
+        }
+        let buf = PyBuf {
+            ptr: ptr as *mut f32,
+            len,
+            _owner: owner,
+        };
+        let task = self.runtime.spawn(async move {
+            match kind {
+                Kind::Sum(op) => w.push_pull(&t, buf, op).await.map(drop),
+                Kind::Broadcast(root) => w.broadcast(&t, buf, root).await.map(drop),
+            }
+        });
+        Ok(Handle {
+            runtime: self.runtime.clone(),
+            state: Mutex::new(HandleState::Running(task)),
+        })
+    }
+}
+
+enum Kind {
+    Sum(Reduce),
+    Broadcast(u32),
+}
+
+#[pymethods]
+impl Worker {
+    #[new]
+    #[pyo3(signature = (config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None, tls_ca=None, tls_cert=None, tls_key=None, server_name=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        config: Option<PathBuf>,
+        scheduler: Option<String>,
+        num_workers: Option<u32>,
+        num_servers: Option<u32>,
+        rank: Option<u32>,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        server_name: Option<String>,
+    ) -> PyResult<Worker> {
+        let config = join_config(
+            config,
+            scheduler,
+            num_workers,
+            num_servers,
+            tls_ca,
+            tls_cert,
+            tls_key,
+            server_name,
+        )
+        .map_err(to_py)?;
+        let identity = TlsIdentity::load(&config.tls)
+            .map_err(|e| to_py(WorkerError::Config(e.to_string())))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("pushpull-worker")
+            .build()
+            .map_err(|e| PushPullError::new_err(format!("cannot start a tokio runtime: {e}")))?;
+        let opts = JoinOptions {
+            requested_rank: rank,
+        };
+        let worker = py
+            .detach(|| runtime.block_on(pushpull_worker::Worker::join(&config, identity, opts)))
+            .map_err(to_py)?;
+        Ok(Worker {
+            runtime: Arc::new(runtime),
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    /// This worker's rank, `0..num_workers`.
+    #[getter]
+    fn rank(&self) -> PyResult<u32> {
+        Ok(self.get()?.rank())
+    }
+
+    /// The number of workers of the job.
+    #[getter]
+    fn num_workers(&self) -> PyResult<u32> {
+        Ok(self.get()?.num_workers())
+    }
+
+    /// The number of servers of the job.
+    #[getter]
+    fn num_servers(&self) -> PyResult<u32> {
+        Ok(self.get()?.num_servers())
+    }
+
+    /// The job's seed (what the single-process reference needs to reproduce the job).
+    #[getter]
+    fn job_seed(&self) -> PyResult<u64> {
+        Ok(self.get()?.job_seed())
+    }
+
+    /// Declares tensor `name` of `length` float32 elements with the parameter map `params`
+    /// (overlaid on the cluster file's `[tensors]`), and `priority` if given (default:
+    /// declaration order). A collective: every worker declares the same name, length, map and
+    /// priority. Returns `(priority, codecs)`: the agreed priority and each chunk's codec.
+    #[pyo3(signature = (name, length, params=None, priority=None))]
+    fn declare(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        length: u64,
+        params: Option<BTreeMap<String, String>>,
+        priority: Option<i32>,
+    ) -> PyResult<(i32, Vec<String>)> {
+        let w = self.get()?;
+        let params: ParamMap = params.unwrap_or_default();
+        let t = py
+            .detach(|| {
+                self.runtime.block_on(async {
+                    match priority {
+                        Some(p) => w.declare_with_priority(name, length, params, p).await,
+                        None => w.declare(name, length, params).await,
+                    }
+                })
+            })
+            .map_err(to_py)?;
+        Ok((t.priority(), t.codecs()))
+    }
+
+    /// Whether `name` is declared on this worker.
+    fn is_declared(&self, name: &str) -> PyResult<bool> {
+        Ok(self.get()?.tensor(name).is_ok())
+    }
+
+    /// Starts one round of `name` over the float32 buffer at address `ptr` (`length` elements,
+    /// owned by `owner`, which is kept alive until the round has finished writing): the buffer
+    /// becomes the sum over all workers, or the average. The buffer must not be read or written
+    /// until the returned handle's `wait()` has returned.
+    #[pyo3(signature = (name, owner, ptr, length, average))]
+    fn push_pull(
+        &self,
+        name: &str,
+        owner: Py<PyAny>,
+        ptr: usize,
+        length: usize,
+        average: bool,
+    ) -> PyResult<Handle> {
+        let op = if average {
+            Reduce::Average
+        } else {
+            Reduce::Sum
+        };
+        self.start(name, owner, ptr, length, Kind::Sum(op))
+    }
+
+    /// As `push_pull`, but the buffer becomes the `root` worker's, bit for bit.
+    fn broadcast(
+        &self,
+        name: &str,
+        owner: Py<PyAny>,
+        ptr: usize,
+        length: usize,
+        root: u32,
+    ) -> PyResult<Handle> {
+        self.start(name, owner, ptr, length, Kind::Broadcast(root))
+    }
+
+    /// Waits until every worker has entered the same barrier.
+    fn barrier(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self.get()?;
+        py.detach(|| self.runtime.block_on(w.barrier()))
+            .map_err(to_py)
+    }
+
+    /// The learning rate that corrected error feedback (`ef = "corrected"`) uses from the
+    /// next round on.
+    fn set_learning_rate(&self, lr: f32) -> PyResult<()> {
+        self.get()?.set_learning_rate(lr);
+        Ok(())
+    }
+
+    /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "compress_seconds",
+    /// "wait_seconds", "decompress_seconds", "tensors": {name: {... "codecs"}}}`.
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let w = self.get()?;
+        let m = w.metrics();
+        let d = PyDict::new(py);
+        d.set_item("raw_bytes", m.raw_bytes)?;
+        d.set_item("bytes_pushed", m.bytes_pushed)?;
+        d.set_item("bytes_pulled", m.bytes_pulled)?;
+        d.set_item("rounds", m.rounds)?;
+        d.set_item("compress_seconds", m.compress_seconds)?;
+        d.set_item("wait_seconds", m.wait_seconds)?;
+        d.set_item("decompress_seconds", m.decompress_seconds)?;
+        d.set_item("compression_ratio", m.compression_ratio())?;
+        let tensors = PyDict::new(py);
+        for (name, t) in &m.tensors {
+            let e = PyDict::new(py);
+            e.set_item("len", t.len)?;
+            e.set_item("chunks", t.chunks)?;
+            e.set_item("rounds", t.rounds_done)?;
+            e.set_item("raw_bytes", t.raw_bytes)?;
+            e.set_item("bytes_pushed", t.bytes_pushed)?;
+            e.set_item("bytes_pulled", t.bytes_pulled)?;
+            e.set_item("compress_seconds", t.compress_seconds)?;
+            e.set_item("wait_seconds", t.wait_seconds)?;
+            e.set_item("decompress_seconds", t.decompress_seconds)?;
+            if let Ok(tensor) = w.tensor(name) {
+                e.set_item("codecs", tensor.codecs())?;
+                e.set_item("priority", tensor.priority())?;
+            }
+            tensors.set_item(name, e)?;
+        }
+        d.set_item("tensors", tensors)?;
+        Ok(d)
+    }
+
+    /// Ends this worker cleanly (waits for running rounds, tells the scheduler, waits for the
+    /// job's shutdown). Later calls raise `PushPullError` ("finished").
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let w = self
+            .worker
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .ok_or_else(|| to_py(WorkerError::Finished))?;
+        py.detach(|| self.runtime.block_on(w.finish()))
+            .map_err(to_py)
+    }
+}
+
+enum HandleState {
+    Running(JoinHandle<Result<(), WorkerError>>),
+    Done(Result<(), String>, bool),
+}
+
+/// One round in flight (`pushpull._native.Handle`).
+#[pyclass(module = "pushpull._native", frozen)]
+pub struct Handle {
+    runtime: Arc<Runtime>,
+    state: Mutex<HandleState>,
+}
+
+#[pymethods]
+impl Handle {
+    /// Whether the round has finished (`wait()` then returns at once).
+    fn poll(&self) -> bool {
+        match &*self.state.lock().expect("not poisoned") {
+            HandleState::Running(task) => task.is_finished(),
+            HandleState::Done(..) => true,
+        }
+    }
+
+    /// Waits for the round (releasing the GIL) and raises its error, if any; the buffer then
+    /// holds the result. Waiting again returns (or raises) the same.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let mut state = self.state.lock().expect("not poisoned");
+        if let HandleState::Running(task) = &mut *state {
+            let got = py.detach(|| self.runtime.block_on(task));
+            *state = match got {
+                Ok(Ok(())) => HandleState::Done(Ok(()), false),
+                Ok(Err(e)) => {
+                    let lost = matches!(
+                        e,
+                        WorkerError::NodeLost { .. } | WorkerError::JobFailed { .. }
+                    );
+                    HandleState::Done(Err(e.to_string()), lost)
+                }
+                Err(e) => HandleState::Done(Err(format!("the round's task failed: {e}")), false),
+            };
+        }
+        match &*state {
+            HandleState::Done(Ok(()), _) => Ok(()),
+            HandleState::Done(Err(m), true) => Err(NodeLostError::new_err(m.clone())),
+            HandleState::Done(Err(m), false) => Err(PushPullError::new_err(m.clone())),
+            HandleState::Running(_) => unreachable!("set above"),
+        }
+    }
+}
+
+/// The single-process reference of a job (`pushpull._native.Reference`): every worker and
+/// server in one loop, giving the bits a cluster must produce.
+///
+/// `Reference(num_workers, job_seed, config=None)`: `config` is the job's cluster file (for
+/// `[tensors]`, `partition_bytes`, `min_compress_bytes`).
+#[pyclass(module = "pushpull._native")]
+pub struct Reference {
+    /// In a mutex: a pyclass must be `Sync`, the compressor chains are only `Send`.
+    job: Mutex<RefJob>,
+    tensors: BTreeMap<String, RefTensor>,
+}
+
+#[pymethods]
+impl Reference {
+    #[new]
+    #[pyo3(signature = (num_workers, job_seed, config=None))]
+    fn new(num_workers: u32, job_seed: u64, config: Option<PathBuf>) -> PyResult<Reference> {
+        let mut c = match config {
+            Some(p) => Config::from_file(&p).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            None => Config::local(num_workers, 1),
+        };
+        c.cluster.num_workers = num_workers;
+        Ok(Reference {
+            job: Mutex::new(RefJob::new(&c, job_seed)),
+            tensors: BTreeMap::new(),
+        })
+    }
+
+    /// Declares `name` as the workers do.
+    #[pyo3(signature = (name, length, params=None))]
+    fn declare(
+        &mut self,
+        name: &str,
+        length: u64,
+        params: Option<BTreeMap<String, String>>,
+    ) -> PyResult<()> {
+        let t = self
+            .job
+            .get_mut()
+            .expect("not poisoned")
+            .declare(name, length, params.unwrap_or_default())
+            .map_err(|e| PyValueError::new_err(format!("tensor {name:?}: {e}")))?;
+        self.tensors.insert(name.to_string(), t);
+        Ok(())
+    }
+
+    /// See `Worker.set_learning_rate`.
+    fn set_learning_rate(&mut self, lr: f32) {
+        self.job
+            .get_mut()
+            .expect("not poisoned")
+            .set_learning_rate(lr)
+    }
+
+    /// One round of `name`: `inputs[r]` is rank r's buffer as little-endian float32 bytes;
+    /// returns every rank's result the same way.
+    fn push_pull<'py>(
+        &mut self,
+        py: Python<'py>,
+        name: &str,
+        inputs: Vec<Vec<u8>>,
+        average: bool,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let t = *self
+            .tensors
+            .get(name)
+            .ok_or_else(|| PyValueError::new_err(format!("tensor {name:?} is not declared")))?;
+        let mut bufs = Vec::with_capacity(inputs.len());
+        for (r, bytes) in inputs.iter().enumerate() {
+            if bytes.len() % 4 != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "tensor {name:?}: input of rank {r} has {} bytes, not a whole number of float32",
+                    bytes.len()
+                )));
+            }
+            bufs.push(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect::<Vec<f32>>(),
+            );
+        }
+        let op = if average {
+            Reduce::Average
+        } else {
+            Reduce::Sum
+        };
+        let out = self
+            .job
+            .get_mut()
+            .expect("not poisoned")
+            .push_pull(t, &bufs, op)
+            .map_err(|e| PyValueError::new_err(format!("tensor {name:?}: {e}")))?;
+        Ok(out
+            .iter()
+            .map(|v| {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                PyBytes::new(py, &bytes)
+            })
+            .collect())
+    }
+}
+
+/// The module `pushpull._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Worker>()?;
+    m.add_class::<Handle>()?;
+    m.add_class::<Reference>()?;
+    m.add("PushPullError", m.py().get_type::<PushPullError>())?;
+    m.add("NodeLostError", m.py().get_type::<NodeLostError>())?;
+    Ok(())
+}

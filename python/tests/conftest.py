@@ -1,0 +1,54 @@
+"""Shared fixtures: the `pushpull` binary and ways to run a job of Python workers.
+
+Each test prints the seed it drew (rerun with PUSHPULL_TEST_SEED=N to repeat one).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+def pushpull_bin() -> Path:
+    """`PUSHPULL_BIN`, else the workspace's debug build (built here if missing)."""
+    env = os.environ.get("PUSHPULL_BIN")
+    if env:
+        return Path(env)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    exe = target / "debug" / "pushpull"
+    if not exe.exists():
+        subprocess.run(["cargo", "build", "--bins"], cwd=REPO, check=True)
+    return exe
+
+
+@pytest.fixture(scope="session")
+def pushpull() -> Path:
+    return pushpull_bin()
+
+
+@pytest.fixture
+def seed() -> int:
+    s = int(os.environ.get("PUSHPULL_TEST_SEED", random.randrange(2**32)))
+    print(f"seed {s} (rerun with PUSHPULL_TEST_SEED={s})")
+    return s
+
+
+def run_job(pushpull: Path, script: str, *args, workers: int = 2, servers: int = 2,
+            config: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`pushpull local --workers N --servers S [--config F] -- python jobs/SCRIPT ARGS`."""
+    cmd = [str(pushpull), "local", "--workers", str(workers), "--servers", str(servers)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    cmd += ["--", sys.executable, str(JOBS / script), *map(str, args)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    print(p.stdout)
+    print(p.stderr, file=sys.stderr)
+    return p

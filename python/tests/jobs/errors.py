@@ -1,0 +1,51 @@
+"""A worker of test_errors.py: each bad call raises an exception naming the tensor and the key
+or value; prints `ok CASE` for each. Usage: errors.py."""
+
+import torch
+
+import pushpull
+import pushpull.torch as bps
+
+bps.init()
+r = bps.rank()
+
+
+def expect(case, exc_type, *words):
+    def run(f):
+        try:
+            f()
+        except exc_type as e:
+            missing = [w for w in words if w not in str(e)]
+            assert not missing, f"{case}: {missing} not in {e!r}"
+            print(f"ok {case}: {e}")
+            return
+        raise AssertionError(f"{case}: no {exc_type.__name__} raised")
+    return run
+
+
+expect("dtype", TypeError, "'ints'", "torch.int64")(
+    lambda: bps.push_pull(torch.arange(5), name="ints"))
+bps.declare("len", 10)
+expect("length", pushpull.PushPullError, "'len'", "10", "11")(
+    lambda: bps.push_pull(torch.zeros(11), name="len"))
+expect("undeclared", pushpull.PushPullError, "nope")(
+    lambda: bps._w().push_pull("nope", torch.zeros(3), 0, 3, True))
+expect("handle", ValueError, "handle 12345")(lambda: bps.synchronize(12345))
+expect("bad map", pushpull.PushPullError, '"bad"', "byteps_compressor_type", "zip")(
+    lambda: bps.declare("bad", 100_000, {"byteps_compressor_type": "zip"}))
+expect("map types", TypeError, "'types'", "0.5")(
+    lambda: bps.declare("types", 10, {"byteps_compressor_k": 0.5}))
+# Rank 0 and rank 1 declare different lengths: both fail, naming the tensor and both values.
+expect("mismatch", pushpull.PushPullError, "mismatch", "1000", "999")(
+    lambda: bps.declare("mismatch", 1000 - r))
+expect("priority", ValueError, "'len'", "priority")(
+    lambda: bps.push_pull(torch.zeros(10), name="len", priority=5))
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+expect("nesterov", ValueError, "Gradient.weight", "nesterov", "momentum=0.9")(
+    lambda: bps.DistributedOptimizer(opt, model.named_parameters(),
+                                     compression_params={"byteps_momentum_type": "nesterov"}))
+# The job still works after all of that.
+assert torch.equal(bps.push_pull(torch.ones(10), average=False, name="len"), torch.full((10,), 2.0))
+bps.shutdown()
+print("done")

@@ -1,0 +1,29 @@
+"""What test_optimizer.py and its workers (jobs/optimizer.py) share: the model, the data and
+the compression map."""
+
+import torch
+
+STEPS = 5
+WORKERS = 2
+MAPS = {
+    "none": None,
+    "onebit": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla",
+               "byteps_momentum_type": "nesterov"},
+    # Learning-rate corrected error feedback: the worker reads the lr from param_groups.
+    "corrected": {"byteps_compressor_type": "onebit", "byteps_ef_type": "corrected"},
+}
+
+
+def lr_at(step: int) -> float:
+    """A schedule that changes every step, so a stale learning rate shows."""
+    return 0.1 / (1 + step)
+
+
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+
+def batch(seed: int, step: int, rank: int):
+    g = torch.Generator().manual_seed(seed * 7919 + step * 31 + rank)
+    return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)

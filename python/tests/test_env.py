@@ -1,0 +1,58 @@
+"""How a worker reads its job from the cluster file and BytePS's environment."""
+
+import pytest
+
+from pushpull import join_settings
+
+
+def test_rank_formula_and_overrides():
+    env = {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+           "DMLC_NUM_WORKER": "3", "DMLC_NUM_SERVER": "2", "DMLC_WORKER_ID": "2",
+           "BYTEPS_LOCAL_RANK": "1", "BYTEPS_LOCAL_SIZE": "4", "PUSHPULL_CONFIG": "/c.toml",
+           "PUSHPULL_TLS_CA": "/ca.pem", "PUSHPULL_TLS_CERT": "/w.pem", "PUSHPULL_TLS_KEY": "/w.key"}
+    s = join_settings(env=env)
+    assert s.scheduler == "10.0.0.1:9000"
+    assert (s.num_workers, s.num_servers, s.rank) == (12, 2, 2 * 4 + 1)
+    assert (s.local_rank, s.local_size) == (1, 4)
+    assert (s.tls_ca, s.tls_cert, s.tls_key) == ("/ca.pem", "/w.pem", "/w.key")
+    assert s.config == "/c.toml"
+    # The argument beats PUSHPULL_CONFIG.
+    assert join_settings("/mine.toml", env=env).config == "/mine.toml"
+
+
+def test_file_alone_keeps_its_values():
+    s = join_settings(env={"PUSHPULL_CONFIG": "/c.toml"})
+    assert (s.scheduler, s.num_workers, s.num_servers, s.rank) == (None, None, None, None)
+    assert s.worker_kwargs()["config"] == "/c.toml"
+
+
+def test_ipv6_scheduler():
+    s = join_settings(env={"DMLC_PS_ROOT_URI": "fd00::1", "DMLC_PS_ROOT_PORT": "9000"})
+    assert s.scheduler == "[fd00::1]:9000"
+
+
+@pytest.mark.parametrize("env,words", [
+    ({}, ["PUSHPULL_CONFIG", "DMLC_PS_ROOT_URI"]),
+    ({"DMLC_ROLE": "server", "PUSHPULL_CONFIG": "/c"}, ["DMLC_ROLE", "pushpull-server"]),
+    ({"DMLC_PS_ROOT_URI": "h"}, ["DMLC_PS_ROOT_PORT"]),
+    ({"DMLC_PS_ROOT_URI": "h", "DMLC_PS_ROOT_PORT": "x"}, ["DMLC_PS_ROOT_PORT", "'x'"]),
+    ({"PUSHPULL_CONFIG": "/c", "BYTEPS_LOCAL_RANK": "2", "BYTEPS_LOCAL_SIZE": "2"},
+     ["BYTEPS_LOCAL_RANK=2", "BYTEPS_LOCAL_SIZE=2"]),
+    ({"PUSHPULL_CONFIG": "/c", "DMLC_NUM_WORKER": "2", "DMLC_WORKER_ID": "2"}, ["DMLC_WORKER_ID=2"]),
+    ({"PUSHPULL_CONFIG": "/c", "DMLC_NUM_WORKER": "0"}, ["DMLC_NUM_WORKER", ">= 1"]),
+])
+def test_bad_settings_name_the_variable(env, words):
+    with pytest.raises(ValueError) as e:
+        join_settings(env=env)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_bad_files_are_named(tmp_path):
+    import pushpull
+    with pytest.raises(pushpull.PushPullError, match="nope.toml"):
+        pushpull.Worker(str(tmp_path / "nope.toml"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[cluster]\nnum_wokers = 2\n")
+    with pytest.raises(pushpull.PushPullError, match="num_wokers"):
+        pushpull.Worker(str(bad))

@@ -1,0 +1,64 @@
+"""DistributedOptimizer on 2 workers gives exactly the parameters of a single-process run that
+averages the same gradients: in float32, rank order, uncompressed; through the Rust
+single-process reference with a compressor."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_job
+from optimizer_common import MAPS, STEPS, WORKERS, batch, lr_at, make_model
+from pushpull import Reference
+
+SMALL = Path(__file__).resolve().parent / "small.toml"
+
+
+def single_process(seed: int, mode: str, job_seed: int):
+    torch.set_num_threads(1)
+    model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref = None
+    if MAPS[mode] is not None:
+        ref = Reference(WORKERS, job_seed, str(SMALL))
+        for name, p in model.named_parameters():
+            ref.declare(f"Gradient.{name}", p.numel(), MAPS[mode])
+    for step in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step)
+        if ref is not None:
+            ref.set_learning_rate(lr_at(step))
+        grads = []
+        for r in range(WORKERS):
+            model.zero_grad()
+            x, y = batch(seed, step, r)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        for name, p in model.named_parameters():
+            if ref is None:
+                acc = grads[0][name].clone()
+                for g in grads[1:]:
+                    acc += g[name]
+                p.grad = acc / WORKERS
+            else:
+                got = ref.push_pull(f"Gradient.{name}", [g[name].numpy().tobytes() for g in grads], True)
+                p.grad = torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p)
+        opt.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("mode", list(MAPS))
+def test_distributed_optimizer_matches_the_single_process_run(pushpull, seed, tmp_path, mode):
+    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, workers=WORKERS, config=SMALL)
+    assert p.returncode == 0, p.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
+    want = single_process(seed, mode, ranks[0]["job_seed"])
+    for r, got in enumerate(ranks):
+        for k, v in want.items():
+            assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
+    m = ranks[0]["metrics"]
+    if MAPS[mode] is not None:
+        assert m["bytes_pushed"] < m["raw_bytes"] / 4, m
+        assert "onebit" in " ".join(m["tensors"]["Gradient.0.weight"]["codecs"])
+    else:
+        assert m["bytes_pushed"] == m["raw_bytes"], m

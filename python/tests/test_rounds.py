@@ -1,0 +1,77 @@
+"""push_pull, broadcast and their forms on 2 workers and 2 servers, against independent
+references: a float32 rank-order sum in numpy, and the Rust single-process reference."""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from conftest import run_job
+from pushpull import Reference
+
+SMALL = Path(__file__).resolve().parent / "small.toml"
+
+
+def rank_order_sum(xs):
+    """The servers' sum: float32, rank 0 first, then rank 1, ..."""
+    acc = np.array(xs[0], dtype=np.float32)
+    for x in xs[1:]:
+        acc = acc + np.asarray(x, dtype=np.float32)
+    return acc
+
+
+def same_bits(a, b) -> bool:
+    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path):
+    p = run_job(pushpull, "rounds.py", tmp_path, seed, config=SMALL)
+    assert p.returncode == 0, p.stderr
+    assert "[rank 0] done" in p.stdout and "[rank 1] done" in p.stdout
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    n = ranks[0]["size"]
+    assert n == 2
+
+    for i, _ in enumerate(ranks[0]["inputs"]):
+        xs = [s["inputs"][i].numpy() for s in ranks]
+        want = rank_order_sum(xs)
+        if i % 2 == 1:
+            want = want / np.float32(n)
+        for s in ranks:
+            assert same_bits(s["outputs"][i].numpy(), want), f"tensor t{i}, rank {s['rank']}"
+
+    x = [s["copy_in"].numpy() for s in ranks]
+    for s in ranks:
+        assert same_bits(s["copy_out"][0], rank_order_sum(x))
+        assert same_bits(s["copy_out"][1], rank_order_sum([v * 2 for v in x]) / np.float32(n))
+
+    f64 = rank_order_sum([s["f64_in"].numpy().astype(np.float32) for s in ranks])
+    view = rank_order_sum([s["view_in"].numpy().T for s in ranks])
+    for s in ranks:
+        assert s["f64_out"].dtype == torch.float64
+        assert same_bits(s["f64_out"].numpy().astype(np.float32), f64)
+        assert same_bits(s["view_out"].numpy().T, view)
+
+    # The compressed tensor: the single-process reference, with the job's seed and file.
+    ref = Reference(n, ranks[0]["job_seed"], str(SMALL))
+    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
+    for step in range(3):
+        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
+        for s in ranks:
+            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
+    m = ranks[0]["metrics"]["tensors"]["onebit"]
+    assert m["bytes_pushed"] < m["raw_bytes"] / 10, m
+
+    for s in ranks:
+        assert same_bits(s["bcast_out"], ranks[1]["bcast_in"])
+        for k, v in ranks[0]["model_in"].items():
+            assert torch.equal(s["model_out"][k], v), k
+        assert s["object_out"] == ranks[1]["object_in"]
+        for got, want in zip(s["opt_out"], ranks[0]["opt_in"]):
+            assert torch.equal(got, want)
+    assert not torch.equal(ranks[1]["opt_in"][0], ranks[0]["opt_in"][0])
+    # Rank 0 waited about 0.5 s for rank 1's push with the GIL released: its thread ran.
+    assert ranks[0]["spins"] > 10_000, ranks[0]["spins"]
