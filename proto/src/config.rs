@@ -233,7 +233,9 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// `device`: where compression runs: `auto` (GPU if present), `cpu` or `cuda`.
+    /// `device`: where compression runs: `auto`, `cpu`, `cuda` or `cuda:N` (see the worker
+    /// crate's `Worker::join`: today host buffers are compressed on the CPU, and `cuda` is
+    /// refused at join).
     #[serde(default = "default_device")]
     pub device: String,
 }
@@ -721,11 +723,13 @@ impl Config {
             parse_addr(adv)
                 .map_err(|allowed| bad("server.advertise", format!("{adv:?}"), &allowed))?;
         }
-        if !["auto", "cpu", "cuda"].contains(&self.worker.device.as_str()) {
+        let d = self.worker.device.as_str();
+        let ordinal = d.strip_prefix("cuda:").map(|n| n.parse::<u32>().is_ok());
+        if !(["auto", "cpu", "cuda"].contains(&d) || ordinal == Some(true)) {
             return Err(bad(
                 "worker.device",
-                format!("{:?}", self.worker.device),
-                "one of \"auto\", \"cpu\", \"cuda\"",
+                format!("{d:?}"),
+                "one of \"auto\", \"cpu\", \"cuda\", \"cuda:N\" (N a device ordinal)",
             ));
         }
         self.job.validate(self.cluster.num_workers, &bad)?;

@@ -359,7 +359,8 @@ impl Worker {
     }
 
     /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "compress_seconds",
-    /// "wait_seconds", "decompress_seconds", "tensors": {name: {... "codecs"}}}`.
+    /// "wait_seconds", "decompress_seconds", "tensors": {name: {... "device", "codecs"}}}`,
+    /// `device` saying where the tensor was compressed (`"cpu"`).
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let w = self.get()?;
         let m = w.metrics();
@@ -384,6 +385,7 @@ impl Worker {
             e.set_item("compress_seconds", t.compress_seconds)?;
             e.set_item("wait_seconds", t.wait_seconds)?;
             e.set_item("decompress_seconds", t.decompress_seconds)?;
+            e.set_item("device", t.device.to_string())?;
             if let Ok(tensor) = w.tensor(name) {
                 e.set_item("codecs", tensor.codecs())?;
                 e.set_item("priority", tensor.priority())?;

@@ -1,5 +1,6 @@
 //! Declared tensors, reduce operations and byte counters.
 
+use pushpull_kernels::cuda::Device;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +42,8 @@ pub(crate) struct TensorInner {
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
     /// a time; the mutex is never held across an await.
     pub(crate) codecs: Vec<Mutex<Box<dyn Compressor>>>,
+    /// Where the codecs compress.
+    pub(crate) device: Device,
     /// The next round number; holding this lock is holding the tensor.
     pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
     pub(crate) rounds_started: AtomicU64,
@@ -125,6 +128,7 @@ impl Tensor {
             compress_seconds: secs(&self.inner.compress_nanos),
             wait_seconds: secs(&self.inner.wait_nanos),
             decompress_seconds: secs(&self.inner.decompress_nanos),
+            device: self.inner.device,
         }
     }
 }
@@ -168,6 +172,9 @@ pub struct TensorMetrics {
     pub wait_seconds: f64,
     /// Seconds spent decompressing (decoding) results.
     pub decompress_seconds: f64,
+    /// Where this tensor's chunks are compressed. Today always [`Device::Cpu`]: the worker API
+    /// takes host buffers (see `worker.device` in [`crate::Worker::join`]).
+    pub device: Device,
 }
 
 impl TensorMetrics {

@@ -306,6 +306,7 @@ impl Worker {
                 placement,
                 ranges,
                 codecs,
+                device: pushpull_kernels::cuda::Device::Cpu,
                 round: Arc::new(tokio::sync::Mutex::new(0)),
                 rounds_started: AtomicU64::new(0),
                 bytes_pushed: AtomicU64::new(0),

@@ -182,7 +182,7 @@ pub enum CudaError {
     #[error("invalid input to the CUDA compressor: {0}")]
     Invalid(String),
     /// A device preference string that is not one of the allowed values.
-    #[error("unknown device {value:?}: expected one of \"auto\", \"cpu\", \"cuda\"")]
+    #[error("unknown device {value:?}: expected one of \"auto\", \"cpu\", \"cuda\", \"cuda:N\"")]
     UnknownDevice {
         /// The value that was given.
         value: String,
@@ -279,8 +279,10 @@ pub enum DevicePref {
     Auto,
     /// Always the CPU.
     Cpu,
-    /// A CUDA GPU; an error when there is none.
+    /// A CUDA GPU (device 0); an error when there is none.
     Cuda,
+    /// The CUDA GPU with this ordinal (`cuda:N`); an error when there is no such device.
+    CudaOrdinal(usize),
 }
 
 impl FromStr for DevicePref {
@@ -291,33 +293,48 @@ impl FromStr for DevicePref {
             "auto" => Ok(DevicePref::Auto),
             "cpu" => Ok(DevicePref::Cpu),
             "cuda" => Ok(DevicePref::Cuda),
-            other => Err(CudaError::UnknownDevice {
-                value: other.to_string(),
-            }),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DevicePref::CudaOrdinal(n)),
+                _ => Err(CudaError::UnknownDevice {
+                    value: other.to_string(),
+                }),
+            },
         }
     }
 }
 
 impl fmt::Display for DevicePref {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DevicePref::Auto => "auto",
-            DevicePref::Cpu => "cpu",
-            DevicePref::Cuda => "cuda",
-        })
+        match self {
+            DevicePref::Auto => f.write_str("auto"),
+            DevicePref::Cpu => f.write_str("cpu"),
+            DevicePref::Cuda => f.write_str("cuda"),
+            DevicePref::CudaOrdinal(n) => write!(f, "cuda:{n}"),
+        }
     }
 }
 
 /// Where compression runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
     /// The CPU compressors.
+    #[default]
     Cpu,
     /// The CUDA kernels on the device with this ordinal.
     Cuda {
         /// CUDA device ordinal.
         ordinal: usize,
     },
+}
+
+impl fmt::Display for Device {
+    /// `cpu` or `cuda:N`, the spelling of the `device` setting.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+        }
+    }
 }
 
 /// Why the GPU path cannot run, or `None` when it can.
@@ -331,18 +348,28 @@ fn gpu_unusable_reason() -> Option<String> {
     }
 }
 
-/// Resolves a [`DevicePref`]: `Cpu` is the CPU; `Cuda` is device 0 or an error saying why there
-/// is no usable GPU; `Auto` is device 0 when usable, else the CPU, with one `info` log line
-/// (once per process) saying so.
+/// Resolves a [`DevicePref`]: `Cpu` is the CPU; `Cuda` is device 0 and `CudaOrdinal(n)` device
+/// n, or an error saying why there is no such usable GPU; `Auto` is device 0 when usable, else
+/// the CPU, with one `info` log line (once per process) saying so.
 pub fn select_device(pref: DevicePref) -> Result<Device, CudaError> {
     match pref {
         DevicePref::Cpu => Ok(Device::Cpu),
-        DevicePref::Cuda => match gpu_unusable_reason() {
-            None => Ok(Device::Cuda { ordinal: 0 }),
-            Some(reason) => Err(CudaError::NoGpu(format!(
-                "device = \"cuda\" was requested but there is no usable CUDA GPU: {reason}"
-            ))),
-        },
+        DevicePref::Cuda | DevicePref::CudaOrdinal(_) => {
+            let ordinal = match pref {
+                DevicePref::CudaOrdinal(n) => n,
+                _ => 0,
+            };
+            match gpu_unusable_reason() {
+                None if ordinal < gpu_count() => Ok(Device::Cuda { ordinal }),
+                None => Err(CudaError::NoGpu(format!(
+                    "device = \"{pref}\" was requested but there are only {} CUDA devices",
+                    gpu_count()
+                ))),
+                Some(reason) => Err(CudaError::NoGpu(format!(
+                    "device = \"{pref}\" was requested but there is no usable CUDA GPU: {reason}"
+                ))),
+            }
+        }
         DevicePref::Auto => match gpu_unusable_reason() {
             None => Ok(Device::Cuda { ordinal: 0 }),
             Some(reason) => {
@@ -383,13 +410,24 @@ mod tests {
         assert_eq!("auto".parse::<DevicePref>().unwrap(), DevicePref::Auto);
         assert_eq!("cpu".parse::<DevicePref>().unwrap(), DevicePref::Cpu);
         assert_eq!("cuda".parse::<DevicePref>().unwrap(), DevicePref::Cuda);
+        assert_eq!(
+            "cuda:3".parse::<DevicePref>().unwrap(),
+            DevicePref::CudaOrdinal(3)
+        );
+        assert!("cuda:x".parse::<DevicePref>().is_err());
+        assert!("cuda:".parse::<DevicePref>().is_err());
         let err = "gpu".parse::<DevicePref>().unwrap_err().to_string();
         assert!(err.contains("\"gpu\""), "{err}");
         assert!(
             err.contains("auto") && err.contains("cpu") && err.contains("cuda"),
             "{err}"
         );
-        for p in [DevicePref::Auto, DevicePref::Cpu, DevicePref::Cuda] {
+        for p in [
+            DevicePref::Auto,
+            DevicePref::Cpu,
+            DevicePref::Cuda,
+            DevicePref::CudaOrdinal(1),
+        ] {
             assert_eq!(p.to_string().parse::<DevicePref>().unwrap(), p);
         }
     }

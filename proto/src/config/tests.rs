@@ -67,6 +67,29 @@ fn zero_workers_and_bad_address_are_refused() {
 }
 
 #[test]
+fn worker_device_values() {
+    for (device, ok) in [
+        ("auto", true),
+        ("cpu", true),
+        ("cuda", true),
+        ("cuda:3", true),
+        ("cuda:", false),
+        ("cuda:x", false),
+        ("gpu", false),
+    ] {
+        let text = format!("{MINIMAL}\n[worker]\ndevice = {device:?}\n");
+        match Config::from_toml_str(&text, "t.toml") {
+            Ok(_) => assert!(ok, "{device} accepted"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!ok, "{device} refused: {e}");
+                assert!(e.contains("worker.device") && e.contains("cuda:N"), "{e}");
+            }
+        }
+    }
+}
+
+#[test]
 fn tensor_tables_overlay_and_stringify() {
     let text = format!(
         "{MINIMAL}\n[tensors.default]\ncompressor = \"onebit\"\nscaling = true\n\

@@ -1,6 +1,7 @@
 //! [`Worker::join`]: registering with the scheduler, waiting for the cluster map, connecting
 //! to every server; and everything a failed or cancelled join must close again.
 
+use pushpull_kernels::cuda::{select_device, CudaError, Device, DevicePref};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
@@ -86,7 +87,10 @@ impl Worker {
     ///
     /// # Errors
     /// * [`WorkerError::Config`]: the config does not validate, or the scheduler's port is 0
-    ///   (workers must dial the scheduler's real port);
+    ///   (workers must dial the scheduler's real port), or `worker.device` asks for `cuda` /
+    ///   `cuda:N`: buffers are host memory and are compressed on the CPU (`auto`, `cpu`), so a
+    ///   GPU request is refused, naming what is missing when there is no usable GPU, rather
+    ///   than ignored;
     /// * [`WorkerError::Connect`]: the scheduler or a server could not be reached (names it);
     /// * [`WorkerError::Refused`]: the scheduler refused the registration; the reason names
     ///   what was wrong (a setting that differs, with both values; a rank taken or out of
@@ -102,6 +106,7 @@ impl Worker {
         config
             .validate("(worker config)")
             .map_err(|e| WorkerError::Config(e.to_string()))?;
+        host_buffer_device(&config.worker.device)?;
         let sched_addr = config.scheduler_addr();
         if sched_addr.port() == 0 {
             return Err(WorkerError::Config(format!(
@@ -306,5 +311,52 @@ impl Worker {
         let identity =
             TlsIdentity::load(&config.tls).map_err(|e| WorkerError::Config(e.to_string()))?;
         Worker::join(&config, identity, opts).await
+    }
+}
+
+/// Where host buffers are compressed under the `worker.device` setting: on the CPU for `cpu`
+/// and `auto` (`auto` picks the GPU only for device buffers, which the worker API does not take
+/// yet). `cuda` and `cuda:N` are refused rather than ignored: without a usable GPU the error says
+/// what is missing (no libcuda, no device, no NVRTC); with one, it says that compressing on the
+/// GPU from the worker's data path is not built yet.
+fn host_buffer_device(setting: &str) -> Result<Device, WorkerError> {
+    let bad = |m: String| WorkerError::Config(format!("worker.device = {setting:?}: {m}"));
+    let pref: DevicePref = setting.parse().map_err(|e: CudaError| bad(e.to_string()))?;
+    match pref {
+        DevicePref::Cpu | DevicePref::Auto => Ok(Device::Cpu),
+        DevicePref::Cuda | DevicePref::CudaOrdinal(_) => {
+            let device = select_device(pref).map_err(|e| bad(e.to_string()))?;
+            Err(bad(format!(
+                "{device} is usable, but the worker API takes host buffers and compresses them on \
+                 the CPU; push_pull of device buffers is not built yet: use \"auto\" or \"cpu\""
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_device_is_resolved_or_refused_by_name() {
+        assert_eq!(host_buffer_device("cpu").unwrap(), Device::Cpu);
+        assert_eq!(host_buffer_device("auto").unwrap(), Device::Cpu);
+        for setting in ["cuda", "cuda:1"] {
+            let e = host_buffer_device(setting).unwrap_err().to_string();
+            assert!(e.contains(&format!("worker.device = \"{setting}\"")), "{e}");
+            // Without a GPU the reason names what is missing; with one, what is not built.
+            let gpu = pushpull_kernels::cuda::gpu_available();
+            assert!(
+                e.contains(if gpu {
+                    "not built yet"
+                } else {
+                    "no usable CUDA GPU"
+                }) || e.contains("CUDA devices"),
+                "{e}"
+            );
+        }
+        let e = host_buffer_device("gpu").unwrap_err().to_string();
+        assert!(e.contains("\"gpu\"") && e.contains("cuda:N"), "{e}");
     }
 }
