@@ -1,5 +1,5 @@
-"""What test_optimizer.py and its workers (jobs/optimizer.py) share: the model, the data and
-the compression map."""
+"""What test_optimizer.py and its workers (jobs/optimizer.py) share: the model, the data, and
+per mode the compression map and the backward passes per step."""
 
 import torch
 
@@ -11,7 +11,12 @@ MAPS = {
                "byteps_momentum_type": "nesterov"},
     # Learning-rate corrected error feedback: the worker reads the lr from param_groups.
     "corrected": {"byteps_compressor_type": "onebit", "byteps_ef_type": "corrected"},
+    # BytePS's Compression.fp16 (the job passes compression=, not compression_params=).
+    "fp16": {"byteps_compressor_type": "fp16"},
+    # Two backward passes per step, gradients accumulated locally before the push_pull.
+    "accumulate": None,
 }
+PASSES = {"accumulate": 2}
 
 
 def lr_at(step: int) -> float:
@@ -24,6 +29,6 @@ def make_model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
-def batch(seed: int, step: int, rank: int):
-    g = torch.Generator().manual_seed(seed * 7919 + step * 31 + rank)
+def batch(seed: int, step: int, rank: int, micro: int = 0):
+    g = torch.Generator().manual_seed(seed * 7919 + step * 31 + rank + 100_003 * micro)
     return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)

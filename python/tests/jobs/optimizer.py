@@ -1,7 +1,6 @@
 """A worker of test_optimizer.py: trains a small MLP with DistributedOptimizer for a few steps
 on its own random batches and saves the final parameters. Usage: optimizer.py OUT SEED MODE,
-MODE one of optimizer_common.MAPS: `none` (uncompressed), `onebit` (onebit + error feedback
-+ Nesterov momentum), `corrected` (onebit + learning-rate corrected error feedback)."""
+MODE one of optimizer_common.MAPS."""
 
 import os
 import sys
@@ -11,7 +10,7 @@ import torch
 import pushpull.torch as bps
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from optimizer_common import MAPS, STEPS, batch, lr_at, make_model  # noqa: E402
+from optimizer_common import MAPS, PASSES, STEPS, batch, lr_at, make_model  # noqa: E402
 
 out, seed, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 torch.set_num_threads(1)
@@ -20,14 +19,19 @@ r = bps.rank()
 model = make_model(seed + 1000 * r)  # different on purpose: the broadcast must fix it
 bps.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-opt = bps.DistributedOptimizer(opt, model.named_parameters(),
-                               compression_params=MAPS[mode])
+passes = PASSES.get(mode, 1)
+if mode == "fp16":
+    opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression=bps.Compression.fp16)
+else:
+    opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression_params=MAPS[mode],
+                                   backward_passes_per_step=passes)
 for step in range(STEPS):
     for group in opt.param_groups:
         group["lr"] = lr_at(step)
-    x, y = batch(seed, step, r)
     opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+    for micro in range(passes):
+        x, y = batch(seed, step, r, micro)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 torch.save({"state": model.state_dict(), "job_seed": bps._w().job_seed,
             "metrics": bps.metrics()}, os.path.join(out, f"rank{r}.pt"))
