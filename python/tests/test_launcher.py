@@ -1,12 +1,15 @@
 """`pushpull local --workers N -- COMMAND`: output prefixes, exit status, a failing rank stops
 the job; and, without the launcher (the BytePS environment set by hand, as on several hosts),
-a killed worker makes the others raise naming it instead of hanging."""
+a killed worker, or one whose script raised, makes the others raise naming it instead of
+hanging."""
 
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import JOBS, run_job
 
@@ -45,7 +48,8 @@ def test_job_flags_are_refused_with_a_command(pushpull):
     assert p.returncode == 2 and "--compressor" in p.stderr, p.stderr
 
 
-def test_a_killed_worker_is_named_by_the_others(pushpull, tmp_path):
+@pytest.mark.parametrize("how", ["kill", "raise"])
+def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
     certs = tmp_path / "certs"
     subprocess.run([str(pushpull), "certs", "--out", str(certs), "--servers", "1", "--workers", "2"],
                    check=True, capture_output=True)
@@ -75,7 +79,7 @@ def test_a_killed_worker_is_named_by_the_others(pushpull, tmp_path):
                        PUSHPULL_CONFIG=str(config), PUSHPULL_TLS_CA=str(certs / w / "ca.pem"),
                        PUSHPULL_TLS_CERT=str(certs / w / f"{w}.pem"),
                        PUSHPULL_TLS_KEY=str(certs / w / f"{w}.key"))
-            workers.append(subprocess.Popen([sys.executable, str(JOBS / "lost.py")], env=env,
+            workers.append(subprocess.Popen([sys.executable, str(JOBS / "lost.py"), how], env=env,
                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         procs += workers
         t0 = time.monotonic()
@@ -85,7 +89,7 @@ def test_a_killed_worker_is_named_by_the_others(pushpull, tmp_path):
         assert workers[0].returncode == 0, err
         assert "lost: " in out and "worker 1" in out, out
         assert took < 30, took
-        assert workers[1].wait(timeout=10) == -9
+        assert workers[1].wait(timeout=10) == (-9 if how == "kill" else 1)
     finally:
         for p in procs:
             p.kill()

@@ -43,6 +43,7 @@ import atexit
 import contextlib
 import itertools
 import pickle
+import sys
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -93,14 +94,25 @@ _CONVERTIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 def init(config: Optional[str] = None) -> None:
     """Joins the job: reads the cluster file ``config`` (default: ``PUSHPULL_CONFIG``) and the
     BytePS environment (see ``pushpull._env``), connects to the scheduler and waits until every
-    node has registered. Calling it again does nothing. :func:`shutdown` runs at exit if the
-    script did not call it."""
+    node has registered. Calling it again does nothing.
+
+    If the script ends without :func:`shutdown`, it runs at exit, unless the script ends with
+    an uncaught exception: then the worker leaves without a clean finish, so that the other
+    workers fail naming it instead of waiting for rounds it will never push."""
     global _worker, _settings
     if _worker is not None:
         return
     settings = join_settings(config)
     _worker = _native.Worker(**settings.worker_kwargs())
     _settings = settings
+    previous_hook = sys.excepthook
+
+    def note_uncaught(*exc_info):
+        global _uncaught
+        _uncaught = True
+        previous_hook(*exc_info)
+
+    sys.excepthook = note_uncaught
     atexit.register(_shutdown_at_exit)
 
 
@@ -117,8 +129,11 @@ def shutdown() -> None:
     w.finish()
 
 
+_uncaught = False
+
+
 def _shutdown_at_exit() -> None:
-    if _worker is not None:
+    if _worker is not None and not _uncaught:
         try:
             shutdown()
         except PushPullError:

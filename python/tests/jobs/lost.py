@@ -1,6 +1,6 @@
-"""A worker of test_launcher.py's lost-node test: one round, then rank 1 kills itself
-(SIGKILL) and rank 0 keeps pushing; rank 0 prints the error that names the lost worker.
-Usage: lost.py."""
+"""A worker of test_launcher.py's lost-node tests: one round, then rank 1 dies (HOW = `kill`:
+SIGKILL; `raise`: an uncaught exception) while rank 0 keeps pushing; rank 0 prints the error
+that names the lost worker. Usage: lost.py HOW."""
 
 import os
 import signal
@@ -11,10 +11,13 @@ import torch
 import pushpull
 import pushpull.torch as bps
 
+how = sys.argv[1]
 bps.init()
 bps.push_pull(torch.ones(1000), name="g")
 if bps.rank() == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise RuntimeError("the training script of rank 1 failed")
 try:
     for _ in range(1000):
         bps.push_pull(torch.ones(1000), name="g")
