@@ -412,49 +412,75 @@ impl Worker {
 
 enum HandleState {
     Running(JoinHandle<Result<(), WorkerError>>),
-    Done(Result<(), String>, bool),
+    /// A thread is in `wait()` with the task.
+    Waiting,
+    /// The outcome: the error's message and whether it was a lost node.
+    Done(Result<(), (String, bool)>),
 }
 
 /// One round in flight (`pushpull._native.Handle`).
 #[pyclass(module = "pushpull._native", frozen)]
 pub struct Handle {
     runtime: Arc<Runtime>,
+    /// Never held while waiting: a thread that holds the GIL may ask for it (`poll`).
     state: Mutex<HandleState>,
+}
+
+impl Handle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HandleState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 #[pymethods]
 impl Handle {
     /// Whether the round has finished (`wait()` then returns at once).
     fn poll(&self) -> bool {
-        match &*self.state.lock().expect("not poisoned") {
+        match &*self.lock() {
             HandleState::Running(task) => task.is_finished(),
-            HandleState::Done(..) => true,
+            HandleState::Waiting => false,
+            HandleState::Done(_) => true,
         }
     }
 
     /// Waits for the round (releasing the GIL) and raises its error, if any; the buffer then
-    /// holds the result. Waiting again returns (or raises) the same.
+    /// holds the result. Waiting again, or from several threads, returns (or raises) the same.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let mut state = self.state.lock().expect("not poisoned");
-        if let HandleState::Running(task) = &mut *state {
-            let got = py.detach(|| self.runtime.block_on(task));
-            *state = match got {
-                Ok(Ok(())) => HandleState::Done(Ok(()), false),
+        let task = {
+            let mut state = self.lock();
+            match std::mem::replace(&mut *state, HandleState::Waiting) {
+                HandleState::Running(task) => Some(task),
+                other => {
+                    *state = other;
+                    None
+                }
+            }
+        };
+        if let Some(task) = task {
+            let outcome = match py.detach(|| self.runtime.block_on(task)) {
+                Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => {
                     let lost = matches!(
                         e,
                         WorkerError::NodeLost { .. } | WorkerError::JobFailed { .. }
                     );
-                    HandleState::Done(Err(e.to_string()), lost)
+                    Err((e.to_string(), lost))
                 }
-                Err(e) => HandleState::Done(Err(format!("the round's task failed: {e}")), false),
+                Err(e) => Err((format!("the round's task failed: {e}"), false)),
             };
+            *self.lock() = HandleState::Done(outcome);
         }
-        match &*state {
-            HandleState::Done(Ok(()), _) => Ok(()),
-            HandleState::Done(Err(m), true) => Err(NodeLostError::new_err(m.clone())),
-            HandleState::Done(Err(m), false) => Err(PushPullError::new_err(m.clone())),
-            HandleState::Running(_) => unreachable!("set above"),
+        loop {
+            match &*self.lock() {
+                HandleState::Done(Ok(())) => return Ok(()),
+                HandleState::Done(Err((m, true))) => return Err(NodeLostError::new_err(m.clone())),
+                HandleState::Done(Err((m, false))) => {
+                    return Err(PushPullError::new_err(m.clone()))
+                }
+                HandleState::Running(_) | HandleState::Waiting => {}
+            }
+            // Another thread is waiting for the task: wait for its outcome without the GIL.
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
         }
     }
 }

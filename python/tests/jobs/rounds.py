@@ -79,23 +79,27 @@ bps.broadcast_optimizer_state(opt, root_rank=0)
 saved["opt_out"] = [v["momentum_buffer"].clone() for v in opt.state_dict()["state"].values()]
 
 # The GIL is released while a round waits: rank 1 pushes late, and meanwhile a thread of
-# rank 0 counts.
+# rank 0 counts and polls the round (a poll while another thread waits must not deadlock).
 import threading  # noqa: E402
 import time  # noqa: E402
 
 count, stop = [0], threading.Event()
+if r == 1:
+    time.sleep(0.5)
+late = torch.ones(10)
+h = bps.push_pull_async_inplace(late, name="late")
+native = bps._handles[h].native
 
 
 def spin():
     while not stop.is_set():
         count[0] += 1
+        native.poll()
 
 
-if r == 1:
-    time.sleep(0.5)
 t = threading.Thread(target=spin)
 t.start()
-bps.push_pull(torch.ones(10), name="late")
+bps.synchronize(h)
 stop.set()
 t.join()
 saved["spins"] = count[0]
