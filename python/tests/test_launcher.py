@@ -1,7 +1,7 @@
 """`pushpull local --workers N -- COMMAND`: output prefixes, exit status, a failing rank stops
 the job; and, without the launcher (the BytePS environment set by hand, as on several hosts),
-a killed worker, or one whose script raised, makes the others raise naming it instead of
-hanging."""
+a killed worker, one whose script raised, or one that shut down cleanly while the others
+still push, makes the others raise naming it instead of hanging."""
 
 import os
 import subprocess
@@ -48,7 +48,7 @@ def test_job_flags_are_refused_with_a_command(pushpull):
     assert p.returncode == 2 and "--compressor" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("how", ["kill", "raise"])
+@pytest.mark.parametrize("how", ["kill", "raise", "finally"])
 def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
     certs = tmp_path / "certs"
     subprocess.run([str(pushpull), "certs", "--out", str(certs), "--servers", "1", "--workers", "2"],
@@ -88,6 +88,8 @@ def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
         print(out, err)
         assert workers[0].returncode == 0, err
         assert "lost: " in out and "worker 1" in out, out
+        if how == "finally":
+            assert "finished" in out, out
         assert took < 30, took
         assert workers[1].wait(timeout=10) == (-9 if how == "kill" else 1)
     finally:

@@ -130,6 +130,23 @@ impl Shared {
         }
     }
 
+    /// Worker `rank` finished and closed its connection: rounds that need its pushes fail,
+    /// naming it ([`KeyRounds::worker_left`]).
+    pub(crate) fn worker_left(self: &Arc<Self>, rank: u32, node: &str) {
+        let keys: Vec<(u64, Arc<Mutex<KeyRounds>>)> = self
+            .keys
+            .iter()
+            .map(|e| (*e.key(), e.value().clone()))
+            .collect();
+        for (key, k) in keys {
+            let (priority, actions) = {
+                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
+                (k.info().priority, k.worker_left(rank, node))
+            };
+            self.execute(key, priority, actions);
+        }
+    }
+
     /// Carries out a state machine's actions for `key`, whose results go out at `priority`
     /// (aborts, small and urgent, always at the highest).
     pub(crate) fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
@@ -361,6 +378,13 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
             }
             Err(e) => {
                 info!("{} disconnected: {e}", w.peer.name);
+                // A clean finish (a lost worker is reported by the scheduler instead).
+                if let quinn::ConnectionError::ApplicationClosed(close) = &e {
+                    let why = Departure::from_close(close.error_code.into_inner(), &close.reason);
+                    if matches!(why, Departure::Done(_)) {
+                        shared.worker_left(rank, &w.peer.name);
+                    }
+                }
                 break;
             }
         }

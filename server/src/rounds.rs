@@ -39,6 +39,11 @@
 //! * [`KeyRounds::node_lost`] aborts the open round (if any) naming the lost node; from then on
 //!   every push to this key is answered with an abort naming that node, since no round can
 //!   complete without it.
+//! * [`KeyRounds::worker_left`]: a worker finished cleanly and closed its connection, so it
+//!   will push nothing more. An open round it has not pushed to is aborted for every worker
+//!   naming it; an open round it has pushed to may still complete; every other push (a later
+//!   round) is answered with an abort naming it. Without this, the other workers would wait
+//!   for its pushes forever: a finished worker is not a lost node, so no loss is reported.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -155,6 +160,8 @@ pub struct KeyRounds {
     aborted: VecDeque<Aborted>,
     /// Set once a node was lost: every push is answered with this.
     failed: Option<String>,
+    /// Set once a worker left: every push except to the open round is answered with this.
+    departed: Option<String>,
 }
 
 impl fmt::Debug for KeyRounds {
@@ -181,6 +188,7 @@ impl KeyRounds {
             open: None,
             aborted: VecDeque::new(),
             failed: None,
+            departed: None,
         }
     }
 
@@ -300,9 +308,13 @@ impl KeyRounds {
         self.abort_current(message, out);
     }
 
-    /// Answers pushes that never join a round: to a failed key or to an aborted round.
+    /// Answers pushes that never join a round: to a failed key, to a key a worker left (but
+    /// for its open round), or to an aborted round.
     fn answer_without_round(&self, rank: u32, round: u64) -> Option<Action> {
+        let to_open_round = self.open.is_some() && round == self.current;
         let message = if let Some(reason) = &self.failed {
+            format!("{}: {reason}", self.context(round))
+        } else if let (Some(reason), false) = (&self.departed, to_open_round) {
             format!("{}: {reason}", self.context(round))
         } else {
             self.aborted_message(round)?.to_string()
@@ -564,6 +576,29 @@ impl KeyRounds {
             self.abort_current(message, &mut out);
         }
         self.failed = Some(failed);
+        out
+    }
+
+    /// Worker `rank` (`node` is its description) finished and closed its connection (see the
+    /// module docs). Returns the abort of the open round when it lacks that worker's push.
+    pub fn worker_left(&mut self, rank: u32, node: &str) -> Vec<Action> {
+        let mut out = Vec::new();
+        if self.failed.is_some() || self.departed.is_some() || rank >= self.info.num_workers {
+            return out;
+        }
+        let why = format!(
+            "{node} finished (left the job) and will push no more rounds; no later round of this \
+             key can complete (did the workers make different numbers of calls?)"
+        );
+        let pushed = matches!(&self.open, Some(o) if o.received[rank as usize]);
+        if self.open.is_some() && !pushed {
+            let message = format!(
+                "{}: {why}; the round is aborted for every worker",
+                self.context(self.current)
+            );
+            self.abort_current(message, &mut out);
+        }
+        self.departed = Some(why);
         out
     }
 }

@@ -5,6 +5,7 @@ mod join;
 
 pub use join::JoinOptions;
 
+use pushpull_proto::departure::Departure;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -548,23 +549,25 @@ impl Worker {
             Some(e) => Err(e),
             None => Ok(()),
         };
-        self.inner.close(b"finished");
+        self.inner.close(&Departure::Done("worker finished".into()));
         let _ = tokio::time::timeout(WAIT_IDLE_BOUND, self.inner.endpoint.quinn.wait_idle()).await;
         result
     }
 }
 
 impl WorkerInner {
-    /// Closes every connection and stops the background tasks.
-    fn close(&self, reason: &[u8]) {
+    /// Closes every connection, saying why (servers fail the rounds that need this worker
+    /// when it has finished: `Departure::Done`), and stops the background tasks.
+    fn close(&self, why: &Departure) {
         self.shared.set_phase(Phase::Closed);
         for t in lock(&self.tasks).drain(..) {
             t.abort();
         }
+        let (code, reason) = (why.code().into(), why.reason());
         for link in self.links.iter() {
-            link.peer.conn.close(0u32.into(), reason);
+            link.peer.conn.close(code, &reason);
         }
-        self.endpoint.quinn.close(0u32.into(), reason);
+        self.endpoint.quinn.close(code, &reason);
     }
 }
 
@@ -579,7 +582,7 @@ impl Drop for WorkerInner {
                 );
             }
             self.shared.fail(WorkerError::Dropped);
-            self.close(b"dropped without finish");
+            self.close(&Departure::Failed("worker dropped without finish()".into()));
         }
     }
 }

@@ -62,6 +62,61 @@ async fn a_vanished_worker_fails_the_others_naming_it() {
     .expect("test timed out");
 }
 
+/// Worker 1 finishes cleanly while worker 0 waits for a round that needs worker 1's push (the
+/// workers made different numbers of calls, e.g. a script that ended early and shut down in a
+/// `finally`): the servers fail that round, and every later one, naming worker 1, instead of
+/// leaving worker 0 waiting forever (a finished worker is not a lost node: nobody reports it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_finished_early_is_named_by_the_rounds_that_need_it() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack_with(2, 2, 64, short_timeouts).await;
+        let t = declare_all(&s, "grad", 100).await;
+        // One complete round, then worker 0 alone starts round 1.
+        let (w0, w1) = (s.workers[0].clone(), s.workers[1].clone());
+        let (a, b) = tokio::join!(
+            w0.push_pull(&t[0], vec![1.0; 100], Reduce::Sum),
+            w1.push_pull(&t[1], vec![2.0; 100], Reduce::Sum)
+        );
+        assert_eq!(a.unwrap(), vec![3.0; 100]);
+        assert_eq!(b.unwrap(), vec![3.0; 100]);
+        let pending = {
+            let (w, t) = (w0.clone(), t[0].clone());
+            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 100], Reduce::Sum).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let start = Instant::now();
+        // Worker 1's finish waits up to the heartbeat timeout for the job's Shutdown (worker 0
+        // has not finished), then closes its connections.
+        w1.finish().await.unwrap();
+        let e = pending.await.unwrap().unwrap_err();
+        let took = start.elapsed();
+        println!(
+            "worker 0 got, {:.1} s after worker 1 began to finish: {e}",
+            took.as_secs_f64()
+        );
+        assert!(matches!(e, WorkerError::Aborted { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("worker 1 (") && text.contains("finished"),
+            "{e}"
+        );
+        assert!(
+            took < Duration::from_millis(FAULT_TIMEOUT_MS + 2000),
+            "{took:?}"
+        );
+        // A later round fails at once, naming it too.
+        let e = w0
+            .push_pull(&t[0], vec![1.0; 100], Reduce::Sum)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("worker 1 ("), "{e}");
+        drop(t);
+        drop(w0);
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// Server 0 of two workers' job stops as `fault` stops it, while worker 0 waits for a
 /// round: that call, and every later call of both workers, fails naming server 0; so does
 /// the scheduler.

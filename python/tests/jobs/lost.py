@@ -1,6 +1,7 @@
-"""A worker of test_launcher.py's lost-node tests: one round, then rank 1 dies (HOW = `kill`:
-SIGKILL; `raise`: an uncaught exception) while rank 0 keeps pushing; rank 0 prints the error
-that names the lost worker. Usage: lost.py HOW."""
+"""A worker of test_launcher.py's lost-node tests: one round, then rank 1 stops (HOW = `kill`:
+SIGKILL; `raise`: an uncaught exception; `finally`: an exception, with shutdown() in a
+`finally` block, i.e. a clean finish) while rank 0 keeps pushing; rank 0 prints the error that
+names worker 1. Usage: lost.py HOW."""
 
 import os
 import signal
@@ -17,11 +18,15 @@ bps.push_pull(torch.ones(1000), name="g")
 if bps.rank() == 1:
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    raise RuntimeError("the training script of rank 1 failed")
+    try:
+        raise RuntimeError("the training script of rank 1 failed")
+    finally:
+        if how == "finally":
+            bps.shutdown()
 try:
     for _ in range(1000):
         bps.push_pull(torch.ones(1000), name="g")
-except pushpull.NodeLostError as e:
+except (pushpull.NodeLostError if how != "finally" else pushpull.PushPullError) as e:
     print(f"lost: {e}", flush=True)
     sys.exit(0)
 print("no error", flush=True)

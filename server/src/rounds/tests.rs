@@ -255,6 +255,51 @@ fn a_missing_worker_keeps_the_round_open_until_its_loss_is_reported() {
 }
 
 #[test]
+fn a_worker_that_left_fails_the_rounds_that_need_it() {
+    // Worker 1 left before pushing round 0: round 0 is aborted for everyone, naming it.
+    let mut k = key(3, 2);
+    assert!(k.push(0, 0, ReduceOp::Sum, 0, enc(&[1.0, 1.0])).is_empty());
+    let msg = expect_abort(
+        &k.worker_left(1, "worker 1 (127.0.0.1:4000)"),
+        0,
+        &[0, 1, 2],
+    );
+    assert!(
+        msg.contains("worker 1 (127.0.0.1:4000) finished") && msg.contains("round 0"),
+        "{msg}"
+    );
+    // A late push for round 0, and round 1, are refused at once, naming it.
+    let msg = expect_abort(&k.push(2, 0, ReduceOp::Sum, 0, enc(&[1.0, 1.0])), 0, &[2]);
+    assert!(
+        msg.contains("worker 1") && msg.contains("finished"),
+        "{msg}"
+    );
+    let msg = expect_abort(&k.push(0, 1, ReduceOp::Sum, 0, enc(&[1.0, 1.0])), 1, &[0]);
+    assert!(
+        msg.contains("worker 1") && msg.contains("finished"),
+        "{msg}"
+    );
+    // A second departure or a loss report changes nothing.
+    assert!(k.worker_left(2, "worker 2").is_empty());
+
+    // Worker 1 left after pushing round 0: round 0 still completes, round 1 is refused.
+    let mut k = key(2, 1);
+    assert!(k.push(1, 0, ReduceOp::Sum, 0, enc(&[2.0])).is_empty());
+    assert!(k.worker_left(1, "worker 1").is_empty());
+    match k.push(0, 0, ReduceOp::Sum, 0, enc(&[3.0])).as_slice() {
+        [Action::SendResult { round: 0, payload }] => assert_eq!(dec(payload), vec![5.0]),
+        other => panic!("expected round 0's result, got {other:?}"),
+    }
+    let msg = expect_abort(&k.push(0, 1, ReduceOp::Sum, 0, enc(&[3.0])), 1, &[0]);
+    assert!(msg.contains("worker 1 finished"), "{msg}");
+
+    // Without an open round, nothing is sent until someone pushes.
+    let mut k = key(2, 1);
+    assert!(k.worker_left(0, "worker 0").is_empty());
+    expect_abort(&k.push(1, 0, ReduceOp::Sum, 0, enc(&[3.0])), 0, &[1]);
+}
+
+#[test]
 fn node_lost_without_an_open_round_emits_nothing() {
     let mut k = key(2, 1);
     assert!(k
