@@ -415,6 +415,10 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
         .map_err(CliError::usage)?;
     if !args.command.is_empty() {
         let job_flags = [
+            ("--rounds", args.cluster.rounds.is_some()),
+            ("--warmup", args.cluster.warmup.is_some()),
+            ("--scale", args.cluster.scale.is_some()),
+            ("--seeds", args.seeds != 1),
             ("--job", args.job.is_some()),
             ("--compressor", args.compressor.is_some()),
             ("--param", !args.params.is_empty()),
