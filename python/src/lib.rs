@@ -11,12 +11,12 @@
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
 //!
 //! The Python side (`pushpull/torch/`) turns torch tensors into the pointer, length and owner
-//! that [`Worker::push_pull`] takes, and reads the BytePS environment.
+//! that `Worker.push_pull` takes, and reads the BytePS environment.
 //!
 //! # Buffers and the GIL
 //! A push_pull works in the caller's memory in place: Python hands over the address and length
 //! of a contiguous float32 buffer together with the object that owns it. The round keeps a
-//! reference to that object ([`PyBuf`]) until it has finished writing, even when Python drops
+//! reference to that object (`PyBuf`) until it has finished writing, even when Python drops
 //! the handle early, so the memory can never be freed under it. Every call that waits
 //! (join, declare, wait, barrier, finish) releases the GIL while it waits.
 
