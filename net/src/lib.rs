@@ -8,10 +8,12 @@
 //! | [`certs`] | generating a CA and node certificates (keys 0600, the CA key in its own folder, roles as `pushpull://` URIs), reading the role a peer's certificate grants |
 //! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream, the socket-wrapper hook tests use |
 //! | [`lossy`] | [`lossy::LossySocket`]: quinn's UDP socket behind seeded drops, duplicates and delays, for tests (no netem here) |
+//! | [`trace`] | the optional per-frame timeline (`PUSHPULL_FRAME_TRACE=DIR`): when each frame was queued, handed to quinn, acknowledged, read |
 //! | [`sender`] | [`sender::FrameSender`]: the async shell that drives one `SendQueue` over all of a node's data connections |
 
 pub mod certs;
 pub mod lossy;
 pub mod sender;
 pub mod tls;
+pub mod trace;
 pub mod transport;

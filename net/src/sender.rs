@@ -16,9 +16,9 @@
 //! The window follows the network: it is [`WINDOW_CWNDS`] times the sum of the congestion
 //! windows of the node's connections (quinn's estimate of what each path holds), at least
 //! [`MIN_WINDOW`] and at most `cluster.send_window_bytes`, and it always has room for
-//! [`FRAMES_PER_PEER`] frames per connection. A window much larger than what the
-//! network holds would only queue frames inside quinn, where each connection drains at its own
-//! pace and the workers drift apart in the order; one much smaller would leave the link idle.
+//! [`MIN_FRAMES`] frames. A window much larger than what the network holds would only queue
+//! frames inside quinn, where each connection drains at its own pace and the workers drift
+//! apart in the order; one much smaller would leave the link idle.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,9 +53,12 @@ pub const WINDOW_CWNDS: u64 = 2;
 /// The smallest window (bytes), whatever the congestion windows say.
 pub const MIN_WINDOW: u64 = 64 << 10;
 
-/// Frames per connection the window always has room for (so every connection has the next
-/// frame going out while the last one is acknowledged).
-pub const FRAMES_PER_PEER: u64 = 2;
+/// Frames the window always has room for, whatever its size: the next frame goes out while
+/// the last one is acknowledged. Per node, not per connection: with two per connection, a
+/// node with four connections let eight frames of the next one's size out, so a window set
+/// below that (`cluster.send_window_bytes`) did not bound large frames at all (BENCHMARKS.md,
+/// "Wire speed": 64 KiB window at 10 Mbit/s, onebit 1.33× → 1.20× the floor).
+pub const MIN_FRAMES: u64 = 2;
 
 /// How often the congestion windows are read.
 const WINDOW_REFRESH: Duration = Duration::from_millis(5);
@@ -113,9 +116,11 @@ impl FrameSender {
         FrameSender,
         impl std::future::Future<Output = ()> + Send + 'static,
     ) {
+        let mut queue = SendQueue::new(MIN_WINDOW.min(max_window));
+        queue.set_min_frames(MIN_FRAMES);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                queue: SendQueue::new(MIN_WINDOW.min(max_window)),
+                queue,
                 writing: 0,
                 conns: HashMap::new(),
             }),
@@ -131,6 +136,7 @@ impl FrameSender {
     pub fn send(&self, to: &Peer, header: FrameHeader, payload: Bytes, priority: i32) {
         debug_assert_eq!(header.payload_len, payload.len() as u64);
         let bytes = (FRAME_HEADER_LEN + payload.len()) as u64;
+        crate::trace::frame("queued", &header, &to.name);
         let frame = Frame {
             to: to.clone(),
             header,
@@ -185,9 +191,7 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
             refreshed = Instant::now();
             let mut s = shared.lock();
             let window = window_of(&mut s.conns, max_window);
-            let peers = s.conns.len() as u64;
             s.queue.set_window(window);
-            s.queue.set_min_frames(FRAMES_PER_PEER * peers);
         }
         loop {
             let next = {
@@ -204,15 +208,21 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
                 break;
             };
             let to = frame.to.clone();
+            let header = frame.header;
             let written = write(frame, priority).await;
             shared.lock().writing -= 1;
             match written {
-                Ok(stopped) => delivering.push(async move {
-                    // Acknowledged in full, stopped by the peer, or the connection is gone:
-                    // either way the bytes no longer occupy the window.
-                    let _ = stopped.await;
-                    bytes
-                }),
+                Ok(stopped) => {
+                    crate::trace::frame("written", &header, &to.name);
+                    let name = to.name.clone();
+                    delivering.push(async move {
+                        // Acknowledged in full, stopped by the peer, or the connection is gone:
+                        // either way the bytes no longer occupy the window.
+                        let _ = stopped.await;
+                        crate::trace::frame("acked", &header, &name);
+                        bytes
+                    })
+                }
                 Err(e) => {
                     shared.lock().queue.delivered(bytes);
                     on_error(&to, e);

@@ -18,8 +18,9 @@
 //! one (at least two): a frame may leave while the bytes in flight plus its own stay within the
 //! larger of the window and that many times its size. So a window smaller than the frames (a
 //! slow path's congestion window against large chunks) still keeps frames going out while
-//! earlier ones are acknowledged (the shell asks for two per connection, so every connection
-//! stays busy), and no frame ever waits for good.
+//! earlier ones are acknowledged, and no frame ever waits for good. The shell asks for two per
+//! node, not per connection: a floor that grows with the connections would let a node with
+//! four of them put eight large frames in flight whatever window it was given.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;

@@ -393,6 +393,12 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
 
 /// Feeds one frame from worker `rank` to its key and carries out the actions.
 pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming) {
+    if pushpull_net::trace::enabled() {
+        if let (Some(id), Incoming::Frame(h, _)) = (shared.server_id.get(), &frame) {
+            pushpull_net::trace::set_node(format!("server{id}"));
+            pushpull_net::trace::frame("arrived", h, &w.peer.name);
+        }
+    }
     let (header, payload, bad) = match frame {
         Incoming::Frame(h, p) => (h, p, None),
         Incoming::Bad(h, why) => (h, Bytes::new(), Some(why)),

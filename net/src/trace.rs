@@ -1,0 +1,67 @@
+//! An optional per-frame timeline, for finding where a round's time goes on the wire.
+//!
+//! When the environment variable `PUSHPULL_FRAME_TRACE` names a folder, every process writes
+//! `<folder>/<pid>.trace`, one line per event of a data frame:
+//!
+//! ```text
+//! <µs since the Unix epoch> <node> <event> <kind> <key> <round> <rank> <bytes> <peer>
+//! ```
+//!
+//! Events: `queued` (handed to the node's `FrameSender`), `written` (handed to quinn in
+//! full), `acked` (the peer acknowledged all of it) on the sending side; `arrived` (read to
+//! the end of its stream) on the receiving side. Timestamps come from one clock, so the
+//! files of all the processes of one machine (e.g. `pushpull bench net`'s namespaces) merge
+//! into one timeline. Unset (the default), each call is one relaxed load.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use pushpull_proto::protocol::FrameHeader;
+
+/// The environment variable naming the trace folder.
+pub const ENV: &str = "PUSHPULL_FRAME_TRACE";
+
+static FILE: OnceLock<Option<Mutex<File>>> = OnceLock::new();
+static NODE: OnceLock<String> = OnceLock::new();
+
+fn file() -> Option<&'static Mutex<File>> {
+    FILE.get_or_init(|| {
+        let dir = std::env::var_os(ENV)?;
+        let path = std::path::Path::new(&dir).join(format!("{}.trace", std::process::id()));
+        File::create(path).ok().map(Mutex::new)
+    })
+    .as_ref()
+}
+
+/// Whether tracing is on.
+pub fn enabled() -> bool {
+    file().is_some()
+}
+
+/// Names this process in its trace lines (e.g. `server0`, `worker3`); the first call wins.
+pub fn set_node(name: impl Into<String>) {
+    if enabled() {
+        let _ = NODE.set(name.into());
+    }
+}
+
+/// Records one event of frame `h` (see the [module docs](self)); `peer` names the other end.
+pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
+    let Some(f) = file() else {
+        return;
+    };
+    let us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0);
+    let node = NODE.get().map(String::as_str).unwrap_or("-");
+    let peer: String = peer.split_whitespace().take(2).collect::<Vec<_>>().join("");
+    let line = format!(
+        "{us} {node} {event} {:?} {:#x} {} {} {} {peer}\n",
+        h.kind, h.key, h.round, h.rank, h.payload_len
+    );
+    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = f.write_all(line.as_bytes());
+}
