@@ -13,12 +13,16 @@
 //! server receives a chunk from every worker at about the same moment and can send its result
 //! at once, instead of holding chunks that only some workers pushed.
 //!
-//! The window follows the network: it is [`WINDOW_CWNDS`] times the sum of the congestion
-//! windows of the node's connections (quinn's estimate of what each path holds), at least
-//! [`MIN_WINDOW`] and at most `cluster.send_window_bytes`, and it always has room for
-//! [`MIN_FRAMES`] frames. A window much larger than what the network holds would only queue
-//! frames inside quinn, where each connection drains at its own pace and the workers drift
-//! apart in the order; one much smaller would leave the link idle.
+//! The window follows the network: it is the node's delivery rate (measured while it has
+//! frames in flight, [`DeliveryRate`]) times [`TARGET_DELAY`] (or twice the longest minimum
+//! round trip of its connections, if that is longer), at most [`WINDOW_CWNDS`] times the sum of
+//! the congestion windows (quinn sends no more than those anyway) and `cluster.send_window_bytes`,
+//! at least [`MIN_WINDOW`], and it always has room for [`MIN_FRAMES`] frames. Before the first
+//! rate sample it is the congestion-window bound alone. A window much larger than what the link
+//! carries in the target delay would only queue frames inside quinn and in the network's
+//! buffers, where each connection drains at its own pace and the workers drift apart in the
+//! order (on a link with a deep queue, loss-based congestion windows grow to fill it); one much
+//! smaller would leave the link idle.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,7 +34,7 @@ use tokio::sync::Notify;
 
 use crate::transport::TransportError;
 use pushpull_proto::protocol::{FrameHeader, FRAME_HEADER_LEN};
-use pushpull_proto::sendq::SendQueue;
+use pushpull_proto::sendq::{DeliveryRate, SendQueue};
 
 /// A connection frames can be sent on, and its name in errors.
 #[derive(Clone, Debug)]
@@ -47,8 +51,13 @@ struct Frame {
     payload: Bytes,
 }
 
-/// The window is this many times the sum of the connections' congestion windows.
+/// The window is at most this many times the sum of the connections' congestion windows.
 pub const WINDOW_CWNDS: u64 = 2;
+
+/// The window holds the delivery rate times this (see the [module docs](self)). 25 ms beat
+/// 50 and 100 ms at 10 and 100 Mbit/s and tied 12 ms (BENCHMARKS.md, "Wire speed"): at
+/// 10 Mbit/s the window is then [`MIN_WINDOW`], at 100 Mbit/s about 310 KB per node.
+pub const TARGET_DELAY: Duration = Duration::from_millis(25);
 
 /// The smallest window (bytes), whatever the congestion windows say.
 pub const MIN_WINDOW: u64 = 64 << 10;
@@ -69,6 +78,8 @@ struct State {
     writing: usize,
     /// Every connection frames were queued for, by `stable_id`.
     conns: HashMap<usize, quinn::Connection>,
+    /// The node's delivery rate while frames are in flight.
+    rate: DeliveryRate,
 }
 
 struct Shared {
@@ -123,6 +134,7 @@ impl FrameSender {
                 queue,
                 writing: 0,
                 conns: HashMap::new(),
+                rate: DeliveryRate::new(),
             }),
             notify: Notify::new(),
             idle: Notify::new(),
@@ -170,17 +182,39 @@ impl FrameSender {
     }
 }
 
-/// `WINDOW_CWNDS` × the sum of the open connections' congestion windows, clamped to
-/// `[MIN_WINDOW, max_window]`; forgets closed connections.
-fn window_of(conns: &mut HashMap<usize, quinn::Connection>, max_window: u64) -> u64 {
-    conns.retain(|_, c| c.close_reason().is_none());
-    let cwnds: u64 = conns
-        .values()
-        .map(|c| c.congestion_state().window())
-        .fold(0u64, u64::saturating_add);
-    cwnds
-        .saturating_mul(WINDOW_CWNDS)
-        .clamp(MIN_WINDOW.min(max_window), max_window)
+impl State {
+    /// The window for `now` (see the [module docs](self)); forgets closed connections.
+    fn window(&mut self, now: Instant, max_window: u64) -> u64 {
+        self.conns.retain(|_, c| c.close_reason().is_none());
+        let (mut cwnds, mut min_rtt) = (0u64, Duration::ZERO);
+        for c in self.conns.values() {
+            let path = c.stats().path;
+            cwnds = cwnds.saturating_add(path.cwnd);
+            min_rtt = min_rtt.max(path.min_rtt);
+        }
+        let mut window = cwnds.saturating_mul(WINDOW_CWNDS);
+        if let Some(w) = self.rate.window(now, TARGET_DELAY, min_rtt) {
+            window = window.min(w);
+        }
+        window.clamp(MIN_WINDOW.min(max_window), max_window)
+    }
+
+    /// Pops the next frame the window lets out.
+    fn pop(&mut self, now: Instant) -> Option<(Frame, i32, u64)> {
+        let in_flight = self.queue.in_flight();
+        let next = self.queue.pop()?;
+        self.rate.sent(now, in_flight);
+        self.writing += 1;
+        Some(next)
+    }
+
+    /// `bytes` of the window are free again; `delivered` if the peer has them.
+    fn delivered(&mut self, now: Instant, bytes: u64, delivered: bool) {
+        self.queue.delivered(bytes);
+        let left = self.queue.in_flight();
+        self.rate
+            .delivered(now, if delivered { bytes } else { 0 }, left);
+    }
 }
 
 async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
@@ -190,16 +224,14 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
         if refreshed.elapsed() >= WINDOW_REFRESH {
             refreshed = Instant::now();
             let mut s = shared.lock();
-            let window = window_of(&mut s.conns, max_window);
+            let window = s.window(refreshed, max_window);
             s.queue.set_window(window);
         }
         loop {
             let next = {
                 let mut s = shared.lock();
-                let next = s.queue.pop();
-                if next.is_some() {
-                    s.writing += 1;
-                } else if s.writing == 0 && s.queue.is_empty() {
+                let next = s.pop(Instant::now());
+                if next.is_none() && s.writing == 0 && s.queue.is_empty() {
                     shared.idle.notify_waiters();
                 }
                 next
@@ -217,21 +249,24 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
                     let name = to.name.clone();
                     delivering.push(async move {
                         // Acknowledged in full, stopped by the peer, or the connection is gone:
-                        // either way the bytes no longer occupy the window.
-                        let _ = stopped.await;
+                        // either way the bytes no longer occupy the window; only the first
+                        // counts as delivered for the rate.
+                        let acked = stopped.await.is_ok();
                         crate::trace::frame("acked", &header, &name);
-                        bytes
+                        (bytes, acked)
                     })
                 }
                 Err(e) => {
-                    shared.lock().queue.delivered(bytes);
+                    shared.lock().delivered(Instant::now(), bytes, false);
                     on_error(&to, e);
                 }
             }
         }
         tokio::select! {
             _ = shared.notify.notified() => {}
-            Some(bytes) = delivering.next() => shared.lock().queue.delivered(bytes),
+            Some((bytes, acked)) = delivering.next() => {
+                shared.lock().delivered(Instant::now(), bytes, acked);
+            }
         }
     }
 }

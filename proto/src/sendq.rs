@@ -1,7 +1,7 @@
 //! The order in which a node sends data frames on one connection: a pure state machine.
 //!
-//! Every data frame a worker pushes and every result a server sends goes through one
-//! [`SendQueue`] per connection. Frames leave in **priority order** (higher first), **FIFO
+//! Every data frame a worker pushes and every result a server sends goes through its node's
+//! [`SendQueue`] (one for all the node's connections). Frames leave in **priority order** (higher first), **FIFO
 //! within a priority** (the order they became ready), and only while the bytes *in flight*
 //! (handed to QUIC and not yet acknowledged by the peer) stay within a byte **window**. A frame
 //! leaves the window when the peer has acknowledged all of it ([`SendQueue::delivered`]), not
@@ -21,9 +21,16 @@
 //! earlier ones are acknowledged, and no frame ever waits for good. The shell asks for two per
 //! node, not per connection: a floor that grows with the connections would let a node with
 //! four of them put eight large frames in flight whatever window it was given.
+//!
+//! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures what
+//! it needs (the node's delivery rate while busy).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
+
+pub mod rate;
+
+pub use rate::DeliveryRate;
 
 /// A frame waiting in a [`SendQueue`].
 #[derive(Debug)]
@@ -57,7 +64,7 @@ impl<T> Ord for Entry<T> {
     }
 }
 
-/// Frames ready to send on one connection, and the bytes in flight. See the [module
+/// Frames ready to send from one node, and the bytes in flight. See the [module
 /// docs](self).
 #[derive(Debug)]
 pub struct SendQueue<T> {

@@ -1,0 +1,117 @@
+//! [`DeliveryRate`]: how fast a node's frames are delivered while it has some in flight, and
+//! the send window that keeps a target delay's worth of them in flight.
+//!
+//! The window of a [`super::SendQueue`] decides how much of a node's round leaves the priority
+//! order: everything inside it drains through quinn at the pace of each connection. Twice the
+//! congestion windows is too much on a link with a deep queue (a tc tbf, a switch buffer):
+//! loss-based congestion control fills that queue before it backs off, so the congestion
+//! windows grow to hold it, and half a round leaves in arbitrary order at its start
+//! (BENCHMARKS.md, "Per-frame timelines"). What the link needs is its rate times the time a
+//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times
+//! `max(target delay, 2 × min RTT)`.
+//!
+//! The rate is measured, not configured. A *busy period* starts when a frame is sent with none
+//! in flight and ends when none is left; it is cut into samples of at least
+//! [`SAMPLE_PERIOD`], each `bytes delivered / time`, and the rate is the largest sample of the
+//! last [`MEMORY`] (a windowed maximum, as BBR keeps its bottleneck bandwidth). Time with
+//! nothing in flight never counts, so a round's pauses don't lower it. A sample can only
+//! under-estimate what the path carried while the window limited the sender, and since the
+//! target delay is many times the round trip of a data-centre path, a window of `rate × delay`
+//! lets the sender go many times faster than the estimate: the estimate climbs to the link's
+//! rate within a few samples.
+//!
+//! No clock here: the shell passes the time in.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The shortest span of a rate sample.
+pub const SAMPLE_PERIOD: Duration = Duration::from_millis(50);
+
+/// How long a rate sample is remembered.
+pub const MEMORY: Duration = Duration::from_secs(2);
+
+/// Measures a node's delivery rate over its busy periods. See the [module docs](self).
+#[derive(Debug, Default)]
+pub struct DeliveryRate {
+    /// The start of the current sample, while frames are in flight.
+    since: Option<Instant>,
+    /// Bytes delivered since `since`.
+    bytes: u64,
+    /// Whether `since` is the start of a busy period (every byte delivered since was sent
+    /// since), not the end of the previous sample (bytes sent before it may arrive just after).
+    fresh: bool,
+    /// `(when, bytes per second)`, oldest first, each larger than every later one (so the
+    /// front is the windowed maximum).
+    samples: VecDeque<(Instant, f64)>,
+}
+
+impl DeliveryRate {
+    /// Nothing measured yet.
+    pub fn new() -> DeliveryRate {
+        DeliveryRate::default()
+    }
+
+    /// A frame was handed to the transport at `now`, with `in_flight_before` bytes in flight
+    /// before it.
+    pub fn sent(&mut self, now: Instant, in_flight_before: u64) {
+        if in_flight_before == 0 || self.since.is_none() {
+            self.since = Some(now);
+            self.bytes = 0;
+            self.fresh = true;
+        }
+    }
+
+    /// `bytes` were delivered at `now`, leaving `in_flight_after` bytes in flight.
+    pub fn delivered(&mut self, now: Instant, bytes: u64, in_flight_after: u64) {
+        let Some(since) = self.since else {
+            return;
+        };
+        self.bytes = self.bytes.saturating_add(bytes);
+        let span = now.saturating_duration_since(since);
+        if span >= SAMPLE_PERIOD {
+            self.record(now, self.bytes as f64 / span.as_secs_f64());
+            self.since = Some(now);
+            self.bytes = 0;
+            self.fresh = false;
+        }
+        if in_flight_after == 0 {
+            // The busy period ends. A short one is a sample too: all its bytes were sent within
+            // it, so it can only under-estimate. A short tail after a sample is not: bytes sent
+            // before the tail began may be acknowledged just after it did.
+            if self.fresh && self.bytes > 0 && !span.is_zero() {
+                self.record(now, self.bytes as f64 / span.as_secs_f64());
+            }
+            self.since = None;
+            self.bytes = 0;
+        }
+    }
+
+    fn record(&mut self, now: Instant, rate: f64) {
+        while self.samples.back().is_some_and(|&(_, r)| r <= rate) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((now, rate));
+    }
+
+    /// The largest rate sampled in the last [`MEMORY`] before `now`, bytes per second.
+    pub fn rate(&mut self, now: Instant) -> Option<f64> {
+        while self
+            .samples
+            .front()
+            .is_some_and(|&(t, _)| now.saturating_duration_since(t) > MEMORY)
+        {
+            self.samples.pop_front();
+        }
+        self.samples.front().map(|&(_, r)| r)
+    }
+
+    /// `rate × max(delay, 2 × min_rtt)` bytes, or `None` before the first sample.
+    pub fn window(&mut self, now: Instant, delay: Duration, min_rtt: Duration) -> Option<u64> {
+        let span = delay.max(min_rtt.saturating_mul(2));
+        self.rate(now).map(|r| (r * span.as_secs_f64()) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests;
