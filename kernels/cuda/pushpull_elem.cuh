@@ -361,6 +361,13 @@ PP_HD float pp_minmax_step(float mn, float mx, pp_u32 levels) {
 
 // elem::bucket_factor: num / den when den > 0 and the quotient is finite, else 0 (the element
 // functions then divide by den instead). Division is IEEE (--prec-div=true).
+//
+// Wire format version 3 multiplies each element by this per-bucket factor instead of dividing.
+// The products (x - mn) * inv_step, |x| * scale and |x| * inv are plain f32 multiplications,
+// rounded once: like every other product in this header they rely on NVRTC's --fmad=false (and
+// -ffp-contract=off on the host) to stay unfused; none of them feeds an addition directly (a
+// clamp or min sits between the product and t - floor(t)), so even an nvcc build with the
+// default --fmad=true has nothing to contract there.
 PP_HD float pp_bucket_factor(float num, float den) {
     if (den > 0.0f) {
         float f = num / den;
