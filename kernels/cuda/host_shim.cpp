@@ -182,12 +182,14 @@ pp_u64 pp_host_stream_indices(pp_u64 seed, pp_u64 key, pp_u64 round) {
 pp_u64 pp_host_draw(pp_u64 base, pp_u64 counter) { return pp_draw(base, counter); }
 float pp_host_uniform(pp_u64 base, pp_u64 i) { return pp_uniform(base, i); }
 float pp_host_uniform_cached(pp_u64 base, pp_u64 i) {
-    // Exercises PPUniforms: a cache primed with the other element of the pair, then i.
+    // Exercises PPUniforms: a cache primed with an element of another draw, then with another
+    // element of i's draw (four per draw), then i.
     PPUniforms u = pp_uniforms(base);
-    (void)u.at(i ^ 1u);
+    (void)u.at(i ^ 4u);
+    (void)u.at(i ^ 3u);
     return u.at(i);
 }
-float pp_host_uniform_from_bits(pp_u32 bits) { return pp_uniform_from_bits(bits); }
+float pp_host_uniform_from_bits(pp_u16 bits) { return pp_uniform_from_bits(bits); }
 pp_u64 pp_host_permute(pp_u64 n, pp_u64 key, pp_u64 j) { return pp_permute(pp_perm_new(n, key), j); }
 pp_u32 pp_host_perm_half_bits(pp_u64 n) { return pp_perm_new(n, 0).half_bits; }
 pp_u32 pp_host_stochastic_round(float t, float u) { return pp_stochastic_round(t, u); }

@@ -160,41 +160,38 @@ PP_HD pp_u64 pp_draw(pp_u64 base, pp_u64 counter) {
     return pp_mix64(base + counter * PP_GOLDEN);
 }
 
-// rng::uniform_from_bits: (bits >> 8) * 2^-24, exact in f32.
-PP_HD float pp_uniform_from_bits(pp_u32 bits) {
-    return (float)(bits >> 8) * (1.0f / 16777216.0f);
-}
+// rng::uniform_from_bits: bits * 2^-16, exact in f32 (16-bit uniforms, wire format version 3).
+PP_HD float pp_uniform_from_bits(pp_u16 bits) { return (float)bits * (1.0f / 65536.0f); }
 
-// Stream::uniform(i): draw i/2, low half for even i, high half for odd i.
+// Stream::uniform(i): draw i/4, 16-bit lane i%4 (lane 0 = the low 16 bits).
 PP_HD float pp_uniform(pp_u64 base, pp_u64 i) {
-    pp_u64 d = pp_draw(base, i >> 1);
-    pp_u32 half = (i & 1) == 0 ? (pp_u32)d : (pp_u32)(d >> 32);
-    return pp_uniform_from_bits(half);
+    pp_u64 d = pp_draw(base, i >> 2);
+    return pp_uniform_from_bits((pp_u16)(d >> (16u * (pp_u32)(i & 3u))));
 }
 
-// Stream::uniform for increasing element indices, computing each 64-bit draw once per pair.
+// Stream::uniform for increasing element indices, computing each 64-bit draw once per four
+// elements.
 struct PPUniforms {
     pp_u64 base;
-    pp_u64 pair;
+    pp_u64 quad;
     pp_u64 d;
     bool valid;
 
     PP_HD float at(pp_u64 i) {
-        pp_u64 p = i >> 1;
-        if (!valid || p != pair) {
-            d = pp_draw(base, p);
-            pair = p;
+        pp_u64 q = i >> 2;
+        if (!valid || q != quad) {
+            d = pp_draw(base, q);
+            quad = q;
             valid = true;
         }
-        pp_u32 half = (i & 1) == 0 ? (pp_u32)d : (pp_u32)(d >> 32);
-        return pp_uniform_from_bits(half);
+        return pp_uniform_from_bits((pp_u16)(d >> (16u * (pp_u32)(i & 3u))));
     }
 };
 
 PP_HD PPUniforms pp_uniforms(pp_u64 base) {
     PPUniforms u;
     u.base = base;
-    u.pair = 0;
+    u.quad = 0;
     u.d = 0;
     u.valid = false;
     return u;
@@ -362,13 +359,50 @@ PP_HD float pp_minmax_step(float mn, float mx, pp_u32 levels) {
     return (mx - mn) / (float)levels;
 }
 
-// elem::minmax_code.
-PP_HD pp_u32 pp_minmax_code(float x, float mn, float step, pp_u32 levels, float u) {
+// elem::bucket_factor: num / den when den > 0 and the quotient is finite, else 0 (the element
+// functions then divide by den instead). Division is IEEE (--prec-div=true).
+//
+// Wire format version 3 multiplies each element by this per-bucket factor instead of dividing.
+// The products (x - mn) * inv_step, |x| * scale and |x| * inv are plain f32 multiplications,
+// rounded once: like every other product in this header they rely on NVRTC's --fmad=false (and
+// -ffp-contract=off on the host) to stay unfused; none of them feeds an addition directly (a
+// clamp or min sits between the product and t - floor(t)), so even an nvcc build with the
+// default --fmad=true has nothing to contract there.
+PP_HD float pp_bucket_factor(float num, float den) {
+    if (den > 0.0f) {
+        float f = num / den;
+        if ((pp_f32_bits(f) & 0x7f800000u) != 0x7f800000u) {  // finite
+            return f;
+        }
+    }
+    return 0.0f;
+}
+
+// elem::minmax_inv_step: bucket_factor(1, step).
+PP_HD float pp_minmax_inv_step(float step) { return pp_bucket_factor(1.0f, step); }
+
+// codecs::fast::clamped_round: stochastic_round(clamp(t, 0, hi), u), at most hi.
+PP_HD pp_u32 pp_clamped_round(float t, pp_u32 hi, float u) {
+    float c = pp_clampf(t, 0.0f, (float)hi);
+    return pp_min_u32(pp_stochastic_round(c, u), hi);
+}
+
+// elem::minmax_code with the bucket's inv_step = pp_minmax_inv_step(step) precomputed:
+// t = (x - mn) * inv_step (two roundings; no FMA: NVRTC runs with --fmad=false, the host twin
+// with -ffp-contract=off), or (x - mn) / step when inv_step is 0.
+PP_HD pp_u32 pp_minmax_code_inv(float x, float mn, float step, float inv_step, pp_u32 levels,
+                                float u) {
     if (step > 0.0f) {
-        float t = pp_clampf((x - mn) / step, 0.0f, (float)levels);
-        return pp_min_u32(pp_stochastic_round(t, u), levels);
+        float d = x - mn;
+        float t = inv_step != 0.0f ? d * inv_step : d / step;
+        return pp_clamped_round(t, levels, u);
     }
     return 0u;
+}
+
+// elem::minmax_code.
+PP_HD pp_u32 pp_minmax_code(float x, float mn, float step, pp_u32 levels, float u) {
+    return pp_minmax_code_inv(x, mn, step, pp_minmax_inv_step(step), levels, u);
 }
 
 // elem::minmax_value: min + q * step (two roundings, no FMA).
@@ -377,14 +411,30 @@ PP_HD float pp_minmax_value(pp_u32 q, float mn, float step) {
     return mn + qs;
 }
 
-// elem::dither_linear_level.
-PP_HD pp_u32 pp_dither_linear_level(float x, float norm, pp_u32 s, float u) {
+// elem::dither_linear_scale: bucket_factor(s, norm).
+PP_HD float pp_dither_linear_scale(float norm, pp_u32 s) {
+    return pp_bucket_factor((float)s, norm);
+}
+
+// elem::dither_linear_level with the bucket's scale = pp_dither_linear_scale(norm, s)
+// precomputed: t = |x| * scale, or |x| / norm * s when scale is 0.
+PP_HD pp_u32 pp_dither_linear_level_f(float x, float norm, float scale, pp_u32 s, float u) {
     if (norm > 0.0f) {
-        float r = fabsf(x) / norm;
-        float t = pp_clampf(r * (float)s, 0.0f, (float)s);
-        return pp_min_u32(pp_stochastic_round(t, u), s);
+        float t;
+        if (scale != 0.0f) {
+            t = fabsf(x) * scale;
+        } else {
+            float r = fabsf(x) / norm;
+            t = r * (float)s;
+        }
+        return pp_clamped_round(t, s, u);
     }
     return 0u;
+}
+
+// elem::dither_linear_level.
+PP_HD pp_u32 pp_dither_linear_level(float x, float norm, pp_u32 s, float u) {
+    return pp_dither_linear_level_f(x, norm, pp_dither_linear_scale(norm, s), s, u);
 }
 
 // elem::dither_linear_value: +-(norm * level) / s.
@@ -397,12 +447,16 @@ PP_HD float pp_dither_linear_value(pp_u32 level, pp_u32 sign, float norm, pp_u32
 // elem::pow2: 2^e for -126 <= e <= 127 (exact).
 PP_HD float pp_pow2(pp_i32 e) { return pp_f32_from_bits(((pp_u32)(e + 127)) << 23); }
 
-// elem::dither_natural_level (1 <= s <= 32).
-PP_HD pp_u32 pp_dither_natural_level(float x, float norm, pp_u32 s, float u) {
+// elem::dither_natural_inv: bucket_factor(1, norm).
+PP_HD float pp_dither_natural_inv(float norm) { return pp_bucket_factor(1.0f, norm); }
+
+// elem::dither_natural_level (1 <= s <= 32) with the bucket's inv = pp_dither_natural_inv(norm)
+// precomputed: r = |x| * inv, or |x| / norm when inv is 0.
+PP_HD pp_u32 pp_dither_natural_level_f(float x, float norm, float inv, pp_u32 s, float u) {
     if (!(norm > 0.0f)) {
         return 0u;
     }
-    float r = fabsf(x) / norm;
+    float r = inv != 0.0f ? fabsf(x) * inv : fabsf(x) / norm;
     // f32::min(r, 1.0); r is never NaN here (norm > 0, x finite or the caller rejected it).
     if (!(r <= 1.0f)) {
         r = 1.0f;
@@ -420,6 +474,11 @@ PP_HD pp_u32 pp_dither_natural_level(float x, float norm, pp_u32 s, float u) {
     float p = scaled - 1.0f;
     pp_u32 lower = (pp_u32)(e - bottom + 1);
     return lower + (u < p ? 1u : 0u);
+}
+
+// elem::dither_natural_level (1 <= s <= 32).
+PP_HD pp_u32 pp_dither_natural_level(float x, float norm, pp_u32 s, float u) {
+    return pp_dither_natural_level_f(x, norm, pp_dither_natural_inv(norm), s, u);
 }
 
 // elem::dither_natural_value: 0 for level 0, else +-norm * 2^(level - s).
@@ -755,13 +814,15 @@ struct PPMinMaxEnc {
     PPUniforms uni;
     float mn;
     float step;
+    float inv_step;
 
     PP_HD pp_u32 code(pp_u64 i, float x) {
         if (cur.seek(i)) {
             mn = pp_f32_from_bits(hdr[2 * cur.b]);
             step = pp_minmax_step(mn, pp_f32_from_bits(hdr[2 * cur.b + 1]), levels);
+            inv_step = pp_minmax_inv_step(step);
         }
-        return pp_minmax_code(x, mn, step, levels, uni.at(i));
+        return pp_minmax_code_inv(x, mn, step, inv_step, levels, uni.at(i));
     }
 };
 
@@ -773,6 +834,7 @@ PP_HD PPMinMaxEnc pp_minmax_enc(const pp_u32* hdr, pp_u64 bucket, pp_u32 bits, p
     e.uni = pp_uniforms(stream);
     e.mn = 0.0f;
     e.step = 0.0f;
+    e.inv_step = 0.0f;
     return e;
 }
 
@@ -784,14 +846,16 @@ struct PPDitherEnc {
     PPBucketCursor cur;
     PPUniforms uni;
     float norm;
+    float factor;
 
     PP_HD pp_u32 code(pp_u64 i, float x) {
         if (cur.seek(i)) {
             norm = pp_f32_from_bits(hdr[cur.b]);
+            factor = natural ? pp_dither_natural_inv(norm) : pp_dither_linear_scale(norm, s);
         }
         float u = uni.at(i);
-        pp_u32 level = natural ? pp_dither_natural_level(x, norm, s, u)
-                               : pp_dither_linear_level(x, norm, s, u);
+        pp_u32 level = natural ? pp_dither_natural_level_f(x, norm, factor, s, u)
+                               : pp_dither_linear_level_f(x, norm, factor, s, u);
         return (level << 1) | pp_sign_bit(x);
     }
 };
@@ -805,6 +869,7 @@ PP_HD PPDitherEnc pp_dither_enc(const pp_u32* hdr, pp_u64 bucket, pp_u32 s, bool
     e.cur = pp_bucket_cursor(bucket);
     e.uni = pp_uniforms(stream);
     e.norm = 0.0f;
+    e.factor = 0.0f;
     return e;
 }
 

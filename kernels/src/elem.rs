@@ -15,7 +15,20 @@
 //!
 //! # Stochastic rounding
 //! [`stochastic_round`] rounds `t >= 0` up with probability `frac(t)`, using the uniform number
-//! of [`crate::rng::Stream::uniform`] for that element; it is unbiased up to `2^-24` of a step.
+//! of [`crate::rng::Stream::uniform`] for that element. Since version 3 of the wire format that
+//! uniform has 16 bits (`P(u < p) = ceil(p * 2^16) / 2^16`), so the rounding is unbiased up to
+//! `2^-16` of a step (it was `2^-24` with 24-bit uniforms).
+//!
+//! # Reciprocals instead of divisions (wire format version 3)
+//! The quantisers divide every element by a per-bucket quantity (`step` in minmax, `norm` in
+//! dithering). Since version 3 they multiply by a per-bucket factor computed once instead,
+//! [`bucket_factor`]`(num, den)` = `num / den` (one correctly rounded f32 division), used when it
+//! is finite and non-zero; otherwise (a subnormal `den` whose reciprocal overflows, or `den <= 0`)
+//! the element falls back to the division it replaces. Each product is one correctly rounded f32
+//! multiplication (no FMA: the CUDA side is compiled with `--fmad=false`, the host twin with
+//! `-ffp-contract=off`). Compared with the exact ratio, the scaled value `t` carries a relative
+//! error below `2^-23` (two roundings instead of one), i.e. the expected decoded value is off by
+//! less than `2^-23 * t` steps from the input on top of the `2^-16`-step rounding bias.
 
 /// Elements per reduction block (one CUDA thread block).
 pub const REDUCE_BLOCK: usize = 256;
@@ -146,12 +159,40 @@ pub fn minmax_step(min: f32, max: f32, levels: u32) -> f32 {
     (max - min) / levels as f32
 }
 
-/// Min-max code of `x` in `0..=levels`: `stochastic_round(clamp((x - min) / step, 0, levels))`,
-/// or 0 when `step` is 0 (a constant bucket).
+/// The per-bucket factor that replaces a division by `den`: `num / den` (f32, correctly
+/// rounded) when `den > 0` and the quotient is finite, else 0, which tells the element functions
+/// to divide by `den` instead. (`num >= 1` and `den <= f32::MAX`, so a finite quotient is never 0.)
+#[inline(always)]
+pub fn bucket_factor(num: f32, den: f32) -> f32 {
+    if den > 0.0 {
+        let f = num / den;
+        if f.is_finite() {
+            return f;
+        }
+    }
+    0.0
+}
+
+/// Min-max reciprocal step of a bucket: [`bucket_factor`]`(1, step)`.
+#[inline(always)]
+pub fn minmax_inv_step(step: f32) -> f32 {
+    bucket_factor(1.0, step)
+}
+
+/// Min-max code of `x` in `0..=levels`: `stochastic_round(clamp(t, 0, levels))` with
+/// `t = (x - min) * inv_step` for `inv_step = minmax_inv_step(step) != 0`, else
+/// `t = (x - min) / step`; 0 when `step` is 0 (a constant bucket).
 #[inline(always)]
 pub fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 {
     if step > 0.0 {
-        let t = ((x - min) / step).clamp(0.0, levels as f32);
+        let inv_step = minmax_inv_step(step);
+        let d = x - min;
+        let t = if inv_step != 0.0 {
+            d * inv_step
+        } else {
+            d / step
+        };
+        let t = t.clamp(0.0, levels as f32);
         stochastic_round(t, u).min(levels)
     } else {
         0
@@ -164,12 +205,25 @@ pub fn minmax_value(q: u32, min: f32, step: f32) -> f32 {
     min + q as f32 * step
 }
 
+/// Linear dithering scale of a bucket: [`bucket_factor`]`(s, norm)` (`s / norm`).
+#[inline(always)]
+pub fn dither_linear_scale(norm: f32, s: u32) -> f32 {
+    bucket_factor(s as f32, norm)
+}
+
 /// Linear dithering level of `x` in `0..=s` for a bucket scale `norm > 0`:
-/// `stochastic_round(clamp(|x| / norm * s, 0, s))`; 0 when `norm` is 0.
+/// `stochastic_round(clamp(t, 0, s))` with `t = |x| * scale` for
+/// `scale = dither_linear_scale(norm, s) != 0`, else `t = |x| / norm * s`; 0 when `norm` is 0.
 #[inline(always)]
 pub fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
     if norm > 0.0 {
-        let t = (x.abs() / norm * s as f32).clamp(0.0, s as f32);
+        let scale = dither_linear_scale(norm, s);
+        let t = if scale != 0.0 {
+            x.abs() * scale
+        } else {
+            x.abs() / norm * s as f32
+        };
+        let t = t.clamp(0.0, s as f32);
         stochastic_round(t, u).min(s)
     } else {
         0
@@ -196,15 +250,23 @@ pub fn pow2(e: i32) -> f32 {
 /// Natural dithering level of `x` in `0..=s` (Horváth et al.): normalised levels
 /// `0, 2^-(s-1), …, 1/2, 1` with codes `0, 1, …, s` (code `c > 0` means `2^(c - s)`).
 ///
-/// With `r = |x| / norm`: below `2^-(s-1)` it rounds between 0 and `2^-(s-1)` with
+/// With `r = min(|x| * inv, 1)` for `inv = dither_natural_inv(norm) != 0` (else
+/// `r = min(|x| / norm, 1)`): below `2^-(s-1)` it rounds between 0 and `2^-(s-1)` with
 /// `p = r * 2^(s-1)`; in `[2^e, 2^(e+1))` between those two with `p = r * 2^-e - 1`. Both are
-/// exact in f32, so the draw is unbiased up to the uniform's 2^-24 resolution. `1 <= s <= 32`.
+/// exact in f32, so the draw is unbiased (for `r`) up to the uniform's 2^-16 resolution.
+/// `1 <= s <= 32`.
 #[inline(always)]
 pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
     if norm.is_nan() || norm <= 0.0 {
         return 0;
     }
-    let r = (x.abs() / norm).min(1.0);
+    let inv = dither_natural_inv(norm);
+    let r = if inv != 0.0 {
+        x.abs() * inv
+    } else {
+        x.abs() / norm
+    };
+    let r = r.min(1.0);
     if r >= 1.0 {
         return s;
     }
@@ -218,6 +280,12 @@ pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
     let p = r * pow2(-e) - 1.0;
     let lower = (e - bottom + 1) as u32; // code of 2^e
     lower + (u < p) as u32
+}
+
+/// Natural dithering reciprocal norm of a bucket: [`bucket_factor`]`(1, norm)`.
+#[inline(always)]
+pub fn dither_natural_inv(norm: f32) -> f32 {
+    bucket_factor(1.0, norm)
 }
 
 /// Natural dithering reconstruction: 0 for code 0, else `±norm * 2^(code - s)`.
@@ -273,6 +341,27 @@ mod tests {
             mean /= n as f64;
             assert!((mean - r as f64).abs() < 1e-3, "r = {r}: mean {mean}");
         }
+    }
+
+    #[test]
+    fn reciprocal_factors_and_their_division_fallback() {
+        // Ordinary buckets multiply by the correctly rounded reciprocal.
+        assert_eq!(minmax_inv_step(0.25), 4.0);
+        assert_eq!(dither_linear_scale(2.0, 7), 3.5);
+        assert_eq!(dither_natural_inv(0.5), 2.0);
+        assert_eq!(minmax_code(1.0, 0.0, 0.25, 8, 0.0), 4);
+        // A subnormal step or norm: 1/step overflows, the factor is 0 and the element divides.
+        let tiny = f32::from_bits(1); // 2^-149
+        assert_eq!(minmax_inv_step(tiny), 0.0);
+        assert_eq!(minmax_code(3.0 * tiny, 0.0, tiny, 255, 0.5), 3);
+        assert_eq!(dither_linear_scale(4.0 * tiny, 4), 0.0);
+        assert_eq!(dither_linear_level(2.0 * tiny, 4.0 * tiny, 4, 0.5), 2);
+        assert_eq!(dither_natural_inv(tiny), 0.0);
+        assert_eq!(dither_natural_level(tiny, tiny, 3, 0.5), 3);
+        // Constant buckets and zero norms.
+        assert_eq!(minmax_inv_step(0.0), 0.0);
+        assert_eq!(minmax_code(1.0, 1.0, 0.0, 255, 0.0), 0);
+        assert_eq!(dither_linear_level(1.0, 0.0, 7, 0.0), 0);
     }
 
     #[test]

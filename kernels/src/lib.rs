@@ -84,7 +84,9 @@
 //! `[i·w, i·w + w)`, stream bit `j` being bit `j % 32` of u32 word `j / 32`, padded with zero
 //! bits to whole words: `4·ceil(n·w/32)` bytes ([`stream_bytes`]). Buckets start at multiples
 //! of `bucket`; `nb = ceil(n / bucket)` (0 when n = 0); reductions restart at each bucket.
-//! Element `i` rounds with `Stream::rounding(seed, key, round, role, rank).uniform(i)`.
+//! Element `i` rounds with `Stream::rounding(seed, key, round, role, rank).uniform(i)`: a 16-bit
+//! uniform, lane `i % 4` of draw `i / 4` (protocol version 3; [`rng`] states the `2^-16`-of-a-step
+//! bias bound), and minmax/dithering multiply by per-bucket reciprocals ([`elem::bucket_factor`]).
 //!
 //! | compressor | payload | size (bytes) |
 //! |---|---|---|

@@ -14,8 +14,16 @@
 //! The mixing function is the SplitMix64 finaliser (Steele, Lea and Flood, "Fast splittable
 //! pseudorandom number generators", 2014, variant 13 by D. Stafford). `draw(c)` equals the
 //! `c`-th output of a SplitMix64 generator whose state starts at the stream's base, which passes
-//! BigCrush; we use it counter-style. One 64-bit draw feeds two elements (24 bits each are
-//! used), because a full hash per element would cost more than the rest of a compress.
+//! BigCrush; we use it counter-style. One 64-bit draw feeds four elements (16 bits each), because
+//! a full hash per element would cost more than the rest of a compress.
+//!
+//! # Rounding uniforms (wire format version 3)
+//! Element `i` takes draw `i / 4` and its 16-bit lane `i % 4` (lane 0 = the low 16 bits):
+//! `u_i = bits16 * 2^-16`, exact in f32, in `[0, 1 - 2^-16]`. So for any `p` in `[0, 1]`,
+//! `P(u_i < p) = ceil(p * 2^16) / 2^16`: a stochastic rounding `floor(t) + (u < frac(t))` rounds
+//! up with a probability that exceeds `frac(t)` by less than `2^-16`, i.e. its bias is below
+//! `2^-16` of one quantisation step (never negative). Protocol versions up to 2 used two elements
+//! per draw with 24 bits each (bias below `2^-24` of a step); version 3 changed it for speed.
 //!
 //! The same functions exist in CUDA C (`cuda/pushpull_elem.cuh`); tests compile that header for
 //! the host and compare it with this module bit for bit.
@@ -93,26 +101,21 @@ impl Stream {
 
     /// The uniform number in `[0, 1)` that element `i` uses for stochastic rounding.
     ///
-    /// Element `i` takes draw `i / 2`; even elements use its low 32 bits, odd elements its
-    /// high 32 bits; of those, the top 24 bits become `bits24 * 2^-24`, exactly representable in
-    /// f32. So `P(u < p) = ceil(p * 2^24) / 2^24` for any `p` in `[0, 1]`: the bias of a
-    /// stochastic rounding is below `2^-24` of one quantisation step.
+    /// Element `i` takes draw `i / 4` and its 16-bit lane `i % 4` (lane 0 = the low 16 bits),
+    /// as `bits16 * 2^-16` ([`uniform_from_bits`]), exactly representable in f32. So
+    /// `P(u < p) = ceil(p * 2^16) / 2^16` for any `p` in `[0, 1]`: the bias of a stochastic
+    /// rounding is below `2^-16` of one quantisation step.
     #[inline(always)]
     pub const fn uniform(self, i: u64) -> f32 {
-        let d = self.draw(i >> 1);
-        let half = if i & 1 == 0 {
-            d as u32
-        } else {
-            (d >> 32) as u32
-        };
-        uniform_from_bits(half)
+        let d = self.draw(i >> 2);
+        uniform_from_bits((d >> (16 * (i & 3))) as u16)
     }
 }
 
-/// `(bits >> 8) * 2^-24`: the top 24 bits of a 32-bit draw as a uniform number in `[0, 1)`.
+/// `bits * 2^-16`: a 16-bit lane of a draw as a uniform number in `[0, 1)` (exact in f32).
 #[inline(always)]
-pub const fn uniform_from_bits(bits: u32) -> f32 {
-    (bits >> 8) as f32 * (1.0 / 16_777_216.0)
+pub const fn uniform_from_bits(bits: u16) -> f32 {
+    bits as f32 * (1.0 / 65_536.0)
 }
 
 /// A keyed pseudo-random permutation of `0..n` (a 4-round balanced Feistel network on the
@@ -220,6 +223,17 @@ mod tests {
         let mean = sum / n as f64;
         // Mean of U(0,1) has sd 1/sqrt(12 n) ~ 0.00065; 6 sd.
         assert!((mean - 0.5).abs() < 0.004, "mean = {mean}");
+    }
+
+    #[test]
+    fn uniform_lanes_are_the_documented_ones() {
+        let s = Stream::rounding(1, 2, 3, Role::Server, 4);
+        for i in 0..64u64 {
+            let lane = (s.draw(i / 4) >> (16 * (i % 4))) & 0xffff;
+            assert_eq!(s.uniform(i), lane as f32 / 65_536.0, "element {i}");
+        }
+        assert_eq!(uniform_from_bits(0), 0.0);
+        assert_eq!(uniform_from_bits(u16::MAX), 1.0 - 1.0 / 65_536.0);
     }
 
     #[test]

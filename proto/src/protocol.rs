@@ -44,7 +44,14 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use crate::config::{ClusterDigest, ParamMap};
 
 /// Protocol version; a node with another version is refused at registration.
-pub const PROTOCOL_VERSION: u32 = 2;
+///
+/// * Version 3: the stochastic compressors' payloads changed (same sizes, different bytes):
+///   stochastic rounding uses 16-bit uniforms, four per SplitMix64 draw (element `i` takes draw
+///   `i / 4`, lane `i % 4`; was two 24-bit uniforms per draw), and minmax/dithering multiply by a
+///   per-bucket reciprocal (`1 / step`, `s / norm`, `1 / norm`) instead of dividing each element
+///   (see `pushpull_kernels::rng` and `pushpull_kernels::elem`). Mixed builds would decode each
+///   other's payloads fine but would no longer be bit-identical to the single-process reference.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.

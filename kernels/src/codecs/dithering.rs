@@ -3,8 +3,20 @@
 //! Levels: `linear` (`0, 1/s, …, 1`, [`elem::dither_linear_level`]) or `natural`
 //! (`0, 2^-(s-1), …, 1/2, 1`, [`elem::dither_natural_level`]); `norm` per bucket is `max |x|`
 //! ([`elem::max_abs`]) or the l2 norm ([`elem::l2_norm`]). Element `i` draws its level with the
-//! rounding uniform of element `i`; the level is unbiased: `E[value] = x` (up to 2^-24 of a
-//! step). An all-zero bucket has norm 0 and every level 0.
+//! rounding uniform of element `i`; the level is unbiased: `E[value] = x` up to `2^-16` of a
+//! step (the resolution of the 16-bit rounding uniforms, [`crate::rng::Stream::uniform`]) and
+//! the f32 roundings of the scaled value. An all-zero bucket has norm 0 and every level 0.
+//!
+//! # Element math (wire format version 3)
+//! Each bucket computes one factor and multiplies instead of dividing per element: linear
+//! `t = |x| * scale` with `scale = s / norm` ([`elem::dither_linear_scale`]), level
+//! `stochastic_round(clamp(t, 0, s), u)`; natural `r = min(|x| * inv, 1)` with `inv = 1 / norm`
+//! ([`elem::dither_natural_inv`]). Every operation is one correctly rounded f32 operation (no
+//! FMA), so `t` and `r` are within a relative `2^-23` of the exact ratio. Only a bucket whose
+//! factor overflows f32 (a subnormal norm) divides instead (`|x| / norm * s`, `|x| / norm`). The
+//! rounding uniforms have 16 bits (`P(u < p) = ceil(p * 2^16) / 2^16`), so a level's rounding
+//! bias is below `2^-16` of a step. Versions up to 2 divided per element and used 24-bit
+//! uniforms.
 //!
 //! # `encoding = packed` (fixed width; the CUDA kernels produce the same bytes)
 //! `nb` little-endian f32 norms, then a bit stream of `n` codes of `w = 1 + bitlen(s)` bits
@@ -89,6 +101,15 @@ impl Dithering {
         4 + 4 * self.bk.count + stream_bytes(self.base.n, 3 + 2 * lg)
     }
 
+    /// The per-bucket [`factor`]s of `norms`.
+    fn factors(&self, norms: &[f32]) -> Vec<f32> {
+        let natural = self.partition == Partition::Natural;
+        norms
+            .iter()
+            .map(|&nm| factor(natural, nm, self.s))
+            .collect()
+    }
+
     /// The per-bucket norms, or the error for non-finite input / overflow.
     fn norms(&self, x: &[f32]) -> Result<Vec<f32>, KernelError> {
         match self.normalize {
@@ -123,13 +144,36 @@ impl Dithering {
     }
 }
 
-/// The level of `x` (`NATURAL` selects the partition).
+/// The level of `x` (`NATURAL` selects the partition) for a bucket with scale `norm` and
+/// factor `f` ([`factor`]).
 #[inline(always)]
-fn level<const NATURAL: bool>(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+fn level<const NATURAL: bool>(x: f32, norm: f32, f: f32, s: u32, u: f32) -> u32 {
     if NATURAL {
-        super::fast::dither_natural_level(x, norm, s, u)
+        super::fast::dither_natural_level(x, norm, f, s, u)
     } else {
-        super::fast::dither_linear_level(x, norm, s, u)
+        super::fast::dither_linear_level(x, norm, f, s, u)
+    }
+}
+
+/// The level of `x` in a bucket whose factor `f` is not 0: `|x|` is multiplied by `f`.
+#[inline(always)]
+fn level_scaled<const NATURAL: bool>(x: f32, f: f32, s: u32, u: f32) -> u32 {
+    let t = x.abs() * f;
+    if NATURAL {
+        super::fast::dither_natural_from_ratio(t.min(1.0), s, u)
+    } else {
+        super::fast::clamped_round(t, s, u)
+    }
+}
+
+/// The per-bucket factor that replaces the division by `norm`: `s / norm` (linear,
+/// [`elem::dither_linear_scale`]) or `1 / norm` (natural, [`elem::dither_natural_inv`]); 0 when
+/// that is not finite (the elements then divide).
+fn factor(natural: bool, norm: f32, s: u32) -> f32 {
+    if natural {
+        elem::dither_natural_inv(norm)
+    } else {
+        elem::dither_linear_scale(norm, s)
     }
 }
 
@@ -146,6 +190,8 @@ fn value<const NATURAL: bool>(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
 /// Dithering codes `(level << 1) | sign` with per-bucket norms.
 struct Coder<'a, const NATURAL: bool> {
     norms: &'a [f32],
+    /// Per-bucket [`factor`]s (empty when decoding).
+    factors: &'a [f32],
     size: usize,
     last: usize,
     s: u32,
@@ -157,8 +203,18 @@ impl<const NATURAL: bool> GroupEncoder for Coder<'_, NATURAL> {
     fn codes(&self, gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]) {
         for (b, s, e) in bucket_runs(gi, xs.len(), self.size, self.last) {
             let nm = self.norms[b];
-            for ((ci, &x), &ui) in c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]) {
-                *ci = (level::<NATURAL>(x, nm, self.s, ui) << 1) | elem::sign_bit(x);
+            let f = self.factors[b];
+            let cs = c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]);
+            if f != 0.0 {
+                // The hot loop: one multiplication per element, no division.
+                for ((ci, &x), &ui) in cs {
+                    *ci = (level_scaled::<NATURAL>(x, f, self.s, ui) << 1) | elem::sign_bit(x);
+                }
+            } else {
+                // Norm 0, or a subnormal norm whose factor overflows: divide.
+                for ((ci, &x), &ui) in cs {
+                    *ci = (level::<NATURAL>(x, nm, 0.0, self.s, ui) << 1) | elem::sign_bit(x);
+                }
             }
         }
     }
@@ -176,9 +232,15 @@ impl<const NATURAL: bool> GroupDecoder for Coder<'_, NATURAL> {
     }
 }
 
-fn coder<'a, const NATURAL: bool>(norms: &'a [f32], bk: &Buckets, s: u32) -> Coder<'a, NATURAL> {
+fn coder<'a, const NATURAL: bool>(
+    norms: &'a [f32],
+    factors: &'a [f32],
+    bk: &Buckets,
+    s: u32,
+) -> Coder<'a, NATURAL> {
     Coder {
         norms,
+        factors,
         size: bk.size,
         last: bk.n.saturating_sub(1),
         s,
@@ -191,19 +253,20 @@ fn encode_impl<const NATURAL: bool>(
     i0: usize,
     dst: &mut [u8],
     stream: Stream,
-    norms: &[f32],
+    nf: (&[f32], &[f32]),
     bk: &Buckets,
     s: u32,
 ) {
-    let enc = coder::<NATURAL>(norms, bk, s);
+    // `nf`: the per-bucket norms and their factors.
+    let enc = coder::<NATURAL>(nf.0, nf.1, bk, s);
     with_width!(packed_width(s), W => encode_groups::<W, _>(x, i0, stream, dst, &enc))
 }
 
 multiversion! {
-    fn encode_linear(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, norms: &[f32], bk: &Buckets, s: u32) = encode_impl::<false>;
+    fn encode_linear(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, nf: (&[f32], &[f32]), bk: &Buckets, s: u32) = encode_impl::<false>;
 }
 multiversion! {
-    fn encode_natural(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, norms: &[f32], bk: &Buckets, s: u32) = encode_impl::<true>;
+    fn encode_natural(x: &[f32], i0: usize, dst: &mut [u8], stream: Stream, nf: (&[f32], &[f32]), bk: &Buckets, s: u32) = encode_impl::<true>;
 }
 
 #[inline(always)]
@@ -215,7 +278,7 @@ fn decode_impl<const NATURAL: bool, const ADD: bool>(
     bk: &Buckets,
     s: u32,
 ) {
-    let dec = coder::<NATURAL>(norms, bk, s);
+    let dec = coder::<NATURAL>(norms, &[], bk, s);
     with_width!(packed_width(s), W => decode_groups::<W, ADD, _>(src, i0, out, &dec))
 }
 
@@ -434,8 +497,9 @@ impl Dithering {
             Partition::Linear => encode_linear,
             Partition::Natural => encode_natural,
         };
+        let factors = self.factors(norms);
         par_segments(x, w, &mut packed, |xs, i0, d| {
-            f(xs, i0, d, stream, norms, &self.bk, self.s)
+            f(xs, i0, d, stream, (norms, &factors), &self.bk, self.s)
         });
         let mut wr = BitWriter::new(self.elias_max_size() / 4);
         let mut prev: i64 = -1;
@@ -685,8 +749,9 @@ impl Compressor for Dithering {
                     Partition::Linear => encode_linear,
                     Partition::Natural => encode_natural,
                 };
+                let factors = self.factors(&norms);
                 par_segments(input, self.w(), bits, |xs, i0, d| {
-                    f(xs, i0, d, stream, &norms, &self.bk, self.s)
+                    f(xs, i0, d, stream, (&norms, &factors), &self.bk, self.s)
                 });
                 Ok(())
             }

@@ -2,10 +2,19 @@
 //!
 //! Wire format: `nb` pairs of little-endian f32 `(min, max)` (`elem::min_max` of each bucket,
 //! a zero written as +0.0, see [`elem::canonical_zero`]), then a bit stream of `n` codes of `b`
-//! bits, code `i = super::fast::minmax_code(x_i, min, step, 2^b - 1, u_i)` with
+//! bits, code `i = elem::minmax_code(x_i, min, step, 2^b - 1, u_i)` with
 //! `step = elem::minmax_step(min, max, 2^b - 1)` of element `i`'s bucket and `u_i` the rounding
 //! uniform of element `i`. Size `8 * nb + 4 * ceil(n * b / 32)`. Decoded by
 //! `super::fast::minmax_value(code, min, step)`.
+//!
+//! Since wire format version 3 the code is computed without a division:
+//! `t = (x_i - min) * inv_step` with the per-bucket `inv_step = 1 / step`
+//! ([`elem::minmax_inv_step`]; two correctly rounded f32 operations, no FMA), then
+//! `code = stochastic_round(clamp(t, 0, 2^b - 1), u_i)`, and `u_i` is a 16-bit uniform
+//! (`bits16 * 2^-16`, four per SplitMix64 draw, [`crate::rng::Stream::uniform`]). Only a bucket
+//! whose `1 / step` overflows f32 (`step` below `2^-128`) divides, `t = (x_i - min) / step`.
+//! `E[code] = t + β` with `0 <= β < 2^-16` (the uniform's resolution), and `t` is within a
+//! relative `2^-23` of the exact `(x_i - min) / step`.
 
 use super::{
     bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
@@ -25,8 +34,8 @@ pub(crate) struct MinMax {
     bk: Buckets,
 }
 
-/// Per-bucket `(min, step)`.
-type Params = [(f32, f32)];
+/// Per-bucket `(min, step, inv_step)` (`inv_step = elem::minmax_inv_step(step)`).
+type Params = [(f32, f32, f32)];
 
 impl MinMax {
     pub fn new(base: Base, bits: u32, bucket: Option<usize>) -> MinMax {
@@ -56,9 +65,18 @@ impl GroupEncoder for Coder<'_> {
     #[inline(always)]
     fn codes(&self, gi: usize, xs: &[f32], u: &[f32], c: &mut [u32]) {
         for (b, s, e) in bucket_runs(gi, xs.len(), self.size, self.last) {
-            let (mn, st) = self.p[b];
-            for ((ci, &x), &ui) in c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]) {
-                *ci = super::fast::minmax_code(x, mn, st, self.levels, ui);
+            let (mn, st, inv) = self.p[b];
+            let cs = c[s..e].iter_mut().zip(&xs[s..e]).zip(&u[s..e]);
+            if inv != 0.0 {
+                // The hot loop: one subtraction and one multiplication per element.
+                for ((ci, &x), &ui) in cs {
+                    *ci = super::fast::clamped_round((x - mn) * inv, self.levels, ui);
+                }
+            } else {
+                // A constant bucket (step 0) or a subnormal step whose reciprocal overflows.
+                for ((ci, &x), &ui) in cs {
+                    *ci = super::fast::minmax_code(x, mn, st, 0.0, self.levels, ui);
+                }
             }
         }
     }
@@ -68,7 +86,7 @@ impl GroupDecoder for Coder<'_> {
     #[inline(always)]
     fn values(&self, gi: usize, c: &[u32], v: &mut [f32]) {
         for (b, s, e) in bucket_runs(gi, c.len(), self.size, self.last) {
-            let (mn, st) = self.p[b];
+            let (mn, st, _) = self.p[b];
             for (vi, &ci) in v[s..e].iter_mut().zip(&c[s..e]) {
                 *vi = super::fast::minmax_value(ci, mn, st);
             }
@@ -139,7 +157,7 @@ impl MinMax {
                     format!("bucket {b}: min {mn} and max {mx} are not finite with min <= max"),
                 ));
             }
-            params.push((mn, step));
+            params.push((mn, step, 0.0));
         }
         let bits = &payload[8 * nb..];
         if !super::tail_bits_zero(bits, self.base.n, self.bits) {
@@ -190,7 +208,7 @@ impl Compressor for MinMax {
                     format!("bucket {b}: max - min = {mx} - {mn} overflows f32"),
                 ));
             }
-            params.push((mn, step));
+            params.push((mn, step, elem::minmax_inv_step(step)));
         }
         let dst = prepare(out, self.size());
         let (head, bits) = dst.split_at_mut(8 * self.bk.count);

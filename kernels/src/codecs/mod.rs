@@ -2,8 +2,8 @@
 //!
 //! Shared machinery lives here: the identity every codec carries ([`Base`]), output-buffer
 //! preparation, and the generic group encoder/decoder for bit streams of fixed-width codes,
-//! which processes 32 elements per `W` output words, draws one 64-bit random number per pair of
-//! elements, and goes parallel over [`crate::par::SEG`]-element segments.
+//! which processes 32 elements per `W` output words, draws one 64-bit random number per four
+//! elements (16-bit uniforms, [`crate::rng::Stream::uniform`]), and goes parallel over [`crate::par::SEG`]-element segments.
 
 pub mod cast;
 pub mod dithering;
@@ -152,35 +152,69 @@ pub(crate) mod fast {
         }
     }
 
-    /// [`crate::elem::minmax_code`] (`levels < 2^23`).
+    /// `stochastic_round(clamp(t, 0, hi), u).min(hi)` for `hi < 2^23`: the rounding step of
+    /// [`crate::elem::minmax_code`] and [`crate::elem::dither_linear_level`] once `t` is known.
     #[inline(always)]
-    pub fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 {
+    pub fn clamped_round(t: f32, hi: u32, u: f32) -> u32 {
+        let t = clamp(t, 0.0, hi as f32);
+        stochastic_round(t, u).min(hi)
+    }
+
+    /// [`crate::elem::minmax_code`] (`levels < 2^23`) with the bucket's
+    /// `inv_step = elem::minmax_inv_step(step)` precomputed. The encoder's hot loop is
+    /// `clamped_round((x - min) * inv_step, levels, u)` for buckets with `inv_step != 0`.
+    #[inline(always)]
+    pub fn minmax_code(x: f32, min: f32, step: f32, inv_step: f32, levels: u32, u: f32) -> u32 {
         if step > 0.0 {
-            let t = clamp((x - min) / step, 0.0, levels as f32);
-            stochastic_round(t, u).min(levels)
+            let d = x - min;
+            let t = if inv_step != 0.0 {
+                d * inv_step
+            } else {
+                d / step
+            };
+            clamped_round(t, levels, u)
         } else {
             0
         }
     }
 
-    /// [`crate::elem::dither_linear_level`] (`s < 2^23`).
+    /// [`crate::elem::dither_linear_level`] (`s < 2^23`) with the bucket's
+    /// `scale = elem::dither_linear_scale(norm, s)` precomputed. The encoder's hot loop is
+    /// `clamped_round(|x| * scale, s, u)` for buckets with `scale != 0`.
     #[inline(always)]
-    pub fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+    pub fn dither_linear_level(x: f32, norm: f32, scale: f32, s: u32, u: f32) -> u32 {
         if norm > 0.0 {
-            let t = clamp(x.abs() / norm * s as f32, 0.0, s as f32);
-            stochastic_round(t, u).min(s)
+            let t = if scale != 0.0 {
+                x.abs() * scale
+            } else {
+                x.abs() / norm * s as f32
+            };
+            clamped_round(t, s, u)
         } else {
             0
         }
     }
 
-    /// [`crate::elem::dither_natural_level`], branch-free (all paths computed, one selected).
+    /// [`crate::elem::dither_natural_level`] with the bucket's
+    /// `inv = elem::dither_natural_inv(norm)` precomputed. The encoder's hot loop is
+    /// `dither_natural_from_ratio((|x| * inv).min(1.0), s, u)` for buckets with `inv != 0`.
     #[inline(always)]
-    pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
+    pub fn dither_natural_level(x: f32, norm: f32, inv: f32, s: u32, u: f32) -> u32 {
         if norm.is_nan() || norm <= 0.0 {
             return 0;
         }
-        let r = (x.abs() / norm).min(1.0);
+        let r = if inv != 0.0 {
+            x.abs() * inv
+        } else {
+            x.abs() / norm
+        };
+        dither_natural_from_ratio(r.min(1.0), s, u)
+    }
+
+    /// The natural dithering level of a ratio `r = min(|x| / norm, 1)` in `[0, 1]`, branch-free
+    /// (all paths computed, one selected).
+    #[inline(always)]
+    pub fn dither_natural_from_ratio(r: f32, s: u32, u: f32) -> u32 {
         let bottom = 1 - s as i32;
         let small = (u < r * pow2(s as i32 - 1)) as u32;
         let e = ((r.to_bits() >> 23) & 0xff) as i32 - 127;
@@ -218,27 +252,28 @@ pub(crate) fn put_f32s(dst: &mut [u8], v: impl IntoIterator<Item = f32>) {
 /// Elements per block of the encoders and decoders (a multiple of 32).
 pub(crate) const BLOCK: usize = 256;
 
-/// The uniforms of elements `i0 .. i0 + u.len()` (`i0` and `u.len()` even, `u.len() <=
-/// BLOCK`): one 64-bit draw per pair, element `i0 + 2p` from the low and `i0 + 2p + 1` from the
-/// high 32 bits of draw `i0 / 2 + p` ([`Stream::uniform`]).
+/// The uniforms of elements `i0 .. i0 + u.len()` (`i0` and `u.len()` multiples of 4,
+/// `u.len() <= BLOCK`): one 64-bit draw per four elements, element `i0 + 4q + l` from 16-bit lane
+/// `l` (lane 0 = the low bits) of draw `i0 / 4 + q` ([`Stream::uniform`]).
 #[inline(always)]
 pub(crate) fn uniforms(s: Stream, i0: usize, u: &mut [f32]) {
-    let base = (i0 as u64) >> 1;
-    let mut d = [0u64; BLOCK / 2];
-    let pairs = u.len() / 2;
-    for (p, dp) in d[..pairs].iter_mut().enumerate() {
-        *dp = s.draw(base + p as u64);
+    debug_assert!(i0 % 4 == 0 && u.len() % 4 == 0 && u.len() <= BLOCK);
+    let base = (i0 as u64) >> 2;
+    let mut d = [0u64; BLOCK / 4];
+    let quads = u.len() / 4;
+    for (q, dq) in d[..quads].iter_mut().enumerate() {
+        *dq = s.draw(base + q as u64);
     }
-    // The 32-bit halves in element order: on little-endian targets this is the memory layout
+    // The 16-bit lanes in element order: on little-endian targets this is the memory layout
     // of `d` itself, so no shuffles are needed.
     #[cfg(target_endian = "little")]
-    let halves: [u32; BLOCK] = {
+    let lanes: [u16; BLOCK] = {
         // SAFETY: both are plain integer arrays of the same size; every bit pattern is valid.
-        unsafe { std::mem::transmute::<[u64; BLOCK / 2], [u32; BLOCK]>(d) }
+        unsafe { std::mem::transmute::<[u64; BLOCK / 4], [u16; BLOCK]>(d) }
     };
     #[cfg(not(target_endian = "little"))]
-    let halves: [u32; BLOCK] = std::array::from_fn(|i| (d[i / 2] >> (32 * (i % 2))) as u32);
-    for (ui, &h) in u.iter_mut().zip(halves.iter()) {
+    let lanes: [u16; BLOCK] = std::array::from_fn(|i| (d[i / 4] >> (16 * (i % 4))) as u16);
+    for (ui, &h) in u.iter_mut().zip(lanes.iter()) {
         *ui = uniform_from_bits(h);
     }
 }
@@ -474,7 +509,7 @@ mod tests {
             } else {
                 f(next())
             };
-            let u = crate::rng::uniform_from_bits(next() as u32);
+            let u = crate::rng::uniform_from_bits(next() as u16);
             let (lo, hi) = {
                 let a = f(next());
                 let b = f(next());
@@ -489,8 +524,9 @@ mod tests {
                 let levels = (1 << bits) - 1;
                 let step = elem::minmax_step(lo, hi, levels);
                 if step.is_finite() {
+                    let inv = elem::minmax_inv_step(step);
                     assert_eq!(
-                        fast::minmax_code(x, lo, step, levels, u),
+                        fast::minmax_code(x, lo, step, inv, levels, u),
                         elem::minmax_code(x, lo, step, levels, u),
                         "minmax x={x} lo={lo} hi={hi} u={u}"
                     );
@@ -503,7 +539,7 @@ mod tests {
             };
             for s in [1u32, 2, 3, 7, 8, 31, 32] {
                 assert_eq!(
-                    fast::dither_natural_level(x, norm, s, u),
+                    fast::dither_natural_level(x, norm, elem::dither_natural_inv(norm), s, u),
                     elem::dither_natural_level(x, norm, s, u),
                     "natural x={x} norm={norm} s={s} u={u}"
                 );
@@ -524,8 +560,9 @@ mod tests {
                 }
             }
             for s in [1u32, 2, 7, 127, 32767] {
+                let scale = elem::dither_linear_scale(norm, s);
                 assert_eq!(
-                    fast::dither_linear_level(x, norm, s, u),
+                    fast::dither_linear_level(x, norm, scale, s, u),
                     elem::dither_linear_level(x, norm, s, u),
                     "linear x={x} norm={norm} s={s} u={u}"
                 );

@@ -31,7 +31,7 @@ pub mod ffi {
         pub fn pp_host_draw(base: u64, counter: u64) -> u64;
         pub fn pp_host_uniform(base: u64, i: u64) -> f32;
         pub fn pp_host_uniform_cached(base: u64, i: u64) -> f32;
-        pub fn pp_host_uniform_from_bits(bits: u32) -> f32;
+        pub fn pp_host_uniform_from_bits(bits: u16) -> f32;
         pub fn pp_host_permute(n: u64, key: u64, j: u64) -> u64;
         pub fn pp_host_perm_half_bits(n: u64) -> u32;
         pub fn pp_host_stochastic_round(t: f32, u: f32) -> u32;
@@ -188,14 +188,15 @@ pub fn uniform(base: u64, i: u64) -> f32 {
     unsafe { ffi::pp_host_uniform(base, i) }
 }
 
-/// `PPUniforms::at` (the per-pair cache the pack kernels use), primed with element `i ^ 1`.
+/// `PPUniforms::at` (the per-draw cache of four elements the pack kernels use), primed with
+/// element `i ^ 4` (another draw), then `i ^ 3` (another lane of the same draw).
 pub fn uniform_cached(base: u64, i: u64) -> f32 {
     // SAFETY: pure function of its arguments.
     unsafe { ffi::pp_host_uniform_cached(base, i) }
 }
 
 /// `pp_uniform_from_bits` ([`crate::rng::uniform_from_bits`]).
-pub fn uniform_from_bits(bits: u32) -> f32 {
+pub fn uniform_from_bits(bits: u16) -> f32 {
     // SAFETY: pure function of its arguments.
     unsafe { ffi::pp_host_uniform_from_bits(bits) }
 }
