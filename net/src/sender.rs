@@ -249,8 +249,8 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
                     let name = to.name.clone();
                     delivering.push(async move {
                         // Acknowledged in full, stopped by the peer, or the connection is gone:
-                        // either way the bytes no longer occupy the window; only the first
-                        // counts as delivered for the rate.
+                        // either way the bytes no longer occupy the window; for the rate they
+                        // count as delivered unless the connection is gone.
                         let acked = stopped.await.is_ok();
                         crate::trace::frame("acked", &header, &name);
                         (bytes, acked)
