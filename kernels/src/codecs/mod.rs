@@ -3,7 +3,8 @@
 //! Shared machinery lives here: the identity every codec carries ([`Base`]), output-buffer
 //! preparation, and the generic group encoder/decoder for bit streams of fixed-width codes,
 //! which processes 32 elements per `W` output words, draws one 64-bit random number per four
-//! elements (16-bit uniforms, [`crate::rng::Stream::uniform`]), and goes parallel over [`crate::par::SEG`]-element segments.
+//! elements (16-bit uniforms, [`crate::rng::Stream::uniform`]), and goes parallel over
+//! [`crate::par::SEG`]-element segments.
 
 pub mod cast;
 pub mod dithering;

@@ -6,8 +6,9 @@
 //! * encode: `f = z - floor(z)` with `z = x / B_θ` (so `f` in `[0, 1)` is `(x / B_θ) mod 1`
 //!   up to the representative), `t = f * 2^b`, `code = round(t) mod 2^b` where `round` is
 //!   `floor(t + 1/2)` (nearest) or `floor(t) + (u < t - floor(t))` (stochastic, `u` the element's
-//!   rounding uniform, 16 bits since protocol version 3: unbiased up to `2^-16` of a step). A code that rounds up to `2^b` (the value 1, i.e. +1/2 in the paper's
-//!   `[-1/2, 1/2)` representative) wraps to 0.
+//!   rounding uniform, 16 bits since protocol version 3: unbiased up to `2^-16` of a step). A
+//!   code that rounds up to `2^b` (the value 1, i.e. +1/2 in the paper's `[-1/2, 1/2)`
+//!   representative) wraps to 0.
 //! * decode with reference `y`: `q = code * 2^-b`, `x̂ = ((B_θ q - y) mod B_θ) + y` with
 //!   `a mod B = a - B * floor(a / B + 1/2)` in `[-B/2, B/2)`, rounded to f32 at the end.
 //!

@@ -17,7 +17,7 @@
 //!   + `pp_finalize_minmax` for max |x|), then `pp_dither_compress`;
 //! * random-k: `pp_randomk_compress`; its decompress zero-fills first (`pp_fill_u32`).
 //!
-//! `host_shim.cpp` emulates exactly these sequences; `tests/cuda_host.rs` checks the emulation
+//! `host_shim.cpp` emulates exactly these sequences; `tests/cuda_host_kernels.rs` checks the emulation
 //! against the CPU compressors and `tests/cuda_gpu.rs` checks this code on a GPU.
 
 use std::sync::{Arc, OnceLock};

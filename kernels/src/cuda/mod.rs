@@ -53,7 +53,7 @@
 //! # Tests and how to run them
 //! * `tests/cuda_host.rs` (always runs): the host-compiled header against the Rust functions
 //!   bit for bit on fresh random inputs (seed printed; set `PUSHPULL_TEST_SEED` to replay), and
-//!   the kernel emulation against the CPU compressors' bytes;
+//!   `tests/cuda_host_kernels.rs` the kernel emulation against the CPU compressors' bytes;
 //! * `tests/nvrtc_compile.rs`: compiles [`SOURCE`] with NVRTC and checks every
 //!   [`ENTRY_POINTS`] name is a `.entry` of the PTX. It skips with a printed line when libnvrtc is
 //!   missing, unless `PUSHPULL_REQUIRE_NVRTC=1` (CI: `source .ci/nvrtc.sh` installs NVRTC from

@@ -1,4 +1,4 @@
-//! Shared by `cuda_host.rs` and `cuda_gpu.rs`: seeds, random inputs, the compressor
+//! Shared by `cuda_host.rs`, `cuda_host_kernels.rs` and `cuda_gpu.rs`: seeds, random inputs, the compressor
 //! configurations under test, and the CPU compressors of the registry.
 #![allow(dead_code)]
 
