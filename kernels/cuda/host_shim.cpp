@@ -457,4 +457,54 @@ bool pp_emu_randomk_decompress(const uint8_t* p, pp_u64 len, pp_u64 n, pp_u64 k,
     return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Error feedback, momentum and averaging (pp_ef_input, pp_ef_residual, pp_nesterov,
+// pp_momentum_update, pp_divide): the kernels' loops run serially. The first three return
+// whether every result was finite (the kernels' *bad flag, inverted).
+// ---------------------------------------------------------------------------------------------
+
+bool pp_emu_ef_input(const float* g, const float* e, pp_u64 n, float factor, bool vanilla,
+                     float* p) {
+    bool ok = true;
+    for (pp_u64 i = 0; i < n; ++i) {
+        float v = pp_ef_sum(g[i], e[i], factor, vanilla);
+        ok = ok && pp_is_finite(v);
+        p[i] = v;
+    }
+    return ok;
+}
+
+bool pp_emu_ef_residual(const float* p, float* d, pp_u64 n) {
+    bool ok = true;
+    for (pp_u64 i = 0; i < n; ++i) {
+        float v = p[i] - d[i];
+        ok = ok && pp_is_finite(v);
+        d[i] = v;
+    }
+    return ok;
+}
+
+bool pp_emu_nesterov(const float* g, const float* m, pp_u64 n, float mu, float* p) {
+    bool ok = true;
+    for (pp_u64 i = 0; i < n; ++i) {
+        float mn = pp_momentum_next(m[i], g[i], mu);
+        float v = pp_nesterov_value(g[i], mn, mu);
+        ok = ok && pp_is_finite(v) && pp_is_finite(mn);
+        p[i] = v;
+    }
+    return ok;
+}
+
+void pp_emu_momentum_update(const float* g, float* m, pp_u64 n, float mu) {
+    for (pp_u64 i = 0; i < n; ++i) {
+        m[i] = pp_momentum_next(m[i], g[i], mu);
+    }
+}
+
+void pp_emu_divide(float* y, pp_u64 n, float w) {
+    for (pp_u64 i = 0; i < n; ++i) {
+        y[i] = y[i] / w;
+    }
+}
+
 }  // extern "C"

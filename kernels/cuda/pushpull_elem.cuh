@@ -949,4 +949,21 @@ PP_HD float pp_randomk_value(const float* x, PPPerm p, pp_u64 j, float scale) {
     return x[pp_permute(p, j)] * scale;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Error feedback, Nesterov momentum and averaging, element by element: the formulas of the CPU
+// decorators (src/decorators.rs) and of the worker's average (src/device/chain.rs documents the
+// sequence). Written as separate f32 operations; with FMA contraction off they round as Rust does.
+// ------------------------------------------------------------------------------------------------
+
+// Error feedback's compressor input: g + e (vanilla) or g + factor * e (corrected).
+PP_HD float pp_ef_sum(float g, float e, float factor, bool vanilla) {
+    return vanilla ? g + e : g + factor * e;
+}
+
+// The new momentum: mu * m + g.
+PP_HD float pp_momentum_next(float m, float g, float mu) { return mu * m + g; }
+
+// Nesterov's compressor input from the new momentum mn: g + mu * mn.
+PP_HD float pp_nesterov_value(float g, float mn, float mu) { return g + mu * mn; }
+
 #endif  // PUSHPULL_ELEM_CUH

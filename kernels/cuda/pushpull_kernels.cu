@@ -352,3 +352,59 @@ extern "C" __global__ void pp_first_nonfinite(const float* x, pp_u64 n, pp_u64* 
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Error feedback, momentum and averaging on the device (src/device/chain.rs). One thread per
+// element; *bad must start at 0 and is set to 1 when a result (or, for pp_nesterov, the new
+// momentum) is not finite: every writer stores the same value, so no atomics are needed.
+// ------------------------------------------------------------------------------------------------
+
+// p[i] = pp_ef_sum(g[i], e[i], factor, vanilla).
+extern "C" __global__ void pp_ef_input(const float* g, const float* e, pp_u64 n, float factor,
+                                       pp_u32 vanilla, float* p, pp_u32* bad) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        float v = pp_ef_sum(g[i], e[i], factor, vanilla != 0);
+        if (!pp_is_finite(v)) {
+            *bad = 1u;
+        }
+        p[i] = v;
+    }
+}
+
+// d[i] = p[i] - d[i] (the new residual: the input minus its decompressed payload).
+extern "C" __global__ void pp_ef_residual(const float* p, float* d, pp_u64 n, pp_u32* bad) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        float v = p[i] - d[i];
+        if (!pp_is_finite(v)) {
+            *bad = 1u;
+        }
+        d[i] = v;
+    }
+}
+
+// p[i] = pp_nesterov_value(g[i], pp_momentum_next(m[i], g[i], mu), mu); m is not changed.
+extern "C" __global__ void pp_nesterov(const float* g, const float* m, pp_u64 n, float mu,
+                                       float* p, pp_u32* bad) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        float mn = pp_momentum_next(m[i], g[i], mu);
+        float v = pp_nesterov_value(g[i], mn, mu);
+        if (!pp_is_finite(v) || !pp_is_finite(mn)) {
+            *bad = 1u;
+        }
+        p[i] = v;
+    }
+}
+
+// m[i] = pp_momentum_next(m[i], g[i], mu): the commit after a successful round.
+extern "C" __global__ void pp_momentum_update(const float* g, float* m, pp_u64 n, float mu) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        m[i] = pp_momentum_next(m[i], g[i], mu);
+    }
+}
+
+// y[i] = y[i] / w (Reduce::Average: the sum divided by the number of workers).
+extern "C" __global__ void pp_divide(float* y, pp_u64 n, float w) {
+    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
+        y[i] = y[i] / w;
+    }
+}

@@ -130,6 +130,16 @@ pub enum KernelError {
         /// What is missing.
         detail: String,
     },
+    /// The device a chunk lives on (a GPU, or its emulation) failed or refused the work.
+    #[error("{compressor} on {device}: {detail}")]
+    Device {
+        /// The compressor's name.
+        compressor: String,
+        /// The device (`cuda:0`, `emulated`).
+        device: String,
+        /// What failed.
+        detail: String,
+    },
 }
 
 impl KernelError {

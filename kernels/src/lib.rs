@@ -146,6 +146,7 @@ pub mod chunk;
 mod codecs;
 pub mod cuda;
 pub mod decorators;
+pub mod device;
 pub mod elem;
 pub mod error;
 mod par;

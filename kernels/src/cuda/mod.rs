@@ -144,6 +144,11 @@ kernels! {
     RandomkDecompressAdd => "pp_randomk_decompress_add",
     AddZero => "pp_add_zero",
     FirstNonfinite => "pp_first_nonfinite",
+    EfInput => "pp_ef_input",
+    EfResidual => "pp_ef_residual",
+    Nesterov => "pp_nesterov",
+    MomentumUpdate => "pp_momentum_update",
+    Divide => "pp_divide",
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -325,14 +330,18 @@ pub enum Device {
         /// CUDA device ordinal.
         ordinal: usize,
     },
+    /// The CUDA kernels' host-compiled twin on host memory ([`crate::device::EmulatedDevice`]:
+    /// tests of the device data path without a GPU).
+    Emulated,
 }
 
 impl fmt::Display for Device {
-    /// `cpu` or `cuda:N`, the spelling of the `device` setting.
+    /// `cpu` or `cuda:N`, the spelling of the `device` setting (or `emulated`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda { ordinal } => write!(f, "cuda:{ordinal}"),
+            Device::Emulated => f.write_str("emulated"),
         }
     }
 }
@@ -390,7 +399,8 @@ mod tests {
     #[test]
     fn kernel_enum_matches_entry_points() {
         assert_eq!(Kernel::FillU32.name(), "pp_fill_u32");
-        assert_eq!(Kernel::FirstNonfinite.name(), *ENTRY_POINTS.last().unwrap());
+        assert_eq!(Kernel::FirstNonfinite.name(), "pp_first_nonfinite");
+        assert_eq!(Kernel::Divide.name(), *ENTRY_POINTS.last().unwrap());
         for name in ENTRY_POINTS {
             assert!(
                 SOURCE.contains(&format!("__global__ void {name}(")),

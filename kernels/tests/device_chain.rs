@@ -1,0 +1,229 @@
+//! The device compressor chain ([`DeviceChain`]) on the [`EmulatedDevice`] (the CUDA kernels'
+//! host-compiled twin) against the CPU chain of [`chunk_codec`], for the same chunk: over
+//! several rounds with fresh random gradients, the payload bytes, the decoded (and averaged)
+//! values, the error-feedback residual and the momentum must agree bit for bit, and both must
+//! refuse the same rounds (a refused round changes neither's state). Every fixed-width
+//! encoding, with and without error feedback (vanilla and corrected) and Nesterov momentum, on
+//! workers and servers, chunks that are a tensor's shorter last chunk, and raw fp32.
+//!
+//! Runs everywhere; the seed is printed (set `PUSHPULL_TEST_SEED` to replay).
+
+mod cuda_common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cuda_common::*;
+use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, Node};
+use pushpull_kernels::device::{Device, DeviceChain, EmulatedDevice};
+use pushpull_kernels::{Compressor, RoundCtx};
+
+/// The decorator settings every case is tried with.
+const DECORATIONS: &[&[(&str, &str)]] = &[
+    &[],
+    &[("ef", "vanilla")],
+    &[("ef", "vanilla"), ("momentum", "nesterov")],
+    &[("momentum", "nesterov"), ("mu", "0.85")],
+    &[("ef", "corrected"), ("momentum", "nesterov")],
+];
+
+struct Pair {
+    what: String,
+    cpu: Box<dyn Compressor>,
+    dev: DeviceChain<EmulatedDevice>,
+}
+
+fn pair(
+    params: &BTreeMap<String, String>,
+    info: ChunkInfo<'_>,
+    device: &Arc<EmulatedDevice>,
+) -> Option<Pair> {
+    let cpu = chunk_codec(&info).unwrap_or_else(|e| panic!("{params:?}: {e}"));
+    let dev = DeviceChain::build(device, &info)
+        .unwrap_or_else(|e| panic!("{params:?}: {e}"))
+        .unwrap_or_else(|| panic!("{params:?}: no device chain"));
+    assert_eq!(dev.name(), cpu.name(), "{params:?}: chain names");
+    Some(Pair {
+        what: format!("{} (n = {}, {:?})", cpu.name(), info.chunk_len, info.node),
+        cpu,
+        dev,
+    })
+}
+
+/// Runs `rounds` rounds of one pair: compress on both, compare, decode both (with an average
+/// over 3 workers on the device, applied by hand on the CPU), compare state.
+fn run_rounds(r: &mut Rng, p: &mut Pair, rounds: u64, device: &EmulatedDevice) -> (u32, u32) {
+    let n = p.cpu.len();
+    let (mut same, mut refused) = (0, 0);
+    // The chunk sits at an offset of a larger device tensor, as in the worker.
+    let offset = r.below(5) as usize;
+    for round in 0..rounds {
+        let lr = 0.05 + r.unit() * 0.1;
+        let ctx = RoundCtx::new(round).with_lr(lr);
+        // Mostly gradients, now and then extreme values that some encodings refuse.
+        let g: Vec<f32> = if r.below(6) == 0 {
+            input(r, n)
+        } else {
+            (0..n).map(|_| r.grad()).collect()
+        };
+        let mut tensor = device.alloc_zeros(offset + n + 3).unwrap();
+        device.upload(&g, &mut tensor, offset).unwrap();
+        let range = offset..offset + n;
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let cpu = p.cpu.compress(&g, &ctx, &mut want);
+        let dev = p.dev.compress(&tensor, range.clone(), &ctx, &mut got);
+        match (&cpu, &dev) {
+            (Ok(()), Ok(())) => {}
+            (Err(_), Err(_)) => {
+                refused += 1;
+                continue;
+            }
+            _ => panic!(
+                "{} round {round}: cpu {cpu:?}, device {dev:?}",
+                p.what
+            ),
+        }
+        assert_same_bytes(&format!("{} round {round}: payload", p.what), &got, &want);
+        let mut cpu_out = vec![f32::NAN; n];
+        p.cpu.decompress(&want, &ctx, &mut cpu_out).unwrap();
+        for v in &mut cpu_out {
+            *v /= 3.0;
+        }
+        let mut out = device.alloc_zeros(offset + n + 3).unwrap();
+        p.dev
+            .decompress(&got, &ctx, &mut out, range.clone(), Some(3.0))
+            .unwrap();
+        assert_same_bits(
+            &format!("{} round {round}: decoded average", p.what),
+            &out[range],
+            &cpu_out,
+        );
+        let ctx_what = |s: &str| format!("{} round {round}: {s}", p.what);
+        match (p.cpu.residual(), p.dev.residual().unwrap()) {
+            (Some(a), Some(b)) => assert_same_bits(&ctx_what("residual"), &b, a),
+            (None, None) => {}
+            (a, b) => panic!("{}: residual {:?} vs {:?}", p.what, a.is_some(), b.is_some()),
+        }
+        match (p.cpu.momentum(), p.dev.momentum().unwrap()) {
+            (Some(a), Some(b)) => assert_same_bits(&ctx_what("momentum"), &b, a),
+            (None, None) => {}
+            (a, b) => panic!("{}: momentum {:?} vs {:?}", p.what, a.is_some(), b.is_some()),
+        }
+        same += 1;
+    }
+    (same, refused)
+}
+
+#[test]
+fn device_chain_matches_the_cpu_chain_round_after_round() {
+    let mut r = Rng::new(seed("device_chain_matches_the_cpu_chain_round_after_round"));
+    let device = Arc::new(EmulatedDevice);
+    let (mut same, mut refused, mut chains) = (0, 0, 0);
+    for &n in &[1usize, 33, 257, 2049, 1 + r.below(5000) as usize] {
+        for case in cases(&mut r, n) {
+            for deco in DECORATIONS {
+                let mut params = case.params.clone();
+                for (k, v) in *deco {
+                    params.insert(k.to_string(), v.to_string());
+                }
+                let node = if r.below(4) == 0 {
+                    Node::Server { id: 1 }
+                } else {
+                    Node::Worker {
+                        rank: r.below(4) as u32,
+                    }
+                };
+                // Now and then the shorter last chunk of a tensor (random-k's k refers to the
+                // full chunk).
+                let full = if r.bool() { n } else { n + 1 };
+                let info = ChunkInfo {
+                    params: &params,
+                    tensor_len: (4 * n) as u64,
+                    chunk_len: n as u64,
+                    full_chunk_len: full as u64,
+                    key: r.u64(),
+                    job_seed: r.u64(),
+                    node,
+                    min_compress_bytes: 0,
+                };
+                let Some(mut p) = pair(&params, info, &device) else {
+                    continue;
+                };
+                let (s, f) = run_rounds(&mut r, &mut p, 3, &device);
+                same += s;
+                refused += f;
+                chains += 1;
+            }
+        }
+    }
+    println!("{chains} chains: {same} rounds identical, {refused} refused by both");
+    assert!(same > 1000, "too few comparisons: {same}");
+}
+
+/// Raw fp32 (a tensor below `min_compress_bytes`, and `compressor = none`) goes through the
+/// device as a plain copy, keeping momentum; error feedback on raw fp32 keeps a zero residual.
+#[test]
+fn raw_fp32_on_the_device_keeps_momentum() {
+    let mut r = Rng::new(seed("raw_fp32_on_the_device_keeps_momentum"));
+    let device = Arc::new(EmulatedDevice);
+    for kv in [
+        vec![("compressor", "onebit"), ("ef", "vanilla"), ("momentum", "nesterov")],
+        vec![("compressor", "none"), ("ef", "vanilla")],
+        vec![("compressor", "none")],
+    ] {
+        let params: BTreeMap<String, String> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let n = 1000;
+        let info = ChunkInfo {
+            params: &params,
+            tensor_len: n,
+            chunk_len: n,
+            full_chunk_len: n,
+            key: 9,
+            job_seed: 3,
+            node: Node::Worker { rank: 1 },
+            // 1000 elements are below this: raw fp32 (momentum kept, no error feedback).
+            min_compress_bytes: 65536,
+        };
+        let mut p = pair(&params, info, &device).unwrap();
+        let (same, _) = run_rounds(&mut r, &mut p, 4, &device);
+        assert!(same >= 1, "{}: no round compared", p.what);
+    }
+}
+
+/// Compressors without a device kernel have no device chain; a bad map is refused by name.
+#[test]
+fn cpu_only_compressors_and_bad_maps() {
+    let device = Arc::new(EmulatedDevice);
+    let build = |kv: &[(&str, &str)]| {
+        let params: BTreeMap<String, String> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let info = ChunkInfo {
+            params: &params,
+            tensor_len: 100_000,
+            chunk_len: 100_000,
+            full_chunk_len: 100_000,
+            key: 1,
+            job_seed: 2,
+            node: Node::Worker { rank: 0 },
+            min_compress_bytes: 0,
+        };
+        DeviceChain::build(&device, &info).map(|c| c.map(|c| c.name().to_string()))
+    };
+    for kv in [
+        vec![("compressor", "topk"), ("k", "0.01")],
+        vec![("compressor", "onebit"), ("columns", "100")],
+        vec![("compressor", "dithering"), ("k", "4"), ("encoding", "elias")],
+    ] {
+        assert_eq!(build(&kv).unwrap(), None, "{kv:?} has a device chain");
+    }
+    // Moniqua is refused for gradients on every path, with the CPU's words.
+    let e = build(&[("compressor", "moniqua"), ("bits", "4"), ("theta", "1")]).unwrap_err();
+    assert!(e.contains("moniqua cannot compress gradients"), "{e}");
+    let e = build(&[("compressor", "minmax"), ("bits", "9")]).unwrap_err();
+    assert!(e.contains("bits") && e.contains('9'), "{e}");
+}
