@@ -162,7 +162,8 @@ impl GpuScheme {
     }
 
     /// What the CPU compressors would have refused, read from a compressed chunk's header:
-    /// a onebit scale, a minmax bucket's `max - min` or a dithering norm that overflows f32.
+    /// a onebit scale, a minmax bucket's `max - min`, a dithering norm (or, for linear levels,
+    /// norm × s) that overflows f32, or a random-k value `x · n/k` that does.
     /// `None` when the payload is fine (or too short to hold the header).
     pub fn header_problem(&self, len: usize, payload: &[u8]) -> Option<String> {
         let nb = num_buckets(len, self.bucket_len(len));
@@ -180,13 +181,30 @@ impl GpuScheme {
                 (!(mx - mn).is_finite())
                     .then(|| format!("bucket {b}: max - min = {mx} - {mn} overflows f32"))
             }),
-            GpuScheme::Dithering { .. } => (0..nb).find_map(|b| {
+            GpuScheme::Dithering {
+                levels, natural, ..
+            } => (0..nb).find_map(|b| {
                 let v = f(b)?;
-                (!v.is_finite()).then(|| {
-                    format!(
+                if !v.is_finite() {
+                    return Some(format!(
                         "bucket {b}: norm {v} is not finite (the sum of squares overflows f32; \
                          use normalize=max)"
+                    ));
+                }
+                // Linear values are (norm * level) / s: norm * s must stay finite.
+                (!natural && !(v * levels as f32).is_finite()).then(|| {
+                    format!(
+                        "bucket {b}: norm {v} times s = {levels} overflows f32 (decoded values \
+                         are norm * level / s)"
                     )
+                })
+            }),
+            // Values are x * n/k, which overflows for |x| near f32::MAX.
+            GpuScheme::RandomK { k, unbiased } => (0..k).find_map(|j| {
+                let v = f(j)?;
+                (!v.is_finite()).then(|| {
+                    let scale = GpuScheme::randomk_scale(len, k, unbiased);
+                    format!("value {j} of the payload is x times n/k = {scale}: it overflows f32")
                 })
             }),
             _ => None,

@@ -349,7 +349,8 @@ fn f32_at(bytes: &[u8], i: usize) -> f32 {
 }
 
 /// The payload the documented format prescribes, or `None` where the compressors refuse
-/// (non-finite input, a onebit mean, minmax range or l2 norm that overflows f32).
+/// (non-finite input, a onebit mean, minmax range or l2 norm that overflows f32, a linear
+/// dithering norm × s or a random-k value x × n/k that does).
 pub fn reference_compress(scheme: &GpuScheme, x: &[f32], streams: RoundStreams) -> Option<Vec<u8>> {
     if x.iter().any(|v| !v.is_finite()) {
         return None;
@@ -406,7 +407,7 @@ pub fn reference_compress(scheme: &GpuScheme, x: &[f32], streams: RoundStreams) 
                 } else {
                     elem::max_abs(c)
                 };
-                if !norm.is_finite() {
+                if !norm.is_finite() || (!natural && !(norm * s as f32).is_finite()) {
                     return None;
                 }
                 out.extend_from_slice(&norm.to_le_bytes());
@@ -427,6 +428,9 @@ pub fn reference_compress(scheme: &GpuScheme, x: &[f32], streams: RoundStreams) 
             let scale = GpuScheme::randomk_scale(n, k, unbiased);
             for j in 0..k {
                 let v = x[p.permute(j as u64) as usize] * scale;
+                if !v.is_finite() {
+                    return None;
+                }
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
