@@ -6,7 +6,10 @@
 //! encoding, with and without error feedback (vanilla and corrected) and Nesterov momentum, on
 //! workers and servers, chunks that are a tensor's shorter last chunk, and raw fp32.
 //!
-//! Runs everywhere; the seed is printed (set `PUSHPULL_TEST_SEED` to replay).
+//! Runs everywhere; the seed is printed (set `PUSHPULL_TEST_SEED` to replay). The same
+//! comparison on a real GPU (`CudaDevice`) is `gpu_device_chain_matches_the_cpu_chain`, ignored
+//! without one: `cargo test -p pushpull-kernels --features cuda --test device_chain --
+//! --ignored` on a GPU machine (it fails, saying so, where there is none).
 
 mod cuda_common;
 
@@ -27,17 +30,17 @@ const DECORATIONS: &[&[(&str, &str)]] = &[
     &[("ef", "corrected"), ("momentum", "nesterov")],
 ];
 
-struct Pair {
+struct Pair<D: Device> {
     what: String,
     cpu: Box<dyn Compressor>,
-    dev: DeviceChain<EmulatedDevice>,
+    dev: DeviceChain<D>,
 }
 
-fn pair(
+fn pair<D: Device>(
     params: &BTreeMap<String, String>,
     info: ChunkInfo<'_>,
-    device: &Arc<EmulatedDevice>,
-) -> Option<Pair> {
+    device: &Arc<D>,
+) -> Option<Pair<D>> {
     let cpu = chunk_codec(&info).unwrap_or_else(|e| panic!("{params:?}: {e}"));
     let dev = DeviceChain::build(device, &info)
         .unwrap_or_else(|e| panic!("{params:?}: {e}"))
@@ -52,7 +55,7 @@ fn pair(
 
 /// Runs `rounds` rounds of one pair: compress on both, compare, decode both (with an average
 /// over 3 workers on the device, applied by hand on the CPU), compare state.
-fn run_rounds(r: &mut Rng, p: &mut Pair, rounds: u64, device: &EmulatedDevice) -> (u32, u32) {
+fn run_rounds<D: Device>(r: &mut Rng, p: &mut Pair<D>, rounds: u64, device: &D) -> (u32, u32) {
     let n = p.cpu.len();
     let (mut same, mut refused) = (0, 0);
     // The chunk sits at an offset of a larger device tensor, as in the worker.
@@ -93,9 +96,11 @@ fn run_rounds(r: &mut Rng, p: &mut Pair, rounds: u64, device: &EmulatedDevice) -
         p.dev
             .decompress(&got, &ctx, &mut out, range.clone(), Some(3.0))
             .unwrap();
+        let mut dev_out = vec![f32::NAN; n];
+        device.download(&out, range, &mut dev_out).unwrap();
         assert_same_bits(
             &format!("{} round {round}: decoded average", p.what),
-            &out[range],
+            &dev_out,
             &cpu_out,
         );
         let ctx_what = |s: &str| format!("{} round {round}: {s}", p.what);
@@ -117,10 +122,35 @@ fn run_rounds(r: &mut Rng, p: &mut Pair, rounds: u64, device: &EmulatedDevice) -
 #[test]
 fn device_chain_matches_the_cpu_chain_round_after_round() {
     let mut r = Rng::new(seed("device_chain_matches_the_cpu_chain_round_after_round"));
-    let device = Arc::new(EmulatedDevice);
+    compare_chains(&mut r, &Arc::new(EmulatedDevice), &[1, 33, 257, 2049]);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
+fn gpu_device_chain_matches_the_cpu_chain() {
+    use pushpull_kernels::cuda::{gpu_available, nvrtc_available, CudaDevice, GpuContext};
+    assert!(
+        gpu_available() && nvrtc_available(),
+        "this test needs a CUDA GPU and libnvrtc, and this machine lacks one of them"
+    );
+    let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("cannot open GPU 0: {e}"));
+    let mut r = Rng::new(seed("gpu_device_chain_matches_the_cpu_chain"));
+    compare_chains(
+        &mut r,
+        &Arc::new(CudaDevice::new(gpu)),
+        &[1, 33, 257, 2049, 100_003],
+    );
+}
+
+/// Every case of [`cases`] with every [`DECORATIONS`] for chunks of `lengths` (and a random
+/// one), on random nodes, three rounds each.
+fn compare_chains<D: Device>(r: &mut Rng, device: &Arc<D>, lengths: &[usize]) {
     let (mut same, mut refused, mut chains) = (0, 0, 0);
-    for &n in &[1usize, 33, 257, 2049, 1 + r.below(5000) as usize] {
-        for case in cases(&mut r, n) {
+    let mut lengths = lengths.to_vec();
+    lengths.push(1 + r.below(5000) as usize);
+    for &n in &lengths {
+        for case in cases(r, n) {
             for deco in DECORATIONS {
                 let mut params = case.params.clone();
                 for (k, v) in *deco {
@@ -146,10 +176,10 @@ fn device_chain_matches_the_cpu_chain_round_after_round() {
                     node,
                     min_compress_bytes: 0,
                 };
-                let Some(mut p) = pair(&params, info, &device) else {
+                let Some(mut p) = pair(&params, info, device) else {
                     continue;
                 };
-                let (s, f) = run_rounds(&mut r, &mut p, 3, &device);
+                let (s, f) = run_rounds(r, &mut p, 3, device);
                 same += s;
                 refused += f;
                 chains += 1;
@@ -188,7 +218,7 @@ fn raw_fp32_on_the_device_keeps_momentum() {
             min_compress_bytes: 65536,
         };
         let mut p = pair(&params, info, &device).unwrap();
-        let (same, _) = run_rounds(&mut r, &mut p, 4, &device);
+        let (same, _) = run_rounds(&mut r, &mut p, 4, &*device);
         assert!(same >= 1, "{}: no round compared", p.what);
     }
 }

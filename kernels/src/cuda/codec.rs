@@ -35,9 +35,9 @@ use super::scheme::{
 use super::{compile_ptx, gpu_unusable_reason, no_panic, CudaError, Kernel, ENTRY_POINTS};
 
 /// Threads per block of every launch (the reductions and pack kernels require exactly this).
-const THREADS: u32 = 256;
+pub(super) const THREADS: u32 = 256;
 
-fn driver(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
+pub(super) fn driver(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver {
         what: what.to_string(),
         detail: e.to_string(),
@@ -128,13 +128,18 @@ impl GpuContext {
             .map_err(driver("synchronising the stream"))
     }
 
-    fn func(&self, k: Kernel) -> &CudaFunction {
+    pub(super) fn func(&self, k: Kernel) -> &CudaFunction {
         &self.funcs[k as usize]
     }
 
     /// A launch of 256-thread blocks covering `units` work units of `per_block` each (capped;
     /// every kernel loops grid-stride), or `None` when there is no work.
-    fn config(&self, units: u64, per_block: u64, shared_bytes: u32) -> Option<LaunchConfig> {
+    pub(super) fn config(
+        &self,
+        units: u64,
+        per_block: u64,
+        shared_bytes: u32,
+    ) -> Option<LaunchConfig> {
         if units == 0 {
             return None;
         }
@@ -156,7 +161,7 @@ macro_rules! launch {
             None => Ok(()),
             Some(cfg) => {
                 let gpu: &GpuContext = $gpu;
-                let mut b = gpu.stream.launch_builder(gpu.func($k));
+                let mut b = gpu.stream().launch_builder(gpu.func($k));
                 $( b.arg(&$arg); )+
                 // SAFETY: the arguments match the kernel's signature in pushpull_kernels.cu
                 // (checked by the GPU tests), device pointers point into live buffers whose
@@ -189,7 +194,7 @@ impl std::fmt::Debug for GpuCodec {
     }
 }
 
-fn check_aligned(ptr: u64, what: &str) -> Result<(), CudaError> {
+pub(super) fn check_aligned(ptr: u64, what: &str) -> Result<(), CudaError> {
     if ptr & 3 == 0 {
         Ok(())
     } else {

@@ -11,6 +11,7 @@
 //! | [`host`] | Rust bindings of the shim: element functions and whole-chunk emulation |
 //! | [`scheme`] | [`GpuScheme`]: which fixed-width encoding, its parameters, payload sizes |
 //! | `codec` (feature `cuda`) | `GpuContext` (module loaded on a `CudaContext` and stream) and `GpuCodec` (compress, decompress, decompress_add on cudarc device buffers) |
+//! | `device` (feature `cuda`) | `GpuContext` as a [`crate::device::Device`]: `CudaSlice<f32>` memory, the error-feedback, momentum and average kernels, payloads copied to the host |
 //!
 //! # Kernels
 //!
@@ -78,10 +79,15 @@ pub mod host;
 pub mod scheme;
 
 #[cfg(feature = "cuda")]
+#[macro_use]
 mod codec;
+#[cfg(feature = "cuda")]
+mod device;
 
 #[cfg(feature = "cuda")]
 pub use codec::{GpuCodec, GpuContext};
+#[cfg(feature = "cuda")]
+pub use device::{CudaChunkCodec, CudaDevice};
 pub use scheme::{GpuScheme, RoundStreams};
 
 /// The complete CUDA C source handed to NVRTC: the element header followed by the kernels
