@@ -81,10 +81,7 @@ fn run_rounds<D: Device>(r: &mut Rng, p: &mut Pair<D>, rounds: u64, device: &D) 
                 refused += 1;
                 continue;
             }
-            _ => panic!(
-                "{} round {round}: cpu {cpu:?}, device {dev:?}",
-                p.what
-            ),
+            _ => panic!("{} round {round}: cpu {cpu:?}, device {dev:?}", p.what),
         }
         assert_same_bytes(&format!("{} round {round}: payload", p.what), &got, &want);
         let mut cpu_out = vec![f32::NAN; n];
@@ -107,12 +104,22 @@ fn run_rounds<D: Device>(r: &mut Rng, p: &mut Pair<D>, rounds: u64, device: &D) 
         match (p.cpu.residual(), p.dev.residual().unwrap()) {
             (Some(a), Some(b)) => assert_same_bits(&ctx_what("residual"), &b, a),
             (None, None) => {}
-            (a, b) => panic!("{}: residual {:?} vs {:?}", p.what, a.is_some(), b.is_some()),
+            (a, b) => panic!(
+                "{}: residual {:?} vs {:?}",
+                p.what,
+                a.is_some(),
+                b.is_some()
+            ),
         }
         match (p.cpu.momentum(), p.dev.momentum().unwrap()) {
             (Some(a), Some(b)) => assert_same_bits(&ctx_what("momentum"), &b, a),
             (None, None) => {}
-            (a, b) => panic!("{}: momentum {:?} vs {:?}", p.what, a.is_some(), b.is_some()),
+            (a, b) => panic!(
+                "{}: momentum {:?} vs {:?}",
+                p.what,
+                a.is_some(),
+                b.is_some()
+            ),
         }
         same += 1;
     }
@@ -197,7 +204,11 @@ fn raw_fp32_on_the_device_keeps_momentum() {
     let mut r = Rng::new(seed("raw_fp32_on_the_device_keeps_momentum"));
     let device = Arc::new(EmulatedDevice);
     for kv in [
-        vec![("compressor", "onebit"), ("ef", "vanilla"), ("momentum", "nesterov")],
+        vec![
+            ("compressor", "onebit"),
+            ("ef", "vanilla"),
+            ("momentum", "nesterov"),
+        ],
         vec![("compressor", "none"), ("ef", "vanilla")],
         vec![("compressor", "none")],
     ] {
@@ -247,7 +258,11 @@ fn cpu_only_compressors_and_bad_maps() {
     for kv in [
         vec![("compressor", "topk"), ("k", "0.01")],
         vec![("compressor", "onebit"), ("columns", "100")],
-        vec![("compressor", "dithering"), ("k", "4"), ("encoding", "elias")],
+        vec![
+            ("compressor", "dithering"),
+            ("k", "4"),
+            ("encoding", "elias"),
+        ],
     ] {
         assert_eq!(build(&kv).unwrap(), None, "{kv:?} has a device chain");
     }

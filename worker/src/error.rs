@@ -112,6 +112,17 @@ pub enum WorkerError {
         got: u64,
     },
 
+    /// A device buffer this call cannot use: the tensor's push_pull rounds (and its
+    /// error-feedback and momentum state) live elsewhere, or the device failed before anything
+    /// was sent. Nothing was sent and no round was used.
+    #[error("tensor {name:?}: {message}")]
+    Device {
+        /// The tensor.
+        name: String,
+        /// What is wrong, naming the devices.
+        message: String,
+    },
+
     /// A broadcast root that is not a rank of the job. Nothing was sent.
     #[error("broadcast of tensor {name:?}: root {root} is not a rank (the job has {num_workers} workers)")]
     BadRoot {

@@ -70,6 +70,7 @@
 mod blocking;
 mod chunks;
 mod control;
+mod data;
 mod dispatch;
 mod error;
 pub mod reference;
@@ -80,6 +81,10 @@ mod worker;
 
 pub use blocking::BlockingWorker;
 pub use error::WorkerError;
+pub use pushpull_kernels::cuda::Device as Place;
+#[cfg(feature = "cuda")]
+pub use pushpull_kernels::cuda::{CudaDevice, GpuContext};
+pub use pushpull_kernels::device::{Device, EmulatedDevice};
 pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
 pub use tensor::{Metrics, Reduce, Tensor, TensorMetrics};
 pub use worker::{JoinOptions, Worker};

@@ -1,7 +1,8 @@
 //! One round of one tensor: push every chunk, wait for its result, decode into the buffer.
 //!
-//! Chunks run concurrently as futures of the round's task, each borrowing its own disjoint
-//! slice of the buffer (no copies, no `unsafe`). Every chunk is encoded at once (into a
+//! Chunks run concurrently as futures of the round's task, sharing the caller's buffer (a
+//! [`RoundData`]: host memory or a device's) behind a mutex that is held only to encode or
+//! decode one chunk, never across an await. Every chunk is encoded at once (into a
 //! pooled buffer) and queued on the worker's [`FrameSender`], which sends it in priority
 //! order within the worker's byte window; the window frees a frame once its server has
 //! received it, whatever the round is doing, so rounds of different tensors issued in any
@@ -12,17 +13,16 @@
 //! workers and the servers. A fatal error (a lost node) ends the call at once.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use pushpull_kernels::{fp32_codec, RoundCtx as CodecRound};
 use pushpull_net::sender::{FrameSender, Peer};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::NodeName;
 
-use crate::chunks::split_chunks;
+use crate::data::RoundData;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
@@ -73,15 +73,15 @@ impl RoundKind {
     }
 }
 
-/// Runs `round` of `tensor` over `buf` (already checked to have the tensor's length) and
-/// returns the buffer holding the result.
-pub(crate) async fn run_round<B: AsMut<[f32]>>(
+/// Runs `round` of `tensor` over `data` (already checked to have the tensor's length, and
+/// [`RoundData::begin`] called).
+pub(crate) async fn run_round<R: RoundData>(
     ctx: RoundCtx,
     tensor: Arc<TensorInner>,
     round: u64,
     kind: RoundKind,
-    mut buf: B,
-) -> Result<B, WorkerError> {
+    data: &Mutex<R>,
+) -> Result<(), WorkerError> {
     let started = std::time::Instant::now();
     let codec_nanos = (
         tensor.compress_nanos.load(Ordering::Relaxed),
@@ -89,10 +89,8 @@ pub(crate) async fn run_round<B: AsMut<[f32]>>(
     );
     let mut first_error: Option<WorkerError> = None;
     {
-        let mut running: FuturesUnordered<_> = split_chunks(buf.as_mut(), &tensor.ranges)
-            .into_iter()
-            .enumerate()
-            .map(|(i, slice)| chunk_round(&ctx, &tensor, i, round, kind, slice))
+        let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
+            .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data))
             .collect();
         while let Some(result) = running.next().await {
             if let Err(e) = result {
@@ -117,7 +115,7 @@ pub(crate) async fn run_round<B: AsMut<[f32]>>(
         Some(e) => Err(e),
         None => {
             tensor.rounds_done.fetch_add(1, Ordering::Relaxed);
-            Ok(buf)
+            Ok(())
         }
     }
 }
@@ -147,14 +145,15 @@ async fn prefer_fatal(shared: &Shared, abort: WorkerError) -> WorkerError {
 /// Longest wait of [`prefer_fatal`].
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// One chunk of one round: encode, push, await the result, decode into `slice`.
-async fn chunk_round(
+/// One chunk of one round: encode, push, await the result, decode into the buffer. `data` is
+/// locked only for encoding and decoding, never across an await.
+async fn chunk_round<R: RoundData>(
     ctx: &RoundCtx,
     tensor: &TensorInner,
     index: usize,
     round: u64,
     kind: RoundKind,
-    slice: &mut [f32],
+    data: &Mutex<R>,
 ) -> Result<(), WorkerError> {
     let chunk = tensor.placement.chunks[index];
     let link = &ctx.links[chunk.server as usize];
@@ -170,39 +169,20 @@ async fn chunk_round(
         RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate, true),
         RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root, root == ctx.rank),
     };
+    let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
 
     // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
     // the round for every worker, instead of leaving the others waiting for this push.
     let mut encode_error = None;
-    let payload = if encode && matches!(kind, RoundKind::Broadcast { .. }) {
-        // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
-        // arrive exactly, and no compressor state (error feedback, momentum) is touched.
+    let payload = if encode {
         let mut out = ctx.pool.take();
-        match fp32_codec(slice.len()).compress(slice, &CodecRound::new(round), &mut out) {
-            Ok(()) => ctx.pool.freeze(out),
-            Err(e) => {
-                encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
-                Bytes::new()
-            }
-        }
-    } else if encode {
-        let mut out = ctx.pool.take();
-        let mut codec = tensor.codecs[index]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
         // The learning rate travels as f32 bits, 0 when the training loop set none.
         let lr = (ctx.learning_rate != 0).then(|| f32::from_bits(ctx.learning_rate));
         let t0 = std::time::Instant::now();
-        let encoded = codec.compress(
-            slice,
-            &CodecRound {
-                lr,
-                ..CodecRound::new(round)
-            },
-            &mut out,
-        );
-        drop(codec);
-        add_nanos(&tensor.compress_nanos, t0);
+        let encoded = lock().encode(tensor, index, round, kind, lr, &mut out);
+        if let RoundKind::Sum { .. } = kind {
+            add_nanos(&tensor.compress_nanos, t0);
+        }
         match encoded {
             Ok(()) => ctx.pool.freeze(out),
             Err(e) => {
@@ -255,27 +235,10 @@ async fn chunk_round(
             tensor
                 .bytes_pulled
                 .fetch_add(payload.len() as u64, Ordering::Relaxed);
-            let codec = tensor.codecs[index]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
             let t0 = std::time::Instant::now();
-            let decoded = match kind {
-                RoundKind::Broadcast { .. } => {
-                    fp32_codec(slice.len()).decompress(&payload, &CodecRound::new(round), slice)
-                }
-                RoundKind::Sum { .. } => codec.decompress(&payload, &CodecRound::new(round), slice),
-            };
-            drop(codec);
+            let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
             add_nanos(&tensor.decompress_nanos, t0);
-            decoded
-                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))?;
-            if let RoundKind::Sum { average: true } = kind {
-                let w = ctx.num_workers as f32;
-                for x in slice.iter_mut() {
-                    *x /= w;
-                }
-            }
-            Ok(())
+            decoded.map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
         }
         Outcome::Abort(message) => Err(WorkerError::Aborted {
             op: kind.op_name(),

@@ -42,8 +42,8 @@ pub(crate) struct TensorInner {
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
     /// a time; the mutex is never held across an await.
     pub(crate) codecs: Vec<Mutex<Box<dyn Compressor>>>,
-    /// Where the codecs compress.
-    pub(crate) device: Device,
+    /// Where the tensor's rounds run and its device state (see `crate::data`).
+    pub(crate) residence: Mutex<Residence>,
     /// The next round number; holding this lock is holding the tensor.
     pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
     pub(crate) rounds_started: AtomicU64,
@@ -54,6 +54,46 @@ pub(crate) struct TensorInner {
     pub(crate) compress_nanos: AtomicU64,
     pub(crate) wait_nanos: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
+}
+
+/// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).
+pub(crate) struct Residence {
+    /// Set by the first push_pull round: [`Device::Cpu`] for host buffers, else the device's.
+    pub(crate) home: Option<Device>,
+    /// The device chains of `home` (a `Vec<Option<DeviceChain<D>>>`), out while a round runs.
+    pub(crate) chains: Option<Box<dyn std::any::Any + Send>>,
+    /// Where the last push_pull round compressed (broadcasts carry raw fp32).
+    pub(crate) compressed_on: Device,
+    /// Where the last round's buffer lived.
+    pub(crate) buffer_on: Device,
+}
+
+impl Residence {
+    pub(crate) fn new() -> Residence {
+        Residence {
+            home: None,
+            chains: None,
+            compressed_on: Device::Cpu,
+            buffer_on: Device::Cpu,
+        }
+    }
+
+    /// Records where a push_pull round compressed and where its buffer was.
+    pub(crate) fn ran(&mut self, compressed_on: Device, buffer_on: Device) {
+        self.compressed_on = compressed_on;
+        self.buffer_on = buffer_on;
+    }
+}
+
+impl TensorInner {
+    pub(crate) fn residence(&self) -> std::sync::MutexGuard<'_, Residence> {
+        self.residence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Chunk `index`'s CPU codec (rounds of a tensor are serialised, so this never waits).
+    pub(crate) fn codec(&self, index: usize) -> std::sync::MutexGuard<'_, Box<dyn Compressor>> {
+        self.codecs[index].lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Tensor {
@@ -117,6 +157,7 @@ impl Tensor {
     pub fn metrics(&self) -> TensorMetrics {
         let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
         let done = self.inner.rounds_done.load(Ordering::Relaxed);
+        let residence = self.inner.residence();
         TensorMetrics {
             len: self.len(),
             chunks: self.num_chunks(),
@@ -128,7 +169,8 @@ impl Tensor {
             compress_seconds: secs(&self.inner.compress_nanos),
             wait_seconds: secs(&self.inner.wait_nanos),
             decompress_seconds: secs(&self.inner.decompress_nanos),
-            device: self.inner.device,
+            device: residence.compressed_on,
+            buffer_device: residence.buffer_on,
         }
     }
 }
@@ -172,9 +214,13 @@ pub struct TensorMetrics {
     pub wait_seconds: f64,
     /// Seconds spent decompressing (decoding) results.
     pub decompress_seconds: f64,
-    /// Where this tensor's chunks are compressed. Today always [`Device::Cpu`]: the worker API
-    /// takes host buffers (see `worker.device` in [`crate::Worker::join`]).
+    /// Where the last push_pull round compressed this tensor's chunks: [`Device::Cpu`] for host
+    /// buffers, for device buffers under `worker.device = "cpu"`, and for compressors without
+    /// a device kernel (top-k, column-wise onebit, Elias-coded dithering); the device's
+    /// (`cuda:N`, or `emulated`) when its kernels did.
     pub device: Device,
+    /// Where the last round's buffer lived (`cpu` for host buffers).
+    pub buffer_device: Device,
 }
 
 impl TensorMetrics {

@@ -8,7 +8,7 @@ pub use join::JoinOptions;
 use pushpull_proto::departure::Departure;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,10 +20,12 @@ use pushpull_proto::{Config, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
+use crate::data::{ChainSetup, DeviceData, HostData, RoundData};
 use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
 use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
+use pushpull_kernels::device::Device;
 use pushpull_kernels::{CodecContext, CodecFactory, Node};
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
@@ -71,6 +73,10 @@ struct WorkerInner {
     config: Config,
     tensors: Mutex<HashMap<String, Tensor>>,
     codec_factory: Mutex<Arc<dyn CodecFactory>>,
+    /// `set_codec_factory` was called: device buffers use the CPU codecs it makes.
+    custom_factory: AtomicBool,
+    /// `worker.device = "cpu"`: device buffers are reduced on the host.
+    host_only: bool,
     /// Buffers for encoded pushes.
     pool: Arc<BufPool>,
     /// The learning rate of the next rounds as f32 bits (0: none set).
@@ -147,6 +153,7 @@ impl Worker {
     /// servers must build matching codecs for a key.
     pub fn set_codec_factory(&self, factory: impl CodecFactory + 'static) {
         *lock(&self.inner.codec_factory) = Arc::new(factory);
+        self.inner.custom_factory.store(true, Ordering::Relaxed);
     }
 
     /// Byte counters: totals and per tensor.
@@ -307,7 +314,7 @@ impl Worker {
                 placement,
                 ranges,
                 codecs,
-                device: pushpull_kernels::cuda::Device::Cpu,
+                residence: Mutex::new(crate::tensor::Residence::new()),
                 round: Arc::new(tokio::sync::Mutex::new(0)),
                 rounds_started: AtomicU64::new(0),
                 bytes_pushed: AtomicU64::new(0),
@@ -396,7 +403,9 @@ impl Worker {
         B: AsMut<[f32]> + Send + 'static,
     {
         let average = op == Reduce::Average;
-        self.submit(tensor, buf, RoundKind::Sum { average }).await
+        self.submit(tensor, HostData(buf), RoundKind::Sum { average })
+            .await
+            .map(|d| d.0)
     }
 
     /// Makes every worker's `buf` equal to the `root` worker's, bit for bit: a round of op
@@ -412,6 +421,64 @@ impl Worker {
     where
         B: AsMut<[f32]> + Send + 'static,
     {
+        self.check_root(tensor, root)?;
+        self.submit(tensor, HostData(buf), RoundKind::Broadcast { root })
+            .await
+            .map(|d| d.0)
+    }
+
+    /// [`Worker::push_pull`] of a tensor in device memory: `mem` (on `device`) is replaced by
+    /// the sum or average in place and handed back, bit for bit what the host path gives.
+    ///
+    /// Each chunk is compressed on the device by the chain of the tensor's parameter map
+    /// ([`pushpull_kernels::device::DeviceChain`]: error feedback and momentum state live on
+    /// the device) and only the compressed payload is copied to the host and pushed; each
+    /// result is copied to the device and decoded there into its range of `mem`. Compressors
+    /// without a device kernel (top-k, column-wise onebit, Elias-coded dithering), and every
+    /// chunk when a custom [`CodecFactory`] is set, copy the chunk to the host and use its CPU
+    /// codec. With `worker.device = "cpu"` the whole tensor is copied to the host, reduced
+    /// there, and copied back. [`Tensor::metrics`] says where each round compressed.
+    ///
+    /// Work is ordered on the device's stream: hand in a device whose stream is the one your
+    /// gradients are computed on (e.g. `CudaDevice::new(GpuContext::with_stream(s)?)`, feature
+    /// `cuda`), and compression starts after them. `mem` is owned by the round until it
+    /// completes, so dropping the returned future never leaves a round writing into freed
+    /// memory (the round finishes in the background, as on the host).
+    ///
+    /// # Errors
+    /// As [`Worker::push_pull`], plus [`WorkerError::Device`] (nothing sent, no round used)
+    /// when the tensor's push_pull rounds so far ran elsewhere (on host buffers, or another
+    /// device: its compressor state lives there) or the device failed before the round, and
+    /// [`WorkerError::Codec`] naming the chunk when it fails during the round.
+    pub async fn push_pull_device<D: Device>(
+        &self,
+        tensor: &Tensor,
+        device: &Arc<D>,
+        mem: D::Mem,
+        op: Reduce,
+    ) -> Result<D::Mem, WorkerError> {
+        let kind = RoundKind::Sum {
+            average: op == Reduce::Average,
+        };
+        self.submit_device(tensor, device, mem, kind).await
+    }
+
+    /// [`Worker::broadcast`] of a tensor in device memory (the root's data is copied to the
+    /// host and pushed as raw fp32; every worker's `mem` receives it). Errors as
+    /// [`Worker::push_pull_device`] and [`Worker::broadcast`].
+    pub async fn broadcast_device<D: Device>(
+        &self,
+        tensor: &Tensor,
+        device: &Arc<D>,
+        mem: D::Mem,
+        root: u32,
+    ) -> Result<D::Mem, WorkerError> {
+        self.check_root(tensor, root)?;
+        self.submit_device(tensor, device, mem, RoundKind::Broadcast { root })
+            .await
+    }
+
+    fn check_root(&self, tensor: &Tensor, root: u32) -> Result<(), WorkerError> {
         if root >= self.num_workers() {
             return Err(WorkerError::BadRoot {
                 name: tensor.name().to_string(),
@@ -419,24 +486,54 @@ impl Worker {
                 num_workers: self.num_workers(),
             });
         }
-        self.submit(tensor, buf, RoundKind::Broadcast { root })
-            .await
+        Ok(())
     }
 
-    /// Runs one round of `tensor` over `buf` in a task of its own and waits for it. The task
-    /// always runs to its end: `submit` returns only once it has (or before spawning it), which
-    /// [`crate::BlockingWorker`] relies on when it lends the caller's slice.
-    async fn submit<B>(
+    async fn submit_device<D: Device>(
         &self,
         tensor: &Tensor,
-        mut buf: B,
+        device: &Arc<D>,
+        mut mem: D::Mem,
         kind: RoundKind,
-    ) -> Result<B, WorkerError>
-    where
-        B: AsMut<[f32]> + Send + 'static,
-    {
+    ) -> Result<D::Mem, WorkerError> {
+        if !self.inner.host_only {
+            let setup = ChainSetup {
+                job_seed: self.inner.map.job_seed,
+                rank: self.inner.rank,
+                min_compress_bytes: self.inner.config.cluster.min_compress_bytes,
+                custom_factory: self.inner.custom_factory.load(Ordering::Relaxed),
+            };
+            let data = DeviceData::new(device.clone(), mem, setup);
+            return self.submit(tensor, data, kind).await.map(|d| d.mem);
+        }
+        // worker.device = "cpu": one copy of the tensor to the host and one back.
         self.check_tensor(tensor)?;
-        let got = buf.as_mut().len() as u64;
+        let device_error = |e: pushpull_kernels::cuda::CudaError| WorkerError::Device {
+            name: tensor.name().to_string(),
+            message: format!("copying between {} and the host: {e}", device.place()),
+        };
+        let len = device.mem_len(&mem);
+        let mut host = vec![0.0f32; len];
+        device
+            .download(&mem, 0..len, &mut host)
+            .map_err(device_error)?;
+        let host = self.submit(tensor, HostData(host), kind).await?.0;
+        tensor.inner.residence().buffer_on = device.place();
+        device.upload(&host, &mut mem, 0).map_err(device_error)?;
+        Ok(mem)
+    }
+
+    /// Runs one round of `tensor` over `data` in a task of its own and waits for it. The task
+    /// always runs to its end: `submit` returns only once it has (or before spawning it), which
+    /// [`crate::BlockingWorker`] relies on when it lends the caller's slice.
+    async fn submit<R: RoundData>(
+        &self,
+        tensor: &Tensor,
+        mut data: R,
+        kind: RoundKind,
+    ) -> Result<R, WorkerError> {
+        self.check_tensor(tensor)?;
+        let got = data.len() as u64;
         if got != tensor.len() {
             return Err(WorkerError::LengthMismatch {
                 name: tensor.name().to_string(),
@@ -450,6 +547,8 @@ impl Worker {
         if let Some(e) = shared.state().fatal {
             return Err(e);
         }
+        // Holding the tensor: claim its home and take its state, before a round is used.
+        data.begin(&tensor.inner, kind)?;
         let ctx = RoundCtx {
             shared: shared.clone(),
             links: self.inner.links.clone(),
@@ -466,7 +565,11 @@ impl Worker {
             let round = *next_round;
             *next_round += 1;
             t.rounds_started.store(*next_round, Ordering::Relaxed);
-            run_round(ctx, t, round, kind, buf).await
+            let data = std::sync::Mutex::new(data);
+            let result = run_round(ctx, t.clone(), round, kind, &data).await;
+            let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
+            data.end(&t);
+            result.map(|()| data)
         });
         task.await.map_err(|e| {
             WorkerError::Internal(format!(

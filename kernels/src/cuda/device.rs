@@ -106,7 +106,8 @@ impl Device for CudaDevice {
 
     fn alloc_zeros(&self, len: usize) -> Result<CudaSlice<f32>, CudaError> {
         // cuMemAlloc rejects 0 bytes.
-        self.gpu.stream()
+        self.gpu
+            .stream()
             .alloc_zeros::<f32>(len.max(1))
             .map_err(driver("allocating device memory"))
     }
@@ -121,7 +122,8 @@ impl Device for CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
-        self.gpu.stream()
+        self.gpu
+            .stream()
             .memcpy_htod(src, &mut dst.slice_mut(range))
             .map_err(driver("copying to the device"))?;
         // The source is caller memory that may change once this returns.
@@ -139,7 +141,8 @@ impl Device for CudaDevice {
         if dst.is_empty() {
             return Ok(());
         }
-        self.gpu.stream()
+        self.gpu
+            .stream()
             .memcpy_dtoh(&src.slice(range), dst)
             .map_err(driver("copying to the host"))?;
         self.gpu.synchronize()
@@ -166,13 +169,16 @@ impl Device for CudaDevice {
         check_range("compress", &range, x.len())?;
         let view = x.slice(range);
         if let Some(i) = codec.codec.find_non_finite(&view)? {
-            return Err(CudaError::Invalid(format!("input element {i} is not finite")));
+            return Err(CudaError::Invalid(format!(
+                "input element {i} is not finite"
+            )));
         }
         let len = codec.codec.compress(&view, streams, &mut codec.payload)?;
         out.clear();
         out.resize(len, 0);
         if len > 0 {
-            self.gpu.stream()
+            self.gpu
+                .stream()
                 .memcpy_dtoh(&codec.payload.slice(0..len), out.as_mut_slice())
                 .map_err(driver("copying the payload to the host"))?;
         }
@@ -197,7 +203,8 @@ impl Device for CudaDevice {
             )));
         }
         if !payload.is_empty() {
-            self.gpu.stream()
+            self.gpu
+                .stream()
                 .memcpy_htod(payload, &mut codec.payload.slice_mut(0..payload.len()))
                 .map_err(driver("copying the payload to the device"))?;
         }
@@ -234,7 +241,18 @@ impl Device for CudaDevice {
             let n = range.len() as u64;
             let vanilla = u32::from(vanilla);
             let cfg = self.gpu.config(n, THREADS as u64, 0);
-            launch!(&self.gpu, Kernel::EfInput, cfg, gp, ep, n, factor, vanilla, pp, bp)?;
+            launch!(
+                &self.gpu,
+                Kernel::EfInput,
+                cfg,
+                gp,
+                ep,
+                n,
+                factor,
+                vanilla,
+                pp,
+                bp
+            )?;
         }
         self.gpu.flag_clear(&bad)
     }

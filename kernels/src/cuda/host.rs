@@ -160,8 +160,7 @@ pub mod ffi {
             p: *mut f32,
         ) -> bool;
         pub fn pp_emu_ef_residual(p: *const f32, d: *mut f32, n: u64) -> bool;
-        pub fn pp_emu_nesterov(g: *const f32, m: *const f32, n: u64, mu: f32, p: *mut f32)
-            -> bool;
+        pub fn pp_emu_nesterov(g: *const f32, m: *const f32, n: u64, mu: f32, p: *mut f32) -> bool;
         pub fn pp_emu_momentum_update(g: *const f32, m: *mut f32, n: u64, mu: f32);
         pub fn pp_emu_divide(y: *mut f32, n: u64, w: f32);
     }
@@ -592,15 +591,7 @@ pub fn nesterov(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool {
     same_len("nesterov", g.len(), m.len());
     same_len("nesterov", g.len(), p.len());
     // SAFETY: all three slices hold g.len() floats.
-    unsafe {
-        ffi::pp_emu_nesterov(
-            g.as_ptr(),
-            m.as_ptr(),
-            g.len() as u64,
-            mu,
-            p.as_mut_ptr(),
-        )
-    }
+    unsafe { ffi::pp_emu_nesterov(g.as_ptr(), m.as_ptr(), g.len() as u64, mu, p.as_mut_ptr()) }
 }
 
 /// `m = mu * m + g`.

@@ -202,7 +202,10 @@ impl<D: Device> DeviceChain<D> {
         };
         // 1. Momentum: p = g + mu * (mu * m + g).
         if let Some(m) = &mut self.momentum {
-            if !dev.nesterov((x, range.clone()), &m.m, m.mu, &mut m.p).map_err(de)? {
+            if !dev
+                .nesterov((x, range.clone()), &m.m, m.mu, &mut m.p)
+                .map_err(de)?
+            {
                 return Err(self.not_finite(x, range, "the momentum update overflows f32"));
             }
         }

@@ -1,11 +1,11 @@
 //! [`Worker::join`]: registering with the scheduler, waiting for the cluster map, connecting
 //! to every server; and everything a failed or cancelled join must close again.
 
-use pushpull_kernels::cuda::{select_device, CudaError, Device, DevicePref};
+use pushpull_kernels::cuda::{select_device, CudaError, DevicePref};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -88,9 +88,8 @@ impl Worker {
     /// # Errors
     /// * [`WorkerError::Config`]: the config does not validate, or the scheduler's port is 0
     ///   (workers must dial the scheduler's real port), or `worker.device` asks for `cuda` /
-    ///   `cuda:N`: buffers are host memory and are compressed on the CPU (`auto`, `cpu`), so a
-    ///   GPU request is refused, naming what is missing when there is no usable GPU, rather
-    ///   than ignored;
+    ///   `cuda:N` where there is no usable GPU (the error names what is missing) or this
+    ///   library was built without its `cuda` feature;
     /// * [`WorkerError::Connect`]: the scheduler or a server could not be reached (names it);
     /// * [`WorkerError::Refused`]: the scheduler refused the registration; the reason names
     ///   what was wrong (a setting that differs, with both values; a rank taken or out of
@@ -106,7 +105,7 @@ impl Worker {
         config
             .validate("(worker config)")
             .map_err(|e| WorkerError::Config(e.to_string()))?;
-        host_buffer_device(&config.worker.device)?;
+        let host_only = device_setting(&config.worker.device)?;
         let sched_addr = config.scheduler_addr();
         if sched_addr.port() == 0 {
             return Err(WorkerError::Config(format!(
@@ -289,6 +288,8 @@ impl Worker {
                 config: config.clone(),
                 tensors: Mutex::new(HashMap::new()),
                 codec_factory: Mutex::new(Arc::new(KernelsFactory)),
+                custom_factory: AtomicBool::new(false),
+                host_only,
                 pool: BufPool::new(PAYLOAD_POOL_BYTES),
                 learning_rate: AtomicU32::new(0),
                 barrier_seq: AtomicU64::new(0),
@@ -314,22 +315,28 @@ impl Worker {
     }
 }
 
-/// Where host buffers are compressed under the `worker.device` setting: on the CPU for `cpu`
-/// and `auto` (`auto` picks the GPU only for device buffers, which the worker API does not take
-/// yet). `cuda` and `cuda:N` are refused rather than ignored: without a usable GPU the error says
-/// what is missing (no libcuda, no device, no NVRTC); with one, it says that compressing on the
-/// GPU from the worker's data path is not built yet.
-fn host_buffer_device(setting: &str) -> Result<Device, WorkerError> {
+/// Checks the `worker.device` setting and says whether device buffers are reduced on the host
+/// (`cpu`). `auto` compresses device buffers on their device and host buffers on the CPU.
+/// `cuda` and `cuda:N` ask for a GPU: refused, naming what is missing, when there is no usable
+/// one (no libcuda, no device, no NVRTC) or when this library was built without its `cuda`
+/// feature, rather than ignored. Host buffers are always compressed on the CPU.
+fn device_setting(setting: &str) -> Result<bool, WorkerError> {
     let bad = |m: String| WorkerError::Config(format!("worker.device = {setting:?}: {m}"));
     let pref: DevicePref = setting.parse().map_err(|e: CudaError| bad(e.to_string()))?;
     match pref {
-        DevicePref::Cpu | DevicePref::Auto => Ok(Device::Cpu),
+        DevicePref::Cpu => Ok(true),
+        DevicePref::Auto => Ok(false),
         DevicePref::Cuda | DevicePref::CudaOrdinal(_) => {
             let device = select_device(pref).map_err(|e| bad(e.to_string()))?;
-            Err(bad(format!(
-                "{device} is usable, but the worker API takes host buffers and compresses them on \
-                 the CPU; push_pull of device buffers is not built yet: use \"auto\" or \"cpu\""
-            )))
+            if cfg!(feature = "cuda") {
+                Ok(false)
+            } else {
+                Err(bad(format!(
+                    "{device} is usable, but this worker library was built without its `cuda` \
+                     feature, so it cannot take CUDA buffers: build pushpull-worker with \
+                     `--features cuda`, or use \"auto\" or \"cpu\""
+                )))
+            }
         }
     }
 }
@@ -340,23 +347,26 @@ mod tests {
 
     #[test]
     fn worker_device_is_resolved_or_refused_by_name() {
-        assert_eq!(host_buffer_device("cpu").unwrap(), Device::Cpu);
-        assert_eq!(host_buffer_device("auto").unwrap(), Device::Cpu);
+        assert!(device_setting("cpu").unwrap());
+        assert!(!device_setting("auto").unwrap());
         for setting in ["cuda", "cuda:1"] {
-            let e = host_buffer_device(setting).unwrap_err().to_string();
+            if cfg!(feature = "cuda") && device_setting(setting).is_ok() {
+                continue; // a GPU, and the feature: accepted
+            }
+            let e = device_setting(setting).unwrap_err().to_string();
             assert!(e.contains(&format!("worker.device = \"{setting}\"")), "{e}");
-            // Without a GPU the reason names what is missing; with one, what is not built.
+            // Without a GPU the reason names what is missing; with one, the missing feature.
             let gpu = pushpull_kernels::cuda::gpu_available();
             assert!(
                 e.contains(if gpu {
-                    "not built yet"
+                    "without its `cuda`"
                 } else {
                     "no usable CUDA GPU"
                 }) || e.contains("CUDA devices"),
                 "{e}"
             );
         }
-        let e = host_buffer_device("gpu").unwrap_err().to_string();
+        let e = device_setting("gpu").unwrap_err().to_string();
         assert!(e.contains("\"gpu\"") && e.contains("cuda:N"), "{e}");
     }
 }

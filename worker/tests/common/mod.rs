@@ -19,6 +19,8 @@
 //! [`Stack::loss_stats`] sums what the sockets did.
 #![allow(dead_code)]
 
+pub mod set;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -1,0 +1,136 @@
+//! The tensor set of the compressed-reproducibility tests (`compressed.rs` with host buffers,
+//! `device.rs` with device buffers): several compressors (stochastic ones included), error
+//! feedback of both kinds, momentum, a tensor below `min_compress_bytes`, tensors spanning
+//! several chunks with a shorter last one; their seeded inputs, the learning-rate schedule, and
+//! the single-process [`Reference`] run of the set.
+
+use pushpull_worker::reference::{RefTensor, Reference};
+use pushpull_worker::{ParamMap, Reduce};
+
+use super::data;
+
+/// Rounds of every reproducibility run.
+pub const ROUNDS: u64 = 10;
+
+/// Workers and servers of the reproducibility cluster, and its partition size.
+pub const WORKERS: u32 = 3;
+pub const SERVERS: u32 = 2;
+pub const PARTITION_BYTES: u64 = 64 * 1024;
+
+pub fn map(kv: &[(&str, &str)]) -> ParamMap {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The tensors of the reproducibility test: several compressors (stochastic ones included),
+/// error feedback of both kinds, momentum, a tensor below `min_compress_bytes`, tensors
+/// spanning several chunks with a shorter last one.
+pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
+    vec![
+        (
+            "onebit",
+            50_001,
+            map(&[
+                ("compressor", "onebit"),
+                ("scaling", "true"),
+                ("ef", "vanilla"),
+                ("momentum", "nesterov"),
+            ]),
+            Reduce::Average,
+        ),
+        (
+            "topk",
+            40_000,
+            map(&[
+                ("byteps_compressor_type", "topk"),
+                ("byteps_compressor_k", "0.01"),
+                ("byteps_error_feedback_type", "vanilla"),
+            ]),
+            Reduce::Sum,
+        ),
+        (
+            "randomk",
+            33_333,
+            map(&[("compressor", "randomk"), ("k", "0.05"), ("ef", "vanilla")]),
+            Reduce::Average,
+        ),
+        (
+            "dithering",
+            30_000,
+            map(&[("compressor", "dithering"), ("k", "4"), ("bucket", "512")]),
+            Reduce::Average,
+        ),
+        (
+            "minmax",
+            20_000,
+            map(&[("compressor", "minmax"), ("bits", "8"), ("ef", "corrected")]),
+            Reduce::Sum,
+        ),
+        (
+            "fp16",
+            17_000,
+            map(&[("compressor", "fp16")]),
+            Reduce::Average,
+        ),
+        (
+            "bias",
+            100,
+            map(&[("compressor", "onebit"), ("momentum", "nesterov")]),
+            Reduce::Average,
+        ),
+    ]
+}
+
+pub fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: usize) -> Vec<f32> {
+    data(
+        seed ^ round.wrapping_mul(0x1000_0001) ^ ((rank as u64) << 40) ^ ((tensor as u64) << 50),
+        len,
+    )
+}
+
+pub fn lr(round: u64) -> f32 {
+    0.1 * 0.8f32.powi(round as i32)
+}
+
+/// The set's results in the single-process reference: `[round][tensor][rank]`.
+pub fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
+    let mut config = pushpull_proto::Config::local(WORKERS, SERVERS);
+    config.cluster.partition_bytes = PARTITION_BYTES;
+    let mut reference = Reference::new(&config, seed);
+    let set = tensor_set();
+    let handles: Vec<RefTensor> = set
+        .iter()
+        .map(|(name, len, params, _)| reference.declare(name, *len, params.clone()).unwrap())
+        .collect();
+    let mut out = Vec::new();
+    for round in 0..ROUNDS {
+        reference.set_learning_rate(lr(round));
+        let mut per_tensor = Vec::new();
+        for (i, (_, len, _, reduce)) in set.iter().enumerate() {
+            let inputs: Vec<Vec<f32>> = (0..WORKERS)
+                .map(|r| input(seed, round, r, i, *len as usize))
+                .collect();
+            per_tensor.push(reference.push_pull(handles[i], &inputs, *reduce).unwrap());
+        }
+        out.push(per_tensor);
+    }
+    out
+}
+
+pub fn first_difference(a: &[Vec<Vec<Vec<f32>>>], b: &[Vec<Vec<Vec<f32>>>]) -> Option<String> {
+    let names: Vec<_> = tensor_set().into_iter().map(|t| t.0).collect();
+    for (round, (ra, rb)) in a.iter().zip(b).enumerate() {
+        for (t, (ta, tb)) in ra.iter().zip(rb).enumerate() {
+            for (rank, (xa, xb)) in ta.iter().zip(tb).enumerate() {
+                if let Some(i) = (0..xa.len()).find(|&i| xa[i].to_bits() != xb[i].to_bits()) {
+                    return Some(format!(
+                        "round {round}, tensor {:?}, rank {rank}, element {i}: {} vs {}",
+                        names[t], xa[i], xb[i]
+                    ));
+                }
+            }
+        }
+    }
+    None
+}

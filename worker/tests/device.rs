@@ -1,0 +1,233 @@
+//! push_pull and broadcast of tensors in device memory through the real scheduler and servers,
+//! on the [`EmulatedDevice`] (the CUDA kernels' host twin: what CI has instead of a GPU):
+//! the whole device data path (chunk ranges, device chains with error feedback and momentum,
+//! payloads to and from the host, the average on the device, the CPU fallback of top-k) must
+//! give the single-process reference's bits, in a job where some workers hand in device
+//! buffers and others host buffers (servers do not care where a worker compressed).
+//!
+//! The same on a real GPU is `gpu_device_buffers_give_the_reference_bits`, ignored without
+//! one: `cargo test -p pushpull-worker --features cuda --test device -- --ignored`.
+
+use std::sync::Arc;
+
+use pushpull_worker::{Device, EmulatedDevice, Place, Reduce, Tensor, Worker, WorkerError};
+
+mod common;
+use common::set::*;
+use common::*;
+
+/// One worker's buffer for one call: on the host, or on `D`.
+async fn call<D: Device>(
+    w: &Worker,
+    t: &Tensor,
+    device: Option<&Arc<D>>,
+    x: Vec<f32>,
+    reduce: Reduce,
+) -> Result<Vec<f32>, WorkerError> {
+    let Some(device) = device else {
+        return w.push_pull(t, x, reduce).await;
+    };
+    let mut mem = device.alloc_zeros(x.len()).unwrap();
+    device.upload(&x, &mut mem, 0).unwrap();
+    let mem = w.push_pull_device(t, device, mem, reduce).await?;
+    let mut out = vec![f32::NAN; x.len()];
+    device.download(&mem, 0..x.len(), &mut out).unwrap();
+    Ok(out)
+}
+
+/// The tensor set for [`ROUNDS`] rounds with ranks in `on_device` handing in buffers on
+/// `device`, then a broadcast of every tensor from rank 0 (checked against rank 0's data);
+/// returns `[round][tensor][rank]` and every tensor's metrics on the
+/// first device rank.
+async fn run_mixed<D: Device>(
+    seed: u64,
+    device: Arc<D>,
+    on_device: &[usize],
+) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<pushpull_worker::TensorMetrics>) {
+    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| {
+        c.cluster.seed = Some(seed)
+    })
+    .await;
+    let set = tensor_set();
+    let mut tensors: Vec<Vec<Tensor>> = Vec::new();
+    for (name, len, params, _) in &set {
+        tensors.push(declare_all_with(&s, name, *len, params.clone()).await);
+    }
+    let dev = |r: usize| on_device.contains(&r).then_some(&device);
+    let mut out = Vec::new();
+    for round in 0..ROUNDS {
+        for w in &s.workers {
+            w.set_learning_rate(lr(round));
+        }
+        let mut per_tensor = Vec::new();
+        for (i, (_, len, _, reduce)) in set.iter().enumerate() {
+            let calls = s.workers.iter().enumerate().map(|(r, w)| {
+                let x = input(seed, round, r as u32, i, *len as usize);
+                call(w, &tensors[i][r], dev(r), x, *reduce)
+            });
+            let ranks: Vec<Vec<f32>> = futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect();
+            per_tensor.push(ranks);
+        }
+        out.push(per_tensor);
+    }
+    // Broadcasts from device memory and from the host, mixed: everyone gets rank 0's bits.
+    // (After the push_pull rounds, whose round numbers then match the reference's.)
+    for (i, (_, len, _, _)) in set.iter().enumerate() {
+        let root_data = input(seed ^ 0xb0, 0, 0, i, *len as usize);
+        let calls = s.workers.iter().enumerate().map(|(r, w)| {
+            let t = &tensors[i][r];
+            let x = if r == 0 {
+                root_data.clone()
+            } else {
+                vec![0.0; *len as usize]
+            };
+            async move {
+                match dev(r) {
+                    Some(d) => {
+                        let mut mem = d.alloc_zeros(x.len()).unwrap();
+                        d.upload(&x, &mut mem, 0).unwrap();
+                        let mem = w.broadcast_device(t, d, mem, 0).await.unwrap();
+                        let mut out = vec![0.0; x.len()];
+                        d.download(&mem, 0..x.len(), &mut out).unwrap();
+                        out
+                    }
+                    None => w.broadcast(t, x, 0).await.unwrap(),
+                }
+            }
+        });
+        for got in futures_util::future::join_all(calls).await {
+            assert!(same_bits(&got, &root_data), "broadcast of tensor {i}");
+        }
+    }
+    let first = on_device.first().copied().unwrap_or(0);
+    let metrics = tensors.iter().map(|ts| ts[first].metrics()).collect();
+    s.finish_all().await;
+    (out, metrics)
+}
+
+fn check_against_reference(
+    seed: u64,
+    got: &[Vec<Vec<Vec<f32>>>],
+    metrics: &[pushpull_worker::TensorMetrics],
+    place: Place,
+) {
+    let reference = run_reference(seed);
+    if let Some(d) = first_difference(got, &reference) {
+        panic!("device buffers vs reference (seed {seed}): {d}");
+    }
+    // Where each tensor was compressed: top-k has no device kernel (the CPU fallback); the
+    // others ran on the device, the small raw tensor included.
+    for ((name, ..), m) in tensor_set().iter().zip(metrics) {
+        let want = if *name == "topk" { Place::Cpu } else { place };
+        assert_eq!(m.device, want, "{name}: compressed on");
+        assert_eq!(m.buffer_device, place, "{name}: buffer on");
+        assert_eq!(m.rounds_done, ROUNDS + 1, "{name}: rounds");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_buffers_give_the_reference_bits() {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        let seed = seed();
+        // Ranks 0 and 2 on the device, rank 1 on the host.
+        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice), &[0, 2]).await;
+        check_against_reference(seed, &got, &metrics, Place::Emulated);
+    })
+    .await
+    .expect("timed out");
+}
+
+#[cfg(feature = "cuda")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
+async fn gpu_device_buffers_give_the_reference_bits() {
+    use pushpull_worker::{CudaDevice, GpuContext};
+    let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
+    let ordinal = gpu.context().ordinal();
+    let seed = seed();
+    let (got, metrics) = run_mixed(seed, Arc::new(CudaDevice::new(gpu)), &[0, 2]).await;
+    check_against_reference(seed, &got, &metrics, Place::Cuda { ordinal });
+}
+
+/// A tensor's push_pull rounds stay where the first ran (its error feedback lives there): a
+/// device buffer after host rounds, or the other way round, is refused by name before any
+/// round is used, and the job goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tensor_stays_where_its_rounds_ran() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack(1, 1, 64 * 1024).await;
+        let w = &s.workers[0];
+        let ef = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
+        let host_t = w.declare("host", 50_000, ef.clone()).await.unwrap();
+        let dev_t = w.declare("dev", 50_000, ef).await.unwrap();
+        let device = Arc::new(EmulatedDevice);
+        let x = data(7, 50_000);
+        call::<EmulatedDevice>(w, &host_t, None, x.clone(), Reduce::Sum)
+            .await
+            .unwrap();
+        call(w, &dev_t, Some(&device), x.clone(), Reduce::Sum)
+            .await
+            .unwrap();
+        let e = call(w, &host_t, Some(&device), x.clone(), Reduce::Sum)
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, WorkerError::Device { .. }), "{text}");
+        assert!(
+            text.contains("\"host\"") && text.contains("run on cpu") && text.contains("emulated"),
+            "{text}"
+        );
+        let e = call::<EmulatedDevice>(w, &dev_t, None, x.clone(), Reduce::Sum)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("run on emulated"), "{e}");
+        // No round was used: both tensors go on where they are.
+        assert_eq!((host_t.rounds_started(), dev_t.rounds_started()), (1, 1));
+        call::<EmulatedDevice>(w, &host_t, None, x.clone(), Reduce::Sum)
+            .await
+            .unwrap();
+        call(w, &dev_t, Some(&device), x, Reduce::Sum)
+            .await
+            .unwrap();
+        // Broadcasts touch no state: any buffer will do.
+        let mem = device.alloc_zeros(50_000).unwrap();
+        w.broadcast_device(&host_t, &device, mem, 0).await.unwrap();
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
+
+/// `worker.device = "cpu"`: device buffers are copied to the host and reduced there (the
+/// metrics say so), with the same bits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_device_cpu_reduces_device_buffers_on_the_host() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack_with(2, 1, 64 * 1024, |c| c.worker.device = "cpu".into()).await;
+        let p = map(&[("compressor", "minmax"), ("bits", "4"), ("ef", "vanilla")]);
+        let ts = declare_all_with(&s, "t", 30_000, p).await;
+        let device = Arc::new(EmulatedDevice);
+        let xs: Vec<Vec<f32>> = (0..2).map(|r| data(100 + r, 30_000)).collect();
+        let (a, b) = tokio::join!(
+            call(
+                &s.workers[0],
+                &ts[0],
+                Some(&device),
+                xs[0].clone(),
+                Reduce::Sum
+            ),
+            call::<EmulatedDevice>(&s.workers[1], &ts[1], None, xs[1].clone(), Reduce::Sum),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert!(same_bits(&a, &b));
+        let m = ts[0].metrics();
+        assert_eq!((m.device, m.buffer_device), (Place::Cpu, Place::Emulated));
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
