@@ -234,9 +234,9 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerConfig {
-    /// `device`: where compression runs: `auto`, `cpu`, `cuda` or `cuda:N` (see the worker
-    /// crate's `Worker::join`: today host buffers are compressed on the CPU, and `cuda` is
-    /// refused at join).
+    /// `device`: where device buffers are compressed: `auto` (on their device), `cpu` (copied
+    /// to the host), `cuda` or `cuda:N` (a usable GPU required at join). Host buffers are
+    /// always compressed on the CPU. See the worker crate's `Worker::push_pull_device`.
     #[serde(default = "default_device")]
     pub device: String,
 }

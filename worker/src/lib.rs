@@ -17,7 +17,8 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`], [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`] |
+//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`], [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`] and [`Worker::broadcast_device`] for tensors in device memory |
+//! | [`Device`], [`EmulatedDevice`], `CudaDevice` and `GpuContext` (feature `cuda`), [`Place`] | re-exported from `pushpull_kernels`: where device buffers live and are compressed |
 //! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
@@ -30,6 +31,8 @@
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
+//! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
+//! device chains, and where a tensor's rounds live),
 //! `chunks` (u64 placement ↔ buffer slices). The protocol itself is documented in
 //! [`pushpull_proto::protocol`].
 //!
