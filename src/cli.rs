@@ -212,6 +212,12 @@ pub struct LocalArgs {
     /// Hidden widths, comma-separated (overrides `job.hidden`).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub hidden: Option<Vec<u32>>,
+    /// Where the built-in training job computes: `cpu` (the default), or `cuda` / `cuda:N`,
+    /// which needs a usable CUDA GPU and a build with the root package's `cuda` feature
+    /// (candle's CUDA backend, which needs nvcc to build); without either the command says
+    /// which is missing and exits with status 2.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: String,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -391,6 +397,33 @@ fn print(text: &str) {
     let _ = out.flush();
 }
 
+/// `pushpull local --device`: `cpu`, or a CUDA device that is usable and that this build can
+/// train on (see [`LocalArgs::device`]).
+fn check_train_device(device: &str) -> CliResult<()> {
+    use pushpull_kernels::cuda::{select_device, DevicePref};
+    let pref: DevicePref = device
+        .parse()
+        .map_err(|e| CliError::usage(format!("--device: {e}")))?;
+    match pref {
+        DevicePref::Cpu => Ok(()),
+        DevicePref::Auto => Err(CliError::usage(
+            "--device auto: choose cpu, cuda or cuda:N for the training job",
+        )),
+        DevicePref::Cuda | DevicePref::CudaOrdinal(_) => {
+            let gpu = select_device(pref).map_err(|e| CliError::usage(format!("--device: {e}")))?;
+            if cfg!(feature = "cuda") {
+                Ok(())
+            } else {
+                Err(CliError::usage(format!(
+                    "--device {device}: {gpu} is usable, but this pushpull was built without \
+                     the `cuda` feature (candle's CUDA backend): rebuild with `cargo build \
+                     --release --features cuda` on a machine with nvcc"
+                )))
+            }
+        }
+    }
+}
+
 /// `pushpull local`: the benchmark job once, or the training job once per compressor and seed
 /// (a comparison table).
 pub fn local(args: LocalArgs) -> CliResult<()> {
@@ -413,6 +446,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     config
         .validate("the cluster file with the command-line overrides")
         .map_err(CliError::usage)?;
+    check_train_device(&args.device)?;
     if !args.command.is_empty() {
         let job_flags = [
             ("--rounds", args.cluster.rounds.is_some()),

@@ -276,3 +276,23 @@ fn certs_command_writes_a_usable_set() {
     let (code, _, err) = run_bin(PUSHPULL, &["certs", "--out", &out_s], T);
     expect_usage(code, &err, &["--force"]);
 }
+
+/// `pushpull local --device cuda` says what is missing (no GPU here, or a build without the
+/// `cuda` feature) and exits 2 before starting anything; a device that is not one is named.
+#[test]
+fn local_device_cuda_without_a_gpu_or_the_feature_exits_2() {
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--device", "cuda"], T);
+    let gpu = pushpull_kernels::cuda::gpu_available() && pushpull_kernels::cuda::nvrtc_available();
+    if gpu && cfg!(feature = "cuda") {
+        println!("a GPU and the cuda feature: --device cuda is accepted here, not checked");
+        return;
+    }
+    let needle = if gpu {
+        "without the `cuda` feature"
+    } else {
+        "no usable CUDA GPU"
+    };
+    expect_usage(code, &err, &["--device", needle]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--device", "tpu"], T);
+    expect_usage(code, &err, &["--device", "\"tpu\"", "cuda:N"]);
+}
