@@ -8,25 +8,44 @@
 use pushpull_kernels::bench::{bench_table, format_table, BenchConfig};
 use std::time::Duration;
 
-fn main() {
+const USAGE: &str = "usage: bench_compress [--threads N] [--sizes N,N,...] [--min-ms N] \
+                     [--filter SUBSTRING]";
+
+fn parse() -> Result<(BenchConfig, Option<String>), String> {
     let mut cfg = BenchConfig::default();
     let mut filter: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        let mut val = || args.next().ok_or_else(|| format!("{a} needs a value"));
+        let number = |flag: &str, v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag} {v:?}: expected a whole number"))
+        };
         match a.as_str() {
-            "--threads" => cfg.threads = val().parse().expect("--threads N"),
+            "--threads" => cfg.threads = number("--threads", &val()?)? as usize,
             "--sizes" => {
-                cfg.sizes = val()
+                cfg.sizes = val()?
                     .split(',')
-                    .map(|s| s.parse().expect("--sizes a,b,c"))
-                    .collect()
+                    .map(|s| number("--sizes", s).map(|n| n as usize))
+                    .collect::<Result<_, _>>()?
             }
-            "--min-ms" => cfg.min_time = Duration::from_millis(val().parse().expect("--min-ms N")),
-            "--filter" => filter = Some(val()),
-            other => panic!("unknown argument {other}"),
+            "--min-ms" => cfg.min_time = Duration::from_millis(number("--min-ms", &val()?)?),
+            "--filter" => filter = Some(val()?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    Ok((cfg, filter))
+}
+
+fn main() {
+    let (mut cfg, filter) = parse().unwrap_or_else(|e| {
+        eprintln!("error: {e}\n{USAGE}");
+        std::process::exit(2);
+    });
     if let Some(f) = filter {
         cfg.cases.retain(|c| c.label.contains(&f));
     }
