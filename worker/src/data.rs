@@ -62,19 +62,14 @@ pub(crate) trait RoundData: Send + 'static {
     fn end(&mut self, tensor: &TensorInner);
 }
 
-/// Claims `tensor`'s push_pull home for `place`, or says why not.
-fn claim_home(tensor: &TensorInner, kind: RoundKind, place: Place) -> Result<(), WorkerError> {
+/// Checks that a round of `kind` on a buffer at `place` may run on `tensor`: broadcasts run
+/// anywhere, push_pull rounds only at the tensor's home (or anywhere before its first).
+fn check_home(tensor: &TensorInner, kind: RoundKind, place: Place) -> Result<(), WorkerError> {
     if !matches!(kind, RoundKind::Sum { .. }) {
         return Ok(());
     }
-    let mut res = tensor.residence();
-    match res.home {
-        None => {
-            res.home = Some(place);
-            Ok(())
-        }
-        Some(home) if home == place => Ok(()),
-        Some(home) => Err(WorkerError::Device {
+    match tensor.residence().home {
+        Some(home) if home != place => Err(WorkerError::Device {
             name: tensor.placement.name.clone(),
             message: format!(
                 "its push_pull rounds run on {home} (where its first round ran and its \
@@ -83,6 +78,7 @@ fn claim_home(tensor: &TensorInner, kind: RoundKind, place: Place) -> Result<(),
                 if home == Place::Cpu { "host" } else { "device" }
             ),
         }),
+        _ => Ok(()),
     }
 }
 
@@ -144,9 +140,10 @@ impl<B: AsMut<[f32]> + Send + 'static> RoundData for HostData<B> {
     }
 
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
-        claim_home(tensor, kind, Place::Cpu)?;
+        check_home(tensor, kind, Place::Cpu)?;
         let mut res = tensor.residence();
         if let RoundKind::Sum { .. } = kind {
+            res.home = Some(Place::Cpu);
             res.compressed_on = Place::Cpu;
         }
         res.buffer_on = Place::Cpu;
@@ -269,7 +266,7 @@ impl<D: Device> RoundData for DeviceData<D> {
 
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
         let place = self.device.place();
-        claim_home(tensor, kind, place)?;
+        check_home(tensor, kind, place)?;
         if !matches!(kind, RoundKind::Sum { .. }) {
             tensor.residence().buffer_on = place;
             return Ok(());
@@ -293,7 +290,11 @@ impl<D: Device> RoundData for DeviceData<D> {
         } else {
             Place::Cpu
         };
-        tensor.residence().ran(on, place);
+        // The home is claimed only once the chains exist: a device that failed to build them
+        // leaves the tensor free to run elsewhere.
+        let mut res = tensor.residence();
+        res.home = Some(place);
+        res.ran(on, place);
         Ok(())
     }
 
