@@ -20,7 +20,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
 
 use super::codec::{check_aligned, driver, GpuCodec, GpuContext, THREADS};
 use super::{CudaError, Device as Place, GpuScheme, Kernel, RoundStreams};
-use crate::device::{check_range, Device};
+use crate::device::{check_range, same_len, Device};
 
 /// The kernels of one scheme for one chunk length, and the device buffer its payloads pass
 /// through.
@@ -80,16 +80,6 @@ fn holds(what: &str, n: usize, len: usize) -> Result<(), CudaError> {
     } else {
         Err(CudaError::Invalid(format!(
             "{what}: a buffer of {len} elements for a chunk of {n}"
-        )))
-    }
-}
-
-fn same_len(what: &str, a: usize, b: usize) -> Result<(), CudaError> {
-    if a == b {
-        Ok(())
-    } else {
-        Err(CudaError::Invalid(format!(
-            "{what}: buffers of {a} and {b} elements"
         )))
     }
 }

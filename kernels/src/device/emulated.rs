@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use super::{check_range, Device};
+use super::{check_range, same_len, Device};
 use crate::cuda::{host, CudaError, Device as Place, GpuScheme, RoundStreams};
 
 /// A device whose memory is host memory and whose kernels are the CUDA kernels' host twin.
@@ -25,16 +25,6 @@ fn span_mut<'a>(
 ) -> Result<&'a mut [f32], CudaError> {
     check_range(what, &range, mem.len())?;
     Ok(&mut mem[range])
-}
-
-fn same_len(what: &str, a: usize, b: usize) -> Result<(), CudaError> {
-    if a == b {
-        Ok(())
-    } else {
-        Err(CudaError::Invalid(format!(
-            "{what}: buffers of {a} and {b} elements"
-        )))
-    }
 }
 
 impl Device for EmulatedDevice {

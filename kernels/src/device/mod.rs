@@ -149,3 +149,14 @@ pub(crate) fn check_range(what: &str, range: &Range<usize>, len: usize) -> Resul
         )))
     }
 }
+
+/// The error for two buffers that must have the same number of elements and do not.
+pub(crate) fn same_len(what: &str, a: usize, b: usize) -> Result<(), CudaError> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(CudaError::Invalid(format!(
+            "{what}: buffers of {a} and {b} elements"
+        )))
+    }
+}
