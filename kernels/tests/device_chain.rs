@@ -272,3 +272,64 @@ fn cpu_only_compressors_and_bad_maps() {
     let e = build(&[("compressor", "minmax"), ("bits", "9")]).unwrap_err();
     assert!(e.contains("bits") && e.contains('9'), "{e}");
 }
+
+/// Corrupted payloads (random bit flips, in headers and codes alike) are refused by the device
+/// chain exactly when the CPU chain refuses them, and when both accept one they decode it to
+/// the same bits: the CUDA decoders check nothing themselves, so `GpuScheme::payload_problem`
+/// must say what the CPU's decompress says.
+#[test]
+fn corrupted_payloads_are_refused_as_on_the_cpu() {
+    let mut r = Rng::new(seed("corrupted_payloads_are_refused_as_on_the_cpu"));
+    let device = Arc::new(EmulatedDevice);
+    let (mut refused, mut accepted) = (0, 0);
+    for &n in &[33usize, 257, 1 + r.below(3000) as usize] {
+        for case in cases(&mut r, n) {
+            let info = ChunkInfo {
+                params: &case.params,
+                tensor_len: n as u64,
+                chunk_len: n as u64,
+                full_chunk_len: n as u64,
+                key: r.u64(),
+                job_seed: r.u64(),
+                node: Node::Worker { rank: 0 },
+                min_compress_bytes: 0,
+            };
+            let mut p = pair(&case.params, info, &device).unwrap();
+            let ctx = RoundCtx::new(r.below(100));
+            let g: Vec<f32> = (0..n).map(|_| r.grad()).collect();
+            let mut payload = Vec::new();
+            if p.cpu.compress(&g, &ctx, &mut payload).is_err() {
+                continue;
+            }
+            for _ in 0..30 {
+                let mut bad = payload.clone();
+                for _ in 0..1 + r.below(3) {
+                    let bit = r.below(8 * bad.len() as u64) as usize;
+                    bad[bit / 8] ^= 1 << (bit % 8);
+                }
+                let mut want = vec![0.0; n];
+                let cpu = p.cpu.decompress(&bad, &ctx, &mut want);
+                let mut mem = device.alloc_zeros(n).unwrap();
+                let dev = p.dev.decompress(&bad, &ctx, &mut mem, 0..n, None);
+                match (cpu, dev) {
+                    (Err(_), Err(_)) => refused += 1,
+                    (Ok(()), Ok(())) => {
+                        let mut got = vec![0.0; n];
+                        device.download(&mem, 0..n, &mut got).unwrap();
+                        assert_same_bits(&format!("{}: accepted corruption", p.what), &got, &want);
+                        accepted += 1;
+                    }
+                    (cpu, dev) => panic!(
+                        "{}: a corrupted payload: cpu {cpu:?}, device {dev:?}",
+                        p.what
+                    ),
+                }
+            }
+        }
+    }
+    println!("{refused} corrupted payloads refused by both, {accepted} accepted by both");
+    assert!(
+        refused > 50 && accepted > 50,
+        "{refused} refused, {accepted} accepted"
+    );
+}

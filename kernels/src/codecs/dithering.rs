@@ -323,6 +323,12 @@ multiversion! {
     fn levels_ok(src: &[u8], n: usize, s: u32) -> bool = levels_ok_impl;
 }
 
+/// Whether every code of a packed stream of `n` codes has a level `<= s` (what decoding
+/// requires; also checked by the CUDA path's payload validation).
+pub(crate) fn packed_levels_ok(src: &[u8], n: usize, s: u32) -> bool {
+    levels_ok(src, n, s)
+}
+
 // ---- Elias ---------------------------------------------------------------------------------
 
 /// LSB-first bit writer into u32 words.

@@ -211,6 +211,76 @@ impl GpuScheme {
         }
     }
 
+    /// What the CPU compressors' decompress would refuse in `payload` for a chunk of `len`
+    /// elements, or `None`: a wrong length, a onebit scale or a dithering norm that is not a
+    /// finite number `>= 0` (for linear levels also `norm × s` finite), a minmax bucket without
+    /// finite `min <= max` and step, non-zero padding bits after the last code, a dithering
+    /// level above s, a random-k value that is not finite. The CUDA decoders check none of
+    /// this, so the device data path calls it before it uploads a payload.
+    pub fn payload_problem(&self, len: usize, payload: &[u8]) -> Option<String> {
+        let want = self.compressed_len(len);
+        if payload.len() != want {
+            return Some(format!(
+                "payload is {} bytes, expected {want}",
+                payload.len()
+            ));
+        }
+        let nb = num_buckets(len, self.bucket_len(len));
+        let f = |i: usize| crate::simd::get_f32(payload, i);
+        let tail = |header_words: usize, w: u32| {
+            (!crate::codecs::tail_bits_zero(&payload[4 * header_words..], len, w))
+                .then(|| "padding bits after the last code are not zero".to_string())
+        };
+        match *self {
+            GpuScheme::Fp16 | GpuScheme::Bf16 => None,
+            GpuScheme::OneBit { .. } => {
+                let scale = f(0);
+                if !(scale.is_finite() && scale >= 0.0) {
+                    return Some(format!("scale {scale} is not a finite number >= 0"));
+                }
+                tail(1, 1)
+            }
+            GpuScheme::MinMax { bits, .. } => {
+                let levels = (1u32 << bits) - 1;
+                for b in 0..nb {
+                    let (mn, mx) = (f(2 * b), f(2 * b + 1));
+                    let step = crate::elem::minmax_step(mn, mx, levels);
+                    if !(mn.is_finite() && mx.is_finite() && mn <= mx && step.is_finite()) {
+                        return Some(format!(
+                            "bucket {b}: min {mn} and max {mx} are not finite with min <= max"
+                        ));
+                    }
+                }
+                tail(2 * nb, bits)
+            }
+            GpuScheme::Dithering {
+                levels, natural, ..
+            } => {
+                for b in 0..nb {
+                    let v = f(b);
+                    if !(v.is_finite() && v >= 0.0 && (natural || (v * levels as f32).is_finite()))
+                    {
+                        return Some(format!(
+                            "bucket {b}: norm {v} is not a finite number >= 0 (with norm * s \
+                             finite)"
+                        ));
+                    }
+                }
+                let w = self.code_bits().unwrap_or(1);
+                if let Some(p) = tail(nb, w) {
+                    return Some(p);
+                }
+                let codes = &payload[4 * nb..];
+                ((levels + 1).count_ones() != 1
+                    && !crate::codecs::dithering::packed_levels_ok(codes, len, levels))
+                .then(|| format!("a code has a level above s = {levels}"))
+            }
+            GpuScheme::RandomK { k, .. } => (0..k)
+                .find(|&j| !f(j).is_finite())
+                .map(|j| format!("value {j} is not finite")),
+        }
+    }
+
     /// Random-k's value scale: `len as f32 / k as f32` when unbiased, else 1.
     pub fn randomk_scale(len: usize, k: usize, unbiased: bool) -> f32 {
         if unbiased && k > 0 {

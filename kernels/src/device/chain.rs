@@ -363,6 +363,17 @@ impl<D: Device> DeviceChain<D> {
                 payload.len(),
             ));
         }
+        // What the CPU decoders refuse, refused before anything reaches the device.
+        if let Some(problem) = self
+            .codec
+            .as_ref()
+            .and_then(|(scheme, _)| scheme.payload_problem(n, payload))
+        {
+            return Err(KernelError::Malformed {
+                compressor: self.name.clone(),
+                detail: problem,
+            });
+        }
         match &mut self.codec {
             Some((_, codec)) => dev.decode(codec, payload, streams, y, range.clone(), false),
             None => {
