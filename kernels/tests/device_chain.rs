@@ -333,3 +333,65 @@ fn corrupted_payloads_are_refused_as_on_the_cpu() {
         "{refused} refused, {accepted} accepted"
     );
 }
+
+/// Non-finite gradients are refused with the CPU's error (naming the element), with and
+/// without decorators, and the refused round leaves the state as it was.
+#[test]
+fn non_finite_gradients_are_named_as_on_the_cpu() {
+    let mut r = Rng::new(seed("non_finite_gradients_are_named_as_on_the_cpu"));
+    let device = Arc::new(EmulatedDevice);
+    let n = 1000;
+    for kv in [
+        vec![("compressor", "fp16")],
+        vec![("compressor", "minmax"), ("bits", "4")],
+        vec![
+            ("compressor", "onebit"),
+            ("ef", "vanilla"),
+            ("momentum", "nesterov"),
+        ],
+    ] {
+        let params: BTreeMap<String, String> = kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let info = ChunkInfo {
+            params: &params,
+            tensor_len: n,
+            chunk_len: n,
+            full_chunk_len: n,
+            key: 5,
+            job_seed: 6,
+            node: Node::Worker { rank: 0 },
+            min_compress_bytes: 0,
+        };
+        let mut p = pair(&params, info, &device).unwrap();
+        // One good round first, so there is state to keep.
+        run_rounds(&mut r, &mut p, 1, &*device);
+        let bad_at = r.below(n) as usize;
+        let mut g: Vec<f32> = (0..n).map(|_| r.grad()).collect();
+        g[bad_at] = if r.bool() {
+            f32::NAN
+        } else {
+            f32::NEG_INFINITY
+        };
+        let mut mem = device.alloc_zeros(n as usize).unwrap();
+        device.upload(&g, &mut mem, 0).unwrap();
+        let ctx = RoundCtx::new(1);
+        let cpu = p.cpu.compress(&g, &ctx, &mut Vec::new()).unwrap_err();
+        let dev = p
+            .dev
+            .compress(&mem, 0..n as usize, &ctx, &mut Vec::new())
+            .unwrap_err();
+        for e in [&cpu, &dev] {
+            match e {
+                pushpull_kernels::KernelError::NonFinite { index, .. } => {
+                    assert_eq!(*index, bad_at, "{}: {e}", p.what)
+                }
+                other => panic!("{}: {other}", p.what),
+            }
+        }
+        // The state is untouched: the next good round still agrees bit for bit.
+        let (same, _) = run_rounds(&mut r, &mut p, 2, &*device);
+        assert!(same >= 1, "{}", p.what);
+    }
+}

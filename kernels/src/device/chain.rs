@@ -265,17 +265,17 @@ impl<D: Device> DeviceChain<D> {
         let streams = self.streams(ctx.round);
         match &mut self.codec {
             Some((scheme, codec)) => {
-                dev.compress(codec, src, src_range, streams, out)
-                    .map_err(|e| match e {
-                        // The device found non-finite input: say which element, as the CPU.
+                let compressed = dev.compress(codec, src, src_range.clone(), streams, out);
+                if let Err(e) = compressed {
+                    return Err(match e {
+                        // Non-finite input (only possible without decorators, which check
+                        // their own results): the CPU's error, naming the element.
                         CudaError::Invalid(m) if m.contains("not finite") => {
-                            KernelError::Overflow {
-                                compressor: name.clone(),
-                                detail: m,
-                            }
+                            self.not_finite(src, src_range, &m)
                         }
                         e => de(e),
-                    })?;
+                    });
+                }
                 if let Some(problem) = scheme.header_problem(n, out) {
                     out.clear();
                     return Err(KernelError::Overflow {
