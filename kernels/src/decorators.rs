@@ -150,17 +150,26 @@ impl Compressor for ErrorFeedback {
             ));
         }
         self.inner.compress(&self.p, ctx, out)?;
-        // e <- p - D(C(p)), computed in `d` and committed only when finite.
-        self.inner.decompress(out, ctx, &mut self.d)?;
-        if !sub_into(&self.p, &mut self.d) {
-            let i = self.d.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
+        // random-k) subtracted in place on its support, which is the same bits and saves
+        // decoding a whole chunk and subtracting it; otherwise computed in `d`.
+        let (new_e, finite) = match self.inner.subtract_decoded(out, ctx, &mut self.p) {
+            Some(res) => (&mut self.p, res?),
+            None => {
+                self.inner.decompress(out, ctx, &mut self.d)?;
+                let finite = sub_into(&self.p, &mut self.d);
+                (&mut self.d, finite)
+            }
+        };
+        if !finite {
+            let i = new_e.iter().position(|v| !v.is_finite()).unwrap_or(0);
             out.clear();
             return Err(KernelError::overflow(
                 &self.name,
                 format!("element {i}: the new residual p - D(C(p)) overflows f32"),
             ));
         }
-        std::mem::swap(&mut self.e, &mut self.d);
+        std::mem::swap(&mut self.e, new_e);
         if lr.is_some() {
             self.prev_lr = lr;
         }

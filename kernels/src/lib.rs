@@ -279,6 +279,20 @@ pub trait Compressor: Send {
         ctx: &RoundCtx,
         acc: &mut [f32],
     ) -> Result<(), KernelError>;
+    /// For compressors whose decoded payload is zero off a set of distinct indices (top-k,
+    /// random-k): `acc[i] = acc[i] - decoded[i]` on those indices only, which is bit for bit
+    /// `acc - decompress(payload)` (off them `a - 0.0 == a` for every `a`, `-0.0` included),
+    /// and whether every changed element is finite. `None` when the compressor has no such
+    /// shortcut; error feedback then decompresses into a buffer and subtracts it. On `Err`,
+    /// `acc` may be partly changed.
+    fn subtract_decoded(
+        &self,
+        _payload: &[u8],
+        _ctx: &RoundCtx,
+        _acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        None
+    }
     /// The error-feedback residual, if the chain has error feedback.
     fn residual(&self) -> Option<&[f32]> {
         None

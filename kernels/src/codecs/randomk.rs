@@ -171,6 +171,25 @@ impl Compressor for RandomK {
         }
         Ok(())
     }
+    fn subtract_decoded(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        Some((|| {
+            self.base.check("accumulator", acc.len())?;
+            self.check_payload(payload)?;
+            let idx = self.indices(ctx.round);
+            let mut finite = true;
+            for (b, &i) in payload.chunks_exact(4).zip(idx.iter()) {
+                let r = acc[i as usize] - f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                finite &= r.is_finite();
+                acc[i as usize] = r;
+            }
+            Ok(finite)
+        })())
+    }
     fn decompress_add(
         &self,
         payload: &[u8],

@@ -298,6 +298,24 @@ impl Compressor for TopK {
         }
         Ok(())
     }
+    fn subtract_decoded(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        Some((|| {
+            self.base.check("accumulator", acc.len())?;
+            let (ib, vb) = self.entries(payload)?;
+            let mut finite = true;
+            for (i, v) in pairs(ib, vb) {
+                let r = acc[i] - v;
+                finite &= r.is_finite();
+                acc[i] = r;
+            }
+            Ok(finite)
+        })())
+    }
     fn decompress_add(
         &self,
         payload: &[u8],
