@@ -100,26 +100,17 @@ fn run_rounds<D: Device>(r: &mut Rng, p: &mut Pair<D>, rounds: u64, device: &D) 
             &dev_out,
             &cpu_out,
         );
-        let ctx_what = |s: &str| format!("{} round {round}: {s}", p.what);
-        match (p.cpu.residual(), p.dev.residual().unwrap()) {
-            (Some(a), Some(b)) => assert_same_bits(&ctx_what("residual"), &b, a),
-            (None, None) => {}
-            (a, b) => panic!(
-                "{}: residual {:?} vs {:?}",
-                p.what,
-                a.is_some(),
-                b.is_some()
-            ),
-        }
-        match (p.cpu.momentum(), p.dev.momentum().unwrap()) {
-            (Some(a), Some(b)) => assert_same_bits(&ctx_what("momentum"), &b, a),
-            (None, None) => {}
-            (a, b) => panic!(
-                "{}: momentum {:?} vs {:?}",
-                p.what,
-                a.is_some(),
-                b.is_some()
-            ),
+        let states = [
+            ("residual", p.cpu.residual(), p.dev.residual().unwrap()),
+            ("momentum", p.cpu.momentum(), p.dev.momentum().unwrap()),
+        ];
+        for (what, cpu, dev) in states {
+            let what = format!("{} round {round}: {what}", p.what);
+            match (cpu, dev) {
+                (Some(a), Some(b)) => assert_same_bits(&what, &b, a),
+                (None, None) => {}
+                (a, b) => panic!("{what}: cpu has it {}, device {}", a.is_some(), b.is_some()),
+            }
         }
         same += 1;
     }
