@@ -30,6 +30,12 @@ const DECORATIONS: &[&[(&str, &str)]] = &[
     &[("ef", "corrected"), ("momentum", "nesterov")],
 ];
 
+fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 struct Pair<D: Device> {
     what: String,
     cpu: Box<dyn Compressor>,
@@ -203,10 +209,7 @@ fn raw_fp32_on_the_device_keeps_momentum() {
         vec![("compressor", "none"), ("ef", "vanilla")],
         vec![("compressor", "none")],
     ] {
-        let params: BTreeMap<String, String> = kv
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let params = map(kv.as_slice());
         let n = 1000;
         let info = ChunkInfo {
             params: &params,
@@ -230,10 +233,7 @@ fn raw_fp32_on_the_device_keeps_momentum() {
 fn cpu_only_compressors_and_bad_maps() {
     let device = Arc::new(EmulatedDevice);
     let build = |kv: &[(&str, &str)]| {
-        let params: BTreeMap<String, String> = kv
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let params = map(kv);
         let info = ChunkInfo {
             params: &params,
             tensor_len: 100_000,
@@ -341,10 +341,7 @@ fn non_finite_gradients_are_named_as_on_the_cpu() {
             ("momentum", "nesterov"),
         ],
     ] {
-        let params: BTreeMap<String, String> = kv
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let params = map(kv.as_slice());
         let info = ChunkInfo {
             params: &params,
             tensor_len: n,

@@ -11,6 +11,7 @@ use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{ParamMap, Reduce, Tensor};
 
 mod common;
+use common::set::map;
 use common::*;
 
 const WORKERS: u32 = 2;
@@ -27,12 +28,6 @@ const RUN_LIMIT: Duration = Duration::from_secs(60);
 type Set = Vec<(&'static str, u64, ParamMap, Reduce)>;
 /// `[round][tensor][rank]`.
 type Results = Vec<Vec<Vec<Vec<f32>>>>;
-
-fn map(kv: &[(&str, &str)]) -> ParamMap {
-    kv.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
 
 /// Raw fp32: tensors of several chunks over both servers, and a tiny one.
 fn uncompressed() -> Set {
