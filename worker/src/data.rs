@@ -131,6 +131,18 @@ fn decode_host(
     Ok(())
 }
 
+/// [`RoundData::begin`] of a round whose buffers are on the host.
+fn begin_host(tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
+    check_home(tensor, kind, Place::Cpu)?;
+    let mut res = tensor.residence();
+    if let RoundKind::Sum { .. } = kind {
+        res.home = Some(Place::Cpu);
+        res.compressed_on = Place::Cpu;
+    }
+    res.buffer_on = Place::Cpu;
+    Ok(())
+}
+
 /// A host buffer.
 pub(crate) struct HostData<B>(pub(crate) B);
 
@@ -140,14 +152,7 @@ impl<B: AsMut<[f32]> + Send + 'static> RoundData for HostData<B> {
     }
 
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
-        check_home(tensor, kind, Place::Cpu)?;
-        let mut res = tensor.residence();
-        if let RoundKind::Sum { .. } = kind {
-            res.home = Some(Place::Cpu);
-            res.compressed_on = Place::Cpu;
-        }
-        res.buffer_on = Place::Cpu;
-        Ok(())
+        begin_host(tensor, kind)
     }
 
     fn encode(
@@ -173,6 +178,56 @@ impl<B: AsMut<[f32]> + Send + 'static> RoundData for HostData<B> {
         payload: &[u8],
     ) -> Result<(), String> {
         let slice = &mut self.0.as_mut()[tensor.ranges[index].clone()];
+        decode_host(tensor, index, slice, round, kind, num_workers, payload)
+    }
+
+    fn end(&mut self, _tensor: &TensorInner) {}
+}
+
+/// A host input and a separate host output: the round reads `input` and writes each chunk's
+/// result into `output` ([`crate::Worker::push_pull_into`]). The home rule and the codecs are
+/// those of [`HostData`].
+pub(crate) struct HostInto<I, O> {
+    pub(crate) input: I,
+    pub(crate) output: O,
+}
+
+impl<I, O> RoundData for HostInto<I, O>
+where
+    I: AsRef<[f32]> + Send + 'static,
+    O: AsMut<[f32]> + Send + 'static,
+{
+    fn len(&mut self) -> usize {
+        self.input.as_ref().len()
+    }
+
+    fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
+        begin_host(tensor, kind)
+    }
+
+    fn encode(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+        kind: RoundKind,
+        lr: Option<f32>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        let slice = &self.input.as_ref()[tensor.ranges[index].clone()];
+        encode_host(tensor, index, slice, round, kind, lr, out)
+    }
+
+    fn decode(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+        kind: RoundKind,
+        num_workers: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        let slice = &mut self.output.as_mut()[tensor.ranges[index].clone()];
         decode_host(tensor, index, slice, round, kind, num_workers, payload)
     }
 

@@ -20,7 +20,7 @@ use pushpull_proto::{Config, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
-use crate::data::{ChainSetup, DeviceData, HostData, RoundData};
+use crate::data::{ChainSetup, DeviceData, HostData, HostInto, RoundData};
 use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
 use crate::shared::{Phase, Shared};
@@ -406,6 +406,44 @@ impl Worker {
         self.submit(tensor, HostData(buf), RoundKind::Sum { average })
             .await
             .map(|d| d.0)
+    }
+
+    /// [`Worker::push_pull`] out of place: reads `input` and writes the sum (or average) over
+    /// all workers into `output`, handing both back; `input` is not modified, and `output`'s
+    /// contents before the call do not matter. BytePS's `push_pull` takes an output tensor the
+    /// same way. Use it when the gradient must be kept, or when the same input is reduced
+    /// again (a benchmark): it saves the copy an in-place call would need first.
+    ///
+    /// The tensor's rounds, compressor state, serialisation and cancellation are those of
+    /// `push_pull`: a round of `push_pull_into` is a round of the tensor like any other.
+    ///
+    /// # Errors
+    /// As [`Worker::push_pull`]; [`WorkerError::LengthMismatch`] if `input` or `output` is not
+    /// the tensor's length (nothing sent). On error both buffers are dropped.
+    pub async fn push_pull_into<I, O>(
+        &self,
+        tensor: &Tensor,
+        input: I,
+        mut output: O,
+        op: Reduce,
+    ) -> Result<(I, O), WorkerError>
+    where
+        I: AsRef<[f32]> + Send + 'static,
+        O: AsMut<[f32]> + Send + 'static,
+    {
+        let got = output.as_mut().len() as u64;
+        if got != tensor.len() {
+            return Err(WorkerError::LengthMismatch {
+                name: tensor.name().to_string(),
+                declared: tensor.len(),
+                got,
+            });
+        }
+        let average = op == Reduce::Average;
+        let data = HostInto { input, output };
+        self.submit(tensor, data, RoundKind::Sum { average })
+            .await
+            .map(|d| (d.input, d.output))
     }
 
     /// Makes every worker's `buf` equal to the `root` worker's, bit for bit: a round of op

@@ -10,8 +10,10 @@ use common::set::*;
 use common::*;
 
 /// Runs the tensor set for [`ROUNDS`] rounds on a 3-worker, 2-server cluster; returns
-/// `[round][tensor][rank]` results and the workers' pushed/raw bytes per tensor.
-async fn run_cluster(seed: u64) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
+/// `[round][tensor][rank]` results and the workers' pushed/raw bytes per tensor. With `into`,
+/// every other call (by rank and round) is a `push_pull_into` whose output starts as NaNs and
+/// whose input must come back unchanged.
+async fn run_cluster(seed: u64, into: bool) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
     let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| {
         c.cluster.seed = Some(seed)
     })
@@ -32,6 +34,21 @@ async fn run_cluster(seed: u64) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
             for (r, w) in s.workers.iter().enumerate() {
                 let (w, t, reduce) = (w.clone(), tensors[i][r].clone(), *reduce);
                 let buf = input(seed, round, r as u32, i, *len as usize);
+                if into && (r as u64 + round) % 2 == 1 {
+                    let output = vec![f32::NAN; buf.len()];
+                    calls.push(tokio::spawn(async move {
+                        let kept = buf.clone();
+                        let (buf, output) = w.push_pull_into(&t, buf, output, reduce).await?;
+                        assert!(
+                            buf.iter()
+                                .zip(&kept)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "push_pull_into changed its input"
+                        );
+                        Ok(output)
+                    }));
+                    continue;
+                }
                 calls.push(tokio::spawn(
                     async move { w.push_pull(&t, buf, reduce).await },
                 ));
@@ -63,13 +80,14 @@ async fn cluster_is_bit_identical_to_the_single_process_reference_twice() {
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         let reference = run_reference(seed);
-        let (first, bytes) = run_cluster(seed).await;
+        let (first, bytes) = run_cluster(seed, false).await;
         if let Some(d) = first_difference(&first, &reference) {
             panic!("cluster vs reference (seed {seed}): {d}");
         }
-        let (second, _) = run_cluster(seed).await;
+        // Half the calls out of place (push_pull_into): the same bits.
+        let (second, _) = run_cluster(seed, true).await;
         if let Some(d) = first_difference(&second, &reference) {
-            panic!("second cluster run vs reference (seed {seed}): {d}");
+            panic!("second cluster run (half push_pull_into) vs reference (seed {seed}): {d}");
         }
 
         // The compression was real: lossy tensors differ from the exact sum and pushed fewer

@@ -229,6 +229,20 @@ async fn call_errors_name_the_tensor_and_values() {
             e.to_string(),
             "tensor \"fc1.weight\" was declared with 10 elements, but the buffer has 9"
         );
+        // push_pull_into checks both buffers.
+        for (input, output) in [(9, 10), (10, 11)] {
+            let e = w[0]
+                .push_pull_into(&t[0], vec![0.0; input], vec![0.0; output], Reduce::Sum)
+                .await
+                .unwrap_err();
+            let bad = if input != 10 { input } else { output };
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "tensor \"fc1.weight\" was declared with 10 elements, but the buffer has {bad}"
+                )
+            );
+        }
         // A handle from another worker is refused, even with the same name.
         let e = w[0]
             .push_pull(&t[1], vec![0.0; 10], Reduce::Sum)
