@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use pushpull_kernels::rng::{Permutation, Stream};
-use pushpull_kernels::{Compressor, NodeIdentity, RoundCtx};
+use pushpull_kernels::{Compressor, KernelError, NodeIdentity, RoundCtx};
 
 /// Lengths around the interesting boundaries plus random ones.
 fn len_strategy() -> impl Strategy<Value = usize> {
@@ -164,6 +164,106 @@ fn topk_with_massive_ties_and_large_input() {
                     .collect::<Vec<_>>()
             });
             assert_eq!(idx, want, "n={n} k={k}");
+        }
+    }
+}
+
+/// Chunk-sized inputs, where top-k estimates its threshold from a strided sample before it
+/// falls back to a histogram: every shape of input (smooth, heavy-tailed, sorted, mostly zeros,
+/// a few spikes, constant, large only where the sample looks) and k from 1 to n/2 give the reference's
+/// indices, and a non-finite element is named at the reference's index.
+#[test]
+fn topk_at_chunk_sizes_matches_the_reference_on_every_shape() {
+    let seed = seed("topk_at_chunk_sizes_matches_the_reference_on_every_shape");
+    let mut rng = TestRng::new(seed);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    for &n in &[4096usize, 4097, 32768, 50_001] {
+        let shapes: Vec<(&str, Vec<f32>)> = vec![
+            ("gaussian", rng.gradient(n, 1.0)),
+            (
+                "heavy",
+                (0..n)
+                    .map(|_| {
+                        (rng.normal() * 6.0).exp() as f32
+                            * if rng.below(2) == 0 { 1.0 } else { -1.0 }
+                    })
+                    .collect(),
+            ),
+            ("sorted", {
+                let mut v = rng.gradient(n, 1.0);
+                v.sort_by(|a, b| a.abs().total_cmp(&b.abs()));
+                v
+            }),
+            (
+                "sparse",
+                (0..n)
+                    .map(|_| {
+                        if rng.below(200) == 0 {
+                            rng.normal() as f32
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect(),
+            ),
+            ("spikes", {
+                let mut v = rng.gradient(n, 1e-3);
+                for _ in 0..5 {
+                    v[rng.below(n as u64) as usize] = 1e3;
+                }
+                v
+            }),
+            ("constant", vec![-0.25; n]),
+            // Large exactly where a stride of n / 1024 samples (top-k's estimate sees only
+            // large values): too few reach it for k = n / 20.
+            ("aliased", {
+                let stride = n / 1024;
+                (0..n)
+                    .map(|i| {
+                        if i % stride == stride / 2 {
+                            2.0
+                        } else {
+                            rng.normal() as f32 * 0.1
+                        }
+                    })
+                    .collect()
+            }),
+        ];
+        for (shape, x) in &shapes {
+            for k in [1, 5, n / 100, n / 20, n / 10, n / 2] {
+                let want = topk_reference(x, k);
+                let ks = k.to_string();
+                let got: Vec<usize> = one.install(|| {
+                    let mut c = build(&[("compressor", "topk"), ("k", &ks)], n);
+                    let mut out = Vec::new();
+                    c.compress(x, &RoundCtx::new(0), &mut out).unwrap();
+                    out[..4 * k]
+                        .chunks(4)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap()) as usize)
+                        .collect()
+                });
+                assert_eq!(got, want, "{shape} n={n} k={k} (seed {seed})");
+            }
+            // Non-finite elements: the first is named.
+            let mut bad = x.clone();
+            let (a, b) = (rng.below(n as u64) as usize, rng.below(n as u64) as usize);
+            bad[a] = f32::NAN;
+            bad[b] = f32::INFINITY;
+            let first = a.min(b);
+            let ks = (n / 100).to_string();
+            let e = one
+                .install(|| {
+                    let mut c = build(&[("compressor", "topk"), ("k", &ks)], n);
+                    c.compress(&bad, &RoundCtx::new(0), &mut Vec::new())
+                })
+                .unwrap_err();
+            assert!(
+                matches!(e, KernelError::NonFinite { index, .. } if index == first),
+                "{shape} n={n}: {e} (first non-finite at {first}, seed {seed})"
+            );
         }
     }
 }
