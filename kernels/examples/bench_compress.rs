@@ -3,13 +3,18 @@
 //! ```text
 //! cargo run --release -p pushpull-kernels --example bench_compress -- [--threads N]
 //!     [--sizes 1048576,26843546] [--min-ms 500] [--filter SUBSTRING]
+//!     [--simd baseline|avx2|avx512]
 //! ```
+//!
+//! `--simd` caps the kernels' instruction set (the default is the widest the CPU has), to
+//! compare the levels in one sitting; every level gives the same bytes.
 
 use pushpull_kernels::bench::{bench_table, format_table, BenchConfig};
+use pushpull_kernels::{set_max_simd_level, simd_level, SimdLevel};
 use std::time::Duration;
 
 const USAGE: &str = "usage: bench_compress [--threads N] [--sizes N,N,...] [--min-ms N] \
-                     [--filter SUBSTRING]";
+                     [--filter SUBSTRING] [--simd baseline|avx2|avx512]";
 
 fn parse() -> Result<(BenchConfig, Option<String>), String> {
     let mut cfg = BenchConfig::default();
@@ -31,6 +36,12 @@ fn parse() -> Result<(BenchConfig, Option<String>), String> {
             }
             "--min-ms" => cfg.min_time = Duration::from_millis(number("--min-ms", &val()?)?),
             "--filter" => filter = Some(val()?),
+            "--simd" => set_max_simd_level(match val()?.as_str() {
+                "baseline" => SimdLevel::Baseline,
+                "avx2" => SimdLevel::Avx2,
+                "avx512" => SimdLevel::Avx512,
+                v => return Err(format!("--simd {v:?}: expected baseline, avx2 or avx512")),
+            }),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -49,6 +60,7 @@ fn main() {
     if let Some(f) = filter {
         cfg.cases.retain(|c| c.label.contains(&f));
     }
+    println!("instruction set: {:?}", simd_level());
     let rows = bench_table(&cfg);
     print!("{}", format_table(&rows, cfg.threads));
 }

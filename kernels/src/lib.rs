@@ -135,8 +135,9 @@
 //! anything is written, so a failed decompress leaves `out`/`acc` untouched.
 //!
 //! # Speed and threads
-//! The hot loops are written over fixed-size groups so that they vectorise, and compiled twice
-//! (baseline and AVX2, picked at run time). Long chunks are split across rayon's *current*
+//! The hot loops are written over fixed-size groups so that they vectorise, and compiled three
+//! times (baseline, AVX2, AVX-512; the widest the CPU has is picked at run time, [`SimdLevel`],
+//! and all give the same bits). Long chunks are split across rayon's *current*
 //! pool at fixed offsets with fixed-order combination, so the bytes never depend on the thread
 //! count; run inside `ThreadPool::install` to bound the threads. See [`bench`](mod@bench) and the crate
 //! README for measured throughput.
@@ -167,7 +168,7 @@ pub use params::{
 };
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;
-pub use simd::stream_bytes;
+pub use simd::{set_max_simd_level, simd_level, stream_bytes, SimdLevel};
 
 /// Who is compressing: the coordinates of every random draw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

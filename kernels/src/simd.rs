@@ -3,27 +3,97 @@
 //! The kernels are written as plain Rust loops over fixed-size groups (32 elements per output
 //! word for bit streams, [`crate::elem::REDUCE_BLOCK`] for reductions) so that LLVM vectorises
 //! them. The crate is compiled for the baseline target (SSE2 on x86-64), where `f32::floor` is a
-//! library call and nothing vectorises well, so every hot kernel is compiled twice by
-//! [`multiversion!`]: once with AVX2 enabled (picked at run time when the CPU has it) and once
-//! for the baseline. Both compile the *same* source with IEEE semantics (Rust never contracts
-//! `a * b + c` into an FMA, and AVX2 does not enable FMA), so both produce the same bits.
+//! library call and nothing vectorises well, so every hot kernel is compiled three times by
+//! [`multiversion!`]: with AVX-512 (F, DQ, BW, VL: 64-bit multiplies for the SplitMix64 draws),
+//! with AVX2, and for the baseline, and the widest the CPU has is picked at run time
+//! ([`SimdLevel`]). All compile the *same* source with IEEE semantics (Rust never contracts
+//! `a * b + c` into an FMA, and none of these enables FMA), so all produce the same bits;
+//! `kernels/tests/simd_levels.rs` checks it for every compressor, capping the level with
+//! [`set_max_simd_level`].
 
-/// Defines `fn $name(args) -> ret` that calls `$imp(args)` compiled with AVX2 when the CPU has
-/// it (x86-64 only), and the baseline build otherwise.
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+/// The instruction sets the hot kernels are compiled for, narrowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    /// The target's baseline (SSE2 on x86-64; every other architecture).
+    Baseline,
+    /// AVX2.
+    Avx2,
+    /// AVX-512 F, DQ, BW and VL.
+    Avx512,
+}
+
+/// The widest level this CPU supports.
+fn detected() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
+                return SimdLevel::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return SimdLevel::Avx2;
+            }
+        }
+        SimdLevel::Baseline
+    })
+}
+
+/// The cap set by [`set_max_simd_level`] (`SimdLevel as u8`).
+static CAP: AtomicU8 = AtomicU8::new(SimdLevel::Avx512 as u8);
+
+/// The level the kernels use: the widest this CPU supports, at most the cap of
+/// [`set_max_simd_level`]. Every level gives the same bits; only the speed differs.
+pub fn simd_level() -> SimdLevel {
+    let cap = match CAP.load(Ordering::Relaxed) {
+        0 => SimdLevel::Baseline,
+        1 => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    };
+    detected().min(cap)
+}
+
+/// Caps the instruction set of every kernel of this process at `level` (from the next kernel
+/// call on; a level the CPU lacks is never used). For tests that compare the levels' bytes and
+/// for measurements; the default is no cap.
+pub fn set_max_simd_level(level: SimdLevel) {
+    CAP.store(level as u8, Ordering::Relaxed);
+}
+
+/// Defines `fn $name(args) -> ret` that calls `$imp(args)` compiled for the widest
+/// [`SimdLevel`] in use ([`simd_level`]; x86-64 only), or the baseline build.
 macro_rules! multiversion {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? = $imp:path;) => {
         $(#[$m])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                if std::arch::is_x86_feature_detected!("avx2") {
-                    #[target_feature(enable = "avx2")]
-                    unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                        $imp($($arg),*)
+                match $crate::simd::simd_level() {
+                    $crate::simd::SimdLevel::Avx512 => {
+                        #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl")]
+                        unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                            $imp($($arg),*)
+                        }
+                        // SAFETY: `simd_level` never exceeds what the CPU supports; `avx512`
+                        // has no other safety requirement.
+                        return unsafe { avx512($($arg),*) };
                     }
-                    // SAFETY: the CPU supports AVX2 (checked just above); `avx2` has no other
-                    // safety requirement.
-                    return unsafe { avx2($($arg),*) };
+                    $crate::simd::SimdLevel::Avx2 => {
+                        #[target_feature(enable = "avx2")]
+                        unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                            $imp($($arg),*)
+                        }
+                        // SAFETY: as above, for AVX2.
+                        return unsafe { avx2($($arg),*) };
+                    }
+                    $crate::simd::SimdLevel::Baseline => {}
                 }
             }
             $imp($($arg),*)
