@@ -128,14 +128,8 @@ fn topk_keeps_exactly_the_k_largest() {
 fn topk_with_massive_ties_and_large_input() {
     let seed = seed("topk_with_massive_ties_and_large_input");
     let mut rng = TestRng::new(seed);
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let two = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let one = pool(1);
+    let two = pool(2);
     for &(n, k, levels) in &[
         (300_000usize, 3000usize, 3u64),
         (200_000, 100_000, 1000),
@@ -170,16 +164,13 @@ fn topk_with_massive_ties_and_large_input() {
 
 /// Chunk-sized inputs, where top-k estimates its threshold from a strided sample before it
 /// falls back to a histogram: every shape of input (smooth, heavy-tailed, sorted, mostly zeros,
-/// a few spikes, constant, large only where the sample looks) and k from 1 to n/2 give the reference's
-/// indices, and a non-finite element is named at the reference's index.
+/// a few spikes, constant, large only where the sample looks) and k from 1 to n/2 give the
+/// reference's indices, and a non-finite element is named at the reference's index.
 #[test]
 fn topk_at_chunk_sizes_matches_the_reference_on_every_shape() {
     let seed = seed("topk_at_chunk_sizes_matches_the_reference_on_every_shape");
     let mut rng = TestRng::new(seed);
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let one = pool(1);
     for &n in &[4096usize, 4097, 32768, 50_001] {
         let shapes: Vec<(&str, Vec<f32>)> = vec![
             ("gaussian", rng.gradient(n, 1.0)),

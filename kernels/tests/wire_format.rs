@@ -209,14 +209,8 @@ fn parallel_path_gives_the_same_bytes() {
     let mut rng = TestRng::new(seed);
     let n = 300_001; // above the parallel threshold, not a multiple of anything useful
     let x = rng.gradient(n, 0.3);
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let two = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
+    let one = pool(1);
+    let two = pool(2);
     let mut configs = vec![
         vec![("compressor", "fp16")],
         vec![("compressor", "bf16")],

@@ -1,7 +1,8 @@
 //! Where a round's data lives: [`RoundData`], what `round` asks of the caller's buffer (encode
-//! chunk i, decode chunk i's result), with two implementations:
+//! chunk i, decode chunk i's result), in two kinds:
 //!
-//! * [`HostData`]: a host buffer (`AsMut<[f32]>`), each chunk compressed by its CPU codec;
+//! * host buffers, each chunk compressed by its CPU codec: [`HostData`] (one `AsMut<[f32]>`,
+//!   in place) and [`HostInto`] (an input and a separate output);
 //! * [`DeviceData`]: a tensor in a [`Device`]'s memory, each chunk compressed on the device by
 //!   its [`DeviceChain`] (only the payload crosses to the host), or, for compressors without a
 //!   device kernel or under a custom codec factory, copied to the host and compressed by its
@@ -131,78 +132,58 @@ fn decode_host(
     Ok(())
 }
 
-/// [`RoundData::begin`] of a round whose buffers are on the host.
-fn begin_host(tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
-    check_home(tensor, kind, Place::Cpu)?;
-    let mut res = tensor.residence();
-    if let RoundKind::Sum { .. } = kind {
-        res.home = Some(Place::Cpu);
-        res.compressed_on = Place::Cpu;
-    }
-    res.buffer_on = Place::Cpu;
-    Ok(())
+/// The host buffers of a round: where chunks are read from and where results are written.
+trait HostBuffers: Send + 'static {
+    fn input(&mut self) -> &[f32];
+    fn output(&mut self) -> &mut [f32];
 }
 
-/// A host buffer.
+/// A host buffer, read and overwritten in place ([`crate::Worker::push_pull`]).
 pub(crate) struct HostData<B>(pub(crate) B);
 
-impl<B: AsMut<[f32]> + Send + 'static> RoundData for HostData<B> {
-    fn len(&mut self) -> usize {
-        self.0.as_mut().len()
+impl<B: AsMut<[f32]> + Send + 'static> HostBuffers for HostData<B> {
+    fn input(&mut self) -> &[f32] {
+        self.0.as_mut()
     }
-
-    fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
-        begin_host(tensor, kind)
+    fn output(&mut self) -> &mut [f32] {
+        self.0.as_mut()
     }
-
-    fn encode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        let slice = &self.0.as_mut()[tensor.ranges[index].clone()];
-        encode_host(tensor, index, slice, round, kind, lr, out)
-    }
-
-    fn decode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        num_workers: u32,
-        payload: &[u8],
-    ) -> Result<(), String> {
-        let slice = &mut self.0.as_mut()[tensor.ranges[index].clone()];
-        decode_host(tensor, index, slice, round, kind, num_workers, payload)
-    }
-
-    fn end(&mut self, _tensor: &TensorInner) {}
 }
 
 /// A host input and a separate host output: the round reads `input` and writes each chunk's
-/// result into `output` ([`crate::Worker::push_pull_into`]). The home rule and the codecs are
-/// those of [`HostData`].
+/// result into `output` ([`crate::Worker::push_pull_into`]).
 pub(crate) struct HostInto<I, O> {
     pub(crate) input: I,
     pub(crate) output: O,
 }
 
-impl<I, O> RoundData for HostInto<I, O>
+impl<I, O> HostBuffers for HostInto<I, O>
 where
     I: AsRef<[f32]> + Send + 'static,
     O: AsMut<[f32]> + Send + 'static,
 {
+    fn input(&mut self) -> &[f32] {
+        self.input.as_ref()
+    }
+    fn output(&mut self) -> &mut [f32] {
+        self.output.as_mut()
+    }
+}
+
+impl<H: HostBuffers> RoundData for H {
     fn len(&mut self) -> usize {
-        self.input.as_ref().len()
+        self.input().len()
     }
 
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
-        begin_host(tensor, kind)
+        check_home(tensor, kind, Place::Cpu)?;
+        let mut res = tensor.residence();
+        if let RoundKind::Sum { .. } = kind {
+            res.home = Some(Place::Cpu);
+            res.compressed_on = Place::Cpu;
+        }
+        res.buffer_on = Place::Cpu;
+        Ok(())
     }
 
     fn encode(
@@ -214,7 +195,7 @@ where
         lr: Option<f32>,
         out: &mut Vec<u8>,
     ) -> Result<(), String> {
-        let slice = &self.input.as_ref()[tensor.ranges[index].clone()];
+        let slice = &self.input()[tensor.ranges[index].clone()];
         encode_host(tensor, index, slice, round, kind, lr, out)
     }
 
@@ -227,7 +208,7 @@ where
         num_workers: u32,
         payload: &[u8],
     ) -> Result<(), String> {
-        let slice = &mut self.output.as_mut()[tensor.ranges[index].clone()];
+        let slice = &mut self.output()[tensor.ranges[index].clone()];
         decode_host(tensor, index, slice, round, kind, num_workers, payload)
     }
 

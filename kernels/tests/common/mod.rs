@@ -1,4 +1,4 @@
-//! Shared test helpers: the printed seed, random data, building compressors from `k=v` lists,
+//! Shared test helpers: the printed seed, random data, rayon pools, building compressors from `k=v` lists,
 //! and a straightforward reference encoder written from the wire-format spec.
 #![allow(dead_code)]
 
@@ -31,6 +31,14 @@ pub fn prop_config(test: &str, cases: u32) -> Config {
         failure_persistence: None,
         ..Config::default()
     }
+}
+
+/// A rayon pool of `threads` threads (the kernels split long chunks across the current pool).
+pub fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
 }
 
 /// A small deterministic generator for test data (SplitMix64).
