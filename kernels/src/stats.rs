@@ -85,6 +85,9 @@ fn for_slots<T: Send + Copy + Default>(
 /// AVX2 kernels (the same operations in the same order).
 #[inline(always)]
 pub(crate) fn tree_sum(v: &[f32], square: bool) -> f32 {
+    if let Ok(full) = <&[f32; REDUCE_BLOCK]>::try_from(v) {
+        return tree_sum_full(full, square);
+    }
     let mut s = [0.0f32; REDUCE_BLOCK];
     if square {
         for (d, &a) in s.iter_mut().zip(v) {
@@ -96,6 +99,34 @@ pub(crate) fn tree_sum(v: &[f32], square: bool) -> f32 {
         }
     }
     let mut stride = REDUCE_BLOCK / 2;
+    while stride > 0 {
+        let (lo, hi) = s.split_at_mut(stride);
+        for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
+            *a += *b;
+        }
+        stride /= 2;
+    }
+    s[0]
+}
+
+/// [`tree_sum`] of a whole block, its first level (`s[i] + s[i + 128]`) fused with the
+/// squares or magnitudes so the block's terms are never stored: the same operations in the
+/// same order.
+#[inline(always)]
+fn tree_sum_full(v: &[f32; REDUCE_BLOCK], square: bool) -> f32 {
+    const HALF: usize = REDUCE_BLOCK / 2;
+    let (lo, hi) = v.split_at(HALF);
+    let mut s = [0.0f32; HALF];
+    if square {
+        for ((d, &a), &b) in s.iter_mut().zip(lo).zip(hi) {
+            *d = a * a + b * b;
+        }
+    } else {
+        for ((d, &a), &b) in s.iter_mut().zip(lo).zip(hi) {
+            *d = a.abs() + b.abs();
+        }
+    }
+    let mut stride = HALF / 2;
     while stride > 0 {
         let (lo, hi) = s.split_at_mut(stride);
         for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
