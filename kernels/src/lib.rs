@@ -280,12 +280,13 @@ pub trait Compressor: Send {
         ctx: &RoundCtx,
         acc: &mut [f32],
     ) -> Result<(), KernelError>;
-    /// For compressors whose decoded payload is zero off a set of distinct indices (top-k,
-    /// random-k): `acc[i] = acc[i] - decoded[i]` on those indices only, which is bit for bit
-    /// `acc - decompress(payload)` (off them `a - 0.0 == a` for every `a`, `-0.0` included),
-    /// and whether every changed element is finite. `None` when the compressor has no such
-    /// shortcut; error feedback then decompresses into a buffer and subtracts it. On `Err`,
-    /// `acc` may be partly changed.
+    /// `acc = acc - decompress(payload)` in place, bit for bit, and whether every element of
+    /// `acc` is finite afterwards, for compressors that can do it without decoding into a
+    /// buffer: top-k and random-k subtract on their support only (off it `a - 0.0 == a` for
+    /// every `a`, `-0.0` included); onebit adds its decoding with the scale negated
+    /// (`a - v == a + (-v)` exactly, signed zeros included). `None` when the compressor has no
+    /// such shortcut; error feedback then decompresses into a buffer and subtracts it. On
+    /// `Err`, `acc` may be partly changed.
     fn subtract_decoded(
         &self,
         _payload: &[u8],

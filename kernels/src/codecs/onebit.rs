@@ -98,7 +98,7 @@ multiversion! {
 }
 
 impl OneBit {
-    fn decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
+    fn decode(&self, payload: &[u8], out: &mut [f32], mode: Mode) -> Result<(), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
         let scale = crate::simd::get_f32(payload, 0);
         if !scale.is_finite() || scale < 0.0 {
@@ -114,10 +114,27 @@ impl OneBit {
                 "padding bits after the last sign bit are not zero",
             ));
         }
+        let (add, scale) = match mode {
+            Mode::Store => (false, scale),
+            Mode::Add => (true, scale),
+            // `a - v == a + (-v)` exactly: the decoding with the scale negated, added.
+            Mode::Subtract => (true, -scale),
+        };
         let f = if add { expand_add } else { expand };
         par_segments_out(bits, 1, out, |s, i0, o| f(s, i0, o, scale));
         Ok(())
     }
+}
+
+/// What [`OneBit::decode`] does with the decoded values.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `out = D(payload)`.
+    Store,
+    /// `out += D(payload)`.
+    Add,
+    /// `out -= D(payload)`.
+    Subtract,
 }
 
 impl Compressor for OneBit {
@@ -185,7 +202,7 @@ impl Compressor for OneBit {
         out: &mut [f32],
     ) -> Result<(), KernelError> {
         self.base.check("output", out.len())?;
-        self.decode(payload, out, false)
+        self.decode(payload, out, Mode::Store)
     }
     fn decompress_add(
         &self,
@@ -194,6 +211,18 @@ impl Compressor for OneBit {
         acc: &mut [f32],
     ) -> Result<(), KernelError> {
         self.base.check("accumulator", acc.len())?;
-        self.decode(payload, acc, true)
+        self.decode(payload, acc, Mode::Add)
+    }
+    fn subtract_decoded(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        Some((|| {
+            self.base.check("accumulator", acc.len())?;
+            self.decode(payload, acc, Mode::Subtract)?;
+            Ok(crate::simd::first_non_finite(acc).is_none())
+        })())
     }
 }
