@@ -98,7 +98,14 @@ pub(crate) fn tree_sum(v: &[f32], square: bool) -> f32 {
             *d = a.abs();
         }
     }
-    let mut stride = REDUCE_BLOCK / 2;
+    halve(&mut s)
+}
+
+/// The pairwise tree of `s` (a power-of-two length): `s[i] += s[i + len/2]`, halving until one
+/// element is left, which is returned.
+#[inline(always)]
+fn halve(s: &mut [f32]) -> f32 {
+    let mut stride = s.len() / 2;
     while stride > 0 {
         let (lo, hi) = s.split_at_mut(stride);
         for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
@@ -126,15 +133,7 @@ fn tree_sum_full(v: &[f32; REDUCE_BLOCK], square: bool) -> f32 {
             *d = a.abs() + b.abs();
         }
     }
-    let mut stride = HALF / 2;
-    while stride > 0 {
-        let (lo, hi) = s.split_at_mut(stride);
-        for (a, b) in lo.iter_mut().zip(&hi[..stride]) {
-            *a += *b;
-        }
-        stride /= 2;
-    }
-    s[0]
+    halve(&mut s)
 }
 
 #[inline(always)]
