@@ -173,9 +173,10 @@ fn select_sampled(x: &[f32], k: usize) -> Option<Result<Vec<(u32, f32)>, usize>>
     let (_, &mut t, _) = sample.select_nth_unstable_by(rank, |a, b| b.cmp(a));
     // A sample of mostly zeros (a server's sum of sparse payloads): collect the nonzeros.
     let t = t.max(1);
-    // The sample's share, four times over, with room for small k.
+    // The sample's share, four times over, with room for small k (`collect` may pass it by
+    // one block of 32 before it stops).
     let cap = (4 * (rank + 1) * n / SAMPLE).max(2 * k);
-    let mut cand = Vec::with_capacity(cap.min(3 * (rank + 1) * n / SAMPLE) + 32);
+    let mut cand = Vec::with_capacity(cap + 32);
     if !collect(x, t, cap, &mut cand) || cand.len() < k {
         return None;
     }
