@@ -14,8 +14,9 @@
 //! at once, instead of holding chunks that only some workers pushed.
 //!
 //! The window follows the network: it is the node's delivery rate (measured while it has
-//! frames in flight, [`DeliveryRate`]) times [`TARGET_DELAY`] (or twice the longest minimum
-//! round trip of its connections, if that is longer), at most [`WINDOW_CWNDS`] times the sum of
+//! frames in flight, [`DeliveryRate`]) times the round trip its frames see (the shortest
+//! smoothed RTT of its connections) kept between [`TARGET_DELAY`] and twice it (or twice the
+//! longest minimum round trip, if that is longer), at most [`WINDOW_CWNDS`] times the sum of
 //! the congestion windows (quinn sends no more than those anyway) and `cluster.send_window_bytes`,
 //! at least [`MIN_WINDOW`], and it always has room for [`MIN_FRAMES`] frames. Before the first
 //! rate sample it is the congestion-window bound alone. A window much larger than what the link
@@ -34,7 +35,7 @@ use tokio::sync::Notify;
 
 use crate::transport::TransportError;
 use pushpull_proto::protocol::{FrameHeader, FRAME_HEADER_LEN};
-use pushpull_proto::sendq::{DeliveryRate, SendQueue};
+use pushpull_proto::sendq::{DeliveryRate, RoundTrip, SendQueue};
 
 /// A connection frames can be sent on, and its name in errors.
 #[derive(Clone, Debug)]
@@ -54,9 +55,10 @@ struct Frame {
 /// The window is at most this many times the sum of the connections' congestion windows.
 pub const WINDOW_CWNDS: u64 = 2;
 
-/// The window holds the delivery rate times this (see the [module docs](self)). 25 ms beat
-/// 50 and 100 ms at 10 and 100 Mbit/s and tied 12 ms (BENCHMARKS.md, "Wire speed"): at
-/// 10 Mbit/s the window is then [`MIN_WINDOW`], at 100 Mbit/s about 310 KB per node.
+/// The window holds the delivery rate times at least this, and at most twice it (see the
+/// [module docs](self)). 25 ms beat 50 and 100 ms at 10 and 100 Mbit/s and tied 12 ms
+/// (BENCHMARKS.md, "Wire speed"): at 10 Mbit/s the window is then [`MIN_WINDOW`], at
+/// 100 Mbit/s 310–620 KB per node.
 pub const TARGET_DELAY: Duration = Duration::from_millis(25);
 
 /// The smallest window (bytes), whatever the congestion windows say.
@@ -186,17 +188,42 @@ impl State {
     /// The window for `now` (see the [module docs](self)); forgets closed connections.
     fn window(&mut self, now: Instant, max_window: u64) -> u64 {
         self.conns.retain(|_, c| c.close_reason().is_none());
-        let (mut cwnds, mut min_rtt) = (0u64, Duration::ZERO);
-        for c in self.conns.values() {
-            let path = c.stats().path;
-            cwnds = cwnds.saturating_add(path.cwnd);
-            min_rtt = min_rtt.max(path.min_rtt);
-        }
+        let paths: Vec<_> = self.conns.values().map(|c| c.stats().path).collect();
+        let cwnds = paths.iter().fold(0u64, |sum, p| sum.saturating_add(p.cwnd));
+        let rtt = RoundTrip {
+            path: paths.iter().map(|p| p.min_rtt).max().unwrap_or_default(),
+            shared: paths.iter().map(|p| p.rtt).min().unwrap_or_default(),
+        };
         let mut window = cwnds.saturating_mul(WINDOW_CWNDS);
-        if let Some(w) = self.rate.window(now, TARGET_DELAY, min_rtt) {
+        if let Some(w) = self.rate.window(now, TARGET_DELAY, rtt) {
             window = window.min(w);
         }
-        window.clamp(MIN_WINDOW.min(max_window), max_window)
+        let window = window.clamp(MIN_WINDOW.min(max_window), max_window);
+        if crate::trace::enabled() && self.queue.in_flight() > 0 {
+            self.trace_window(now, window);
+        }
+        window
+    }
+
+    /// A `window` line of the frame trace ([`crate::trace::window`]).
+    fn trace_window(&mut self, now: Instant, window: u64) {
+        let paths: Vec<String> = self
+            .conns
+            .values()
+            .map(|c| {
+                let p = c.stats().path;
+                format!(
+                    "{}:{}/{}/{}",
+                    c.remote_address(),
+                    c.rtt().as_micros(),
+                    p.min_rtt.as_micros(),
+                    p.cwnd
+                )
+            })
+            .collect();
+        let rate = self.rate.rate(now);
+        let (in_flight, queued) = (self.queue.in_flight(), self.queue.queued_bytes());
+        crate::trace::window(window, rate, in_flight, queued, &paths.join(" "));
     }
 
     /// Pops the next frame the window lets out.

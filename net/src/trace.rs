@@ -9,7 +9,13 @@
 //!
 //! Events: `queued` (handed to the node's `FrameSender`), `written` (handed to quinn in
 //! full), `acked` (the peer acknowledged all of it) on the sending side; `arrived` (read to
-//! the end of its stream) on the receiving side. Timestamps come from one clock, so the
+//! the end of its stream) on the receiving side. The sender also writes a `window` line
+//! whenever it recomputes its window while it has frames in flight ([`window`]):
+//!
+//! ```text
+//! <µs> <node> window <window> <rate B/s> <in flight> <queued> <peer>:<srtt µs>/<min rtt µs>/<cwnd> ...
+//! ```
+//! Timestamps come from one clock, so the
 //! files of all the processes of one machine (e.g. `pushpull bench net`'s namespaces) merge
 //! into one timeline. Unset (the default), each call is one relaxed load.
 
@@ -47,21 +53,46 @@ pub fn set_node(name: impl Into<String>) {
     }
 }
 
-/// Records one event of frame `h` (see the [module docs](self)); `peer` names the other end.
-pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
+fn write_line(line: &str) {
     let Some(f) = file() else {
         return;
     };
-    let us = SystemTime::now()
+    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = f.write_all(line.as_bytes());
+}
+
+fn now_us() -> u128 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros())
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Records the sender's window (see the [module docs](self)): `paths` is one
+/// `peer:srtt/min_rtt/cwnd` entry per connection.
+pub fn window(window: u64, rate: Option<f64>, in_flight: u64, queued: u64, paths: &str) {
+    if !enabled() {
+        return;
+    }
+    let node = NODE.get().map(String::as_str).unwrap_or("-");
+    let rate = rate.map_or(0, |r| r as u64);
+    write_line(&format!(
+        "{} {node} window {window} {rate} {in_flight} {queued} {paths}\n",
+        now_us()
+    ));
+}
+
+/// Records one event of frame `h` (see the [module docs](self)); `peer` names the other end.
+pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
+    if !enabled() {
+        return;
+    }
+    let us = now_us();
     let node = NODE.get().map(String::as_str).unwrap_or("-");
     let peer: String = peer.split_whitespace().take(2).collect::<Vec<_>>().join("");
     let line = format!(
         "{us} {node} {event} {:?} {:#x} {} {} {} {peer}\n",
         h.kind, h.key, h.round, h.rank, h.payload_len
     );
-    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
-    let _ = f.write_all(line.as_bytes());
+    write_line(&line);
 }

@@ -30,7 +30,7 @@ use std::collections::BinaryHeap;
 
 pub mod rate;
 
-pub use rate::DeliveryRate;
+pub use rate::{DeliveryRate, RoundTrip};
 
 /// A frame waiting in a [`SendQueue`].
 #[derive(Debug)]

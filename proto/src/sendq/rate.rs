@@ -7,8 +7,28 @@
 //! loss-based congestion control fills that queue before it backs off, so the congestion
 //! windows grow to hold it, and half a round leaves in arbitrary order at its start
 //! (BENCHMARKS.md, "Per-frame timelines"). What the link needs is its rate times the time a
-//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times
-//! `max(target delay, 2 × min RTT)`.
+//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times the round trip
+//! the frames see, kept between a target delay and twice it, or twice the minimum RTT where
+//! that is longer (a long path).
+//!
+//! Why the round trip and not the delay alone: a window carries `window / round trip` bytes per
+//! second, so a window of `rate × delay` carries only `delay / RTT` of the rate whenever the
+//! round trip is longer than the delay. That happens when acknowledgements wait in a queue the
+//! node does not fill: a server's results are acknowledged through the queue of the pushes it
+//! receives. The smaller rate is then measured, the window shrinks with it, and the sender
+//! spirals down to its floor; the 2 × 1 cluster at 100 Mbit/s sent its results at half the link
+//! that way (BENCHMARKS.md, "Wire speed").
+//!
+//! Which round trip: the node's own queue lengthens it too, and a window that follows its own
+//! queue grows until it stops at twice the delay, with deeper queues, drops and more frames
+//! out of the priority order (measured with the longest of the connections' smoothed RTTs:
+//! 4 × 4 at 100 Mbit/s dropped 300 packets a run instead of 0–110, and spent more CPU). So the
+//! span is the *shortest* smoothed RTT among the node's connections ([`RoundTrip::shared`]):
+//! a queue that every connection waits in, as a server's own downlink full of pushes is, and
+//! not one peer's. It is taken as it is now, not as a minimum over time: the window holds its
+//! rate only while the span covers the round trip, and once a stale, shorter span has let the
+//! rate estimate sink, no span brings it back (measured: a two-second minimum left the 2 × 1
+//! cluster at 1.42×).
 //!
 //! The rate is measured, not configured. A *busy period* starts when a frame is sent with none
 //! in flight and ends when none is left; it is cut into samples of at least
@@ -30,6 +50,16 @@ pub const SAMPLE_PERIOD: Duration = Duration::from_millis(50);
 
 /// How long a rate sample is remembered.
 pub const MEMORY: Duration = Duration::from_secs(2);
+
+/// What a node's connections say of the round trip, for [`DeliveryRate::window`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundTrip {
+    /// The longest of the connections' minimum round trips: the path's, with empty queues.
+    pub path: Duration,
+    /// The shortest of the connections' smoothed round trips: what a queue that every one of
+    /// them waits in adds to the path.
+    pub shared: Duration,
+}
 
 /// Measures a node's delivery rate over its busy periods. See the [module docs](self).
 #[derive(Debug, Default)]
@@ -106,9 +136,14 @@ impl DeliveryRate {
         self.samples.front().map(|&(_, r)| r)
     }
 
-    /// `rate × max(delay, 2 × min_rtt)` bytes, or `None` before the first sample.
-    pub fn window(&mut self, now: Instant, delay: Duration, min_rtt: Duration) -> Option<u64> {
-        let span = delay.max(min_rtt.saturating_mul(2));
+    /// `rate × span` bytes, or `None` before the first sample, where the span is
+    /// `rtt.shared` kept between `delay` and twice it, or twice `rtt.path` if that is longer.
+    /// See the [module docs](self).
+    pub fn window(&mut self, now: Instant, delay: Duration, rtt: RoundTrip) -> Option<u64> {
+        let span = rtt
+            .shared
+            .clamp(delay, delay.saturating_mul(2))
+            .max(rtt.path.saturating_mul(2));
         self.rate(now).map(|r| (r * span.as_secs_f64()) as u64)
     }
 }
