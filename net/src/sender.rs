@@ -195,9 +195,10 @@ impl State {
             shared: paths.iter().map(|p| p.rtt).min().unwrap_or_default(),
         };
         let mut window = cwnds.saturating_mul(WINDOW_CWNDS);
-        if let Some(w) = self.rate.window(now, TARGET_DELAY, rtt) {
+        if let Some(w) = self.rate.window(now, rtt.span(TARGET_DELAY)) {
             window = window.min(w);
         }
+        self.queue.set_whole_frames(rtt.no_margin(TARGET_DELAY));
         let window = window.clamp(MIN_WINDOW.min(max_window), max_window);
         if crate::trace::enabled() && self.queue.in_flight() > 0 {
             self.trace_window(now, window);

@@ -14,9 +14,18 @@
 //! `send_fairness(false)`, finishes one stream before starting the next of the same priority),
 //! and reports deliveries. No I/O and no clock here, so the order is tested directly.
 //!
+//! A frame may leave while the bytes in flight plus its own stay within the window, or, where
+//! the window is to count whole frames ([`SendQueue::set_whole_frames`]), while the bytes in
+//! flight are below it, as TCP's congestion window counts segments: the last frame may then
+//! overshoot it by less than its own size. The shell asks for whole frames when the window is
+//! the measured rate times the round trip itself (no margin, see [`rate`]): one that had to hold
+//! every frame in full would carry only the whole frames that fit, measure that smaller rate,
+//! and shrink frame by frame down to its floor (BENCHMARKS.md, "Wire speed": the 2 × 1
+//! cluster's server, 128 KiB results against a window of 3.5 of them).
+//!
 //! The window always has room for [`SendQueue::set_min_frames`] frames of the size of the next
-//! one (at least two): a frame may leave while the bytes in flight plus its own stay within the
-//! larger of the window and that many times its size. So a window smaller than the frames (a
+//! one (at least two): a frame may leave while the bytes in flight plus its own stay within
+//! that many times its size. So a window smaller than the frames (a
 //! slow path's congestion window against large chunks) still keeps frames going out while
 //! earlier ones are acknowledged, and no frame ever waits for good. The shell asks for two per
 //! node, not per connection: a floor that grows with the connections would let a node with
@@ -71,6 +80,7 @@ pub struct SendQueue<T> {
     heap: BinaryHeap<Entry<T>>,
     next_seq: u64,
     window: u64,
+    whole_frames: bool,
     min_frames: u64,
     in_flight: u64,
     queued_bytes: u64,
@@ -83,6 +93,7 @@ impl<T> SendQueue<T> {
             heap: BinaryHeap::new(),
             next_seq: 0,
             window: window.max(1),
+            whole_frames: false,
             min_frames: 2,
             in_flight: 0,
             queued_bytes: 0,
@@ -106,8 +117,13 @@ impl<T> SendQueue<T> {
     /// `(item, priority, bytes)`. Its bytes count as in flight until [`SendQueue::delivered`].
     pub fn pop(&mut self) -> Option<(T, i32, u64)> {
         let head = self.heap.peek()?;
-        let room = self.window.max(head.bytes.saturating_mul(self.min_frames));
-        let fits = self.in_flight.saturating_add(head.bytes) <= room;
+        let after = self.in_flight.saturating_add(head.bytes);
+        let in_window = if self.whole_frames {
+            self.in_flight < self.window
+        } else {
+            after <= self.window
+        };
+        let fits = in_window || after <= head.bytes.saturating_mul(self.min_frames);
         if !fits {
             return None;
         }
@@ -168,6 +184,13 @@ impl<T> SendQueue<T> {
     /// stay in flight.
     pub fn set_window(&mut self, window: u64) {
         self.window = window.max(1);
+    }
+
+    /// Whether the window counts whole frames: a frame may leave while the bytes in flight are
+    /// below the window (`true`), or only if it fits in it in full (`false`, the default). See
+    /// the [module docs](self).
+    pub fn set_whole_frames(&mut self, whole: bool) {
+        self.whole_frames = whole;
     }
 
     /// Lets `n` frames (at least 2) of the next frame's size be in flight whatever the window

@@ -7,9 +7,9 @@
 //! loss-based congestion control fills that queue before it backs off, so the congestion
 //! windows grow to hold it, and half a round leaves in arbitrary order at its start
 //! (BENCHMARKS.md, "Per-frame timelines"). What the link needs is its rate times the time a
-//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times the round trip
-//! the frames see, kept between a target delay and twice it, or twice the minimum RTT where
-//! that is longer (a long path).
+//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times a span
+//! ([`RoundTrip::span`]): the round trip the frames see, kept between a target delay and twice
+//! it, or twice the minimum RTT where that is longer (a long path).
 //!
 //! Why the round trip and not the delay alone: a window carries `window / round trip` bytes per
 //! second, so a window of `rate × delay` carries only `delay / RTT` of the rate whenever the
@@ -17,7 +17,9 @@
 //! node does not fill: a server's results are acknowledged through the queue of the pushes it
 //! receives. The smaller rate is then measured, the window shrinks with it, and the sender
 //! spirals down to its floor; the 2 × 1 cluster at 100 Mbit/s sent its results at half the link
-//! that way (BENCHMARKS.md, "Wire speed").
+//! that way (BENCHMARKS.md, "Wire speed"). With no margin over the round trip, the window must
+//! also count whole frames ([`RoundTrip::no_margin`], `SendQueue::set_whole_frames`), or it
+//! shrinks to the next whole frame at every measurement.
 //!
 //! Which round trip: the node's own queue lengthens it too, and a window that follows its own
 //! queue grows until it stops at twice the delay, with deeper queues, drops and more frames
@@ -59,6 +61,24 @@ pub struct RoundTrip {
     /// The shortest of the connections' smoothed round trips: what a queue that every one of
     /// them waits in adds to the path.
     pub shared: Duration,
+}
+
+impl RoundTrip {
+    /// How long a window should last at the measured rate: [`RoundTrip::shared`] kept between
+    /// `delay` and twice it, or twice [`RoundTrip::path`] if that is longer. See the [module
+    /// docs](self).
+    pub fn span(&self, delay: Duration) -> Duration {
+        self.shared
+            .clamp(delay, delay.saturating_mul(2))
+            .max(self.path.saturating_mul(2))
+    }
+
+    /// Whether a window of [`RoundTrip::span`] has no margin over the round trip its frames
+    /// see: it then carries the rate it was sized from only if it counts whole frames
+    /// (`SendQueue::set_whole_frames`).
+    pub fn no_margin(&self, delay: Duration) -> bool {
+        self.span(delay) <= self.shared
+    }
 }
 
 /// Measures a node's delivery rate over its busy periods. See the [module docs](self).
@@ -136,14 +156,8 @@ impl DeliveryRate {
         self.samples.front().map(|&(_, r)| r)
     }
 
-    /// `rate × span` bytes, or `None` before the first sample, where the span is
-    /// `rtt.shared` kept between `delay` and twice it, or twice `rtt.path` if that is longer.
-    /// See the [module docs](self).
-    pub fn window(&mut self, now: Instant, delay: Duration, rtt: RoundTrip) -> Option<u64> {
-        let span = rtt
-            .shared
-            .clamp(delay, delay.saturating_mul(2))
-            .max(rtt.path.saturating_mul(2));
+    /// `rate × span` bytes (see [`RoundTrip::span`]), or `None` before the first sample.
+    pub fn window(&mut self, now: Instant, span: Duration) -> Option<u64> {
         self.rate(now).map(|r| (r * span.as_secs_f64()) as u64)
     }
 }

@@ -13,10 +13,7 @@ fn nothing_measured_means_no_window() {
     let t0 = Instant::now();
     let mut r = DeliveryRate::new();
     assert_eq!(r.rate(t0), None);
-    assert_eq!(
-        r.window(t0, Duration::from_millis(50), RoundTrip::default()),
-        None
-    );
+    assert_eq!(r.window(t0, Duration::from_millis(50)), None);
     // A delivery without a send (a frame the estimator never saw) measures nothing.
     r.delivered(at(t0, 0.1), 1000, 0);
     assert_eq!(r.rate(at(t0, 0.1)), None);
@@ -76,33 +73,44 @@ fn samples_are_forgotten_after_the_memory() {
 }
 
 #[test]
-fn the_window_is_the_rate_times_the_round_trip_kept_between_the_delay_and_twice_it() {
-    let t0 = Instant::now();
-    let mut r = DeliveryRate::new();
-    r.sent(t0, 0);
-    r.delivered(at(t0, 0.1), 1_000_000, 0); // 10 MB/s
-    let now = at(t0, 0.1);
+fn the_span_is_the_round_trip_kept_between_the_delay_and_twice_it() {
     let ms = Duration::from_millis;
     let rtt = |path, shared| RoundTrip {
         path: ms(path),
         shared: ms(shared),
     };
-    // A short round trip: the delay.
-    assert_eq!(r.window(now, ms(50), rtt(1, 2)), Some(500_000));
-    // Queues on the way: the round trip, up to twice the delay.
-    assert_eq!(r.window(now, ms(50), rtt(1, 70)), Some(700_000));
-    assert_eq!(r.window(now, ms(50), rtt(1, 400)), Some(1_000_000));
+    // A short round trip: the delay, with a margin over it.
+    assert_eq!(rtt(1, 2).span(ms(50)), ms(50));
+    assert!(!rtt(1, 2).no_margin(ms(50)));
+    // Queues on the way: the round trip, up to twice the delay, with no margin.
+    assert_eq!(rtt(1, 70).span(ms(50)), ms(70));
+    assert!(rtt(1, 70).no_margin(ms(50)));
+    assert_eq!(rtt(1, 400).span(ms(50)), ms(100));
+    assert!(rtt(1, 400).no_margin(ms(50)));
     // A long path: twice its minimum round trip.
-    assert_eq!(r.window(now, ms(50), rtt(40, 45)), Some(800_000));
+    assert_eq!(rtt(40, 45).span(ms(50)), ms(80));
+    assert!(!rtt(40, 45).no_margin(ms(50)));
 }
 
-/// A sender with an endless backlog of `frame`-byte frames behind a window of what the
-/// estimator says (`initial` before it says anything), over a FIFO link of `rate` bytes/s and
-/// round trip `rtt`, whose acknowledgements wait `reverse` seconds more in a queue of another
-/// flow's (e.g. a server's results, acknowledged through the queue of the pushes it receives),
-/// for `secs` seconds. The smoothed round trip is quinn's (7/8 of the last plus 1/8 of each
-/// sample), the minimum the bare path's. Returns the estimate, the last window and the bytes
-/// delivered per second over the last half of the run.
+#[test]
+fn the_window_is_the_rate_times_the_span() {
+    let t0 = Instant::now();
+    let mut r = DeliveryRate::new();
+    r.sent(t0, 0);
+    r.delivered(at(t0, 0.1), 1_000_000, 0); // 10 MB/s
+    let ms = Duration::from_millis;
+    assert_eq!(r.window(at(t0, 0.1), ms(50)), Some(500_000));
+    assert_eq!(r.window(at(t0, 0.1), ms(70)), Some(700_000));
+}
+
+/// A [`SendQueue`](crate::sendq::SendQueue) with an endless backlog of `frame`-byte frames
+/// behind a window of what the estimator says (`initial` before it says anything, and counting
+/// whole frames where the span has no margin, as the net crate's sender does), over a FIFO
+/// link of `rate` bytes/s and round trip `rtt`, whose acknowledgements wait `reverse` seconds
+/// more in a queue of another flow's (e.g. a server's results, acknowledged through the queue
+/// of the pushes it receives), for `secs` seconds. The smoothed round trip is quinn's (7/8 of
+/// the last plus 1/8 of each sample), the minimum the bare path's. Returns the estimate, the
+/// last window and the bytes delivered per second over the last half of the run.
 fn simulate(
     rate: f64,
     rtt: f64,
@@ -114,23 +122,30 @@ fn simulate(
     let t0 = Instant::now();
     let delay = Duration::from_millis(50);
     let mut est = DeliveryRate::new();
+    let mut q = crate::sendq::SendQueue::new(initial);
     // (sent, acknowledged) per frame in flight, oldest first.
     let mut acks: VecDeque<(f64, f64)> = VecDeque::new();
-    let (mut now, mut link_free, mut in_flight, mut window) = (0.0f64, 0.0f64, 0u64, initial);
+    let (mut now, mut link_free) = (0.0f64, 0.0f64);
     let mut smoothed = rtt;
     let mut late_bytes = 0u64;
     while now < secs {
-        while in_flight + frame <= window.max(2 * frame) {
+        loop {
+            if q.is_empty() {
+                q.push((), 0, frame);
+            }
+            let in_flight = q.in_flight();
+            if q.pop().is_none() {
+                break;
+            }
             est.sent(at(t0, now), in_flight);
-            in_flight += frame;
             link_free = link_free.max(now) + frame as f64 / rate;
             acks.push_back((now, link_free + rtt + reverse));
         }
         let sent;
         (sent, now) = acks.pop_front().expect("a frame is in flight");
         smoothed = smoothed * 7.0 / 8.0 + (now - sent) / 8.0;
-        in_flight -= frame;
-        est.delivered(at(t0, now), frame, in_flight);
+        q.delivered(frame);
+        est.delivered(at(t0, now), frame, q.in_flight());
         if now >= secs / 2.0 {
             late_bytes += frame;
         }
@@ -138,10 +153,13 @@ fn simulate(
             path: Duration::from_secs_f64(rtt),
             shared: Duration::from_secs_f64(smoothed),
         };
-        window = est.window(at(t0, now), delay, rtt).unwrap_or(initial);
+        if let Some(w) = est.window(at(t0, now), rtt.span(delay)) {
+            q.set_window(w);
+            q.set_whole_frames(rtt.no_margin(delay));
+        }
     }
     let estimate = est.rate(at(t0, now)).expect("measured");
-    (estimate, window, late_bytes as f64 / (secs / 2.0))
+    (estimate, q.window(), late_bytes as f64 / (secs / 2.0))
 }
 
 #[test]
@@ -182,11 +200,20 @@ fn acknowledgements_delayed_by_another_flow_do_not_shrink_the_window() {
     // trip of the rate, measures that, and shrinks again, down to its floor; the window of the
     // round trip keeps the rate it found. The window before the first sample is what the
     // congestion windows allow (here 2 MB).
-    for (rate, reverse) in [(12.5e6, 0.07), (12.5e6, 0.09), (1.25e6, 0.07)] {
-        let (estimate, _, carried) = simulate(rate, 0.0005, reverse, 16_384, 2_000_000, 4.0);
+    // Frames of 16 KiB, and of 128 KiB: a window of a few of those carries its rate only if it
+    // counts whole frames.
+    for (rate, reverse, frame) in [
+        (12.5e6, 0.07, 16_384),
+        (12.5e6, 0.09, 16_384),
+        (1.25e6, 0.07, 16_384),
+        (12.5e6, 0.07, 131_072),
+        (12.5e6, 0.09, 131_072),
+    ] {
+        let (estimate, _, carried) = simulate(rate, 0.0005, reverse, frame, 2_000_000, 4.0);
         assert!(
             carried >= 0.95 * rate,
-            "rate {rate} reverse queue {reverse} s: the link carried {carried}, estimate {estimate}"
+            "rate {rate} reverse queue {reverse} s, {frame}-byte frames: the link carried \
+             {carried}, estimate {estimate}"
         );
     }
 }
