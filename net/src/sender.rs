@@ -188,11 +188,16 @@ impl State {
     /// The window for `now` (see the [module docs](self)); forgets closed connections.
     fn window(&mut self, now: Instant, max_window: u64) -> u64 {
         self.conns.retain(|_, c| c.close_reason().is_none());
-        let paths: Vec<_> = self.conns.values().map(|c| c.stats().path).collect();
-        let cwnds = paths.iter().fold(0u64, |sum, p| sum.saturating_add(p.cwnd));
+        let (mut cwnds, mut path, mut shared) = (0u64, Duration::ZERO, None::<Duration>);
+        for c in self.conns.values() {
+            let p = c.stats().path;
+            cwnds = cwnds.saturating_add(p.cwnd);
+            path = path.max(p.min_rtt);
+            shared = Some(shared.map_or(p.rtt, |s| s.min(p.rtt)));
+        }
         let rtt = RoundTrip {
-            path: paths.iter().map(|p| p.min_rtt).max().unwrap_or_default(),
-            shared: paths.iter().map(|p| p.rtt).min().unwrap_or_default(),
+            path,
+            shared: shared.unwrap_or_default(),
         };
         let mut window = cwnds.saturating_mul(WINDOW_CWNDS);
         if let Some(w) = self.rate.window(now, rtt.span(TARGET_DELAY)) {
@@ -216,7 +221,7 @@ impl State {
                 format!(
                     "{}:{}/{}/{}",
                     c.remote_address(),
-                    c.rtt().as_micros(),
+                    p.rtt.as_micros(),
                     p.min_rtt.as_micros(),
                     p.cwnd
                 )

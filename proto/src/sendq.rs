@@ -20,14 +20,14 @@
 //! overshoot it by less than its own size. The shell asks for whole frames when the window is
 //! the measured rate times the round trip itself (no margin, see [`rate`]): one that had to hold
 //! every frame in full would carry only the whole frames that fit, measure that smaller rate,
-//! and shrink frame by frame down to its floor (BENCHMARKS.md, "Wire speed": the 2 × 1
-//! cluster's server, 128 KiB results against a window of 3.5 of them).
+//! and shrink frame by frame down to its floor (BENCHMARKS.md, "The window spans the round
+//! trip": the 2 × 1 cluster's server, 128 KiB results against a window of 3.5 of them).
 //!
 //! The window always has room for [`SendQueue::set_min_frames`] frames of the size of the next
-//! one (at least two): a frame may leave while the bytes in flight plus its own stay within
-//! that many times its size. So a window smaller than the frames (a
-//! slow path's congestion window against large chunks) still keeps frames going out while
-//! earlier ones are acknowledged, and no frame ever waits for good. The shell asks for two per
+//! one (at least two): a frame may also leave while the bytes in flight plus its own stay
+//! within that many times its size. So a window smaller than the frames (a slow path's
+//! congestion window against large chunks) still keeps frames going out while earlier ones
+//! are acknowledged, and no frame ever waits for good. The shell asks for two per
 //! node, not per connection: a floor that grows with the connections would let a node with
 //! four of them put eight large frames in flight whatever window it was given.
 //!
