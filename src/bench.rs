@@ -30,6 +30,7 @@ use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{read_frame, Endpoint};
 use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::sendq::Flow;
 use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
@@ -483,7 +484,8 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
                 .get_or_insert(format!("sending to {}: {e}", peer.name));
         })
     };
-    let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+    let (sender, driver) =
+        FrameSender::new(config.cluster.send_window_bytes, Flow::Source, on_error);
     let driver = tokio::spawn(driver);
     let peers: Vec<Peer> = conns
         .iter()

@@ -13,17 +13,19 @@
 //! server receives a chunk from every worker at about the same moment and can send its result
 //! at once, instead of holding chunks that only some workers pushed.
 //!
-//! The window follows the network: it is the node's delivery rate (measured while it has
-//! frames in flight, [`DeliveryRate`]) times the round trip its frames see (the shortest
-//! smoothed RTT of its connections) kept between [`TARGET_DELAY`] and twice it (or twice the
-//! longest minimum round trip, if that is longer), at most [`WINDOW_CWNDS`] times the sum of
-//! the congestion windows (quinn sends no more than those anyway) and `cluster.send_window_bytes`,
-//! at least [`MIN_WINDOW`], and it always has room for [`MIN_FRAMES`] frames. Before the first
-//! rate sample it is the congestion-window bound alone. A window much larger than what the link
-//! carries in the target delay would only queue frames inside quinn and in the network's
-//! buffers, where each connection drains at its own pace and the workers drift apart in the
-//! order (on a link with a deep queue, loss-based congestion windows grow to fill it); one much
-//! smaller would leave the link idle.
+//! The window follows the network ([`pushpull_proto::sendq::rate`] has the rule and why): a
+//! source's (a worker's pushes) is what the bare path holds at the node's delivery rate plus a
+//! fixed number of bytes queued ([`SOURCE_QUEUE`](pushpull_proto::sendq::rate::SOURCE_QUEUE)),
+//! so workers sharing a link share it equally; a reply's (a server's results) is the delivery
+//! rate times the round trip its frames see (the shortest smoothed RTT of its connections,
+//! 25–100 ms), counting whole frames. Either is at most [`WINDOW_CWNDS`] times the sum of the
+//! congestion windows (quinn sends no more than those anyway) and `cluster.send_window_bytes`,
+//! at least [`MIN_WINDOW`], and it always has room for [`MIN_FRAMES`] frames. Before a reply's
+//! first rate sample it is the congestion-window bound alone. A window much larger than what
+//! the link needs would only queue frames inside quinn and in the network's buffers, where
+//! each connection drains at its own pace and the workers drift apart in the order (on a link
+//! with a deep queue, loss-based congestion windows grow to fill it); one much smaller would
+//! leave the link idle.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,7 +37,7 @@ use tokio::sync::Notify;
 
 use crate::transport::TransportError;
 use pushpull_proto::protocol::{FrameHeader, FRAME_HEADER_LEN};
-use pushpull_proto::sendq::{DeliveryRate, RoundTrip, SendQueue};
+use pushpull_proto::sendq::{DeliveryRate, Flow, RoundTrip, SendQueue};
 
 /// A connection frames can be sent on, and its name in errors.
 #[derive(Clone, Debug)]
@@ -54,12 +56,6 @@ struct Frame {
 
 /// The window is at most this many times the sum of the connections' congestion windows.
 pub const WINDOW_CWNDS: u64 = 2;
-
-/// The window holds the delivery rate times at least this, and at most twice it (see the
-/// [module docs](self)). 25 ms beat 50 and 100 ms at 10 and 100 Mbit/s and tied 12 ms
-/// (BENCHMARKS.md, "Wire speed"): at 10 Mbit/s the window is then [`MIN_WINDOW`], at
-/// 100 Mbit/s 310–620 KB per node.
-pub const TARGET_DELAY: Duration = Duration::from_millis(25);
 
 /// The smallest window (bytes), whatever the congestion windows say.
 pub const MIN_WINDOW: u64 = 64 << 10;
@@ -82,6 +78,8 @@ struct State {
     conns: HashMap<usize, quinn::Connection>,
     /// The node's delivery rate while frames are in flight.
     rate: DeliveryRate,
+    /// What the node's frames are, for the window's size.
+    flow: Flow,
 }
 
 struct Shared {
@@ -119,11 +117,13 @@ impl std::fmt::Debug for FrameSender {
 }
 
 impl FrameSender {
-    /// A sender keeping at most `window` bytes in flight over all peers, and the driver future
-    /// that does the sending: spawn it (it runs until aborted). When writing to a peer fails,
-    /// `on_error` is called with the peer and the error, and that frame is dropped.
+    /// A sender of `flow` frames (a worker's pushes are [`Flow::Source`], a server's results
+    /// [`Flow::Reply`]) keeping at most `max_window` bytes in flight over all peers, and the
+    /// driver future that does the sending: spawn it (it runs until aborted). When writing to a
+    /// peer fails, `on_error` is called with the peer and the error, and that frame is dropped.
     pub fn new(
         max_window: u64,
+        flow: Flow,
         on_error: OnError,
     ) -> (
         FrameSender,
@@ -137,6 +137,7 @@ impl FrameSender {
                 writing: 0,
                 conns: HashMap::new(),
                 rate: DeliveryRate::new(),
+                flow,
             }),
             notify: Notify::new(),
             idle: Notify::new(),
@@ -200,10 +201,10 @@ impl State {
             shared: shared.unwrap_or_default(),
         };
         let mut window = cwnds.saturating_mul(WINDOW_CWNDS);
-        if let Some(w) = self.rate.window(now, rtt.span(TARGET_DELAY)) {
-            window = window.min(w);
+        if let Some(w) = self.rate.window(now, self.flow, rtt) {
+            window = window.min(w.bytes);
+            self.queue.set_whole_frames(w.whole_frames);
         }
-        self.queue.set_whole_frames(rtt.no_margin(TARGET_DELAY));
         let window = window.clamp(MIN_WINDOW.min(max_window), max_window);
         if crate::trace::enabled() && self.queue.in_flight() > 0 {
             self.trace_window(now, window);

@@ -153,10 +153,11 @@ pub struct ClusterConfig {
     pub rendezvous_timeout_ms: u64,
     /// `send_window_bytes`: the most bytes of data frames a node keeps in flight over all its
     /// connections (handed to QUIC, not yet acknowledged by the peer; default 16 MiB). Below
-    /// it the window follows the network (the node's measured delivery rate times the round
-    /// trip its frames see, kept between 25 and 50 ms, at most twice the sum of the
-    /// connections' congestion windows, at least 64 KiB; see the
-    /// net crate's `sender`); frames wait beyond it in priority order, and a frame leaves the
+    /// it the window follows the network (a worker's: what the bare path holds at its
+    /// measured delivery rate plus 256 KiB queued; a server's: its rate times the round trip
+    /// its results see, 25–100 ms; at most twice the sum of the connections' congestion
+    /// windows, at least 64 KiB; see `sendq::rate` and the net crate's `sender`); frames
+    /// wait beyond it in priority order, and a frame leaves the
     /// window once delivered, whatever its round is doing (see `sendq`).
     #[serde(default = "default_send_window_bytes")]
     pub send_window_bytes: u64,

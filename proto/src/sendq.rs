@@ -17,8 +17,8 @@
 //! A frame may leave while the bytes in flight plus its own stay within the window, or, where
 //! the window is to count whole frames ([`SendQueue::set_whole_frames`]), while the bytes in
 //! flight are below it, as TCP's congestion window counts segments: the last frame may then
-//! overshoot it by less than its own size. The shell asks for whole frames when the window is
-//! the measured rate times the round trip itself (no margin, see [`rate`]): one that had to hold
+//! overshoot it by less than its own size. Whole frames are for a window that is the measured
+//! rate times the round trip itself (a reply's, see [`rate`]): one that had to hold
 //! every frame in full would carry only the whole frames that fit, measure that smaller rate,
 //! and shrink frame by frame down to its floor (BENCHMARKS.md, "The window spans the round
 //! trip": the 2 × 1 cluster's server, 128 KiB results against a window of 3.5 of them).
@@ -31,15 +31,15 @@
 //! node, not per connection: a floor that grows with the connections would let a node with
 //! four of them put eight large frames in flight whatever window it was given.
 //!
-//! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures what
-//! it needs (the node's delivery rate while busy).
+//! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures the
+//! node's delivery rate while busy and sizes the window from it ([`rate::Flow`]).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 pub mod rate;
 
-pub use rate::{DeliveryRate, RoundTrip};
+pub use rate::{DeliveryRate, Flow, RoundTrip, Window};
 
 /// A frame waiting in a [`SendQueue`].
 #[derive(Debug)]

@@ -14,6 +14,7 @@ use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{
     max_payload_len, FrameHeader, FrameKind, ReduceOp, FRAME_HEADER_LEN,
 };
+use pushpull_proto::sendq::Flow;
 use pushpull_proto::Config;
 use tracing::{debug, info, warn};
 
@@ -86,7 +87,8 @@ impl Shared {
             // The worker's connection failed: the scheduler reports the worker lost.
             debug!("sending to {} failed: {e}", peer.name);
         });
-        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+        let (sender, driver) =
+            FrameSender::new(config.cluster.send_window_bytes, Flow::Reply, on_error);
         let shared = Shared {
             num_workers: w,
             max_payload: max_payload_len(config.cluster.partition_bytes),

@@ -1,46 +1,51 @@
 //! [`DeliveryRate`]: how fast a node's frames are delivered while it has some in flight, and
-//! the send window that keeps a target delay's worth of them in flight.
+//! the send window that follows from it ([`DeliveryRate::window`]).
 //!
 //! The window of a [`super::SendQueue`] decides how much of a node's round leaves the priority
 //! order: everything inside it drains through quinn at the pace of each connection. Twice the
 //! congestion windows is too much on a link with a deep queue (a tc tbf, a switch buffer):
 //! loss-based congestion control fills that queue before it backs off, so the congestion
 //! windows grow to hold it, and half a round leaves in arbitrary order at its start
-//! (BENCHMARKS.md, "Per-frame timelines"). What the link needs is its rate times the time a
-//! frame may wait in it: [`DeliveryRate::window`] is the measured rate times a span
-//! ([`RoundTrip::span`]): the round trip the frames see, kept between a target delay and twice
-//! it, or twice the minimum RTT where that is longer (a long path).
+//! (BENCHMARKS.md, "Per-frame timelines"). The window is sized instead by what the node's
+//! frames are ([`Flow`]):
 //!
-//! Why the round trip and not the delay alone: a window carries `window / round trip` bytes per
-//! second, so a window of `rate × delay` carries only `delay / RTT` of the rate whenever the
-//! round trip is longer than the delay. That happens when acknowledgements wait in a queue the
-//! node does not fill: a server's results are acknowledged through the queue of the pushes it
-//! receives. The smaller rate is then measured, the window shrinks with it, and the sender
-//! spirals down to its floor; the 2 × 1 cluster at 100 Mbit/s sent its results at half the link
-//! that way (BENCHMARKS.md, "Wire speed"). With no margin over the round trip, the window must
-//! also count whole frames ([`RoundTrip::no_margin`], `SendQueue::set_whole_frames`), or it
-//! shrinks to the next whole frame at every measurement.
-//!
-//! Which round trip: the node's own queue lengthens it too, and a window that follows its own
-//! queue grows until it stops at twice the delay, with deeper queues, drops and more frames
-//! out of the priority order (measured with the longest of the connections' smoothed RTTs:
-//! 4 × 4 at 100 Mbit/s dropped 300 packets a run instead of 0–110, and spent more CPU). So the
-//! span is the *shortest* smoothed RTT among the node's connections ([`RoundTrip::shared`]):
-//! a queue that every connection waits in, as a server's own downlink full of pushes is, and
-//! not one peer's. It is taken as it is now, not as a minimum over time: the window holds its
-//! rate only while the span covers the round trip, and once a stale, shorter span has let the
-//! rate estimate sink, no span brings it back (measured: a two-second minimum left the 2 × 1
-//! cluster at 1.42×).
+//! * **A source** (a worker's pushes) keeps what the bare path holds, its rate times twice the
+//!   path's minimum round trip, plus a fixed [`SOURCE_QUEUE`] bytes (at most [`SOURCE_DELAY`]
+//!   of its rate, for slow links): the bytes it may keep queued at its bottleneck, as Vegas
+//!   and FAST TCP do. Sources that share a link (every
+//!   worker pushing into one server) then hold equal windows and get equal shares of it,
+//!   whatever their history: in a FIFO queue a sender's share is its share of the bytes
+//!   queued. A window proportional to the sender's own measured rate has no such pull: every
+//!   split is a fixed point, and the windowed maximum holds a lucky sample (one taken while
+//!   the other sender was idle, or inflated by acknowledgements that arrived in a burst; such
+//!   samples read up to 1.7× the link rate) long enough to lock it in. Workers that finish
+//!   their pushes seconds apart leave the server's link for results idle while the slower one
+//!   catches up (BENCHMARKS.md, "Equal windows for sources": 2 × 1 at 100 Mbit/s went from
+//!   1.08–1.32× the wire floor to 1.03–1.04×). Nor does a source's window follow its own
+//!   queue: its round trip never enters it beyond the path's minimum.
+//! * **A reply** (a server's results, sent as the pushes they answer arrive) spans the round
+//!   trip its frames see: the measured rate times the shortest smoothed RTT of the node's
+//!   connections ([`RoundTrip::shared`]), kept between [`REPLY_SPAN`]'s bounds, or twice the
+//!   path's minimum RTT where that is longer (a long path), counting whole frames. Its frames
+//!   are acknowledged through the queue of the pushes it receives, which it does not fill: a
+//!   window of `rate × delay` carries only `delay / RTT` of the rate whenever the round trip
+//!   is longer than the delay, measures that smaller rate, shrinks with it, and spirals down
+//!   to its floor (the 2 × 1 cluster's server sent its results at half the link that way,
+//!   BENCHMARKS.md, "Wire speed"). With no margin over the round trip, the window must count
+//!   whole frames (`SendQueue::set_whole_frames`), or it shrinks to the next whole frame at
+//!   every measurement. The shortest RTT of the node's connections is a queue that every one
+//!   of them waits in, as a server's own downlink full of pushes is, not one peer's; and
+//!   since a reply only sends what its sources' pushes made ready, following its own queue
+//!   cannot run away from them.
 //!
 //! The rate is measured, not configured. A *busy period* starts when a frame is sent with none
 //! in flight and ends when none is left; it is cut into samples of at least
 //! [`SAMPLE_PERIOD`], each `bytes delivered / time`, and the rate is the largest sample of the
 //! last [`MEMORY`] (a windowed maximum, as BBR keeps its bottleneck bandwidth). Time with
-//! nothing in flight never counts, so a round's pauses don't lower it. A sample can only
-//! under-estimate what the path carried while the window limited the sender, and since the
-//! target delay is many times the round trip of a data-centre path, a window of `rate × delay`
-//! lets the sender go many times faster than the estimate: the estimate climbs to the link's
-//! rate within a few samples.
+//! nothing in flight never counts, so a round's pauses don't lower it. A sample
+//! under-estimates what the path carried while the window limited the sender, and a window
+//! with margin over the round trip lets the sender go faster than the estimate, so the
+//! estimate climbs to the link's rate within a few samples.
 //!
 //! No clock here: the shell passes the time in.
 
@@ -53,6 +58,42 @@ pub const SAMPLE_PERIOD: Duration = Duration::from_millis(50);
 /// How long a rate sample is remembered.
 pub const MEMORY: Duration = Duration::from_secs(2);
 
+/// The bytes a [`Flow::Source`] keeps queued at its bottleneck, over what the bare path holds:
+/// two frames of the default 128 KiB chunk, 21 ms of a 100 Mbit/s link. At most
+/// [`SOURCE_DELAY`] of the node's own rate.
+pub const SOURCE_QUEUE: u64 = 256 << 10;
+
+/// The longest a [`Flow::Source`]'s queue may last at the node's own rate: on a slow link a
+/// fixed [`SOURCE_QUEUE`] would hold a round's last pushes, and the results behind them, for
+/// long (at 10 Mbit/s, 210 ms of a 1 s compressed round).
+pub const SOURCE_DELAY: Duration = Duration::from_millis(50);
+
+/// The least and the most a [`Flow::Reply`]'s window spans (see the [module docs](self)). A
+/// round trip of more than 100 ms is a queue no window should follow further.
+pub const REPLY_SPAN: (Duration, Duration) =
+    (Duration::from_millis(25), Duration::from_millis(100));
+
+/// What a node's frames are, which decides how its window is sized. See the [module
+/// docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Frames the node starts (a worker's pushes): the bare path's bytes plus
+    /// [`SOURCE_QUEUE`].
+    Source,
+    /// Frames that answer its peers' (a server's results): the rate times the round trip.
+    Reply,
+}
+
+/// A send window: its bytes, and whether it counts whole frames (`SendQueue::set_whole_frames`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Bytes in flight the window allows.
+    pub bytes: u64,
+    /// Whether a frame may leave while the bytes in flight are below `bytes`, rather than only
+    /// if it fits in full.
+    pub whole_frames: bool,
+}
+
 /// What a node's connections say of the round trip, for [`DeliveryRate::window`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RoundTrip {
@@ -64,20 +105,12 @@ pub struct RoundTrip {
 }
 
 impl RoundTrip {
-    /// How long a window should last at the measured rate: [`RoundTrip::shared`] kept between
-    /// `delay` and twice it, or twice [`RoundTrip::path`] if that is longer. See the [module
-    /// docs](self).
-    pub fn span(&self, delay: Duration) -> Duration {
+    /// How long a [`Flow::Reply`]'s window lasts at the measured rate: [`RoundTrip::shared`]
+    /// kept within [`REPLY_SPAN`], or twice [`RoundTrip::path`] if that is longer.
+    pub fn reply_span(&self) -> Duration {
         self.shared
-            .clamp(delay, delay.saturating_mul(2))
+            .clamp(REPLY_SPAN.0, REPLY_SPAN.1)
             .max(self.path.saturating_mul(2))
-    }
-
-    /// Whether a window of [`RoundTrip::span`] has no margin over the round trip its frames
-    /// see: it then carries the rate it was sized from only if it counts whole frames
-    /// (`SendQueue::set_whole_frames`).
-    pub fn no_margin(&self, delay: Duration) -> bool {
-        self.span(delay) <= self.shared
     }
 }
 
@@ -156,9 +189,29 @@ impl DeliveryRate {
         self.samples.front().map(|&(_, r)| r)
     }
 
-    /// `rate × span` bytes (see [`RoundTrip::span`]), or `None` before the first sample.
-    pub fn window(&mut self, now: Instant, span: Duration) -> Option<u64> {
-        self.rate(now).map(|r| (r * span.as_secs_f64()) as u64)
+    /// The window for `flow` at `now` (see the [module docs](self)): a source's always, a
+    /// reply's from the first sample on (`None` before it).
+    pub fn window(&mut self, now: Instant, flow: Flow, rtt: RoundTrip) -> Option<Window> {
+        let rate = self.rate(now);
+        match flow {
+            Flow::Source => {
+                let (path, queue) = match rate {
+                    Some(r) => (
+                        r * rtt.path.saturating_mul(2).as_secs_f64(),
+                        SOURCE_QUEUE.min((r * SOURCE_DELAY.as_secs_f64()) as u64),
+                    ),
+                    None => (0.0, SOURCE_QUEUE),
+                };
+                Some(Window {
+                    bytes: queue.saturating_add(path as u64),
+                    whole_frames: false,
+                })
+            }
+            Flow::Reply => rate.map(|r| Window {
+                bytes: (r * rtt.reply_span().as_secs_f64()) as u64,
+                whole_frames: true,
+            }),
+        }
     }
 }
 

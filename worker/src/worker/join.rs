@@ -16,6 +16,7 @@ use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{send_frame, Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::sendq::Flow;
 use pushpull_proto::session::Registration;
 use pushpull_proto::{Config, NodeName, NodeRole};
 use tokio::task::JoinHandle;
@@ -246,7 +247,8 @@ impl Worker {
                 shared.server_gone(node, WorkerError::server_lost(node, &error));
             })
         };
-        let (sender, driver) = FrameSender::new(config.cluster.send_window_bytes, on_error);
+        let (sender, driver) =
+            FrameSender::new(config.cluster.send_window_bytes, Flow::Source, on_error);
         cleanup.tasks.push(tokio::spawn(driver));
         let links: Vec<ServerLink> = conns
             .into_iter()

@@ -9,11 +9,10 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn nothing_measured_means_no_window() {
+fn nothing_measured_means_no_rate() {
     let t0 = Instant::now();
     let mut r = DeliveryRate::new();
     assert_eq!(r.rate(t0), None);
-    assert_eq!(r.window(t0, Duration::from_millis(50)), None);
     // A delivery without a send (a frame the estimator never saw) measures nothing.
     r.delivered(at(t0, 0.1), 1000, 0);
     assert_eq!(r.rate(at(t0, 0.1)), None);
@@ -73,93 +72,185 @@ fn samples_are_forgotten_after_the_memory() {
 }
 
 #[test]
-fn the_span_is_the_round_trip_kept_between_the_delay_and_twice_it() {
+fn a_reply_spans_the_round_trip_within_its_bounds() {
     let ms = Duration::from_millis;
     let rtt = |path, shared| RoundTrip {
         path: ms(path),
         shared: ms(shared),
     };
-    // A short round trip: the delay, with a margin over it.
-    assert_eq!(rtt(1, 2).span(ms(50)), ms(50));
-    assert!(!rtt(1, 2).no_margin(ms(50)));
-    // Queues on the way: the round trip, up to twice the delay, with no margin.
-    assert_eq!(rtt(1, 70).span(ms(50)), ms(70));
-    assert!(rtt(1, 70).no_margin(ms(50)));
-    assert_eq!(rtt(1, 400).span(ms(50)), ms(100));
-    assert!(rtt(1, 400).no_margin(ms(50)));
+    // A short round trip: the least span, with a margin over it.
+    assert_eq!(rtt(1, 2).reply_span(), REPLY_SPAN.0);
+    // Queues on the way: the round trip, up to the most.
+    assert_eq!(rtt(1, 70).reply_span(), ms(70));
+    assert_eq!(rtt(1, 400).reply_span(), REPLY_SPAN.1);
     // A long path: twice its minimum round trip.
-    assert_eq!(rtt(40, 45).span(ms(50)), ms(80));
-    assert!(!rtt(40, 45).no_margin(ms(50)));
+    assert_eq!(rtt(60, 65).reply_span(), ms(120));
 }
 
 #[test]
-fn the_window_is_the_rate_times_the_span() {
+fn the_window_of_each_flow() {
     let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let rtt = RoundTrip {
+        path: ms(2),
+        shared: ms(70),
+    };
     let mut r = DeliveryRate::new();
+    // Before the first sample: a source's is its queue, a reply has none.
+    assert_eq!(
+        r.window(t0, Flow::Source, rtt),
+        Some(Window {
+            bytes: SOURCE_QUEUE,
+            whole_frames: false
+        })
+    );
+    assert_eq!(r.window(t0, Flow::Reply, rtt), None);
     r.sent(t0, 0);
     r.delivered(at(t0, 0.1), 1_000_000, 0); // 10 MB/s
-    let ms = Duration::from_millis;
-    assert_eq!(r.window(at(t0, 0.1), ms(50)), Some(500_000));
-    assert_eq!(r.window(at(t0, 0.1), ms(70)), Some(700_000));
+    let now = at(t0, 0.1);
+    // The source: what the bare path holds (10 MB/s × 4 ms) plus its queue; its own round
+    // trip does not count.
+    assert_eq!(
+        r.window(now, Flow::Source, rtt),
+        Some(Window {
+            bytes: SOURCE_QUEUE + 40_000,
+            whole_frames: false
+        })
+    );
+    // The reply: the rate times its round trip, in whole frames.
+    assert_eq!(
+        r.window(now, Flow::Reply, rtt),
+        Some(Window {
+            bytes: 700_000,
+            whole_frames: true
+        })
+    );
+    // A slow node (1 MB/s): the source's queue is at most SOURCE_DELAY of its rate.
+    let mut slow = DeliveryRate::new();
+    slow.sent(t0, 0);
+    slow.delivered(at(t0, 0.1), 100_000, 0);
+    assert_eq!(
+        slow.window(now, Flow::Source, rtt),
+        Some(Window {
+            bytes: (1e6 * SOURCE_DELAY.as_secs_f64()) as u64 + 4_000,
+            whole_frames: false
+        })
+    );
 }
 
-/// A [`SendQueue`](crate::sendq::SendQueue) with an endless backlog of `frame`-byte frames
-/// behind a window of what the estimator says (`initial` before it says anything, and counting
-/// whole frames where the span has no margin, as the net crate's sender does), over a FIFO
-/// link of `rate` bytes/s and round trip `rtt`, whose acknowledgements wait `reverse` seconds
+/// A link as the simulations see it: `rate` bytes/s through one FIFO queue that every sender
+/// shares, a round trip of `rtt` seconds, and acknowledgements that wait `reverse` seconds
 /// more in a queue of another flow's (e.g. a server's results, acknowledged through the queue
-/// of the pushes it receives), for `secs` seconds. The smoothed round trip is quinn's (7/8 of
-/// the last plus 1/8 of each sample), the minimum the bare path's. Returns the estimate, the
-/// last window and the bytes delivered per second over the last half of the run.
-fn simulate(
+/// of the pushes it receives).
+#[derive(Clone, Copy, Debug)]
+struct Path {
     rate: f64,
     rtt: f64,
     reverse: f64,
+}
+
+/// One simulated sender: a [`SendQueue`](crate::sendq::SendQueue) with an endless backlog
+/// behind the window its [`DeliveryRate`] gives for its flow (the shell's rule: `initial`
+/// until the rule gives one, whole frames where it says).
+struct Sim {
+    flow: Flow,
+    start: f64,
+    est: DeliveryRate,
+    q: crate::sendq::SendQueue<()>,
+    /// quinn's smoothed round trip: 7/8 of the last plus 1/8 of each sample.
+    smoothed: f64,
+    /// Bytes delivered in the last half of the run.
+    late: u64,
+}
+
+/// What a simulated sender ended with: its rate estimate, its window, and the bytes per second
+/// the link carried for it over the last half of the run.
+#[derive(Debug)]
+struct Outcome {
+    estimate: f64,
+    window: u64,
+    carried: f64,
+}
+
+/// Senders of `frame`-byte frames, one per `(flow, start second)`, over `path` for `secs`
+/// seconds. See [`Sim`].
+fn simulate(
+    path: Path,
+    senders: &[(Flow, f64)],
     frame: u64,
     initial: u64,
     secs: f64,
-) -> (f64, u64, f64) {
+) -> Vec<Outcome> {
     let t0 = Instant::now();
-    let delay = Duration::from_millis(50);
-    let mut est = DeliveryRate::new();
-    let mut q = crate::sendq::SendQueue::new(initial);
-    // (sent, acknowledged) per frame in flight, oldest first.
-    let mut acks: VecDeque<(f64, f64)> = VecDeque::new();
+    let mut sims: Vec<Sim> = senders
+        .iter()
+        .map(|&(flow, start)| Sim {
+            flow,
+            start,
+            est: DeliveryRate::new(),
+            q: crate::sendq::SendQueue::new(initial),
+            smoothed: path.rtt,
+            late: 0,
+        })
+        .collect();
+    // (sender, sent, acknowledged) per frame in flight, in the link's order.
+    let mut acks: VecDeque<(usize, f64, f64)> = VecDeque::new();
     let (mut now, mut link_free) = (0.0f64, 0.0f64);
-    let mut smoothed = rtt;
-    let mut late_bytes = 0u64;
     while now < secs {
-        loop {
-            if q.is_empty() {
-                q.push((), 0, frame);
+        for (i, s) in sims.iter_mut().enumerate() {
+            if s.start > now {
+                continue;
             }
-            let in_flight = q.in_flight();
-            if q.pop().is_none() {
-                break;
+            let rtt = RoundTrip {
+                path: Duration::from_secs_f64(path.rtt),
+                shared: Duration::from_secs_f64(s.smoothed),
+            };
+            if let Some(w) = s.est.window(at(t0, now), s.flow, rtt) {
+                s.q.set_window(w.bytes);
+                s.q.set_whole_frames(w.whole_frames);
             }
-            est.sent(at(t0, now), in_flight);
-            link_free = link_free.max(now) + frame as f64 / rate;
-            acks.push_back((now, link_free + rtt + reverse));
+            loop {
+                if s.q.is_empty() {
+                    s.q.push((), 0, frame);
+                }
+                let in_flight = s.q.in_flight();
+                if s.q.pop().is_none() {
+                    break;
+                }
+                s.est.sent(at(t0, now), in_flight);
+                link_free = link_free.max(now) + frame as f64 / path.rate;
+                acks.push_back((i, now, link_free + path.rtt + path.reverse));
+            }
         }
-        let sent;
-        (sent, now) = acks.pop_front().expect("a frame is in flight");
-        smoothed = smoothed * 7.0 / 8.0 + (now - sent) / 8.0;
-        q.delivered(frame);
-        est.delivered(at(t0, now), frame, q.in_flight());
+        let next_start = sims
+            .iter()
+            .map(|s| s.start)
+            .filter(|&t| t > now)
+            .fold(f64::INFINITY, f64::min);
+        match acks.front() {
+            Some(&(_, _, t)) if t <= next_start => {}
+            _ => {
+                now = next_start;
+                continue;
+            }
+        }
+        let (i, sent, t) = acks.pop_front().expect("a frame is in flight");
+        now = t;
+        let s = &mut sims[i];
+        s.smoothed = s.smoothed * 7.0 / 8.0 + (now - sent) / 8.0;
+        s.q.delivered(frame);
+        s.est.delivered(at(t0, now), frame, s.q.in_flight());
         if now >= secs / 2.0 {
-            late_bytes += frame;
-        }
-        let rtt = RoundTrip {
-            path: Duration::from_secs_f64(rtt),
-            shared: Duration::from_secs_f64(smoothed),
-        };
-        if let Some(w) = est.window(at(t0, now), rtt.span(delay)) {
-            q.set_window(w);
-            q.set_whole_frames(rtt.no_margin(delay));
+            s.late += frame;
         }
     }
-    let estimate = est.rate(at(t0, now)).expect("measured");
-    (estimate, q.window(), late_bytes as f64 / (secs / 2.0))
+    sims.into_iter()
+        .map(|mut s| Outcome {
+            estimate: s.est.rate(at(t0, now)).expect("measured"),
+            window: s.q.window(),
+            carried: s.late as f64 / (secs / 2.0),
+        })
+        .collect()
 }
 
 #[test]
@@ -172,34 +263,46 @@ fn a_small_first_window_grows_to_fill_the_link_and_no_further() {
         (1.25e9, 0.0001),
         (12.5e6, 0.040),
     ] {
-        let (estimate, window, carried) = simulate(rate, rtt, 0.0, 16_384, 65_536, 3.0);
-        assert!(
-            (0.95..=1.05).contains(&(estimate / rate)),
-            "rate {rate} rtt {rtt}: estimate {estimate}"
-        );
-        // Our own queue lengthens the round trip, so the window may grow up to twice the
-        // delay's worth (or twice the path's round trip), never further.
-        let (least, most) = (0.05f64.max(2.0 * rtt), 0.1f64.max(2.0 * rtt));
-        let w = window as f64 / rate;
-        assert!(
-            (0.9 * least..=1.1 * most).contains(&w),
-            "rate {rate} rtt {rtt}: window {window} ({w} s of the link)"
-        );
-        assert!(
-            carried >= 0.95 * rate,
-            "rate {rate} rtt {rtt}: the link carried {carried}"
-        );
+        let path = Path {
+            rate,
+            rtt,
+            reverse: 0.0,
+        };
+        for flow in [Flow::Source, Flow::Reply] {
+            let out = &simulate(path, &[(flow, 0.0)], 16_384, 65_536, 3.0)[0];
+            let what = format!("{flow:?} at rate {rate}, rtt {rtt}: {out:?}");
+            assert!((0.95..=1.05).contains(&(out.estimate / rate)), "{what}");
+            assert!(out.carried >= 0.95 * rate, "{what}");
+            let w = out.window as f64;
+            match flow {
+                // What the bare path holds, and the queue.
+                Flow::Source => {
+                    let queue =
+                        (SOURCE_QUEUE as f64).min(out.estimate * SOURCE_DELAY.as_secs_f64());
+                    let expected = queue.floor() + out.estimate * 2.0 * rtt;
+                    assert!((w - expected).abs() <= 1.0, "{what}");
+                }
+                // A reply's own queue lengthens its round trip, so its window may grow up to
+                // the longest span's worth (or twice the path's round trip), never further.
+                Flow::Reply => {
+                    let least = REPLY_SPAN.0.as_secs_f64().max(2.0 * rtt);
+                    let most = REPLY_SPAN.1.as_secs_f64().max(2.0 * rtt);
+                    let s = w / rate;
+                    assert!((0.9 * least..=1.1 * most).contains(&s), "{what}");
+                }
+            }
+        }
     }
 }
 
 #[test]
-fn acknowledgements_delayed_by_another_flow_do_not_shrink_the_window() {
+fn acknowledgements_delayed_by_another_flow_do_not_shrink_a_reply_window() {
     // The 2 × 1 cluster at 100 Mbit/s (BENCHMARKS.md, "Wire speed"): the server's results are
     // acknowledged through the queue of the pushes it receives, so its frames' round trip is
-    // longer than the delay. A window of the rate times the delay then carries delay / round
-    // trip of the rate, measures that, and shrinks again, down to its floor; the window of the
-    // round trip keeps the rate it found. The window before the first sample is what the
-    // congestion windows allow (here 2 MB).
+    // longer than the least span. A window of the rate times that span then carries span /
+    // round trip of the rate, measures that, and shrinks again, down to its floor; the window
+    // of the round trip keeps the rate it found. The window before the first sample is what
+    // the congestion windows allow (here 2 MB).
     // Frames of 16 KiB, and of 128 KiB: a window of a few of those carries its rate only if it
     // counts whole frames.
     for (rate, reverse, frame) in [
@@ -209,11 +312,42 @@ fn acknowledgements_delayed_by_another_flow_do_not_shrink_the_window() {
         (12.5e6, 0.07, 131_072),
         (12.5e6, 0.09, 131_072),
     ] {
-        let (estimate, _, carried) = simulate(rate, 0.0005, reverse, frame, 2_000_000, 4.0);
+        let path = Path {
+            rate,
+            rtt: 0.0005,
+            reverse,
+        };
+        let out = &simulate(path, &[(Flow::Reply, 0.0)], frame, 2_000_000, 4.0)[0];
         assert!(
-            carried >= 0.95 * rate,
-            "rate {rate} reverse queue {reverse} s, {frame}-byte frames: the link carried \
-             {carried}, estimate {estimate}"
+            out.carried >= 0.95 * rate,
+            "rate {rate} reverse queue {reverse} s, {frame}-byte frames: {out:?}"
         );
+    }
+}
+
+#[test]
+fn sources_sharing_a_link_take_equal_shares_of_it() {
+    // Two workers pushing into one server (BENCHMARKS.md, "Equal windows for sources"): the
+    // first starts alone, measures the whole link, and would keep that sample's window for
+    // MEMORY if its window followed its own rate; the second starts from the floor. With a
+    // fixed queue each, the shares meet within a few round trips, whatever the start.
+    for (rate, frame) in [
+        (12.5e6, 131_072),
+        (12.5e6, 65_536),
+        (1.25e6, 131_072),
+        (1.25e6, 16_384),
+    ] {
+        let path = Path {
+            rate,
+            rtt: 0.0005,
+            reverse: 0.0,
+        };
+        let senders = [(Flow::Source, 0.0), (Flow::Source, 0.5)];
+        let out = simulate(path, &senders, frame, 65_536, 8.0);
+        let what = format!("rate {rate}, {frame}-byte frames: {out:?}");
+        assert!(out[0].carried + out[1].carried >= 0.95 * rate, "{what}");
+        for o in &out {
+            assert!((0.45..=0.55).contains(&(o.carried / rate)), "{what}");
+        }
     }
 }
