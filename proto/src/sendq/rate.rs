@@ -12,17 +12,17 @@
 //! * **A source** (a worker's pushes) keeps what the bare path holds, its rate times twice the
 //!   path's minimum round trip, plus a fixed [`SOURCE_QUEUE`] bytes (at most [`SOURCE_DELAY`]
 //!   of its rate, for slow links): the bytes it may keep queued at its bottleneck, as Vegas
-//!   and FAST TCP do. Sources that share a link (every
-//!   worker pushing into one server) then hold equal windows and get equal shares of it,
-//!   whatever their history: in a FIFO queue a sender's share is its share of the bytes
-//!   queued. A window proportional to the sender's own measured rate has no such pull: every
-//!   split is a fixed point, and the windowed maximum holds a lucky sample (one taken while
-//!   the other sender was idle, or inflated by acknowledgements that arrived in a burst; such
-//!   samples read up to 1.7× the link rate) long enough to lock it in. Workers that finish
-//!   their pushes seconds apart leave the server's link for results idle while the slower one
-//!   catches up (BENCHMARKS.md, "Equal windows for sources": 2 × 1 at 100 Mbit/s went from
-//!   1.08–1.32× the wire floor to 1.03–1.04×). Nor does a source's window follow its own
-//!   queue: its round trip never enters it beyond the path's minimum.
+//!   and FAST TCP do. Sources that share a link (every worker pushing into one server) then
+//!   hold equal windows and get equal shares of it, whatever their history: in a FIFO queue a
+//!   sender's share is its share of the bytes queued. A window proportional to the sender's
+//!   own measured rate has no such pull: every split is a fixed point, and the windowed
+//!   maximum holds a lucky sample (one taken while the other sender was idle, or inflated by
+//!   acknowledgements that arrived in a burst; such samples read up to 1.8× the link rate in
+//!   a traced run) long enough to lock it in. Workers that finish their pushes seconds apart
+//!   leave the server's link for results idle while the slower one catches up (BENCHMARKS.md,
+//!   "Equal windows for sources": 2 × 1 at 100 Mbit/s went from 1.08–1.32× the wire floor to
+//!   1.03–1.04×). Nor does a source's window follow its own queue: its round trip never
+//!   enters it beyond the path's minimum.
 //! * **A reply** (a server's results, sent as the pushes they answer arrive) spans the round
 //!   trip its frames see: the measured rate times the shortest smoothed RTT of the node's
 //!   connections ([`RoundTrip::shared`]), kept between [`REPLY_SPAN`]'s bounds, or twice the
