@@ -23,13 +23,17 @@
 //! and shrink frame by frame down to its floor (BENCHMARKS.md, "The window spans the round
 //! trip": the 2 × 1 cluster's server, 128 KiB results against a window of 3.5 of them).
 //!
-//! The window always has room for [`SendQueue::set_min_frames`] frames of the size of the next
-//! one (at least two): a frame may also leave while the bytes in flight plus its own stay
-//! within that many times its size. So a window smaller than the frames (a slow path's
-//! congestion window against large chunks) still keeps frames going out while earlier ones
-//! are acknowledged, and no frame ever waits for good. The shell asks for two per
-//! node, not per connection: a floor that grows with the connections would let a node with
-//! four of them put eight large frames in flight whatever window it was given.
+//! The window always has room for [`SendQueue::set_min_frames`] frames (at least two): a frame
+//! may also leave while fewer frames than that are in flight, or while the bytes in flight
+//! plus its own stay within that many times its size. So a window smaller than the frames (a
+//! slow path's congestion window against large chunks) still keeps frames going out while
+//! earlier ones are acknowledged, and no frame ever waits for good. The count matters where
+//! sizes mix: a tiny frame (a bias's chunk) behind one large frame in flight that fills the
+//! window would otherwise wait for that frame's acknowledgement, and the frames behind it
+//! with it, while the link idles (BENCHMARKS.md, "Small frames behind a large one": 10 Mbit/s,
+//! a worker's uplink idle a quarter of the time). The shell asks for two per node, not per
+//! connection: a floor that grows with the connections would let a node with four of them put
+//! eight large frames in flight whatever window it was given.
 //!
 //! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures the
 //! node's delivery rate while busy and sizes the window from it ([`rate::Flow`]).
@@ -83,6 +87,8 @@ pub struct SendQueue<T> {
     whole_frames: bool,
     min_frames: u64,
     in_flight: u64,
+    /// Frames popped and not yet delivered.
+    frames_in_flight: u64,
     queued_bytes: u64,
 }
 
@@ -96,6 +102,7 @@ impl<T> SendQueue<T> {
             whole_frames: false,
             min_frames: 2,
             in_flight: 0,
+            frames_in_flight: 0,
             queued_bytes: 0,
         }
     }
@@ -123,25 +130,29 @@ impl<T> SendQueue<T> {
         } else {
             after <= self.window
         };
-        let fits = in_window || after <= head.bytes.saturating_mul(self.min_frames);
+        let fits = in_window
+            || self.frames_in_flight < self.min_frames
+            || after <= head.bytes.saturating_mul(self.min_frames);
         if !fits {
             return None;
         }
         let e = self.heap.pop()?;
         self.in_flight = self.in_flight.saturating_add(e.bytes);
+        self.frames_in_flight += 1;
         self.queued_bytes -= e.bytes;
         Some((e.item, e.priority, e.bytes))
     }
 
-    /// `bytes` of a popped frame were acknowledged by the peer (or will never be: its stream
-    /// or connection failed), freeing that much of the window.
+    /// A popped frame of `bytes` bytes was acknowledged by the peer (or will never be: its
+    /// stream or connection failed), freeing that much of the window. Once per popped frame.
     pub fn delivered(&mut self, bytes: u64) {
         debug_assert!(
-            bytes <= self.in_flight,
-            "{bytes} > {} in flight",
+            bytes <= self.in_flight && self.frames_in_flight > 0,
+            "{bytes} > {} in flight, or no frame in flight",
             self.in_flight
         );
         self.in_flight = self.in_flight.saturating_sub(bytes);
+        self.frames_in_flight = self.frames_in_flight.saturating_sub(1);
     }
 
     /// Takes every queued frame out (e.g. to fail them when the connection is lost), highest
@@ -193,8 +204,8 @@ impl<T> SendQueue<T> {
         self.whole_frames = whole;
     }
 
-    /// Lets `n` frames (at least 2) of the next frame's size be in flight whatever the window
-    /// (see the [module docs](self)).
+    /// Lets `n` frames (at least 2) be in flight whatever the window, or `n` of the next
+    /// frame's size (see the [module docs](self)).
     pub fn set_min_frames(&mut self, n: u64) {
         self.min_frames = n.max(2);
     }
