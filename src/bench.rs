@@ -484,8 +484,12 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
                 .get_or_insert(format!("sending to {}: {e}", peer.name));
         })
     };
-    let (sender, driver) =
-        FrameSender::new(config.cluster.send_window_bytes, Flow::Source, on_error);
+    let (sender, driver) = FrameSender::new(
+        config.cluster.send_window_bytes,
+        Flow::Source,
+        Some(ep.window_cap().clone()),
+        on_error,
+    );
     let driver = tokio::spawn(driver);
     let peers: Vec<Peer> = conns
         .iter()

@@ -20,12 +20,22 @@
 //! rate times the round trip its frames see (the shortest smoothed RTT of its connections,
 //! 25–100 ms), counting whole frames. Either is at most [`WINDOW_CWNDS`] times the sum of the
 //! congestion windows (quinn sends no more than those anyway) and `cluster.send_window_bytes`,
-//! at least [`MIN_WINDOW`], and it always has room for [`MIN_FRAMES`] frames. Before a reply's
-//! first rate sample it is the congestion-window bound alone. A window much larger than what
-//! the link needs would only queue frames inside quinn and in the network's buffers, where
-//! each connection drains at its own pace and the workers drift apart in the order (on a link
-//! with a deep queue, loss-based congestion windows grow to fill it); one much smaller would
-//! leave the link idle.
+//! at least [`MIN_WINDOW`], and it always has room for a few frames ([`Flow::min_frames`]: two
+//! for a source, four for a reply). Before a reply's first rate sample it is the
+//! congestion-window bound alone. A window much larger than what the link needs would only
+//! queue frames inside quinn and in the network's buffers, where each connection drains at its
+//! own pace and the workers drift apart in the order (on a link with a deep queue, loss-based
+//! congestion windows grow to fill it); one much smaller would leave the link idle.
+//!
+//! The floor of frames is per node, not per connection: with two per connection, a node with
+//! four connections let eight frames of the next one's size out, so a window set below that
+//! (`cluster.send_window_bytes`) did not bound large frames at all (BENCHMARKS.md, "Wire
+//! speed": 64 KiB window at 10 Mbit/s, onebit 1.33× → 1.20× the floor). Where the floor lets
+//! more bytes out than a source's window (128 KiB frames on a slow link), the window still
+//! bounds what is on the wire: a source sets it as the ceiling of its connections' congestion
+//! windows ([`WindowCap`]), so quinn holds the rest. A reply sets no ceiling: its frames are
+//! acknowledged through its peers' pushes, and a ceiling at its window left a server's results
+//! waiting (BENCHMARKS.md, "A ceiling on the congestion window").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,6 +45,7 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
 
+use crate::cap::WindowCap;
 use crate::transport::TransportError;
 use pushpull_proto::protocol::{FrameHeader, FRAME_HEADER_LEN};
 use pushpull_proto::sendq::{DeliveryRate, Flow, RoundTrip, SendQueue};
@@ -60,13 +71,6 @@ pub const WINDOW_CWNDS: u64 = 2;
 /// The smallest window (bytes), whatever the congestion windows say.
 pub const MIN_WINDOW: u64 = 64 << 10;
 
-/// Frames the window always has room for, whatever its size: the next frame goes out while
-/// the last one is acknowledged. Per node, not per connection: with two per connection, a
-/// node with four connections let eight frames of the next one's size out, so a window set
-/// below that (`cluster.send_window_bytes`) did not bound large frames at all (BENCHMARKS.md,
-/// "Wire speed": 64 KiB window at 10 Mbit/s, onebit 1.33× → 1.20× the floor).
-pub const MIN_FRAMES: u64 = 2;
-
 /// How often the congestion windows are read.
 const WINDOW_REFRESH: Duration = Duration::from_millis(5);
 
@@ -80,6 +84,8 @@ struct State {
     rate: DeliveryRate,
     /// What the node's frames are, for the window's size.
     flow: Flow,
+    /// The ceiling on the connections' congestion windows, set to the window (sources).
+    cap: Option<WindowCap>,
 }
 
 struct Shared {
@@ -121,16 +127,20 @@ impl FrameSender {
     /// [`Flow::Reply`]) keeping at most `max_window` bytes in flight over all peers, and the
     /// driver future that does the sending: spawn it (it runs until aborted). When writing to a
     /// peer fails, `on_error` is called with the peer and the error, and that frame is dropped.
+    /// `cap`, the ceiling of the endpoint's connections
+    /// ([`crate::transport::Endpoint::window_cap`]), is kept at the window: a source's, not a
+    /// reply's (`None`; see the [module docs](self)).
     pub fn new(
         max_window: u64,
         flow: Flow,
+        cap: Option<WindowCap>,
         on_error: OnError,
     ) -> (
         FrameSender,
         impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let mut queue = SendQueue::new(MIN_WINDOW.min(max_window));
-        queue.set_min_frames(MIN_FRAMES);
+        queue.set_min_frames(flow.min_frames());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue,
@@ -138,6 +148,7 @@ impl FrameSender {
                 conns: HashMap::new(),
                 rate: DeliveryRate::new(),
                 flow,
+                cap,
             }),
             notify: Notify::new(),
             idle: Notify::new(),
@@ -206,6 +217,11 @@ impl State {
             self.queue.set_whole_frames(w.whole_frames);
         }
         let window = window.clamp(MIN_WINDOW.min(max_window), max_window);
+        if let Some(cap) = &self.cap {
+            // The congestion windows read above are under the last ceiling, so the bound of
+            // WINDOW_CWNDS times them lets the window at most double per refresh.
+            cap.set(window);
+        }
         if crate::trace::enabled() && self.queue.in_flight() > 0 {
             self.trace_window(now, window);
         }

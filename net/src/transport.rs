@@ -6,6 +6,7 @@
 //!   the heartbeat timeout with keep-alives at the heartbeat interval (so quinn declares a dead
 //!   peer at the same moment the heartbeat logic would). Every endpoint is both a TLS server
 //!   (when it has an identity to serve) and a client with the cluster's client config.
+//!   Congestion control is Cubic under a ceiling the node's sender sets ([`crate::cap`]).
 //! * [`ControlStream`] sends and receives length-prefixed bincode control messages.
 //! * [`send_frame`] / [`read_frame`] move one data frame per unidirectional stream.
 //! * [`with_socket_wrapper`] runs a future under which every endpoint bound puts its UDP
@@ -20,6 +21,7 @@ use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::cap::WindowCap;
 use crate::tls::TlsIdentity;
 use pushpull_proto::config::Config;
 use pushpull_proto::protocol::{
@@ -92,6 +94,9 @@ pub enum TransportError {
 ///   so the frames the [`pushpull_proto::sendq`] window lets out never block in quinn.
 /// * Path MTU discovery up to `cluster.max_udp_payload` (jumbo frames where the path has them);
 ///   [`Endpoint::bind`] also advertises that size to peers, or they would cap the discovery.
+///
+/// [`Endpoint::bind`] adds the congestion controller: Cubic under the endpoint's
+/// [`WindowCap`] ([`crate::cap`]).
 pub fn transport_config(cfg: &Config) -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
     let idle = quinn::IdleTimeout::try_from(cfg.heartbeat_timeout())
@@ -145,6 +150,7 @@ pub struct Endpoint {
     /// The quinn endpoint.
     pub quinn: quinn::Endpoint,
     server_name: String,
+    window_cap: WindowCap,
 }
 
 impl Endpoint {
@@ -154,7 +160,10 @@ impl Endpoint {
         identity: &TlsIdentity,
         cfg: &Config,
     ) -> Result<Endpoint, TransportError> {
-        let transport = Arc::new(transport_config(cfg));
+        let window_cap = WindowCap::new();
+        let mut transport = transport_config(cfg);
+        transport.congestion_controller_factory(window_cap.factory());
+        let transport = Arc::new(transport);
         let server_crypto = QuicServerConfig::try_from(identity.server_config()?)
             .map_err(|e| crate::tls::TlsError::Setup(e.to_string()))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(server_crypto));
@@ -190,7 +199,14 @@ impl Endpoint {
         Ok(Endpoint {
             quinn: ep,
             server_name: identity.server_name.clone(),
+            window_cap,
         })
+    }
+
+    /// The ceiling on the congestion windows of this endpoint's connections (none until set):
+    /// hand it to the node's [`crate::sender::FrameSender`].
+    pub fn window_cap(&self) -> &WindowCap {
+        &self.window_cap
     }
 
     /// The bound address.

@@ -31,9 +31,10 @@
 //! sizes mix: a tiny frame (a bias's chunk) behind one large frame in flight that fills the
 //! window would otherwise wait for that frame's acknowledgement, and the frames behind it
 //! with it, while the link idles (BENCHMARKS.md, "Small frames behind a large one": 10 Mbit/s,
-//! a worker's uplink idle a quarter of the time). The shell asks for two per node, not per
-//! connection: a floor that grows with the connections would let a node with four of them put
-//! eight large frames in flight whatever window it was given.
+//! a worker's uplink idle a quarter of the time). The shell asks for a few per node
+//! ([`rate::Flow::min_frames`]: two for a source, four for a reply), not per connection: a
+//! floor that grows with the connections would let a node with four of them put eight large
+//! frames in flight whatever window it was given.
 //!
 //! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures the
 //! node's delivery rate while busy and sizes the window from it ([`rate::Flow`]).

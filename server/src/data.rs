@@ -87,8 +87,12 @@ impl Shared {
             // The worker's connection failed: the scheduler reports the worker lost.
             debug!("sending to {} failed: {e}", peer.name);
         });
-        let (sender, driver) =
-            FrameSender::new(config.cluster.send_window_bytes, Flow::Reply, on_error);
+        let (sender, driver) = FrameSender::new(
+            config.cluster.send_window_bytes,
+            Flow::Reply,
+            None,
+            on_error,
+        );
         let shared = Shared {
             num_workers: w,
             max_payload: max_payload_len(config.cluster.partition_bytes),

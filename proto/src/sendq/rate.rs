@@ -84,6 +84,26 @@ pub enum Flow {
     Reply,
 }
 
+impl Flow {
+    /// Frames the window always has room for, whatever its size
+    /// (`SendQueue::set_min_frames`): two for a source, so the next frame goes out while the
+    /// last is acknowledged; [`REPLY_FRAMES`] for a reply.
+    pub fn min_frames(self) -> u64 {
+        match self {
+            Flow::Source => 2,
+            Flow::Reply => REPLY_FRAMES,
+        }
+    }
+}
+
+/// Frames a [`Flow::Reply`] always has room for. A reply's frames are acknowledged through the
+/// queue of the pushes its node receives, which may hold more than one frame's time of its own
+/// link (at 10 Mbit/s a 128 KiB frame is 105 ms; `bench net`'s tbf queue holds 155 ms): with
+/// two frames in flight the link then idles until the first one's acknowledgement arrives,
+/// with four it does not (`rate/tests.rs`; BENCHMARKS.md, "A ceiling on the congestion
+/// window").
+pub const REPLY_FRAMES: u64 = 4;
+
 /// A send window: its bytes, and whether it counts whole frames (`SendQueue::set_whole_frames`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {

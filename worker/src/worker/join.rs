@@ -247,8 +247,12 @@ impl Worker {
                 shared.server_gone(node, WorkerError::server_lost(node, &error));
             })
         };
-        let (sender, driver) =
-            FrameSender::new(config.cluster.send_window_bytes, Flow::Source, on_error);
+        let (sender, driver) = FrameSender::new(
+            config.cluster.send_window_bytes,
+            Flow::Source,
+            Some(endpoint.window_cap().clone()),
+            on_error,
+        );
         cleanup.tasks.push(tokio::spawn(driver));
         let links: Vec<ServerLink> = conns
             .into_iter()

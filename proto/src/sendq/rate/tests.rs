@@ -151,7 +151,7 @@ struct Path {
 
 /// One simulated sender: a [`SendQueue`](crate::sendq::SendQueue) with an endless backlog
 /// behind the window its [`DeliveryRate`] gives for its flow (the shell's rule: `initial`
-/// until the rule gives one, whole frames where it says).
+/// until the rule gives one, whole frames where it says, and the flow's floor of frames).
 struct Sim {
     flow: Flow,
     start: f64,
@@ -188,7 +188,11 @@ fn simulate(
             flow,
             start,
             est: DeliveryRate::new(),
-            q: crate::sendq::SendQueue::new(initial),
+            q: {
+                let mut q = crate::sendq::SendQueue::new(initial);
+                q.set_min_frames(flow.min_frames());
+                q
+            },
             smoothed: path.rtt,
             late: 0,
         })
@@ -350,4 +354,21 @@ fn sources_sharing_a_link_take_equal_shares_of_it() {
             assert!((0.45..=0.55).contains(&(o.carried / rate)), "{what}");
         }
     }
+}
+
+#[test]
+fn a_reply_keeps_its_link_busy_when_acknowledgements_wait_longer_than_a_frame() {
+    // The 2 × 1 cluster at 10 Mbit/s (BENCHMARKS.md, "A ceiling on the congestion window"): a
+    // 118 kB result is 94 ms of the server's link, and its acknowledgement waits 150 ms more in
+    // the queue of pushes into the server. Two frames in flight leave the link idle from the
+    // end of the second until the first one's acknowledgement, 2 × 94 ms of every 245 ms.
+    let path = Path {
+        rate: 1.25e6,
+        rtt: 0.0005,
+        reverse: 0.150,
+    };
+    let frame = 118_000;
+    let out = &simulate(path, &[(Flow::Reply, 0.0)], frame, 65_536, 20.0)[0];
+    // With a floor of two, 0.78 of the link.
+    assert!(out.carried >= 0.95 * path.rate, "{out:?}");
 }
