@@ -22,6 +22,11 @@ use std::time::Instant;
 
 use quinn::congestion::{Controller, ControllerFactory, CubicConfig};
 
+/// The lowest ceiling: a congestion window below a datagram stops a connection, its control
+/// messages and heartbeats with it, and a send window of a few hundred bytes is a setting
+/// tests use (`cluster.send_window_bytes`).
+pub const MIN_CEILING: u64 = 64 << 10;
+
 /// A ceiling, in bytes, on the congestion window of every connection built with
 /// [`WindowCap::factory`]. Cheap to clone; clones share the value. Unset: no ceiling.
 #[derive(Clone, Debug)]
@@ -39,9 +44,10 @@ impl WindowCap {
         WindowCap::default()
     }
 
-    /// Sets the ceiling (bytes) for every connection, from their next packet on.
+    /// Sets the ceiling (bytes, at least [`MIN_CEILING`]) for every connection, from their next
+    /// packet on.
     pub fn set(&self, bytes: u64) {
-        self.0.store(bytes, Ordering::Relaxed);
+        self.0.store(bytes.max(MIN_CEILING), Ordering::Relaxed);
     }
 
     /// The ceiling (`u64::MAX`: none).
@@ -51,9 +57,13 @@ impl WindowCap {
 
     /// A congestion controller factory for `quinn::TransportConfig`: Cubic under this ceiling.
     pub fn factory(&self) -> Arc<dyn ControllerFactory + Send + Sync> {
+        self.factory_over(CubicConfig::default())
+    }
+
+    fn factory_over(&self, cubic: CubicConfig) -> Arc<dyn ControllerFactory + Send + Sync> {
         Arc::new(CappedFactory {
             cap: self.clone(),
-            cubic: Arc::new(CubicConfig::default()),
+            cubic: Arc::new(cubic),
         })
     }
 }
@@ -147,20 +157,19 @@ mod tests {
     #[test]
     fn the_window_is_cubics_under_the_ceiling() {
         let cap = WindowCap::new();
-        let mut c = cap.factory().build(Instant::now(), 1200);
-        let cubic = CubicConfig::default();
-        let initial = Arc::new(cubic).build(Instant::now(), 1200).window();
-        assert_eq!(c.window(), initial, "unset: Cubic's own");
-        cap.set(initial / 3);
-        assert_eq!(c.window(), initial / 3);
+        let mut cubic = CubicConfig::default();
+        cubic.initial_window(1 << 20);
+        let mut c = cap.factory_over(cubic).build(Instant::now(), 1200);
+        assert_eq!(c.window(), 1 << 20, "unset: Cubic's own");
+        cap.set(MIN_CEILING + 1);
+        assert_eq!(c.window(), MIN_CEILING + 1);
+        cap.set(1);
+        assert_eq!(c.window(), MIN_CEILING, "never below the lowest ceiling");
         cap.set(u64::MAX);
         // A loss still shrinks Cubic's window under a ceiling above it.
         c.on_congestion_event(Instant::now(), Instant::now(), false, 1200);
         let after_loss = c.window();
-        assert!(
-            after_loss < initial,
-            "{after_loss} after a loss, {initial} before"
-        );
+        assert!(after_loss < 1 << 20, "{after_loss} after a loss");
         cap.set(after_loss + 1);
         assert_eq!(c.window(), after_loss);
     }

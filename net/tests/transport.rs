@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use pushpull_net::cap::MIN_CEILING;
 use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_net::transport::{read_frame, send_frame, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::Config;
@@ -202,7 +203,7 @@ async fn mutual_tls_accepts_the_cluster_and_refuses_strangers() {
     );
 }
 
-/// Sends one 2 MB frame from a client whose endpoint's window ceiling is `cap` (if any);
+/// Sends one 4 MB frame from a client whose endpoint's window ceiling is `cap` (if any);
 /// returns the largest congestion window its connection reported while sending, sampled every
 /// millisecond, and checks the frame arrived whole.
 async fn largest_cwnd_under(cap: Option<u64>) -> u64 {
@@ -215,11 +216,11 @@ async fn largest_cwnd_under(cap: Option<u64>) -> u64 {
         client.window_cap().set(c);
     }
     let addr = server.local_addr();
-    let len = 2u64 << 20;
+    let len = 4u64 << 20;
     let accept = tokio::spawn(async move {
         let conn = server.quinn.accept().await.unwrap().await.unwrap();
         let mut s = conn.accept_uni().await.unwrap();
-        let (_, p) = read_frame(&mut s, 4 << 20, "client").await.unwrap();
+        let (_, p) = read_frame(&mut s, 8 << 20, "client").await.unwrap();
         assert_eq!(p.len() as u64, len);
         assert!(p.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
         conn
@@ -261,10 +262,13 @@ async fn largest_cwnd_under(cap: Option<u64>) -> u64 {
 
 #[tokio::test]
 async fn an_endpoints_window_ceiling_bounds_its_congestion_windows() {
-    // Cubic's window grows past 40 kB while 2 MB cross loopback; under the ceiling it never
-    // reports more, and the frame still arrives whole.
+    // Cubic's window grows past the lowest ceiling while 4 MB cross loopback; under that
+    // ceiling it never reports more, and the frame still arrives whole. A ceiling below it
+    // (a send window of a few bytes) is raised to it, not obeyed: the frame still arrives.
     let free = largest_cwnd_under(None).await;
-    assert!(free > 40_000, "uncapped cwnd {free}");
-    let capped = largest_cwnd_under(Some(40_000)).await;
-    assert!(capped <= 40_000, "capped cwnd {capped}");
+    assert!(free > MIN_CEILING, "uncapped cwnd {free}");
+    let capped = largest_cwnd_under(Some(MIN_CEILING)).await;
+    assert!(capped <= MIN_CEILING, "capped cwnd {capped}");
+    let tiny = largest_cwnd_under(Some(100)).await;
+    assert!(tiny <= MIN_CEILING, "capped cwnd {tiny}");
 }
