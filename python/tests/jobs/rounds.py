@@ -79,11 +79,17 @@ bps.broadcast_optimizer_state(opt, root_rank=0)
 saved["opt_out"] = [v["momentum_buffer"].clone() for v in opt.state_dict()["state"].values()]
 
 # The GIL is released while a round waits: rank 1 pushes late, and meanwhile a thread of
-# rank 0 counts and polls the round (a poll while another thread waits must not deadlock).
+# rank 0 polls the round (a poll while another thread waits must not deadlock) and notes when
+# it ran. Had synchronize held the GIL, no turn would fall inside the wait.
 import threading  # noqa: E402
 import time  # noqa: E402
 
-count, stop = [0], threading.Event()
+# Declaring is a collective (it waits for every worker), so "late" is declared first: the 0.5 s
+# falls inside the round, where the call must have released the GIL.
+bps.declare("late", 10)
+stop = threading.Event()
+entered = [None]  # when the main thread called synchronize
+during = []  # times of the spinner's turns while the main thread waited
 if r == 1:
     time.sleep(0.5)
 late = torch.ones(10)
@@ -93,16 +99,25 @@ native = bps._handles[h].native
 
 def spin():
     while not stop.is_set():
-        count[0] += 1
         native.poll()
+        now = time.monotonic()
+        if entered[0] is not None:
+            during.append(now)
 
 
 t = threading.Thread(target=spin)
 t.start()
+entered[0] = time.monotonic()
 bps.synchronize(h)
+left = time.monotonic()
 stop.set()
 t.join()
-saved["spins"] = count[0]
+halves = [0, 0]
+for x in during:
+    if entered[0] + 0.02 < x < left - 0.02:
+        halves[int(2 * (x - entered[0]) >= left - entered[0])] += 1
+saved["wait_s"] = left - entered[0]
+saved["turns_in_halves"] = halves
 
 saved["metrics"] = bps.metrics()
 torch.save(saved, os.path.join(out, f"rank{r}.pt"))
