@@ -89,7 +89,7 @@ import time  # noqa: E402
 bps.declare("late", 10)
 stop = threading.Event()
 entered = [None]  # when the main thread called synchronize
-during = []  # times of the spinner's turns while the main thread waited, 1 ms apart at most
+during = []  # times of the spinner's turns while the main thread waited (one per ms at most)
 if r == 1:
     time.sleep(0.5)
 late = torch.ones(10)
