@@ -276,6 +276,14 @@ pub struct JobConfig {
     /// issued, the last layer first, as a backward pass issues them).
     #[serde(default = "default_job_priority")]
     pub priority: String,
+    /// `issue` (benchmark): the order in which a round's push_pull calls are made, all at
+    /// once: `backward` (the last layer first, as a backward pass produces the gradients; the
+    /// default) or `forward` (the first layer first: the order the frames leave in). With
+    /// `backward`, which frames a worker sends first depends on how its calls and its
+    /// compression interleave with its sender, so workers may start a round in different
+    /// orders (BENCHMARKS.md, "The order of simultaneous calls").
+    #[serde(default = "default_job_issue")]
+    pub issue: String,
     /// `skip_push_pull` (train): train without any push_pull, each worker alone on its shard
     /// (for timing the compute alone; default false).
     #[serde(default)]
@@ -379,6 +387,9 @@ fn default_device() -> String {
 fn default_job_priority() -> String {
     "forward".to_string()
 }
+fn default_job_issue() -> String {
+    "backward".to_string()
+}
 fn default_job_kind() -> String {
     "benchmark".to_string()
 }
@@ -473,6 +484,7 @@ impl Default for JobConfig {
             scale: default_scale(),
             check: true,
             priority: default_job_priority(),
+            issue: default_job_issue(),
             skip_push_pull: false,
             model: default_model(),
             steps: default_steps(),
@@ -526,6 +538,7 @@ impl JobConfig {
         one_of("job.kind", &self.kind, &["benchmark", "train"])?;
         one_of("job.model", &self.model, &["mlp", "logistic"])?;
         one_of("job.priority", &self.priority, &["forward", "none"])?;
+        one_of("job.issue", &self.issue, &["backward", "forward"])?;
         one_of(
             "job.lr_schedule",
             &self.lr_schedule,

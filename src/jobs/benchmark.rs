@@ -11,8 +11,9 @@
 //!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
 //!    round) and reduces it every round out of place (`push_pull_into`, no copy per round).
 //! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull_into(Sum)` of every
-//!    tensor, the last tensor first (the order a backward pass produces gradients in), all in
-//!    flight together, and waits for all of them. Only this part is timed: the round's
+//!    tensor, the last tensor first (the order a backward pass produces gradients in;
+//!    `job.issue = "forward"`: the first tensor first), all in flight together, and waits for
+//!    all of them. Only this part is timed: the round's
 //!    seconds, and when the first tensor's result arrived (time to first layer). Then (with
 //!    `job.check`) each result is checked bit for bit: raw fp32 tensors against the
 //!    rank-order f32 sum, compressed ones (`[tensors]` maps) against the single-process
@@ -263,8 +264,13 @@ pub async fn run_benchmark(
         let cpu0 = process_cpu_seconds();
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
-        // The last layer first, as a backward pass produces the gradients.
-        for i in (0..specs.len()).rev() {
+        // `backward`: the last layer first, as a backward pass produces the gradients.
+        let order: Vec<usize> = if job.issue == "forward" {
+            (0..specs.len()).collect()
+        } else {
+            (0..specs.len()).rev().collect()
+        };
+        for i in order {
             let (w, t) = (worker.clone(), tensors[i].clone());
             let (input, buf) = (
                 inputs[i].clone(),

@@ -67,6 +67,27 @@ fn zero_workers_and_bad_address_are_refused() {
 }
 
 #[test]
+fn job_issue_values() {
+    assert_eq!(
+        Config::from_toml_str(MINIMAL, "t.toml").unwrap().job.issue,
+        "backward"
+    );
+    let text = format!("{MINIMAL}\n[job]\nissue = \"forward\"\n");
+    assert_eq!(
+        Config::from_toml_str(&text, "t.toml").unwrap().job.issue,
+        "forward"
+    );
+    let text = format!("{MINIMAL}\n[job]\nissue = \"sideways\"\n");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("job.issue") && e.contains("sideways") && e.contains("backward"),
+        "{e}"
+    );
+}
+
+#[test]
 fn worker_device_values() {
     for (device, ok) in [
         ("auto", true),
