@@ -13,8 +13,8 @@
 //! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull_into(Sum)` of every
 //!    tensor, the last tensor first (the order a backward pass produces gradients in;
 //!    `job.issue = "forward"`: the first tensor first), all in flight together, and waits for
-//!    all of them. Only this part is timed: the round's
-//!    seconds, and when the first tensor's result arrived (time to first layer). Then (with
+//!    all of them. Only this part is timed: the round's seconds, and when the first tensor's
+//!    result arrived (time to first layer). Then (with
 //!    `job.check`) each result is checked bit for bit: raw fp32 tensors against the
 //!    rank-order f32 sum, compressed ones (`[tensors]` maps) against the single-process
 //!    reference of the whole job ([`pushpull_worker::reference`]: every rank's and the
