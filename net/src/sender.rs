@@ -8,6 +8,11 @@
 //! the same QUIC priority, finishes the stream, and frees the frame's bytes when the peer has
 //! acknowledged all of it (`SendStream::stopped`). Payload `Bytes` go to quinn without a copy.
 //!
+//! A caller about to queue several tensors at once can [`hold`](FrameSender::hold) each
+//! tensor's priority until that tensor's frames are queued ([`SendHold`]): frames of lower
+//! priority wait, so the tensors leave in priority order whatever order they were encoded in
+//! (the worker's group calls do this).
+//!
 //! One window for every connection of the node keeps all of a node's connections at the same
 //! place in the agreed order: every worker pushes the same few chunks at a time, so each
 //! server receives a chunk from every worker at about the same moment and can send its result
@@ -178,6 +183,18 @@ impl FrameSender {
         self.shared.notify.notify_one();
     }
 
+    /// Holds back this node's frames of lower priority than `priority` until the returned
+    /// guard is dropped ([`SendQueue::hold`]): take one per tensor before encoding several at
+    /// once, and drop it once that tensor's frames are queued. Never keep one across a wait for
+    /// a peer (see [`pushpull_proto::sendq`]).
+    pub fn hold(&self, priority: i32) -> SendHold {
+        self.shared.lock().queue.hold(priority);
+        SendHold {
+            shared: self.shared.clone(),
+            priority,
+        }
+    }
+
     /// Frames queued or being written (not yet handed to quinn in full).
     pub fn unsent(&self) -> usize {
         let s = self.shared.lock();
@@ -193,6 +210,28 @@ impl FrameSender {
             }
             idle.await;
         }
+    }
+}
+
+/// A hold on a [`FrameSender`]'s lower-priority frames ([`FrameSender::hold`]); dropping it
+/// releases them.
+pub struct SendHold {
+    shared: Arc<Shared>,
+    priority: i32,
+}
+
+impl std::fmt::Debug for SendHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendHold")
+            .field("priority", &self.priority)
+            .finish()
+    }
+}
+
+impl Drop for SendHold {
+    fn drop(&mut self) {
+        self.shared.lock().queue.release(self.priority);
+        self.shared.notify.notify_one();
     }
 }
 

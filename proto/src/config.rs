@@ -276,12 +276,13 @@ pub struct JobConfig {
     /// issued, the last layer first, as a backward pass issues them).
     #[serde(default = "default_job_priority")]
     pub priority: String,
-    /// `issue` (benchmark): the order in which a round's push_pull calls are made, all at
-    /// once: `backward` (the last layer first, as a backward pass produces the gradients; the
-    /// default) or `forward` (the first layer first: the order the frames leave in). With
-    /// `backward`, which frames a worker sends first depends on how its calls and its
-    /// compression interleave with its sender, so workers may start a round in different
-    /// orders (BENCHMARKS.md, "The order of simultaneous calls").
+    /// `issue` (benchmark): how a round's push_pull calls are made, all at once: `group` (one
+    /// `push_pull_group_into` of every tensor, whose chunks leave in priority order; the
+    /// default), or separate calls, `backward` (the last layer first, as a backward pass
+    /// produces the gradients) or `forward` (the first layer first). With separate calls, which
+    /// frames a worker sends first depends on how its calls and its compression interleave with
+    /// its sender, so workers may start a round in different orders (BENCHMARKS.md, "The order
+    /// of simultaneous calls").
     #[serde(default = "default_job_issue")]
     pub issue: String,
     /// `skip_push_pull` (train): train without any push_pull, each worker alone on its shard
@@ -388,7 +389,7 @@ fn default_job_priority() -> String {
     "forward".to_string()
 }
 fn default_job_issue() -> String {
-    "backward".to_string()
+    "group".to_string()
 }
 fn default_job_kind() -> String {
     "benchmark".to_string()
@@ -538,7 +539,7 @@ impl JobConfig {
         one_of("job.kind", &self.kind, &["benchmark", "train"])?;
         one_of("job.model", &self.model, &["mlp", "logistic"])?;
         one_of("job.priority", &self.priority, &["forward", "none"])?;
-        one_of("job.issue", &self.issue, &["backward", "forward"])?;
+        one_of("job.issue", &self.issue, &["group", "backward", "forward"])?;
         one_of(
             "job.lr_schedule",
             &self.lr_schedule,

@@ -36,11 +36,21 @@
 //! floor that grows with the connections would let a node with four of them put eight large
 //! frames in flight whatever window it was given.
 //!
+//! **Holds.** A frame also waits while a *hold* of higher priority is registered
+//! ([`SendQueue::hold`]): a caller that is about to queue the frames of several tensors at once
+//! holds each tensor's priority until that tensor's frames are queued, so that a
+//! lower-priority tensor that happens to be encoded first does not leave first. Without it,
+//! which frames a node sends first depends on how its calls interleave with its sender, and
+//! two workers given the same calls may start in different orders: a chunk one of them sends
+//! first and another last has its sum ready only at the end (BENCHMARKS.md, "The order of
+//! simultaneous calls"). A hold only ever holds back frames of strictly lower priority, and
+//! must be released without waiting for any peer, so holds cannot deadlock.
+//!
 //! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures the
 //! node's delivery rate while busy and sizes the window from it ([`rate::Flow`]).
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 pub mod rate;
 
@@ -91,6 +101,8 @@ pub struct SendQueue<T> {
     /// Frames popped and not yet delivered.
     frames_in_flight: u64,
     queued_bytes: u64,
+    /// Registered holds: priority → how many.
+    holds: BTreeMap<i32, usize>,
 }
 
 impl<T> SendQueue<T> {
@@ -105,6 +117,7 @@ impl<T> SendQueue<T> {
             in_flight: 0,
             frames_in_flight: 0,
             queued_bytes: 0,
+            holds: BTreeMap::new(),
         }
     }
 
@@ -125,6 +138,13 @@ impl<T> SendQueue<T> {
     /// `(item, priority, bytes)`. Its bytes count as in flight until [`SendQueue::delivered`].
     pub fn pop(&mut self) -> Option<(T, i32, u64)> {
         let head = self.heap.peek()?;
+        if self
+            .holds
+            .last_key_value()
+            .is_some_and(|(&p, _)| head.priority < p)
+        {
+            return None;
+        }
         let after = self.in_flight.saturating_add(head.bytes);
         let in_window = if self.whole_frames {
             self.in_flight < self.window
@@ -154,6 +174,22 @@ impl<T> SendQueue<T> {
         );
         self.in_flight = self.in_flight.saturating_sub(bytes);
         self.frames_in_flight = self.frames_in_flight.saturating_sub(1);
+    }
+
+    /// Holds back every frame of lower priority than `priority` until a matching
+    /// [`SendQueue::release`] (see the [module docs](self)). Holds nest: each counts.
+    pub fn hold(&mut self, priority: i32) {
+        *self.holds.entry(priority).or_insert(0) += 1;
+    }
+
+    /// Releases one [`SendQueue::hold`] of `priority` (a release without a hold does nothing).
+    pub fn release(&mut self, priority: i32) {
+        if let Some(n) = self.holds.get_mut(&priority) {
+            *n -= 1;
+            if *n == 0 {
+                self.holds.remove(&priority);
+            }
+        }
     }
 
     /// Takes every queued frame out (e.g. to fail them when the connection is lost), highest

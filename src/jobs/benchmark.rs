@@ -11,9 +11,10 @@
 //!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
 //!    round) and reduces it every round out of place (`push_pull_into`, no copy per round).
 //! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull_into(Sum)` of every
-//!    tensor, the last tensor first (the order a backward pass produces gradients in;
-//!    `job.issue = "forward"`: the first tensor first), all in flight together, and waits for
-//!    all of them. Only this part is timed: the round's seconds, and when the first tensor's
+//!    tensor, all in flight together, and waits for all of them: by default in one group call
+//!    (`Worker::push_pull_group_into`, `job.issue = "group"`: sent in priority order), or as
+//!    separate calls, the last tensor first (`"backward"`, the order a backward pass produces
+//!    gradients in) or the first tensor first (`"forward"`). Only this part is timed: the round's seconds, and when the first tensor's
 //!    result arrived (time to first layer). Then (with
 //!    `job.check`) each result is checked bit for bit: raw fp32 tensors against the
 //!    rank-order f32 sum, compressed ones (`[tensors]` maps) against the single-process
@@ -264,22 +265,40 @@ pub async fn run_benchmark(
         let cpu0 = process_cpu_seconds();
         let start = Instant::now();
         let mut set = tokio::task::JoinSet::new();
-        // `backward`: the last layer first, as a backward pass produces the gradients.
+        // `group` and `backward` list the last layer first, as a backward pass produces the
+        // gradients; a group call sends in priority order whatever the list's order.
         let order: Vec<usize> = if job.issue == "forward" {
             (0..specs.len()).collect()
         } else {
             (0..specs.len()).rev().collect()
         };
-        for i in order {
-            let (w, t) = (worker.clone(), tensors[i].clone());
-            let (input, buf) = (
-                inputs[i].clone(),
-                bufs[i].take().expect("every buffer is back"),
-            );
-            set.spawn(async move {
-                let r = w.push_pull_into(&t, input, buf, Reduce::Sum).await;
-                (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
-            });
+        if job.issue == "group" {
+            let calls = order
+                .iter()
+                .map(|&i| {
+                    let buf = bufs[i].take().expect("every buffer is back");
+                    (tensors[i].clone(), inputs[i].clone(), buf)
+                })
+                .collect();
+            let handles = worker.push_pull_group_into(calls, Reduce::Sum).await;
+            for (i, h) in order.into_iter().zip(handles) {
+                set.spawn(async move {
+                    let r = h.await;
+                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
+                });
+            }
+        } else {
+            for i in order {
+                let (w, t) = (worker.clone(), tensors[i].clone());
+                let (input, buf) = (
+                    inputs[i].clone(),
+                    bufs[i].take().expect("every buffer is back"),
+                );
+                set.spawn(async move {
+                    let r = w.push_pull_into(&t, input, buf, Reduce::Sum).await;
+                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
+                });
+            }
         }
         let mut first_tensor = 0.0;
         while let Some(joined) = set.join_next().await {

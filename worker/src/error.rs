@@ -112,6 +112,15 @@ pub enum WorkerError {
         got: u64,
     },
 
+    /// A tensor appears more than once in one [`crate::Worker::push_pull_group_into`] call (a
+    /// tensor's rounds run one after another: make a second call). Nothing was sent for that
+    /// entry and no round was used.
+    #[error("tensor {name:?} appears more than once in one group call; a tensor's rounds run one after another, so reduce it again in a later call")]
+    TwiceInGroup {
+        /// The tensor.
+        name: String,
+    },
+
     /// A device buffer this call cannot use: the tensor's push_pull rounds (and its
     /// error-feedback and momentum state) live elsewhere, or the device failed before anything
     /// was sent. Nothing was sent and no round was used.

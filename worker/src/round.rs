@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use pushpull_net::sender::{FrameSender, Peer};
+use pushpull_net::sender::{FrameSender, Peer, SendHold};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::NodeName;
@@ -81,7 +81,12 @@ pub(crate) async fn run_round<R: RoundData>(
     round: u64,
     kind: RoundKind,
     data: &Mutex<R>,
+    hold: Option<SendHold>,
 ) -> Result<(), WorkerError> {
+    let queued = Queued {
+        left: std::sync::atomic::AtomicUsize::new(tensor.ranges.len()),
+        hold: Mutex::new(hold),
+    };
     let started = std::time::Instant::now();
     let codec_nanos = (
         tensor.compress_nanos.load(Ordering::Relaxed),
@@ -90,7 +95,7 @@ pub(crate) async fn run_round<R: RoundData>(
     let mut first_error: Option<WorkerError> = None;
     {
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
-            .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data))
+            .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data, &queued))
             .collect();
         while let Some(result) = running.next().await {
             if let Err(e) = result {
@@ -145,6 +150,25 @@ async fn prefer_fatal(shared: &Shared, abort: WorkerError) -> WorkerError {
 /// Longest wait of [`prefer_fatal`].
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Counts the chunks of a round not yet queued for sending, and holds the round's
+/// [`SendHold`] (if any) until none is left.
+struct Queued {
+    left: std::sync::atomic::AtomicUsize,
+    hold: Mutex<Option<SendHold>>,
+}
+
+/// One chunk's mark in [`Queued`]: dropped once the chunk is queued (or will never be).
+struct QueuedMark<'a>(&'a Queued);
+
+impl Drop for QueuedMark<'_> {
+    fn drop(&mut self) {
+        if self.0.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let hold = self.0.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+            drop(hold);
+        }
+    }
+}
+
 /// One chunk of one round: encode, push, await the result, decode into the buffer. `data` is
 /// locked only for encoding and decoding, never across an await.
 async fn chunk_round<R: RoundData>(
@@ -154,7 +178,9 @@ async fn chunk_round<R: RoundData>(
     round: u64,
     kind: RoundKind,
     data: &Mutex<R>,
+    queued: &Queued,
 ) -> Result<(), WorkerError> {
+    let mark = QueuedMark(queued);
     let chunk = tensor.placement.chunks[index];
     let link = &ctx.links[chunk.server as usize];
     let dispatch = &ctx.shared.dispatch[chunk.server as usize];
@@ -212,6 +238,7 @@ async fn chunk_round<R: RoundData>(
             // chunk's waiter.
             ctx.sender
                 .send(&link.peer, header, payload, tensor.placement.priority);
+            drop(mark);
             tensor.bytes_pushed.fetch_add(pushed, Ordering::Relaxed);
             match rx.await {
                 Ok(Ok(outcome)) => outcome,

@@ -1,8 +1,10 @@
 //! [`Worker`]: the handle and the collective operations; joining the cluster is in
 //! [`join`].
 
+mod group;
 mod join;
 
+pub use group::RoundHandle;
 pub use join::JoinOptions;
 
 use pushpull_proto::departure::Departure;
@@ -12,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pushpull_net::sender::FrameSender;
+use pushpull_net::sender::{FrameSender, SendHold};
 use pushpull_net::transport::Endpoint;
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{ClusterMap, ToScheduler};
@@ -567,9 +569,21 @@ impl Worker {
     async fn submit<R: RoundData>(
         &self,
         tensor: &Tensor,
-        mut data: R,
+        data: R,
         kind: RoundKind,
     ) -> Result<R, WorkerError> {
+        let task = self.prepare(tensor, data, kind).await?.spawn(None);
+        join_round(task, tensor.name()).await
+    }
+
+    /// Everything of a round up to its task: checks `data` against `tensor`, waits for the
+    /// tensor's previous round (its round lock), and takes the tensor's state for the round.
+    async fn prepare<R: RoundData>(
+        &self,
+        tensor: &Tensor,
+        mut data: R,
+        kind: RoundKind,
+    ) -> Result<Prepared<R>, WorkerError> {
         self.check_tensor(tensor)?;
         let got = data.len() as u64;
         if got != tensor.len() {
@@ -596,25 +610,14 @@ impl Worker {
             pool: self.inner.pool.clone(),
             learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
         };
-        let t = tensor.inner.clone();
-        let task = tokio::spawn(async move {
-            let _guard = guard;
-            let mut next_round = next_round;
-            let round = *next_round;
-            *next_round += 1;
-            t.rounds_started.store(*next_round, Ordering::Relaxed);
-            let data = std::sync::Mutex::new(data);
-            let result = run_round(ctx, t.clone(), round, kind, &data).await;
-            let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
-            data.end(&t);
-            result.map(|()| data)
-        });
-        task.await.map_err(|e| {
-            WorkerError::Internal(format!(
-                "the round task of tensor {:?} failed: {e}",
-                tensor.name()
-            ))
-        })?
+        Ok(Prepared {
+            ctx,
+            tensor: tensor.inner.clone(),
+            next_round,
+            guard,
+            data,
+            kind,
+        })
     }
 
     /// Waits until every worker of the job has entered the same barrier (barriers are counted
@@ -694,6 +697,53 @@ impl Worker {
         let _ = tokio::time::timeout(WAIT_IDLE_BOUND, self.inner.endpoint.quinn.wait_idle()).await;
         result
     }
+}
+
+/// A round ready to run: its tensor's round lock taken, its data checked and begun
+/// ([`Worker::prepare`]).
+struct Prepared<R: RoundData> {
+    ctx: RoundCtx,
+    tensor: Arc<TensorInner>,
+    next_round: tokio::sync::OwnedMutexGuard<u64>,
+    guard: crate::shared::OpGuard,
+    data: R,
+    kind: RoundKind,
+}
+
+impl<R: RoundData> Prepared<R> {
+    /// Runs the round in a task of its own. `hold` (a group's, see [`Worker::push_pull_group_into`])
+    /// is released once every chunk of the round is queued for sending.
+    fn spawn(self, hold: Option<SendHold>) -> JoinHandle<Result<R, WorkerError>> {
+        let Prepared {
+            ctx,
+            tensor: t,
+            mut next_round,
+            guard,
+            data,
+            kind,
+        } = self;
+        tokio::spawn(async move {
+            let _guard = guard;
+            let round = *next_round;
+            *next_round += 1;
+            t.rounds_started.store(*next_round, Ordering::Relaxed);
+            let data = std::sync::Mutex::new(data);
+            let result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
+            let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
+            data.end(&t);
+            result.map(|()| data)
+        })
+    }
+}
+
+/// Waits for a round's task (a panic in it is an internal error naming the tensor).
+async fn join_round<R>(
+    task: JoinHandle<Result<R, WorkerError>>,
+    name: &str,
+) -> Result<R, WorkerError> {
+    task.await.map_err(|e| {
+        WorkerError::Internal(format!("the round task of tensor {name:?} failed: {e}"))
+    })?
 }
 
 impl WorkerInner {

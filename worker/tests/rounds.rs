@@ -215,6 +215,85 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
     .expect("test timed out");
 }
 
+/// A group call per worker, its entries listed in opposite orders on the two workers, with
+/// interleaved priorities and a window of about two frames: every result is the rank-order
+/// sum, for two rounds in a row; an entry given twice, or with a wrong length, fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_calls_in_opposite_orders() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        let s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
+        let n = 40usize;
+        let len = |i: usize| 1 + (i * 13) % 60; // 1..60 elements: 1 to 4 chunks
+        let mut tensors = Vec::new();
+        for i in 0..n {
+            let priority = if i % 3 == 0 {
+                500 - i as i32
+            } else {
+                -(i as i32)
+            };
+            let name = format!("g{i:02}");
+            let ts = futures_util::future::join_all(s.workers.iter().map(|w| {
+                w.declare_with_priority(&name, len(i) as u64, Default::default(), priority)
+            }))
+            .await;
+            tensors.push(ts.into_iter().map(|t| t.unwrap()).collect::<Vec<_>>());
+        }
+        let lone = declare_all(&s, "lone", 5).await;
+        for round in 0..2u64 {
+            let input = |r: usize, i: usize| {
+                data(
+                    seed ^ ((r as u64) << 40) ^ ((round) << 32) ^ i as u64,
+                    len(i),
+                )
+            };
+            let groups = s.workers.iter().enumerate().map(|(r, w)| {
+                let order: Vec<usize> = if r == 0 {
+                    (0..n).collect()
+                } else {
+                    (0..n).rev().collect()
+                };
+                let mut calls: Vec<_> = order
+                    .iter()
+                    .map(|&i| (tensors[i][r].clone(), input(r, i), vec![f32::NAN; len(i)]))
+                    .collect();
+                // Worker 0 also lists tensor 5 a second time, and another with a long output.
+                if r == 0 {
+                    calls.push((tensors[5][0].clone(), input(0, 5), vec![0.0; len(5)]));
+                    calls.push((lone[0].clone(), vec![0.0; 5], vec![0.0; 6]));
+                }
+                let w = w.clone();
+                async move { (r, order, w.push_pull_group_into(calls, Reduce::Sum).await) }
+            });
+            for (r, order, handles) in futures_util::future::join_all(groups).await {
+                let mut handles = handles.into_iter();
+                for (&i, h) in order.iter().zip(handles.by_ref()) {
+                    let (inp, out) = h.await.unwrap();
+                    assert!(same_bits(&inp, &input(r, i)), "input kept (seed {seed})");
+                    let expected = rank_order_sum(&[input(0, i), input(1, i)]);
+                    assert!(
+                        same_bits(&out, &expected),
+                        "rank {r} tensor g{i:02} round {round} (seed {seed})"
+                    );
+                }
+                let extra: Vec<_> = handles.collect();
+                assert_eq!(extra.len(), if r == 0 { 2 } else { 0 });
+                if r == 0 {
+                    let mut extra = extra.into_iter();
+                    let e = extra.next().unwrap().await.unwrap_err();
+                    assert!(matches!(e, WorkerError::TwiceInGroup { .. }), "{e}");
+                    assert!(e.to_string().contains("\"g05\""), "{e}");
+                    let e = extra.next().unwrap().await.unwrap_err();
+                    assert!(matches!(e, WorkerError::LengthMismatch { .. }), "{e}");
+                }
+            }
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_errors_name_the_tensor_and_values() {
     tokio::time::timeout(TIMEOUT, async {

@@ -70,7 +70,7 @@ fn zero_workers_and_bad_address_are_refused() {
 fn job_issue_values() {
     assert_eq!(
         Config::from_toml_str(MINIMAL, "t.toml").unwrap().job.issue,
-        "backward"
+        "group"
     );
     let text = format!("{MINIMAL}\n[job]\nissue = \"forward\"\n");
     assert_eq!(
@@ -82,7 +82,7 @@ fn job_issue_values() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("job.issue") && e.contains("sideways") && e.contains("backward"),
+        e.contains("job.issue") && e.contains("sideways") && e.contains("group"),
         "{e}"
     );
 }

@@ -140,6 +140,36 @@ fn a_small_frame_does_not_wait_behind_a_large_one_that_fills_the_window() {
 }
 
 #[test]
+fn a_hold_keeps_lower_priority_frames_back_until_released() {
+    // Two tensors queued at once: the low one was encoded first, the high one is still being
+    // encoded under its hold. Nothing of the low one leaves before the high one's frames.
+    let mut q = SendQueue::new(u64::MAX);
+    q.hold(5);
+    q.hold(1);
+    q.push("low0", 0, 10);
+    q.push("low1", 0, 10);
+    assert!(q.pop().is_none(), "held by priorities 5 and 1");
+    q.push("one", 1, 10);
+    assert!(q.pop().is_none(), "priority 1 is below the hold of 5");
+    q.push("high", 5, 10);
+    assert_eq!(
+        q.pop().map(|e| e.0),
+        Some("high"),
+        "a frame at the hold's priority leaves"
+    );
+    q.release(5);
+    assert_eq!(q.pop().map(|e| e.0), Some("one"));
+    assert!(q.pop().is_none(), "still held by priority 1");
+    q.hold(1);
+    q.release(1);
+    assert!(q.pop().is_none(), "holds count: one of priority 1 is left");
+    q.release(1);
+    q.release(1); // one release too many does nothing
+    let rest: Vec<&str> = pop_all(&mut q).into_iter().map(|e| e.0).collect();
+    assert_eq!(rest, ["low0", "low1"]);
+}
+
+#[test]
 fn drain_returns_waiting_frames_in_order() {
     let mut q = SendQueue::new(1);
     q.push(1, 1, 5);

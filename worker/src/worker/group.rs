@@ -1,0 +1,137 @@
+//! [`Worker::push_pull_group_into`]: the tensors of a step reduced together, sent in priority
+//! order whatever order they are listed in.
+//!
+//! Separate calls made at the same moment race with the worker's sender: whichever call is
+//! encoded first has its chunks sent first while the window has room, even if a
+//! higher-priority call follows a moment later. Two workers making the same calls may so start
+//! a round in different orders, and a chunk one of them sends first and another last has its
+//! sum ready only at the end (BENCHMARKS.md, "The order of simultaneous calls"). A group call
+//! knows all its tensors before any is encoded: it takes every tensor's round lock (highest
+//! priority first), then a [`SendHold`] of every tensor's priority, then starts the rounds
+//! highest priority first; each round releases its hold once its chunks are queued, so the
+//! sender lets a chunk go only when every higher-priority chunk of the group is queued. No hold
+//! is taken while a lock is awaited (a lock waits for the tensor's previous round, which needs
+//! the other workers), so holds never wait for a peer ([`pushpull_proto::sendq`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use pushpull_net::sender::SendHold;
+
+use super::{join_round, Prepared, Worker};
+use crate::data::HostInto;
+use crate::error::WorkerError;
+use crate::round::RoundKind;
+use crate::tensor::{Reduce, Tensor};
+
+/// One call of a [`Worker::push_pull_group_into`]: a future of its result. Its round runs in
+/// the background whether or not the handle is polled or kept.
+pub struct RoundHandle<T>(Pin<Box<dyn Future<Output = Result<T, WorkerError>> + Send>>);
+
+impl<T> Future for RoundHandle<T> {
+    type Output = Result<T, WorkerError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for RoundHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RoundHandle")
+    }
+}
+
+impl Worker {
+    /// [`Worker::push_pull_into`] of every `(tensor, input, output)` of `calls`, started
+    /// together: the chunks leave in the tensors' priority order (FIFO within a priority)
+    /// whatever order `calls` lists them in, which separate calls made at the same moment do
+    /// not guarantee (see [`group`](self)). Use it for the gradients of a step that are ready
+    /// together, as Horovod's `grouped_allreduce` is used.
+    ///
+    /// Returns once every round has started (after waiting for the previous round of any of
+    /// the tensors), with one [`RoundHandle`] per call, in the order of `calls`; each resolves
+    /// to that call's `(input, output)` or error, as `push_pull_into` would. Rounds run to their
+    /// end in the background even if their handles are dropped.
+    ///
+    /// # Errors
+    /// Per handle, those of [`Worker::push_pull_into`], plus [`WorkerError::TwiceInGroup`] for
+    /// a second entry of the same tensor (the first is reduced). An entry that fails before
+    /// its round starts (a wrong length, an undeclared tensor) does not stop the others.
+    pub async fn push_pull_group_into<I, O>(
+        &self,
+        calls: Vec<(Tensor, I, O)>,
+        op: Reduce,
+    ) -> Vec<RoundHandle<(I, O)>>
+    where
+        I: AsRef<[f32]> + Send + 'static,
+        O: AsMut<[f32]> + Send + 'static,
+    {
+        let kind = RoundKind::Sum {
+            average: op == Reduce::Average,
+        };
+        let n = calls.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        // Highest priority first, then the order of `calls`.
+        order.sort_by_key(|&i| (std::cmp::Reverse(calls[i].0.priority()), i));
+        let mut slots: Vec<Option<(Tensor, I, O)>> = calls.into_iter().map(Some).collect();
+        let mut failed: Vec<Option<WorkerError>> = (0..n).map(|_| None).collect();
+        let mut prepared: Vec<(usize, Prepared<HostInto<I, O>>)> = Vec::with_capacity(n);
+        let mut seen = std::collections::HashSet::new();
+        for &i in &order {
+            let Some((tensor, input, mut output)) = slots[i].take() else {
+                continue;
+            };
+            if !seen.insert(std::sync::Arc::as_ptr(&tensor.inner)) {
+                failed[i] = Some(WorkerError::TwiceInGroup {
+                    name: tensor.name().to_string(),
+                });
+                continue;
+            }
+            let got = output.as_mut().len() as u64;
+            if got != tensor.len() {
+                failed[i] = Some(WorkerError::LengthMismatch {
+                    name: tensor.name().to_string(),
+                    declared: tensor.len(),
+                    got,
+                });
+                continue;
+            }
+            match self
+                .prepare(&tensor, HostInto { input, output }, kind)
+                .await
+            {
+                Ok(p) => prepared.push((i, p)),
+                Err(e) => failed[i] = Some(e),
+            }
+        }
+        // Every lock is held: hold every priority before any round is encoded, then start the
+        // rounds highest priority first.
+        let holds: Vec<SendHold> = prepared
+            .iter()
+            .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
+            .collect();
+        let mut handles: Vec<Option<RoundHandle<(I, O)>>> = (0..n).map(|_| None).collect();
+        for ((i, p), hold) in prepared.into_iter().zip(holds) {
+            let name = p.tensor.placement.name.clone();
+            let task = p.spawn(Some(hold));
+            handles[i] = Some(RoundHandle(Box::pin(async move {
+                join_round(task, &name).await.map(|d| (d.input, d.output))
+            })));
+        }
+        handles
+            .into_iter()
+            .zip(failed)
+            .map(|(h, e)| match (h, e) {
+                (Some(h), _) => h,
+                (None, e) => {
+                    let e = e.unwrap_or_else(|| {
+                        WorkerError::Internal("a group call's entry was lost".into())
+                    });
+                    RoundHandle(Box::pin(async move { Err(e) }))
+                }
+            })
+            .collect()
+    }
+}
