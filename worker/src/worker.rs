@@ -700,7 +700,9 @@ impl Worker {
 }
 
 /// A round ready to run: its tensor's round lock taken, its data checked and begun
-/// ([`Worker::prepare`]).
+/// ([`Worker::prepare`]). Dropped without [`Prepared::spawn`], it gives the lock back without
+/// using a round number; host data loses nothing (device data would lose the chains `begin`
+/// took, so device rounds are spawned at once).
 struct Prepared<R: RoundData> {
     ctx: RoundCtx,
     tensor: Arc<TensorInner>,

@@ -53,7 +53,8 @@ impl Worker {
     /// Returns once every round has started (after waiting for the previous round of any of
     /// the tensors), with one [`RoundHandle`] per call, in the order of `calls`; each resolves
     /// to that call's `(input, output)` or error, as `push_pull_into` would. Rounds run to their
-    /// end in the background even if their handles are dropped.
+    /// end in the background even if their handles are dropped; dropping this future before it
+    /// returns starts none of them (nothing is sent, no round number is used).
     ///
     /// # Errors
     /// Per handle, those of [`Worker::push_pull_into`], plus [`WorkerError::TwiceInGroup`] for
