@@ -153,6 +153,28 @@ async fn many_keys_issued_in_opposite_orders() {
     .expect("test timed out");
 }
 
+/// Tensors `{prefix}00`.. of `len(i)` elements whose priorities interleave with the index:
+/// every `every`-th one first (`1000 - i`), the others after (`-i`). Per tensor, one handle per
+/// worker.
+async fn declare_interleaved(
+    s: &Stack,
+    prefix: &str,
+    n: usize,
+    len: impl Fn(usize) -> usize,
+    every: usize,
+) -> Vec<Vec<pushpull_worker::Tensor>> {
+    let mut tensors = Vec::new();
+    for i in 0..n {
+        let priority = if i % every == every - 1 {
+            1000 - i as i32
+        } else {
+            -(i as i32)
+        };
+        tensors.push(declare_all_at(s, &format!("{prefix}{i:02}"), len(i) as u64, priority).await);
+    }
+    tensors
+}
+
 /// Calls spawned as separate tasks, issued in opposite orders by the two workers, on tensors
 /// with priorities that order them differently again (so each worker's queue releases frames
 /// in neither worker's issue order), several chunks per tensor on 2 servers, and a send window
@@ -165,24 +187,9 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
         // 64-byte partitions: 16 elements per chunk; frames of 104 bytes.
         let s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
         let n = 60usize;
-        let len = |i: usize| 1 + (i * 7) % 50; // 1..50 elements: 1 to 4 chunks
-        let mut tensors = Vec::new();
-        for i in 0..n {
-            // Priorities interleave with the index: odd tensors first, then even ones.
-            let priority = if i % 2 == 1 {
-                1000 - i as i32
-            } else {
-                -(i as i32)
-            };
-            let name = format!("p{i:02}");
-            let ts = futures_util::future::join_all(s.workers.iter().map(|w| {
-                w.declare_with_priority(&name, len(i) as u64, Default::default(), priority)
-            }))
-            .await;
-            let ts: Vec<_> = ts.into_iter().map(|t| t.unwrap()).collect();
-            assert_eq!(ts[0].priority(), priority);
-            tensors.push(ts);
-        }
+        // 1..50 elements: 1 to 4 chunks; odd tensors first, then even ones.
+        let len = |i: usize| 1 + (i * 7) % 50;
+        let tensors = declare_interleaved(&s, "p", n, len, 2).await;
         let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
         let mut handles = Vec::new();
         for (r, w) in s.workers.iter().enumerate() {
@@ -225,20 +232,7 @@ async fn group_calls_in_opposite_orders() {
         let s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
         let n = 40usize;
         let len = |i: usize| 1 + (i * 13) % 60; // 1..60 elements: 1 to 4 chunks
-        let mut tensors = Vec::new();
-        for i in 0..n {
-            let priority = if i % 3 == 0 {
-                500 - i as i32
-            } else {
-                -(i as i32)
-            };
-            let name = format!("g{i:02}");
-            let ts = futures_util::future::join_all(s.workers.iter().map(|w| {
-                w.declare_with_priority(&name, len(i) as u64, Default::default(), priority)
-            }))
-            .await;
-            tensors.push(ts.into_iter().map(|t| t.unwrap()).collect::<Vec<_>>());
-        }
+        let tensors = declare_interleaved(&s, "g", n, len, 3).await;
         let lone = declare_all(&s, "lone", 5).await;
         for round in 0..2u64 {
             let input = |r: usize, i: usize| {

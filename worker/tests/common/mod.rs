@@ -409,6 +409,21 @@ pub async fn declare_all_with(s: &Stack, name: &str, len: u64, params: ParamMap)
     .collect()
 }
 
+/// Every worker declares `name` at `priority` (no parameters); checks the agreed priority.
+pub async fn declare_all_at(s: &Stack, name: &str, len: u64, priority: i32) -> Vec<Tensor> {
+    let ts: Vec<Tensor> = futures_util::future::join_all(
+        s.workers
+            .iter()
+            .map(|w| w.declare_with_priority(name, len, Default::default(), priority)),
+    )
+    .await
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect();
+    assert_eq!(ts[0].priority(), priority);
+    ts
+}
+
 /// Deterministic pseudo-random f32 data (SplitMix64).
 pub fn data(seed: u64, len: usize) -> Vec<f32> {
     let mut s = seed;
