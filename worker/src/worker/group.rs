@@ -7,8 +7,8 @@
 //! a round in different orders, and a chunk one of them sends first and another last has its
 //! sum ready only at the end (BENCHMARKS.md, "The order of simultaneous calls"). A group call
 //! knows all its tensors before any is encoded: it takes every tensor's round lock (highest
-//! priority first), then a [`SendHold`] of every tensor's priority, then starts the rounds
-//! highest priority first; each round releases its hold once its chunks are queued, so the
+//! priority first, then by name, one order for every group), then a [`SendHold`] of every
+//! tensor's priority, then starts the rounds highest priority first; each round releases its hold once its chunks are queued, so the
 //! sender lets a chunk go only when every higher-priority chunk of the group is queued. No hold
 //! is taken while a lock is awaited (a lock waits for the tensor's previous round, which needs
 //! the other workers), so holds never wait for a peer ([`pushpull_proto::sendq`]).
@@ -73,9 +73,14 @@ impl Worker {
             average: op == Reduce::Average,
         };
         let n = calls.len();
+        // Locks are taken highest priority first, then by name: one order for every group
+        // call, so two groups listing tensors of one priority in different orders cannot each
+        // hold a lock the other waits for.
         let mut order: Vec<usize> = (0..n).collect();
-        // Highest priority first, then the order of `calls`.
-        order.sort_by_key(|&i| (std::cmp::Reverse(calls[i].0.priority()), i));
+        order.sort_by(|&a, &b| {
+            let key = |i: usize| (std::cmp::Reverse(calls[i].0.priority()), calls[i].0.name());
+            key(a).cmp(&key(b)).then(a.cmp(&b))
+        });
         let mut slots: Vec<Option<(Tensor, I, O)>> = calls.into_iter().map(Some).collect();
         let mut failed: Vec<Option<WorkerError>> = (0..n).map(|_| None).collect();
         let mut prepared: Vec<(usize, Prepared<HostInto<I, O>>)> = Vec::with_capacity(n);
@@ -108,7 +113,8 @@ impl Worker {
             }
         }
         // Every lock is held: hold every priority before any round is encoded, then start the
-        // rounds highest priority first.
+        // rounds highest priority first, in the order of `calls` within a priority.
+        prepared.sort_by_key(|(i, p)| (std::cmp::Reverse(p.tensor.placement.priority), *i));
         let holds: Vec<SendHold> = prepared
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
