@@ -346,11 +346,8 @@ PP_HD pp_u16 pp_f32_to_bf16_sat(float x) {
     return pp_f32_to_bf16_bits(pp_clampf(x, -bf16_max, bf16_max));
 }
 
-// elem::bf16_to_f32 (exact; NaNs get the quiet bit like half's).
+// elem::bf16_to_f32 (exact; NaN payloads kept bit for bit, as the CPU decoder does).
 PP_HD float pp_bf16_to_f32(pp_u16 i) {
-    if ((i & 0x7fffu) > 0x7f80u) {
-        return pp_f32_from_bits(((pp_u32)i | 0x0040u) << 16);
-    }
     return pp_f32_from_bits(((pp_u32)i) << 16);
 }
 

@@ -147,10 +147,11 @@ pub fn f32_to_bf16_sat(x: f32) -> u16 {
     half::bf16::from_f32(x.clamp(-BF16_MAX, BF16_MAX)).to_bits()
 }
 
-/// bfloat16 bits → f32 (exact).
+/// bfloat16 bits → f32 (exact, NaN payloads included: the bits shifted into place, as the
+/// `bf16` decoder of `codecs/cast.rs` does; `half`'s `to_f32` would set a NaN's quiet bit).
 #[inline(always)]
 pub fn bf16_to_f32(bits: u16) -> f32 {
-    half::bf16::from_bits(bits).to_f32()
+    f32::from_bits(u32::from(bits) << 16)
 }
 
 /// Min-max quantisation step: `(max - min) / levels` with `levels = 2^b - 1`.
