@@ -383,3 +383,129 @@ fn non_finite_gradients_are_named_as_on_the_cpu() {
         assert!(same >= 1, "{}", p.what);
     }
 }
+
+/// The emulated device's copies into staging land when they are waited for, not before (as on
+/// a GPU, where reading staging early reads stale bytes), so the worker's order (launch every
+/// chunk, then wait for each) is what the tests exercise.
+#[test]
+fn emulated_staging_lands_only_when_waited_for() {
+    use pushpull_kernels::cuda::{GpuScheme, RoundStreams};
+    use pushpull_kernels::device::{read_flags, staging_bytes};
+    use pushpull_kernels::rng::Role;
+    let device = EmulatedDevice;
+    let n = 64;
+    let x: Vec<f32> = (0..n).map(|i| i as f32 - 20.5).collect();
+    let mut codec = device
+        .codec(GpuScheme::OneBit { scaling: true }, n)
+        .unwrap();
+    let mut flags = device.alloc_flags().unwrap();
+    let streams = RoundStreams::new(1, 2, 0, Role::Worker, 0);
+    let len = device
+        .compress(&mut codec, &x, 0..n, streams, &mut flags)
+        .unwrap();
+    let mut staging = device.alloc_staging(staging_bytes(len)).unwrap();
+    device.stage(&codec, len, &flags, &mut staging).unwrap();
+    assert!(
+        staging.as_ref().iter().all(|&b| b == 0),
+        "staging changed before it was waited for"
+    );
+    device.wait_staged(&mut staging).unwrap();
+    let mut want = Vec::new();
+    pushpull_kernels::cuda::host::compress(
+        &GpuScheme::OneBit { scaling: true },
+        &x,
+        streams,
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(&staging.as_ref()[..len], &want[..]);
+    let f = read_flags(staging.as_ref(), len).unwrap();
+    assert_eq!(f[4..6], [u32::MAX, u32::MAX], "no non-finite element");
+    assert_eq!(f[..4], [0, 0, 0, 0]);
+}
+
+/// A worker launches every chunk of a tensor before it waits for any: chunks started together
+/// and finished in another order give the CPU chains' bytes and state, and a launch that is
+/// never finished (its round ended early) changes no state.
+#[test]
+fn launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing() {
+    let mut r = Rng::new(seed(
+        "launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing",
+    ));
+    let device = Arc::new(EmulatedDevice);
+    let params = map(&[
+        ("compressor", "onebit"),
+        ("ef", "vanilla"),
+        ("momentum", "nesterov"),
+    ]);
+    let n = 300;
+    let chunks = 3;
+    let mut pairs: Vec<Pair<EmulatedDevice>> = (0..chunks)
+        .map(|c| {
+            let info = ChunkInfo {
+                params: &params,
+                tensor_len: (chunks * n) as u64,
+                chunk_len: n as u64,
+                full_chunk_len: n as u64,
+                key: 100 + c as u64,
+                job_seed: 7,
+                node: Node::Worker { rank: 2 },
+                min_compress_bytes: 0,
+            };
+            pair(&params, info, &device).unwrap()
+        })
+        .collect();
+    let mut tensor = device.alloc_zeros(chunks * n).unwrap();
+    let range = |c: usize| c * n..(c + 1) * n;
+    for round in 0..3u64 {
+        let ctx = RoundCtx::new(round);
+        let g: Vec<f32> = (0..chunks * n).map(|_| r.grad()).collect();
+        device.upload(&g, &mut tensor, 0).unwrap();
+        // Launch every chunk, then finish them last first.
+        let started: Vec<_> = pairs
+            .iter_mut()
+            .enumerate()
+            .map(|(c, p)| {
+                let staging = device.alloc_staging(p.dev.staging_bytes()).unwrap();
+                p.dev.start(&tensor, range(c), &ctx, staging).unwrap()
+            })
+            .collect();
+        for (c, s) in started.into_iter().enumerate().rev() {
+            let p = &mut pairs[c];
+            let (staging, len) = p.dev.finish(&tensor, s);
+            let len = len.unwrap();
+            let mut want = Vec::new();
+            p.cpu.compress(&g[range(c)], &ctx, &mut want).unwrap();
+            let what = format!("{} chunk {c} round {round}", p.what);
+            assert_same_bytes(&what, &staging.as_ref()[..len], &want);
+            assert_same_bits(
+                &format!("{what}: residual"),
+                &p.dev.residual().unwrap().unwrap(),
+                p.cpu.residual().unwrap(),
+            );
+            assert_same_bits(
+                &format!("{what}: momentum"),
+                &p.dev.momentum().unwrap().unwrap(),
+                p.cpu.momentum().unwrap(),
+            );
+        }
+        // A launch of chunk 0 that is abandoned: the next compression starts from the same
+        // state as the CPU chain, which never saw it.
+        let staging = device.alloc_staging(pairs[0].dev.staging_bytes()).unwrap();
+        let abandoned = pairs[0]
+            .dev
+            .start(&tensor, range(0), &ctx, staging)
+            .unwrap();
+        drop(abandoned.into_staging());
+    }
+    let ctx = RoundCtx::new(3);
+    let g: Vec<f32> = (0..n).map(|_| r.grad()).collect();
+    device.upload(&g, &mut tensor, 0).unwrap();
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    pairs[0].cpu.compress(&g, &ctx, &mut want).unwrap();
+    pairs[0]
+        .dev
+        .compress(&tensor, range(0), &ctx, &mut got)
+        .unwrap();
+    assert_same_bytes("after abandoned launches", &got, &want);
+}

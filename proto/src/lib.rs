@@ -13,7 +13,7 @@
 //! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
 //! | [`grant`] | [`grant::Grant`]: the role (and id) a node's certificate lets it play, as a `pushpull://ROLE/ID` URI, and the checks every node makes |
 //! | [`departure`] | [`departure::Departure`]: why a node closed its connections (the QUIC close code and reason), so peers name the node really at fault |
-//! | [`pool`] | [`pool::BufPool`]: reused byte buffers for encoded payloads, returned when the last `Bytes` handle drops |
+//! | [`pool`] | [`pool::Pool`] (and [`pool::BufPool`] of `Vec<u8>`s): reused buffers for encoded payloads, returned when the last `Bytes` handle drops |
 //!
 //! The crate graph: `pushpull-proto` ← `pushpull-kernels` (compression), `pushpull-net` (TLS,
 //! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI).

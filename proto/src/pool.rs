@@ -1,96 +1,117 @@
-//! [`BufPool`]: reused byte buffers for encoded payloads.
+//! [`Pool`]: reused buffers for encoded payloads; [`BufPool`], the pool of `Vec<u8>`s.
 //!
-//! A payload is encoded into a `Vec<u8>` taken from the pool and frozen into [`Bytes`] that
-//! own it ([`Bytes::from_owner`]). QUIC holds those `Bytes` until the peer has acknowledged
-//! the data; when the last clone is dropped the `Vec` (its capacity intact) goes back to the
+//! A payload is encoded into a buffer taken from the pool and frozen into [`Bytes`] that own
+//! it ([`Bytes::from_owner`]). QUIC holds those `Bytes` until the peer has acknowledged the
+//! data; when the last clone is dropped the buffer (its capacity intact) goes back to the
 //! pool, so steady-state rounds encode into memory that is already allocated and paged in,
-//! instead of a fresh allocation per chunk and round.
+//! instead of a fresh allocation per chunk and round. The same holds for any buffer type that
+//! is [`Recycle`], e.g. a worker's page-locked staging of payloads compressed on a GPU.
 
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-/// A pool of byte buffers. Cheap to share (`Arc`); see the [module docs](self).
+/// A buffer a [`Pool`] can hold: bytes with a capacity, emptied when it comes back.
+pub trait Recycle: AsRef<[u8]> + Send + Sync + 'static {
+    /// Bytes of memory the buffer holds (what the pool's bound counts).
+    fn capacity(&self) -> usize;
+    /// Readies the buffer for its next use (a `Vec` is cleared).
+    fn reset(&mut self);
+}
+
+impl Recycle for Vec<u8> {
+    fn capacity(&self) -> usize {
+        Vec::capacity(self)
+    }
+    fn reset(&mut self) {
+        self.clear();
+    }
+}
+
+/// A pool of buffers. Cheap to share (`Arc`); see the [module docs](self).
 #[derive(Debug)]
-pub struct BufPool {
-    free: Mutex<Free>,
+pub struct Pool<B> {
+    free: Mutex<Free<B>>,
     max_bytes: usize,
 }
 
-#[derive(Debug, Default)]
-struct Free {
-    bufs: Vec<Vec<u8>>,
+/// The pool of byte vectors that encoders write into.
+pub type BufPool = Pool<Vec<u8>>;
+
+#[derive(Debug)]
+struct Free<B> {
+    bufs: Vec<B>,
     bytes: usize,
 }
 
 /// A pooled buffer owned by [`Bytes`]; returns to its pool when dropped.
-struct Pooled {
-    buf: Vec<u8>,
-    pool: Arc<BufPool>,
+struct Pooled<B: Recycle> {
+    buf: Option<B>,
+    pool: Arc<Pool<B>>,
 }
 
-impl AsRef<[u8]> for Pooled {
+impl<B: Recycle> AsRef<[u8]> for Pooled<B> {
     fn as_ref(&self) -> &[u8] {
-        &self.buf
+        self.buf.as_ref().map_or(&[], |b| b.as_ref())
     }
 }
 
-impl Drop for Pooled {
+impl<B: Recycle> Drop for Pooled<B> {
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.buf));
+        if let Some(buf) = self.buf.take() {
+            self.pool.give_back(buf);
+        }
     }
 }
 
-impl BufPool {
+impl<B: Recycle> Pool<B> {
     /// A pool that keeps at most `max_bytes` of capacity in idle buffers (what is beyond is
     /// freed).
-    pub fn new(max_bytes: usize) -> Arc<BufPool> {
-        Arc::new(BufPool {
-            free: Mutex::new(Free::default()),
+    pub fn new(max_bytes: usize) -> Arc<Pool<B>> {
+        Arc::new(Pool {
+            free: Mutex::new(Free {
+                bufs: Vec::new(),
+                bytes: 0,
+            }),
             max_bytes,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free<B>> {
         self.free.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An empty buffer, with the capacity of one it was used for before when the pool has one
-    /// (the largest idle one, so a big payload rarely has to grow a small buffer).
-    pub fn take(&self) -> Vec<u8> {
+    /// The largest idle buffer, if the pool has one (so a big payload rarely has to grow a
+    /// small buffer).
+    pub fn take_idle(&self) -> Option<B> {
         let mut free = self.lock();
-        match free.bufs.pop() {
-            Some(buf) => {
-                free.bytes -= buf.capacity();
-                buf
-            }
-            None => Vec::new(),
-        }
+        let buf = free.bufs.pop()?;
+        free.bytes -= buf.capacity();
+        Some(buf)
     }
 
     /// Freezes `buf` into `Bytes` whose last drop returns it to this pool.
-    pub fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+    pub fn freeze(self: &Arc<Self>, buf: B) -> Bytes {
         Bytes::from_owner(Pooled {
-            buf,
+            buf: Some(buf),
             pool: self.clone(),
         })
     }
 
-    /// Returns `buf` to the pool (cleared), unless the pool holds enough already.
-    pub fn give_back(&self, mut buf: Vec<u8>) {
-        if buf.capacity() == 0 {
+    /// Returns `buf` to the pool (reset), unless the pool holds enough already.
+    pub fn give_back(&self, mut buf: B) {
+        let capacity = buf.capacity();
+        if capacity == 0 {
             return;
         }
-        buf.clear();
+        buf.reset();
         let mut free = self.lock();
-        if free.bytes + buf.capacity() > self.max_bytes {
+        if free.bytes + capacity > self.max_bytes {
             return;
         }
-        free.bytes += buf.capacity();
-        // Keep them sorted by capacity, largest last, so `take` hands out the largest.
-        let at = free
-            .bufs
-            .partition_point(|b| b.capacity() <= buf.capacity());
+        free.bytes += capacity;
+        // Keep them sorted by capacity, largest last, so `take_idle` hands out the largest.
+        let at = free.bufs.partition_point(|b| b.capacity() <= capacity);
         free.bufs.insert(at, buf);
     }
 
@@ -98,6 +119,14 @@ impl BufPool {
     pub fn idle(&self) -> (usize, usize) {
         let free = self.lock();
         (free.bufs.len(), free.bytes)
+    }
+}
+
+impl Pool<Vec<u8>> {
+    /// An empty buffer, with the capacity of one it was used for before when the pool has one
+    /// (the largest idle one).
+    pub fn take(&self) -> Vec<u8> {
+        self.take_idle().unwrap_or_default()
     }
 }
 
@@ -123,6 +152,47 @@ mod tests {
         let again = pool.take();
         assert!(again.is_empty() && again.capacity() == cap);
         assert_eq!(pool.idle(), (0, 0));
+    }
+
+    /// A buffer type that is not a `Vec` (as a device's staging): it comes back when the last
+    /// `Bytes` of it drops, not before, and is reset then.
+    #[test]
+    fn any_recycle_buffer_comes_back_only_when_its_last_bytes_drop() {
+        #[derive(Debug)]
+        struct Staging {
+            bytes: Vec<u8>,
+            resets: usize,
+        }
+        impl AsRef<[u8]> for Staging {
+            fn as_ref(&self) -> &[u8] {
+                &self.bytes
+            }
+        }
+        impl Recycle for Staging {
+            fn capacity(&self) -> usize {
+                self.bytes.len()
+            }
+            fn reset(&mut self) {
+                self.resets += 1;
+            }
+        }
+        let pool: Arc<Pool<Staging>> = Pool::new(1 << 20);
+        let staging = Staging {
+            bytes: (0..=255u8).collect(),
+            resets: 0,
+        };
+        // A payload of 100 bytes at the start of the buffer, as a worker pushes it.
+        let payload = pool.freeze(staging).slice(..100);
+        let held = payload.clone();
+        assert_eq!(payload.len(), 100);
+        assert_eq!(payload[99], 99);
+        drop(payload);
+        assert_eq!(pool.idle(), (0, 0), "a clone (QUIC's) still holds it");
+        drop(held);
+        assert_eq!(pool.idle(), (1, 256));
+        let back = pool.take_idle().unwrap();
+        assert_eq!((back.bytes.len(), back.resets), (256, 1));
+        assert!(pool.take_idle().is_none());
     }
 
     #[test]

@@ -6,7 +6,10 @@
 //! * [`DeviceData`]: a tensor in a [`Device`]'s memory, each chunk compressed on the device by
 //!   its [`DeviceChain`] (only the payload crosses to the host), or, for compressors without a
 //!   device kernel or under a custom codec factory, copied to the host and compressed by its
-//!   CPU codec.
+//!   CPU codec. [`RoundData::launch`] starts every device chunk's compression at the start of
+//!   the round; `encode` then waits for that one chunk and pushes its payload straight from
+//!   its staging ([`StagingBuf`], page-locked on CUDA), which returns to the tensor's pool when
+//!   QUIC drops the `Bytes`.
 //!
 //! A tensor's push_pull rounds all run in one place, its *home* (set by its first round), since
 //! error feedback and momentum state live there: the CPU codecs for host buffers, the device
@@ -18,10 +21,12 @@ use std::any::Any;
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use pushpull_kernels::chunk::{ChunkInfo, Node};
 use pushpull_kernels::cuda::Device as Place;
-use pushpull_kernels::device::{Device, DeviceChain};
+use pushpull_kernels::device::{Device, DeviceChain, Started};
 use pushpull_kernels::{fp32_codec, RoundCtx as CodecRound};
+use pushpull_proto::pool::{BufPool, Pool, Recycle};
 
 use crate::error::WorkerError;
 use crate::round::RoundKind;
@@ -36,7 +41,13 @@ pub(crate) trait RoundData: Send + 'static {
     /// a push_pull round (or refuses), and takes whatever state the round needs.
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError>;
 
-    /// Encodes chunk `index` of this worker's data into `out` (replacing its contents).
+    /// Called holding the tensor once the round's number is known, before any chunk is
+    /// encoded: starts whatever can run ahead (a device launches every chunk's compression,
+    /// so that it never waits between chunks). Errors surface at [`RoundData::encode`].
+    fn launch(&mut self, _tensor: &TensorInner, _round: u64, _kind: RoundKind, _lr: Option<f32>) {}
+
+    /// Encodes chunk `index` of this worker's data: the payload to push, in a buffer of
+    /// `pool` (or of the data's own pool).
     fn encode(
         &mut self,
         tensor: &TensorInner,
@@ -44,8 +55,8 @@ pub(crate) trait RoundData: Send + 'static {
         round: u64,
         kind: RoundKind,
         lr: Option<f32>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String>;
+        pool: &Arc<BufPool>,
+    ) -> Result<Bytes, String>;
 
     /// Decodes chunk `index`'s result into the buffer (and divides by `num_workers` for an
     /// average).
@@ -83,8 +94,9 @@ fn check_home(tensor: &TensorInner, kind: RoundKind, place: Place) -> Result<(),
     }
 }
 
-/// Encodes `slice` (chunk `index`) on the host: the tensor's CPU codec, or raw fp32 for a
-/// broadcast.
+/// Encodes `slice` (chunk `index`) on the host into a buffer of `pool`: the tensor's CPU
+/// codec, or raw fp32 for a broadcast.
+#[allow(clippy::too_many_arguments)]
 fn encode_host(
     tensor: &TensorInner,
     index: usize,
@@ -92,19 +104,26 @@ fn encode_host(
     round: u64,
     kind: RoundKind,
     lr: Option<f32>,
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
+    pool: &Arc<BufPool>,
+) -> Result<Bytes, String> {
     let ctx = CodecRound {
         lr,
         ..CodecRound::new(round)
     };
-    match kind {
+    let mut out = pool.take();
+    let encoded = match kind {
         // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
         // arrive exactly, and no compressor state (error feedback, momentum) is touched.
-        RoundKind::Broadcast { .. } => fp32_codec(slice.len()).compress(slice, &ctx, out),
-        RoundKind::Sum { .. } => tensor.codec(index).compress(slice, &ctx, out),
+        RoundKind::Broadcast { .. } => fp32_codec(slice.len()).compress(slice, &ctx, &mut out),
+        RoundKind::Sum { .. } => tensor.codec(index).compress(slice, &ctx, &mut out),
+    };
+    match encoded {
+        Ok(()) => Ok(pool.freeze(out)),
+        Err(e) => {
+            pool.give_back(out);
+            Err(e.to_string())
+        }
     }
-    .map_err(|e| e.to_string())
 }
 
 /// Decodes a result into `slice` (chunk `index`) on the host.
@@ -193,10 +212,10 @@ impl<H: HostBuffers> RoundData for H {
         round: u64,
         kind: RoundKind,
         lr: Option<f32>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+        pool: &Arc<BufPool>,
+    ) -> Result<Bytes, String> {
         let slice = &self.input()[tensor.ranges[index].clone()];
-        encode_host(tensor, index, slice, round, kind, lr, out)
+        encode_host(tensor, index, slice, round, kind, lr, pool)
     }
 
     fn decode(
@@ -225,16 +244,53 @@ pub(crate) struct ChainSetup {
     pub(crate) custom_factory: bool,
 }
 
-/// The chains of one tensor on a device of type `D` (one per chunk; `None`: the CPU codec).
-type Chains<D> = Vec<Option<DeviceChain<D>>>;
+/// A device's staging buffer in a [`Pool`]: pushed payloads live in it (page-locked memory
+/// on CUDA) until QUIC drops their `Bytes`, then it is reused.
+pub(crate) struct StagingBuf<D: Device>(D::Staging);
+
+impl<D: Device> AsRef<[u8]> for StagingBuf<D> {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref()
+    }
+}
+
+impl<D: Device> Recycle for StagingBuf<D> {
+    fn capacity(&self) -> usize {
+        self.0.as_ref().len()
+    }
+    fn reset(&mut self) {}
+}
+
+/// A tensor's device state, kept in the tensor between its push_pull rounds: one chain per
+/// chunk (`None`: the CPU codec) and the pool of its payloads' staging.
+struct DeviceState<D: Device> {
+    chains: Vec<Option<DeviceChain<D>>>,
+    staging: Arc<Pool<StagingBuf<D>>>,
+}
+
+/// The chain of chunk `index`, if it compresses on the device.
+fn chain_of<D: Device>(
+    state: &mut Option<DeviceState<D>>,
+    index: usize,
+) -> Option<&mut DeviceChain<D>> {
+    state.as_mut()?.chains.get_mut(index)?.as_mut()
+}
+
+/// A chunk's compression as [`RoundData::launch`] left it.
+enum Launched<S> {
+    Started(Started<S>),
+    Failed(String),
+}
 
 /// A tensor in device memory.
 pub(crate) struct DeviceData<D: Device> {
     pub(crate) device: Arc<D>,
     pub(crate) mem: D::Mem,
     setup: ChainSetup,
-    /// The tensor's chains during a push_pull round (empty otherwise).
-    chains: Chains<D>,
+    /// The tensor's device state during a push_pull round.
+    state: Option<DeviceState<D>>,
+    /// Per chunk, its compression launched this round and not yet encoded.
+    launched: Vec<Option<Launched<D::Staging>>>,
     /// Host staging for chunks compressed on the CPU and for broadcasts.
     host: Vec<f32>,
 }
@@ -245,15 +301,17 @@ impl<D: Device> DeviceData<D> {
             device,
             mem,
             setup,
-            chains: Vec::new(),
+            state: None,
+            launched: Vec::new(),
             host: Vec::new(),
         }
     }
 
-    fn build_chains(&self, tensor: &TensorInner) -> Result<Chains<D>, WorkerError> {
+    fn build_state(&self, tensor: &TensorInner) -> Result<DeviceState<D>, WorkerError> {
         let p = &tensor.placement;
         let full = p.chunks.first().map_or(0, |c| c.len);
-        p.chunks
+        let chains = p
+            .chunks
             .iter()
             .map(|c| {
                 if self.setup.custom_factory {
@@ -276,7 +334,55 @@ impl<D: Device> DeviceData<D> {
                     message,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        // Room for two rounds' staging of every chunk (QUIC may still hold a round's payloads
+        // when the next starts): steady-state rounds allocate none.
+        let bytes: usize = chains
+            .iter()
+            .flatten()
+            .map(DeviceChain::staging_bytes)
+            .sum();
+        Ok(DeviceState {
+            chains,
+            staging: Pool::new(2 * bytes),
+        })
+    }
+
+    /// Launches chunk `index`'s compression on the device (`None`: it has no device chain).
+    fn start_chunk(
+        &mut self,
+        index: usize,
+        range: Range<usize>,
+        ctx: &CodecRound<'_>,
+    ) -> Option<Launched<D::Staging>> {
+        let bytes = chain_of(&mut self.state, index)?.staging_bytes();
+        let staging = match self.staging(bytes) {
+            Ok(s) => s,
+            Err(e) => return Some(Launched::Failed(e)),
+        };
+        let state = self.state.as_mut()?;
+        let chain = state.chains.get_mut(index)?.as_mut()?;
+        Some(match chain.start(&self.mem, range, ctx, staging) {
+            Ok(started) => Launched::Started(started),
+            Err((e, staging)) => {
+                state.staging.give_back(StagingBuf(staging));
+                Launched::Failed(e.to_string())
+            }
+        })
+    }
+
+    /// Staging of at least `bytes` from the tensor's pool, or a new one.
+    fn staging(&self, bytes: usize) -> Result<D::Staging, String> {
+        let pool = &self.state.as_ref().ok_or("no device state")?.staging;
+        match pool.take_idle() {
+            Some(StagingBuf(s)) if s.as_ref().len() >= bytes => Ok(s),
+            other => {
+                drop(other);
+                self.device
+                    .alloc_staging(bytes)
+                    .map_err(|e| format!("allocating staging on {}: {e}", self.device.place()))
+            }
+        }
     }
 
     /// Copies `range` of the tensor into the host staging buffer.
@@ -308,8 +414,8 @@ impl<D: Device> RoundData for DeviceData<D> {
             return Ok(());
         }
         let kept = tensor.residence().chains.take();
-        self.chains = match kept.map(|b| b.downcast::<Chains<D>>()) {
-            Some(Ok(chains)) => *chains,
+        let state = match kept.map(|b| b.downcast::<DeviceState<D>>()) {
+            Some(Ok(state)) => *state,
             Some(Err(other)) => {
                 tensor.residence().chains = Some(other);
                 return Err(WorkerError::Device {
@@ -319,19 +425,34 @@ impl<D: Device> RoundData for DeviceData<D> {
                     ),
                 });
             }
-            None => self.build_chains(tensor)?,
+            None => self.build_state(tensor)?,
         };
-        let on = if self.chains.iter().all(Option::is_some) {
+        let on = if state.chains.iter().all(Option::is_some) {
             place
         } else {
             Place::Cpu
         };
         // The home is claimed only once the chains exist: a device that failed to build them
         // leaves the tensor free to run elsewhere.
+        self.state = Some(state);
         let mut res = tensor.residence();
         res.home = Some(place);
         res.ran(on, place);
         Ok(())
+    }
+
+    fn launch(&mut self, tensor: &TensorInner, round: u64, kind: RoundKind, lr: Option<f32>) {
+        if !matches!(kind, RoundKind::Sum { .. }) {
+            return;
+        }
+        let ctx = CodecRound {
+            lr,
+            ..CodecRound::new(round)
+        };
+        let launched = (0..tensor.ranges.len())
+            .map(|i| self.start_chunk(i, tensor.ranges[i].clone(), &ctx))
+            .collect();
+        self.launched = launched;
     }
 
     fn encode(
@@ -341,20 +462,42 @@ impl<D: Device> RoundData for DeviceData<D> {
         round: u64,
         kind: RoundKind,
         lr: Option<f32>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
+        pool: &Arc<BufPool>,
+    ) -> Result<Bytes, String> {
         let range = tensor.ranges[index].clone();
-        if let (RoundKind::Sum { .. }, Some(Some(chain))) = (kind, self.chains.get_mut(index)) {
-            let ctx = CodecRound {
-                lr,
-                ..CodecRound::new(round)
-            };
-            return chain
-                .compress(&self.mem, range, &ctx, out)
-                .map_err(|e| e.to_string());
+        if let RoundKind::Sum { .. } = kind {
+            match self.launched.get_mut(index).and_then(Option::take) {
+                Some(Launched::Failed(e)) => return Err(e),
+                Some(Launched::Started(started)) => {
+                    let (state, mem) = (self.state.as_mut(), &self.mem);
+                    let state = state.ok_or("no device state")?;
+                    let chain = state.chains[index].as_mut().ok_or("no device chain")?;
+                    let (staging, len) = chain.finish(mem, started);
+                    return match len {
+                        Ok(len) => Ok(state.staging.freeze(StagingBuf(staging)).slice(..len)),
+                        Err(e) => {
+                            state.staging.give_back(StagingBuf(staging));
+                            Err(e.to_string())
+                        }
+                    };
+                }
+                None => {}
+            }
+            if let Some(chain) = chain_of(&mut self.state, index) {
+                // Not launched (a round driven without `launch`): compress and wait here.
+                let ctx = CodecRound {
+                    lr,
+                    ..CodecRound::new(round)
+                };
+                let mut out = pool.take();
+                return match chain.compress(&self.mem, range, &ctx, &mut out) {
+                    Ok(()) => Ok(pool.freeze(out)),
+                    Err(e) => Err(e.to_string()),
+                };
+            }
         }
         self.stage(range)?;
-        encode_host(tensor, index, &self.host, round, kind, lr, out)
+        encode_host(tensor, index, &self.host, round, kind, lr, pool)
     }
 
     fn decode(
@@ -367,11 +510,12 @@ impl<D: Device> RoundData for DeviceData<D> {
         payload: &[u8],
     ) -> Result<(), String> {
         let range = tensor.ranges[index].clone();
-        if let (RoundKind::Sum { average }, Some(Some(chain))) = (kind, self.chains.get_mut(index))
+        let mem = &mut self.mem;
+        if let (RoundKind::Sum { average }, Some(chain)) = (kind, chain_of(&mut self.state, index))
         {
             let over = average.then_some(num_workers as f32);
             return chain
-                .decompress(payload, &CodecRound::new(round), &mut self.mem, range, over)
+                .decompress(payload, &CodecRound::new(round), mem, range, over)
                 .map_err(|e| e.to_string());
         }
         self.host.resize(range.len(), 0.0);
@@ -383,9 +527,18 @@ impl<D: Device> RoundData for DeviceData<D> {
     }
 
     fn end(&mut self, tensor: &TensorInner) {
-        if !self.chains.is_empty() {
-            let chains: Box<dyn Any + Send> = Box::new(std::mem::take(&mut self.chains));
-            tensor.residence().chains = Some(chains);
+        // Compressions launched but never encoded (the round ended early): wait for their
+        // copies and return their staging; the chains' state was never committed.
+        for launched in std::mem::take(&mut self.launched).into_iter().flatten() {
+            if let (Launched::Started(started), Some(state)) = (launched, self.state.as_ref()) {
+                let mut staging = started.into_staging();
+                let _ = self.device.wait_staged(&mut staging);
+                state.staging.give_back(StagingBuf(staging));
+            }
+        }
+        if let Some(state) = self.state.take() {
+            let state: Box<dyn Any + Send> = Box::new(state);
+            tensor.residence().chains = Some(state);
         }
     }
 }

@@ -3,7 +3,8 @@
 //! Chunks run concurrently as futures of the round's task, sharing the caller's buffer (a
 //! [`RoundData`]: host memory or a device's) behind a mutex that is held only to encode or
 //! decode one chunk, never across an await. Every chunk is encoded at once (into a
-//! pooled buffer) and queued on the worker's [`FrameSender`], which sends it in priority
+//! pooled buffer; a device's chunks are first all launched, [`RoundData::launch`], then each
+//! waited for in turn) and queued on the worker's [`FrameSender`], which sends it in priority
 //! order within the worker's byte window; the window frees a frame once its server has
 //! received it, whatever the round is doing, so rounds of different tensors issued in any
 //! order on different workers can never wait on each other.
@@ -64,6 +65,22 @@ pub(crate) enum RoundKind {
     },
 }
 
+impl RoundCtx {
+    /// The round's learning rate (it travels as f32 bits, 0 when the training loop set none).
+    fn lr(&self) -> Option<f32> {
+        (self.learning_rate != 0).then(|| f32::from_bits(self.learning_rate))
+    }
+}
+
+/// Whether this worker (`rank`) encodes its data in a round of `kind`: always for a sum, only
+/// the root for a broadcast.
+fn encodes(kind: RoundKind, rank: u32) -> bool {
+    match kind {
+        RoundKind::Sum { .. } => true,
+        RoundKind::Broadcast { root } => root == rank,
+    }
+}
+
 impl RoundKind {
     fn op_name(self) -> &'static str {
         match self {
@@ -93,6 +110,14 @@ pub(crate) async fn run_round<R: RoundData>(
         tensor.decompress_nanos.load(Ordering::Relaxed),
     );
     let mut first_error: Option<WorkerError> = None;
+    if encodes(kind, ctx.rank) {
+        let t0 = std::time::Instant::now();
+        let mut data = data.lock().unwrap_or_else(|p| p.into_inner());
+        data.launch(&tensor, round, kind, ctx.lr());
+        if let RoundKind::Sum { .. } = kind {
+            add_nanos(&tensor.compress_nanos, t0);
+        }
+    }
     {
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
             .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data, &queued))
@@ -191,26 +216,24 @@ async fn chunk_round<R: RoundData>(
         round,
         message,
     };
-    let (op, aux, encode) = match kind {
-        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate, true),
-        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root, root == ctx.rank),
+    let (op, aux) = match kind {
+        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate),
+        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root),
     };
+    let encode = encodes(kind, ctx.rank);
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
 
     // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
     // the round for every worker, instead of leaving the others waiting for this push.
     let mut encode_error = None;
     let payload = if encode {
-        let mut out = ctx.pool.take();
-        // The learning rate travels as f32 bits, 0 when the training loop set none.
-        let lr = (ctx.learning_rate != 0).then(|| f32::from_bits(ctx.learning_rate));
         let t0 = std::time::Instant::now();
-        let encoded = lock().encode(tensor, index, round, kind, lr, &mut out);
+        let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
         if let RoundKind::Sum { .. } = kind {
             add_nanos(&tensor.compress_nanos, t0);
         }
         match encoded {
-            Ok(()) => ctx.pool.freeze(out),
+            Ok(payload) => payload,
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
                 Bytes::new()

@@ -175,6 +175,26 @@ macro_rules! launch {
     }};
 }
 
+impl GpuContext {
+    /// Launches setting every word of `dst` to `value`.
+    pub(crate) fn fill_u32<D: DevicePtrMut<u32>>(
+        &self,
+        dst: &mut D,
+        value: u32,
+    ) -> Result<(), CudaError> {
+        let count = dst.len() as u64;
+        let (o, _o_guard) = dst.device_ptr_mut(&self.stream);
+        launch!(
+            self,
+            Kernel::FillU32,
+            self.config(count, THREADS as u64, 0),
+            o,
+            count,
+            value
+        )
+    }
+}
+
 /// One [`GpuScheme`] for chunks of one length, with its scratch buffers.
 pub struct GpuCodec {
     gpu: Arc<GpuContext>,
@@ -520,33 +540,38 @@ impl GpuCodec {
         let g: &GpuContext = &self.gpu;
         let stream = &g.stream;
         let mut first = stream
-            .alloc_zeros::<u64>(1)
+            .alloc_zeros::<u32>(2)
             .map_err(driver("allocating a flag"))?;
-        {
-            let (fp, _f_guard) = first.device_ptr_mut(stream);
-            let (x, _x_guard) = input.device_ptr(stream);
-            check_aligned(x, "the input")?;
-            let (two_words, all_ones) = (2u64, u32::MAX);
-            launch!(
-                g,
-                Kernel::FillU32,
-                g.config(1, 1, 0),
-                fp,
-                two_words,
-                all_ones
-            )?;
-            let n = input.len() as u64;
-            let cfg = g.config(n, THREADS as u64, 0);
-            launch!(g, Kernel::FirstNonfinite, cfg, x, n, fp)?;
-        }
+        g.fill_u32(&mut first, u32::MAX)?;
+        self.flag_non_finite(input, &mut first)?;
         let v = stream
             .clone_dtoh(&first)
             .map_err(driver("reading a flag"))?;
         g.synchronize()?;
-        Ok(match v.first() {
-            Some(&i) if i != u64::MAX => Some(i as usize),
-            _ => None,
-        })
+        let i = u64::from(v[0]) | (u64::from(v[1]) << 32);
+        Ok((i != u64::MAX).then_some(i as usize))
+    }
+
+    /// Launches the search for `input`'s first non-finite element: lowers the index in the two
+    /// words of `first` (low, high; set them to all ones before) to it. Does not wait.
+    pub(crate) fn flag_non_finite<I: DevicePtr<f32>, F: DevicePtrMut<u32>>(
+        &self,
+        input: &I,
+        first: &mut F,
+    ) -> Result<(), CudaError> {
+        let g: &GpuContext = &self.gpu;
+        let stream = &g.stream;
+        if first.len() < 2 {
+            return Err(CudaError::Invalid(
+                "the first-non-finite flag needs two words".into(),
+            ));
+        }
+        let (fp, _f_guard) = first.device_ptr_mut(stream);
+        let (x, _x_guard) = input.device_ptr(stream);
+        check_aligned(x, "the input")?;
+        let n = input.len() as u64;
+        let cfg = g.config(n, THREADS as u64, 0);
+        launch!(g, Kernel::FirstNonfinite, cfg, x, n, fp)
     }
 
     /// Copies `input` to the device, compresses it there, copies the payload back into `out`

@@ -5,22 +5,92 @@
 //!
 //! Launch sequences: the codecs are those of [`GpuCodec`]; error feedback, momentum and the
 //! average are one kernel each (`pp_ef_input`, `pp_ef_residual`, `pp_nesterov`,
-//! `pp_momentum_update`, `pp_divide`), whose `bool` result is a device flag read back (which
-//! waits for the stream). `host_shim.cpp` runs the same element loops for the
+//! `pp_momentum_update`, `pp_divide`), whose verdict goes into the chunk's flags on the
+//! device. `host_shim.cpp` runs the same element loops for the
 //! [`crate::device::EmulatedDevice`].
 //!
-//! Not done yet: payloads are copied into pageable host memory and each chunk waits for its
-//! copy, so copies and kernels of consecutive chunks do not overlap (pinned staging buffers and
-//! a second stream would); this path has not run on a GPU in this repository's CI.
+//! A compression only launches: the payload and the flags are copied asynchronously into
+//! [`PinnedStaging`] (page-locked host memory, so the copy is a DMA the host does not wait
+//! for), and an event recorded after the copies is what [`Device::wait_staged`] waits on. So
+//! a worker launches every chunk of a tensor and then waits for each in turn, and the host
+//! never drains the stream between chunks. Everything runs on the context's one stream:
+//! the copy of one chunk does not overlap the kernels of the next on the device (a second
+//! stream for copies would; not done). This path has not run on a GPU in this repository's
+//! CI.
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{
+    CudaEvent, CudaSlice, DevicePtr, DevicePtrMut, PinnedHostSlice, PushKernelArg,
+};
 
 use super::codec::{check_aligned, driver, GpuCodec, GpuContext, THREADS};
 use super::{CudaError, Device as Place, GpuScheme, Kernel, RoundStreams};
-use crate::device::{check_range, same_len, Device};
+use crate::device::{check_range, flag, flags_at, same_len, Device};
+
+/// Page-locked host memory for one chunk's payload and flags, and the event recorded after
+/// the last copies into it.
+pub struct PinnedStaging {
+    mem: PinnedHostSlice<u8>,
+    /// `mem`'s address, taken once at allocation (the slice's own accessors wait on an event
+    /// of cudarc's that our copies do not record).
+    ptr: *mut u8,
+    copied: CudaEvent,
+    /// Copies into `mem` were launched and not yet waited for.
+    pending: bool,
+}
+
+// SAFETY: `ptr` points into `mem`, which is `Send + Sync`, and is only read through `&self` or
+// written through `&mut self`.
+unsafe impl Send for PinnedStaging {}
+unsafe impl Sync for PinnedStaging {}
+
+impl std::fmt::Debug for PinnedStaging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedStaging")
+            .field("bytes", &self.mem.len())
+            .field("pending", &self.pending)
+            .finish()
+    }
+}
+
+impl AsRef<[u8]> for PinnedStaging {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `ptr` is the start of `mem`'s `len` bytes, alive as long as `self`. Device
+        // copies write into them only between `stage` and `wait_staged`, both of which take
+        // `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.mem.len()) }
+    }
+}
+
+impl Drop for PinnedStaging {
+    fn drop(&mut self) {
+        // Never free page-locked memory a copy is still writing into.
+        if self.pending {
+            let _ = self.copied.synchronize();
+        }
+    }
+}
+
+impl PinnedStaging {
+    /// `len` bytes at `at`, for a device copy to write.
+    fn region<T>(&mut self, at: usize, len: usize) -> Result<&mut [T], CudaError> {
+        let bytes = len * std::mem::size_of::<T>();
+        if at.checked_add(bytes).is_none_or(|end| end > self.mem.len())
+            || at % std::mem::align_of::<T>() != 0
+        {
+            return Err(CudaError::Invalid(format!(
+                "stage: {bytes} bytes at {at} into staging of {}",
+                self.mem.len()
+            )));
+        }
+        // SAFETY: in bounds and aligned (checked above; `mem` is page-aligned), and `&mut self`
+        // is held.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at).cast::<T>(), len) })
+    }
+}
 
 /// The kernels of one scheme for one chunk length, and the device buffer its payloads pass
 /// through.
@@ -54,24 +124,6 @@ impl CudaDevice {
     }
 }
 
-impl GpuContext {
-    fn flag(&self) -> Result<CudaSlice<u32>, CudaError> {
-        self.stream()
-            .alloc_zeros::<u32>(1)
-            .map_err(driver("allocating a flag"))
-    }
-
-    /// Whether the flag is still 0 (waits for the stream).
-    fn flag_clear(&self, flag: &CudaSlice<u32>) -> Result<bool, CudaError> {
-        let v = self
-            .stream()
-            .clone_dtoh(flag)
-            .map_err(driver("reading a flag"))?;
-        self.synchronize()?;
-        Ok(v.first() == Some(&0))
-    }
-}
-
 /// Whether state memory of `len` elements holds a chunk of `n` (allocations are at least one
 /// element long).
 fn holds(what: &str, n: usize, len: usize) -> Result<(), CudaError> {
@@ -84,9 +136,42 @@ fn holds(what: &str, n: usize, len: usize) -> Result<(), CudaError> {
     }
 }
 
+impl CudaDevice {
+    /// Launches copying `src` into `staging` at `at` (no wait).
+    fn copy_out<T: cudarc::driver::DeviceRepr, S: DevicePtr<T>>(
+        &self,
+        src: &S,
+        staging: &mut PinnedStaging,
+        at: usize,
+    ) -> Result<(), CudaError> {
+        if src.len() == 0 {
+            return Ok(());
+        }
+        let dst = staging.region::<T>(at, src.len())?;
+        // A `[T]` destination: cudarc issues cuMemcpyDtoHAsync and does not synchronise; the
+        // memory is page-locked, so the copy is asynchronous, and `wait_staged` waits for it.
+        self.gpu
+            .stream()
+            .memcpy_dtoh(src, dst)
+            .map_err(driver("copying to staging"))
+    }
+
+    /// Records the staging's event after the copies just launched.
+    fn copied(&self, staging: &mut PinnedStaging) -> Result<(), CudaError> {
+        staging
+            .copied
+            .record(self.gpu.stream())
+            .map_err(driver("recording a staging event"))?;
+        staging.pending = true;
+        Ok(())
+    }
+}
+
 impl Device for CudaDevice {
     type Mem = CudaSlice<f32>;
     type Codec = CudaChunkCodec;
+    type Flags = CudaSlice<u32>;
+    type Staging = PinnedStaging;
 
     fn place(&self) -> Place {
         Place::Cuda {
@@ -148,31 +233,143 @@ impl Device for CudaDevice {
         Ok(CudaChunkCodec { codec, payload })
     }
 
+    fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<(), CudaError> {
+        same_len("copy", src.len(), dst.len())?;
+        self.gpu
+            .stream()
+            .memcpy_dtod(src, dst)
+            .map_err(driver("copying on the device"))
+    }
+
+    fn alloc_flags(&self) -> Result<CudaSlice<u32>, CudaError> {
+        let mut flags = self
+            .gpu
+            .stream()
+            .alloc_zeros::<u32>(flag::WORDS)
+            .map_err(driver("allocating flags"))?;
+        self.clear_flags(&mut flags)?;
+        Ok(flags)
+    }
+
+    fn clear_flags(&self, flags: &mut CudaSlice<u32>) -> Result<(), CudaError> {
+        if flags.len() != flag::WORDS {
+            return Err(CudaError::Invalid(format!(
+                "flags of {} words, expected {}",
+                flags.len(),
+                flag::WORDS
+            )));
+        }
+        self.gpu
+            .stream()
+            .memset_zeros(flags)
+            .map_err(driver("clearing flags"))?;
+        let mut first = flags.slice_mut(flag::FIRST_BAD..flag::FIRST_BAD + 2);
+        self.gpu.fill_u32(&mut first, u32::MAX)
+    }
+
+    fn alloc_staging(&self, bytes: usize) -> Result<PinnedStaging, CudaError> {
+        let ctx = self.gpu.context();
+        // Default flags, not write-combined: the host reads this memory (write-combined
+        // memory is fast to write from the host and very slow to read).
+        // SAFETY: the contents are uninitialised bytes; nothing reads them before a copy
+        // has written them (`wait_staged`) except as plain bytes.
+        let mut mem = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }
+            .map_err(driver("allocating page-locked staging"))?;
+        let ptr = mem
+            .as_mut_ptr()
+            .map_err(driver("allocating page-locked staging"))?;
+        let copied = ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .map_err(driver("creating a staging event"))?;
+        Ok(PinnedStaging {
+            mem,
+            ptr,
+            copied,
+            pending: false,
+        })
+    }
+
     fn compress(
         &self,
         codec: &mut CudaChunkCodec,
         x: &CudaSlice<f32>,
         range: Range<usize>,
         streams: RoundStreams,
-        out: &mut Vec<u8>,
-    ) -> Result<(), CudaError> {
+        flags: &mut CudaSlice<u32>,
+    ) -> Result<usize, CudaError> {
         check_range("compress", &range, x.len())?;
         let view = x.slice(range);
-        if let Some(i) = codec.codec.find_non_finite(&view)? {
+        let mut first = flags.slice_mut(flag::FIRST_BAD..flag::FIRST_BAD + 2);
+        codec.codec.flag_non_finite(&view, &mut first)?;
+        codec.codec.compress(&view, streams, &mut codec.payload)
+    }
+
+    fn decode_own(
+        &self,
+        codec: &mut CudaChunkCodec,
+        streams: RoundStreams,
+        y: &mut CudaSlice<f32>,
+        range: Range<usize>,
+    ) -> Result<(), CudaError> {
+        check_range("decode_own", &range, y.len())?;
+        let len = codec.codec.compressed_len();
+        let p = codec.payload.slice(0..len);
+        let mut out = y.slice_mut(range);
+        codec.codec.decompress(&p, streams, &mut out)
+    }
+
+    fn stage(
+        &self,
+        codec: &CudaChunkCodec,
+        len: usize,
+        flags: &CudaSlice<u32>,
+        staging: &mut PinnedStaging,
+    ) -> Result<(), CudaError> {
+        if len > codec.payload.len() {
             return Err(CudaError::Invalid(format!(
-                "input element {i} is not finite"
+                "stage: {len} bytes of a payload buffer of {}",
+                codec.payload.len()
             )));
         }
-        let len = codec.codec.compress(&view, streams, &mut codec.payload)?;
-        out.clear();
-        out.resize(len, 0);
-        if len > 0 {
-            self.gpu
-                .stream()
-                .memcpy_dtoh(&codec.payload.slice(0..len), out.as_mut_slice())
-                .map_err(driver("copying the payload to the host"))?;
+        self.copy_out(&codec.payload.slice(0..len), staging, 0)?;
+        self.copy_out(flags, staging, flags_at(len))?;
+        self.copied(staging)
+    }
+
+    fn stage_raw(
+        &self,
+        src: &CudaSlice<f32>,
+        range: Range<usize>,
+        flags: &mut CudaSlice<u32>,
+        staging: &mut PinnedStaging,
+    ) -> Result<(), CudaError> {
+        check_range("stage_raw", &range, src.len())?;
+        let len = 4 * range.len();
+        let view = src.slice(range);
+        if !view.is_empty() {
+            let (x, _x_guard) = view.device_ptr(self.gpu.stream());
+            check_aligned(x, "the input")?;
+            let n = view.len() as u64;
+            let mut first = flags.slice_mut(flag::FIRST_BAD..flag::FIRST_BAD + 2);
+            let (fp, _f_guard) = first.device_ptr_mut(self.gpu.stream());
+            let cfg = self.gpu.config(n, THREADS as u64, 0);
+            launch!(&self.gpu, Kernel::FirstNonfinite, cfg, x, n, fp)?;
         }
-        self.gpu.synchronize()
+        // f32 on the device and the host is little-endian: the bytes are the raw fp32 payload.
+        self.copy_out(&view, staging, 0)?;
+        self.copy_out(flags, staging, flags_at(len))?;
+        self.copied(staging)
+    }
+
+    fn wait_staged(&self, staging: &mut PinnedStaging) -> Result<(), CudaError> {
+        if staging.pending {
+            staging
+                .copied
+                .synchronize()
+                .map_err(driver("waiting for staging"))?;
+            staging.pending = false;
+        }
+        Ok(())
     }
 
     fn decode(
@@ -216,10 +413,11 @@ impl Device for CudaDevice {
         factor: f32,
         vanilla: bool,
         p: &mut CudaSlice<f32>,
-    ) -> Result<bool, CudaError> {
+        flags: &mut CudaSlice<u32>,
+    ) -> Result<(), CudaError> {
         check_range("ef_input", &range, g.len())?;
         holds("ef_input", range.len(), e.len().min(p.len()))?;
-        let mut bad = self.gpu.flag()?;
+        let mut bad = flags.slice_mut(flag::EF_INPUT..flag::EF_INPUT + 1);
         {
             let stream = self.gpu.stream();
             let gv = g.slice(range.clone());
@@ -244,12 +442,17 @@ impl Device for CudaDevice {
                 bp
             )?;
         }
-        self.gpu.flag_clear(&bad)
+        Ok(())
     }
 
-    fn ef_residual(&self, p: &CudaSlice<f32>, d: &mut CudaSlice<f32>) -> Result<bool, CudaError> {
+    fn ef_residual(
+        &self,
+        p: &CudaSlice<f32>,
+        d: &mut CudaSlice<f32>,
+        flags: &mut CudaSlice<u32>,
+    ) -> Result<(), CudaError> {
         same_len("ef_residual", p.len(), d.len())?;
-        let mut bad = self.gpu.flag()?;
+        let mut bad = flags.slice_mut(flag::EF_RESIDUAL..flag::EF_RESIDUAL + 1);
         {
             let stream = self.gpu.stream();
             let (pp, _p) = p.device_ptr(stream);
@@ -259,7 +462,7 @@ impl Device for CudaDevice {
             let cfg = self.gpu.config(n, THREADS as u64, 0);
             launch!(&self.gpu, Kernel::EfResidual, cfg, pp, dp, n, bp)?;
         }
-        self.gpu.flag_clear(&bad)
+        Ok(())
     }
 
     fn nesterov(
@@ -268,10 +471,11 @@ impl Device for CudaDevice {
         m: &CudaSlice<f32>,
         mu: f32,
         p: &mut CudaSlice<f32>,
-    ) -> Result<bool, CudaError> {
+        flags: &mut CudaSlice<u32>,
+    ) -> Result<(), CudaError> {
         check_range("nesterov", &range, g.len())?;
         holds("nesterov", range.len(), m.len().min(p.len()))?;
-        let mut bad = self.gpu.flag()?;
+        let mut bad = flags.slice_mut(flag::NESTEROV..flag::NESTEROV + 1);
         {
             let stream = self.gpu.stream();
             let gv = g.slice(range.clone());
@@ -284,7 +488,7 @@ impl Device for CudaDevice {
             let cfg = self.gpu.config(n, THREADS as u64, 0);
             launch!(&self.gpu, Kernel::Nesterov, cfg, gp, mp, n, mu, pp, bp)?;
         }
-        self.gpu.flag_clear(&bad)
+        Ok(())
     }
 
     fn momentum_update(

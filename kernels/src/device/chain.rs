@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::Device;
+use super::{flag, read_flags, staging_bytes, Device};
 use crate::chunk::{chunk_codec, effective_spec, ChunkInfo};
 use crate::cuda::{CudaError, GpuScheme, RoundStreams};
 use crate::error::KernelError;
@@ -21,11 +21,48 @@ struct EfState<M> {
     prev_lr: Option<f32>,
 }
 
-/// Nesterov momentum's state: the momentum `m` and the compressor input `p`.
+/// Nesterov momentum's state: the momentum `m`, the compressor input `p`, and the next
+/// momentum `next` (computed while the round runs, kept only if it succeeds).
 struct MomentumState<M> {
     mu: f32,
     m: M,
     p: M,
+    next: M,
+}
+
+/// A compression [`DeviceChain::start`]ed on the device: its staging (the payload and the
+/// chunk's flags land there) and what [`DeviceChain::finish`] needs to judge and commit it.
+#[derive(Debug)]
+pub struct Started<S> {
+    staging: S,
+    /// Payload bytes.
+    len: usize,
+    /// The learning rate corrected error feedback used, committed with the round.
+    lr_used: Option<f32>,
+    range: Range<usize>,
+}
+
+impl<S> Started<S> {
+    /// Gives the staging back without finishing (the caller will not use this compression).
+    pub fn into_staging(self) -> S {
+        self.staging
+    }
+}
+
+/// What the codec compresses: error feedback's `p` if there is error feedback, else
+/// momentum's `p` if there is momentum, else the gradient `x[range]`.
+fn source<'a, M>(
+    ef: Option<&'a EfState<M>>,
+    momentum: Option<&'a MomentumState<M>>,
+    x: &'a M,
+    range: Range<usize>,
+    n: usize,
+) -> (&'a M, Range<usize>) {
+    match (ef, momentum) {
+        (Some(ef), _) => (&ef.p, 0..n),
+        (None, Some(m)) => (&m.p, 0..n),
+        (None, None) => (x, range),
+    }
 }
 
 /// One chunk's `Momentum(ErrorFeedback(codec))` on a device: the same payload bytes, decoded
@@ -41,6 +78,8 @@ pub struct DeviceChain<D: Device> {
     codec: Option<(GpuScheme, D::Codec)>,
     ef: Option<EfState<D::Mem>>,
     momentum: Option<MomentumState<D::Mem>>,
+    /// The chunk's check results on the device.
+    flags: D::Flags,
     /// Host staging of the raw fp32 encoding.
     host: Vec<f32>,
 }
@@ -99,9 +138,11 @@ impl<D: Device> DeviceChain<D> {
                 mu,
                 m: zeros()?,
                 p: zeros()?,
+                next: zeros()?,
             }),
             _ => None,
         };
+        let flags = device.alloc_flags().map_err(dev_err)?;
         Ok(Some(DeviceChain {
             device: device.clone(),
             name,
@@ -115,6 +156,7 @@ impl<D: Device> DeviceChain<D> {
             codec,
             ef,
             momentum,
+            flags,
             host: Vec::new(),
         }))
     }
@@ -173,8 +215,17 @@ impl<D: Device> DeviceChain<D> {
         }
     }
 
+    /// Bytes of staging [`DeviceChain::start`] needs.
+    pub fn staging_bytes(&self) -> usize {
+        staging_bytes(match &self.codec {
+            Some((scheme, _)) => scheme.compressed_len(self.len),
+            None => 4 * self.len,
+        })
+    }
+
     /// Compresses `x[range]` (the chunk's gradient, `len` elements) for `ctx.round` into `out`
-    /// (replacing its contents). Error feedback and momentum change only when this succeeds.
+    /// (replacing its contents): [`DeviceChain::start`] and [`DeviceChain::finish`] at once,
+    /// through staging of its own. Error feedback and momentum change only when this succeeds.
     pub fn compress(
         &mut self,
         x: &D::Mem,
@@ -183,150 +234,246 @@ impl<D: Device> DeviceChain<D> {
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
         out.clear();
+        let staging = self
+            .device
+            .alloc_staging(self.staging_bytes())
+            .map_err(|e| self.device_error(e))?;
+        let started = self.start(x, range, ctx, staging).map_err(|(e, _)| e)?;
+        let (staging, len) = self.finish(x, started);
+        out.extend_from_slice(&staging.as_ref()[..len?]);
+        Ok(())
+    }
+
+    /// Launches the compression of `x[range]` for `ctx.round` on the device, with the payload
+    /// and the chunk's check results copied into `staging` (at least
+    /// [`DeviceChain::staging_bytes`]) as the device gets there; the host does not wait
+    /// (except for raw fp32 under error feedback, whose residual needs the host copy). Errors
+    /// found before anything is launched give the staging back.
+    ///
+    /// Nothing of the chain's state changes until [`DeviceChain::finish`] judges the round.
+    /// Until then the chunk's range of `x` must not change, and no other compression of this
+    /// chain may start.
+    #[allow(clippy::type_complexity)]
+    pub fn start(
+        &mut self,
+        x: &D::Mem,
+        range: Range<usize>,
+        ctx: &RoundCtx<'_>,
+        mut staging: D::Staging,
+    ) -> Result<Started<D::Staging>, (KernelError, D::Staging)> {
         if range.len() != self.len {
-            return Err(KernelError::LengthMismatch {
+            return Err((
+                KernelError::LengthMismatch {
+                    compressor: self.name.clone(),
+                    what: "input",
+                    expected: self.len,
+                    actual: range.len(),
+                },
+                staging,
+            ));
+        }
+        if staging.as_ref().len() < self.staging_bytes() {
+            let e = self.device_error(CudaError::Invalid(format!(
+                "staging of {} bytes for a chunk that needs {}",
+                staging.as_ref().len(),
+                self.staging_bytes()
+            )));
+            return Err((e, staging));
+        }
+        let lr_used = match self.ef_factor(ctx) {
+            Ok(v) => v,
+            Err(e) => return Err((e, staging)),
+        };
+        let streams = self.streams(ctx.round);
+        match self.launch(x, range.clone(), streams, lr_used.0, &mut staging) {
+            Ok(len) => Ok(Started {
+                staging,
+                len,
+                lr_used: lr_used.1,
+                range,
+            }),
+            Err(e) => Err((self.device_error(e), staging)),
+        }
+    }
+
+    /// Error feedback's factor on the residual for this round, and the learning rate to
+    /// commit with it (corrected error feedback).
+    fn ef_factor(&self, ctx: &RoundCtx<'_>) -> Result<(f32, Option<f32>), KernelError> {
+        let Some(ef) = &self.ef else {
+            return Ok((1.0, None));
+        };
+        let (factor, lr_used) = match ef.kind {
+            EfKind::Vanilla => (1.0f32, None),
+            EfKind::Corrected => {
+                let lr = ctx.lr.ok_or_else(|| KernelError::Context {
+                    compressor: self.name.clone(),
+                    detail: "corrected error feedback needs the learning rate of this round \
+                             in RoundCtx::lr"
+                        .into(),
+                })?;
+                if !(lr.is_finite() && lr > 0.0) {
+                    return Err(KernelError::Context {
+                        compressor: self.name.clone(),
+                        detail: format!(
+                            "learning rate {lr} in RoundCtx::lr must be finite and > 0"
+                        ),
+                    });
+                }
+                (ef.prev_lr.map(|p| p / lr).unwrap_or(1.0), Some(lr))
+            }
+        };
+        if !factor.is_finite() {
+            return Err(KernelError::Context {
                 compressor: self.name.clone(),
-                what: "input",
-                expected: self.len,
-                actual: range.len(),
+                detail: format!("learning-rate ratio {factor} is not finite"),
             });
         }
+        Ok((factor, lr_used))
+    }
+
+    /// The device work of one compression (the steps of the module docs, 1 to 4, and the
+    /// next momentum), ending with the copies into `staging`; the payload's length.
+    fn launch(
+        &mut self,
+        x: &D::Mem,
+        range: Range<usize>,
+        streams: RoundStreams,
+        factor: f32,
+        staging: &mut D::Staging,
+    ) -> Result<usize, CudaError> {
         let n = self.len;
         let dev = self.device.clone();
-        let name = self.name.clone();
-        let place = dev.place();
-        let de = |e: CudaError| KernelError::Device {
-            compressor: name.clone(),
-            device: place.to_string(),
-            detail: e.to_string(),
-        };
-        // 1. Momentum: p = g + mu * (mu * m + g).
+        let flags = &mut self.flags;
+        dev.clear_flags(flags)?;
+        // 1. Momentum: p = g + mu * (mu * m + g), and next = mu * m + g (kept on success).
         if let Some(m) = &mut self.momentum {
-            if !dev
-                .nesterov((x, range.clone()), &m.m, m.mu, &mut m.p)
-                .map_err(de)?
-            {
-                return Err(self.not_finite(x, range, "the momentum update overflows f32"));
-            }
+            dev.nesterov((x, range.clone()), &m.m, m.mu, &mut m.p, flags)?;
+            dev.copy(&m.m, &mut m.next)?;
+            dev.momentum_update((x, range.clone()), &mut m.next, m.mu)?;
         }
         // 2. Error feedback: p = input + factor * e.
-        let mut lr_used = None;
         if let Some(ef) = &mut self.ef {
-            let factor = match ef.kind {
-                EfKind::Vanilla => 1.0f32,
-                EfKind::Corrected => {
-                    let lr = ctx.lr.ok_or_else(|| KernelError::Context {
-                        compressor: self.name.clone(),
-                        detail: "corrected error feedback needs the learning rate of this round \
-                                 in RoundCtx::lr"
-                            .into(),
-                    })?;
-                    if !(lr.is_finite() && lr > 0.0) {
-                        return Err(KernelError::Context {
-                            compressor: self.name.clone(),
-                            detail: format!(
-                                "learning rate {lr} in RoundCtx::lr must be finite and > 0"
-                            ),
-                        });
-                    }
-                    lr_used = Some(lr);
-                    ef.prev_lr.map(|p| p / lr).unwrap_or(1.0)
-                }
-            };
-            if !factor.is_finite() {
-                return Err(KernelError::Context {
-                    compressor: self.name.clone(),
-                    detail: format!("learning-rate ratio {factor} is not finite"),
-                });
-            }
             let input = match &self.momentum {
                 Some(m) => (&m.p, 0..n),
                 None => (x, range.clone()),
             };
             let vanilla = ef.kind == EfKind::Vanilla;
-            if !dev
-                .ef_input(input.clone(), &ef.e, factor, vanilla, &mut ef.p)
-                .map_err(de)?
-            {
-                let (mem, r) = input;
-                return Err(self.not_finite(
-                    mem,
-                    r,
-                    "the gradient plus the error-feedback residual overflows f32",
-                ));
-            }
+            dev.ef_input(input, &ef.e, factor, vanilla, &mut ef.p, flags)?;
         }
         // 3. The codec, on whatever the decorators left.
-        let (src, src_range) = match (&self.ef, &self.momentum) {
-            (Some(ef), _) => (&ef.p, 0..n),
-            (None, Some(m)) => (&m.p, 0..n),
-            (None, None) => (x, range.clone()),
-        };
-        let streams = self.streams(ctx.round);
-        match &mut self.codec {
-            Some((scheme, codec)) => {
-                let compressed = dev.compress(codec, src, src_range.clone(), streams, out);
-                if let Err(e) = compressed {
-                    return Err(match e {
-                        // Non-finite input (only possible without decorators, which check
-                        // their own results): the CPU's error, naming the element.
-                        CudaError::Invalid(m) if m.contains("not finite") => {
-                            self.not_finite(src, src_range, &m)
-                        }
-                        e => de(e),
-                    });
+        let len = match &mut self.codec {
+            Some((_, codec)) => {
+                let (src, r) = source(self.ef.as_ref(), self.momentum.as_ref(), x, range, n);
+                let len = dev.compress(codec, src, r, streams, flags)?;
+                // 4. The new residual from the bytes actually sent: d = p - D(C(p)).
+                if let Some(ef) = &mut self.ef {
+                    dev.decode_own(codec, streams, &mut ef.d, 0..n)?;
+                    dev.ef_residual(&ef.p, &mut ef.d, flags)?;
                 }
-                if let Some(problem) = scheme.header_problem(n, out) {
-                    out.clear();
-                    return Err(KernelError::Overflow {
-                        compressor: self.name.clone(),
-                        detail: problem,
-                    });
-                }
+                dev.stage(codec, len, flags, staging)?;
+                len
             }
             None => {
-                self.host.resize(n, 0.0);
-                dev.download(src, src_range.clone(), &mut self.host)
-                    .map_err(de)?;
-                if let Some(index) = self.host.iter().position(|v| !v.is_finite()) {
-                    return Err(KernelError::NonFinite {
-                        compressor: self.name.clone(),
-                        what: "input",
-                        index,
-                        value: self.host[index],
-                    });
+                if let Some(ef) = &mut self.ef {
+                    // Raw fp32 sends p exactly: D(C(p)) = p, through the host as on the CPU.
+                    self.host.resize(n, 0.0);
+                    dev.download(&ef.p, 0..n, &mut self.host)?;
+                    dev.upload(&self.host, &mut ef.d, 0)?;
+                    dev.ef_residual(&ef.p, &mut ef.d, flags)?;
                 }
-                out.reserve(4 * n);
-                for v in &self.host {
-                    out.extend_from_slice(&v.to_le_bytes());
+                let (src, r) = source(self.ef.as_ref(), self.momentum.as_ref(), x, range, n);
+                dev.stage_raw(src, r, flags, staging)?;
+                4 * n
+            }
+        };
+        Ok(len)
+    }
+
+    /// Waits for a [`DeviceChain::start`]ed compression of `x` (the same buffer), judges it
+    /// (the first failed check, in the order of the steps, is the error, as on the CPU) and,
+    /// if it succeeded, commits error feedback's and momentum's new state. Gives back the
+    /// staging, whose first bytes are the payload, and the payload's length.
+    pub fn finish(
+        &mut self,
+        x: &D::Mem,
+        started: Started<D::Staging>,
+    ) -> (D::Staging, Result<usize, KernelError>) {
+        let Started {
+            mut staging,
+            len,
+            lr_used,
+            range,
+        } = started;
+        if let Err(e) = self.device.wait_staged(&mut staging) {
+            return (staging, Err(self.device_error(e)));
+        }
+        let verdict = self.judge(x, range, staging.as_ref(), len);
+        if verdict.is_ok() {
+            if let Some(ef) = &mut self.ef {
+                std::mem::swap(&mut ef.e, &mut ef.d);
+                if lr_used.is_some() {
+                    ef.prev_lr = lr_used;
                 }
+            }
+            if let Some(m) = &mut self.momentum {
+                std::mem::swap(&mut m.m, &mut m.next);
             }
         }
-        // 4. The new residual from the bytes actually sent: d = p - D(C(p)).
-        if let Some(ef) = &mut self.ef {
-            match &mut self.codec {
-                Some((_, codec)) => dev.decode(codec, out, streams, &mut ef.d, 0..n, false),
-                None => dev.upload(&self.host, &mut ef.d, 0),
-            }
-            .map_err(de)?;
-            if !dev.ef_residual(&ef.p, &mut ef.d).map_err(de)? {
-                out.clear();
+        (staging, verdict.map(|()| len))
+    }
+
+    /// The error of a finished compression whose checks failed, if any.
+    fn judge(
+        &self,
+        x: &D::Mem,
+        range: Range<usize>,
+        staged: &[u8],
+        len: usize,
+    ) -> Result<(), KernelError> {
+        let n = self.len;
+        let flags = read_flags(staged, len).ok_or_else(|| {
+            self.device_error(CudaError::Invalid(format!(
+                "staging of {} bytes for a payload of {len}",
+                staged.len()
+            )))
+        })?;
+        if flags[flag::NESTEROV] != 0 {
+            return Err(self.not_finite(x, range, "the momentum update overflows f32"));
+        }
+        if flags[flag::EF_INPUT] != 0 {
+            let (mem, r) = match &self.momentum {
+                Some(m) => (&m.p, 0..n),
+                None => (x, range.clone()),
+            };
+            return Err(self.not_finite(
+                mem,
+                r,
+                "the gradient plus the error-feedback residual overflows f32",
+            ));
+        }
+        let first_bad =
+            u64::from(flags[flag::FIRST_BAD]) | (u64::from(flags[flag::FIRST_BAD + 1]) << 32);
+        if first_bad != u64::MAX {
+            let (src, src_range) = source(self.ef.as_ref(), self.momentum.as_ref(), x, range, n);
+            return Err(self.not_finite(
+                src,
+                src_range,
+                &format!("input element {first_bad} is not finite"),
+            ));
+        }
+        if let Some((scheme, _)) = &self.codec {
+            if let Some(problem) = scheme.header_problem(n, &staged[..len]) {
                 return Err(KernelError::Overflow {
                     compressor: self.name.clone(),
-                    detail: "the new residual p - D(C(p)) overflows f32".into(),
+                    detail: problem,
                 });
             }
         }
-        // 5. Commit.
-        if let Some(ef) = &mut self.ef {
-            std::mem::swap(&mut ef.e, &mut ef.d);
-            if lr_used.is_some() {
-                ef.prev_lr = lr_used;
-            }
-        }
-        if let Some(m) = &mut self.momentum {
-            dev.momentum_update((x, range), &mut m.m, m.mu)
-                .map_err(de)?;
+        if flags[flag::EF_RESIDUAL] != 0 {
+            return Err(KernelError::Overflow {
+                compressor: self.name.clone(),
+                detail: "the new residual p - D(C(p)) overflows f32".into(),
+            });
         }
         Ok(())
     }

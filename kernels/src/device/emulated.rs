@@ -3,15 +3,68 @@
 //! [`crate::cuda::host`]), launch sequence for launch sequence. It is slow (serial) and exists
 //! so that the device data path (chunk ranges, payload sizes, residual and momentum state, the
 //! order of steps) runs and is checked bit for bit where there is no GPU.
+//!
+//! Copies into [`EmulatedStaging`] are asynchronous as on a GPU: [`Device::stage`] only notes
+//! them, and the staging's bytes change when [`Device::wait_staged`] is called, so a caller
+//! that reads staging before waiting reads stale bytes here too (and the tests see it).
 
 use std::ops::Range;
 
-use super::{check_range, same_len, Device};
+use super::{check_range, flag, flags_at, same_len, Device};
 use crate::cuda::{host, CudaError, Device as Place, GpuScheme, RoundStreams};
 
 /// A device whose memory is host memory and whose kernels are the CUDA kernels' host twin.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct EmulatedDevice;
+
+/// The emulated device's codec: the scheme, the chunk length it was built for, and its
+/// "device" payload buffer.
+#[derive(Debug)]
+pub struct EmulatedCodec {
+    scheme: GpuScheme,
+    len: usize,
+    payload: Vec<u8>,
+}
+
+/// The emulated device's staging: host bytes, and the copies started into them but not yet
+/// waited for.
+#[derive(Debug, Default)]
+pub struct EmulatedStaging {
+    bytes: Vec<u8>,
+    pending: Vec<(usize, Vec<u8>)>,
+}
+
+impl AsRef<[u8]> for EmulatedStaging {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl EmulatedStaging {
+    fn start_copy(&mut self, at: usize, bytes: Vec<u8>) -> Result<(), CudaError> {
+        check_range("stage", &(at..at + bytes.len()), self.bytes.len()).map_err(|_| {
+            CudaError::Invalid(format!(
+                "stage: {} bytes at {at} into staging of {}",
+                bytes.len(),
+                self.bytes.len()
+            ))
+        })?;
+        self.pending.push((at, bytes));
+        Ok(())
+    }
+}
+
+fn flag_bytes(flags: &[u32; flag::WORDS]) -> Vec<u8> {
+    flags.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+fn set_first_bad(flags: &mut [u32; flag::WORDS], x: &[f32]) {
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        let i = i as u64;
+        flags[flag::FIRST_BAD] = i as u32;
+        flags[flag::FIRST_BAD + 1] = (i >> 32) as u32;
+    }
+}
 
 fn span<'a>(what: &str, mem: &'a [f32], range: Range<usize>) -> Result<&'a [f32], CudaError> {
     check_range(what, &range, mem.len())?;
@@ -29,8 +82,9 @@ fn span_mut<'a>(
 
 impl Device for EmulatedDevice {
     type Mem = Vec<f32>;
-    /// The scheme and the chunk length it was built for.
-    type Codec = (GpuScheme, usize);
+    type Codec = EmulatedCodec;
+    type Flags = [u32; flag::WORDS];
+    type Staging = EmulatedStaging;
 
     fn place(&self) -> Place {
         Place::Emulated
@@ -62,27 +116,121 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
-    fn codec(&self, scheme: GpuScheme, len: usize) -> Result<(GpuScheme, usize), CudaError> {
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>) -> Result<(), CudaError> {
+        same_len("copy", src.len(), dst.len())?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn codec(&self, scheme: GpuScheme, len: usize) -> Result<EmulatedCodec, CudaError> {
         scheme.validate(len)?;
-        Ok((scheme, len))
+        Ok(EmulatedCodec {
+            scheme,
+            len,
+            payload: Vec::new(),
+        })
+    }
+
+    fn alloc_flags(&self) -> Result<[u32; flag::WORDS], CudaError> {
+        let mut flags = [0; flag::WORDS];
+        self.clear_flags(&mut flags)?;
+        Ok(flags)
+    }
+
+    fn clear_flags(&self, flags: &mut [u32; flag::WORDS]) -> Result<(), CudaError> {
+        *flags = [0; flag::WORDS];
+        flags[flag::FIRST_BAD] = u32::MAX;
+        flags[flag::FIRST_BAD + 1] = u32::MAX;
+        Ok(())
+    }
+
+    fn alloc_staging(&self, bytes: usize) -> Result<EmulatedStaging, CudaError> {
+        Ok(EmulatedStaging {
+            bytes: vec![0; bytes],
+            pending: Vec::new(),
+        })
     }
 
     fn compress(
         &self,
-        codec: &mut (GpuScheme, usize),
+        codec: &mut EmulatedCodec,
         x: &Vec<f32>,
         range: Range<usize>,
         streams: RoundStreams,
-        out: &mut Vec<u8>,
-    ) -> Result<(), CudaError> {
+        flags: &mut [u32; flag::WORDS],
+    ) -> Result<usize, CudaError> {
         let x = span("compress", x, range)?;
-        same_len("compress", x.len(), codec.1)?;
-        host::compress(&codec.0, x, streams, out)
+        same_len("compress", x.len(), codec.len)?;
+        set_first_bad(flags, x);
+        if x.iter().all(|v| v.is_finite()) {
+            host::compress(&codec.scheme, x, streams, &mut codec.payload)?;
+        } else {
+            // A GPU's kernels run on whatever they are given and the flag is what the host
+            // reads; the host twin refuses non-finite input, so it gets zeros there instead
+            // (the payload is discarded either way, and stays decodable for error feedback).
+            let finite: Vec<f32> = x
+                .iter()
+                .map(|&v| if v.is_finite() { v } else { 0.0 })
+                .collect();
+            host::compress(&codec.scheme, &finite, streams, &mut codec.payload)?;
+        }
+        Ok(codec.payload.len())
+    }
+
+    fn decode_own(
+        &self,
+        codec: &mut EmulatedCodec,
+        streams: RoundStreams,
+        y: &mut Vec<f32>,
+        range: Range<usize>,
+    ) -> Result<(), CudaError> {
+        let y = span_mut("decode_own", y, range)?;
+        same_len("decode_own", y.len(), codec.len)?;
+        host::decompress(&codec.scheme, &codec.payload, streams, y)
+    }
+
+    fn stage(
+        &self,
+        codec: &EmulatedCodec,
+        len: usize,
+        flags: &[u32; flag::WORDS],
+        staging: &mut EmulatedStaging,
+    ) -> Result<(), CudaError> {
+        let payload = codec.payload.get(..len).ok_or_else(|| {
+            CudaError::Invalid(format!(
+                "stage: {len} bytes of a payload of {}",
+                codec.payload.len()
+            ))
+        })?;
+        staging.start_copy(0, payload.to_vec())?;
+        staging.start_copy(flags_at(len), flag_bytes(flags))
+    }
+
+    fn stage_raw(
+        &self,
+        src: &Vec<f32>,
+        range: Range<usize>,
+        flags: &mut [u32; flag::WORDS],
+        staging: &mut EmulatedStaging,
+    ) -> Result<(), CudaError> {
+        let x = span("stage_raw", src, range)?;
+        set_first_bad(flags, x);
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let len = bytes.len();
+        staging.start_copy(0, bytes)?;
+        staging.start_copy(flags_at(len), flag_bytes(flags))
+    }
+
+    fn wait_staged(&self, staging: &mut EmulatedStaging) -> Result<(), CudaError> {
+        for (at, bytes) in std::mem::take(&mut staging.pending) {
+            staging.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
+        }
+        Ok(())
     }
 
     fn decode(
         &self,
-        codec: &mut (GpuScheme, usize),
+        codec: &mut EmulatedCodec,
         payload: &[u8],
         streams: RoundStreams,
         y: &mut Vec<f32>,
@@ -90,11 +238,11 @@ impl Device for EmulatedDevice {
         add: bool,
     ) -> Result<(), CudaError> {
         let y = span_mut("decode", y, range)?;
-        same_len("decode", y.len(), codec.1)?;
+        same_len("decode", y.len(), codec.len)?;
         if add {
-            host::decompress_add(&codec.0, payload, streams, y)
+            host::decompress_add(&codec.scheme, payload, streams, y)
         } else {
-            host::decompress(&codec.0, payload, streams, y)
+            host::decompress(&codec.scheme, payload, streams, y)
         }
     }
 
@@ -105,16 +253,28 @@ impl Device for EmulatedDevice {
         factor: f32,
         vanilla: bool,
         p: &mut Vec<f32>,
-    ) -> Result<bool, CudaError> {
+        flags: &mut [u32; flag::WORDS],
+    ) -> Result<(), CudaError> {
         let g = span("ef_input", g, range)?;
         same_len("ef_input", g.len(), e.len())?;
         same_len("ef_input", g.len(), p.len())?;
-        Ok(host::ef_input(g, e, factor, vanilla, p))
+        if !host::ef_input(g, e, factor, vanilla, p) {
+            flags[flag::EF_INPUT] = 1;
+        }
+        Ok(())
     }
 
-    fn ef_residual(&self, p: &Vec<f32>, d: &mut Vec<f32>) -> Result<bool, CudaError> {
+    fn ef_residual(
+        &self,
+        p: &Vec<f32>,
+        d: &mut Vec<f32>,
+        flags: &mut [u32; flag::WORDS],
+    ) -> Result<(), CudaError> {
         same_len("ef_residual", p.len(), d.len())?;
-        Ok(host::ef_residual(p, d))
+        if !host::ef_residual(p, d) {
+            flags[flag::EF_RESIDUAL] = 1;
+        }
+        Ok(())
     }
 
     fn nesterov(
@@ -123,11 +283,15 @@ impl Device for EmulatedDevice {
         m: &Vec<f32>,
         mu: f32,
         p: &mut Vec<f32>,
-    ) -> Result<bool, CudaError> {
+        flags: &mut [u32; flag::WORDS],
+    ) -> Result<(), CudaError> {
         let g = span("nesterov", g, range)?;
         same_len("nesterov", g.len(), m.len())?;
         same_len("nesterov", g.len(), p.len())?;
-        Ok(host::nesterov(g, m, mu, p))
+        if !host::nesterov(g, m, mu, p) {
+            flags[flag::NESTEROV] = 1;
+        }
+        Ok(())
     }
 
     fn momentum_update(

@@ -8,8 +8,9 @@
 //! sum ready only at the end (BENCHMARKS.md, "The order of simultaneous calls"). A group call
 //! knows all its tensors before any is encoded: it takes every tensor's round lock (highest
 //! priority first, then by name, one order for every group), then a [`SendHold`] of every
-//! tensor's priority, then starts the rounds highest priority first; each round releases its hold once its chunks are queued, so the
-//! sender lets a chunk go only when every higher-priority chunk of the group is queued. No hold
+//! tensor's priority, then starts the rounds highest priority first; each round releases its
+//! hold once its chunks are queued, so the sender lets a chunk go only when every
+//! higher-priority chunk of the group is queued. No hold
 //! is taken while a lock is awaited (a lock waits for the tensor's previous round, which needs
 //! the other workers), so holds never wait for a peer ([`pushpull_proto::sendq`]).
 
@@ -47,7 +48,7 @@ impl Worker {
     /// [`Worker::push_pull_into`] of every `(tensor, input, output)` of `calls`, started
     /// together: the chunks leave in the tensors' priority order (FIFO within a priority)
     /// whatever order `calls` lists them in, which separate calls made at the same moment do
-    /// not guarantee (see [`group`](self)). Use it for the gradients of a step that are ready
+    /// not guarantee (README.md, "Scheduling on the wire"). Use it for the gradients of a step that are ready
     /// together, as Horovod's `grouped_allreduce` is used.
     ///
     /// Returns once every round has started (after waiting for the previous round of any of
