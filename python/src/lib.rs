@@ -5,7 +5,7 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `broadcast`, `barrier`, `metrics`, `finish` |
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `push_pull_group`, `broadcast`, `barrier`, `metrics`, `finish` |
 //! | [`Handle`] | one round in flight: `poll()`, `wait()` |
 //! | [`Reference`] | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
@@ -164,16 +164,8 @@ impl Worker {
         Ok((w, t))
     }
 
-    /// Starts a round of `kind` over the buffer in a task of the worker's runtime.
-    fn start(
-        &self,
-        name: &str,
-        owner: Py<PyAny>,
-        ptr: usize,
-        len: usize,
-        kind: Kind,
-    ) -> PyResult<Handle> {
-        let (w, t) = self.tensor(name)?;
+    /// The buffer of tensor `name` at `ptr` (`len` float32 owned by `owner`), checked.
+    fn buffer(name: &str, owner: Py<PyAny>, ptr: usize, len: usize) -> PyResult<PyBuf> {
         if ptr == 0 && len != 0 {
             return Err(PyValueError::new_err(format!(
                 "tensor {name:?}: a null buffer address for {len} elements"
@@ -184,21 +176,39 @@ impl Worker {
                 "tensor {name:?}: buffer address {ptr:#x} is not aligned for float32"
             )));
         }
-        let buf = PyBuf {
+        Ok(PyBuf {
             ptr: ptr as *mut f32,
             len,
             _owner: owner,
-        };
+        })
+    }
+
+    /// A handle of a round running as `task` in the worker's runtime.
+    fn handle(&self, task: JoinHandle<Result<(), WorkerError>>) -> Handle {
+        Handle {
+            runtime: self.runtime.clone(),
+            state: Mutex::new(HandleState::Running(task)),
+        }
+    }
+
+    /// Starts a round of `kind` over the buffer in a task of the worker's runtime.
+    fn start(
+        &self,
+        name: &str,
+        owner: Py<PyAny>,
+        ptr: usize,
+        len: usize,
+        kind: Kind,
+    ) -> PyResult<Handle> {
+        let (w, t) = self.tensor(name)?;
+        let buf = Self::buffer(name, owner, ptr, len)?;
         let task = self.runtime.spawn(async move {
             match kind {
                 Kind::Sum(op) => w.push_pull(&t, buf, op).await.map(drop),
                 Kind::Broadcast(root) => w.broadcast(&t, buf, root).await.map(drop),
             }
         });
-        Ok(Handle {
-            runtime: self.runtime.clone(),
-            state: Mutex::new(HandleState::Running(task)),
-        })
+        Ok(self.handle(task))
     }
 }
 
@@ -330,6 +340,53 @@ impl Worker {
             Reduce::Sum
         };
         self.start(name, owner, ptr, length, Kind::Sum(op))
+    }
+
+    /// Starts one round of every `(name, owner, ptr, length)` of `entries` together, each
+    /// buffer as in `push_pull` (`Worker::push_pull_group`): the chunks leave in the tensors'
+    /// priority order whatever order `entries` lists them in. Returns one handle per entry, in
+    /// order; an entry's own error (e.g. a buffer of the wrong length) is raised by its
+    /// handle's `wait()`. An undeclared name or a bad address raises here, starting nothing.
+    #[pyo3(signature = (entries, average))]
+    fn push_pull_group(
+        &self,
+        entries: Vec<(String, Py<PyAny>, usize, usize)>,
+        average: bool,
+    ) -> PyResult<Vec<Handle>> {
+        let op = if average {
+            Reduce::Average
+        } else {
+            Reduce::Sum
+        };
+        let w = self.get()?;
+        let mut calls = Vec::with_capacity(entries.len());
+        for (name, owner, ptr, len) in entries {
+            let t = w.tensor(&name).map_err(to_py)?;
+            calls.push((t, Self::buffer(&name, owner, ptr, len)?));
+        }
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..calls.len())
+            .map(|_| tokio::sync::oneshot::channel::<Result<(), WorkerError>>())
+            .unzip();
+        self.runtime.spawn(async move {
+            let rounds = w.push_pull_group(calls, op).await;
+            for (round, tx) in rounds.into_iter().zip(txs) {
+                tokio::spawn(async move {
+                    let _ = tx.send(round.await.map(drop));
+                });
+            }
+        });
+        Ok(rxs
+            .into_iter()
+            .map(|rx| {
+                self.handle(self.runtime.spawn(async move {
+                    rx.await.unwrap_or_else(|_| {
+                        Err(WorkerError::Internal(
+                            "the group call ended before starting this round".into(),
+                        ))
+                    })
+                }))
+            })
+            .collect())
     }
 
     /// As `push_pull`, but the buffer becomes the `root` worker's, bit for bit.

@@ -42,6 +42,15 @@ def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path):
         for s in ranks:
             assert same_bits(s["outputs"][i].numpy(), want), f"tensor t{i}, rank {s['rank']}"
 
+    for step in range(2):
+        for i, _ in enumerate(ranks[0]["group_in"][step]):
+            want = rank_order_sum(
+                [s["group_in"][step][i].numpy().astype(np.float32) for s in ranks]
+            )
+            for s in ranks:
+                got = s["group_out"][step][i].numpy().astype(np.float32)
+                assert same_bits(got, want), f"group tensor grp{i} round {step}, rank {s['rank']}"
+
     x = [s["copy_in"].numpy() for s in ranks]
     for s in ranks:
         assert same_bits(s["copy_out"][0], rank_order_sum(x))

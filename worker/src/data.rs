@@ -37,6 +37,13 @@ pub(crate) trait RoundData: Send + 'static {
     /// Elements.
     fn len(&mut self) -> usize;
 
+    /// The length of a buffer of this data (an input or an output) that is not `declared`
+    /// elements, if any.
+    fn wrong_len(&mut self, declared: u64) -> Option<u64> {
+        let n = self.len() as u64;
+        (n != declared).then_some(n)
+    }
+
     /// Called holding the tensor, before a round number is used: claims the tensor's home for
     /// a push_pull round (or refuses), and takes whatever state the round needs.
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError>;
@@ -192,6 +199,11 @@ where
 impl<H: HostBuffers> RoundData for H {
     fn len(&mut self) -> usize {
         self.input().len()
+    }
+
+    fn wrong_len(&mut self, declared: u64) -> Option<u64> {
+        let lens = [self.input().len(), self.output().len()];
+        lens.into_iter().map(|n| n as u64).find(|&n| n != declared)
     }
 
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {

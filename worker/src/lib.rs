@@ -17,7 +17,7 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`] and [`Worker::broadcast_device`] for tensors in device memory |
+//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`] and [`Worker::broadcast_device`] for tensors in device memory |
 //! | [`Device`], [`EmulatedDevice`], `CudaDevice` and `GpuContext` (feature `cuda`), [`Place`] | re-exported from `pushpull_kernels`: where device buffers live and are compressed |
 //! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |

@@ -426,21 +426,13 @@ impl Worker {
         &self,
         tensor: &Tensor,
         input: I,
-        mut output: O,
+        output: O,
         op: Reduce,
     ) -> Result<(I, O), WorkerError>
     where
         I: AsRef<[f32]> + Send + 'static,
         O: AsMut<[f32]> + Send + 'static,
     {
-        let got = output.as_mut().len() as u64;
-        if got != tensor.len() {
-            return Err(WorkerError::LengthMismatch {
-                name: tensor.name().to_string(),
-                declared: tensor.len(),
-                got,
-            });
-        }
         let average = op == Reduce::Average;
         let data = HostInto { input, output };
         self.submit(tensor, data, RoundKind::Sum { average })
@@ -585,8 +577,7 @@ impl Worker {
         kind: RoundKind,
     ) -> Result<Prepared<R>, WorkerError> {
         self.check_tensor(tensor)?;
-        let got = data.len() as u64;
-        if got != tensor.len() {
+        if let Some(got) = data.wrong_len(tensor.len()) {
             return Err(WorkerError::LengthMismatch {
                 name: tensor.name().to_string(),
                 declared: tensor.len(),

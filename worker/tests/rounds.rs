@@ -288,6 +288,61 @@ async fn group_calls_in_opposite_orders() {
     .expect("test timed out");
 }
 
+/// The in-place group call (`push_pull_group`): listed in opposite orders on two workers,
+/// every buffer becomes the rank-order sum; a buffer of the wrong length fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_group_calls_in_opposite_orders() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        let s = stack_with(2, 2, 64, |c| c.cluster.send_window_bytes = 200).await;
+        let n = 12usize;
+        let len = |i: usize| 1 + (i * 29) % 70;
+        let tensors = declare_interleaved(&s, "h", n, len, 3).await;
+        let lone = declare_all(&s, "lone", 5).await;
+        let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
+        let groups = s.workers.iter().enumerate().map(|(r, w)| {
+            let order: Vec<usize> = if r == 0 {
+                (0..n).collect()
+            } else {
+                (0..n).rev().collect()
+            };
+            let mut calls: Vec<_> = order
+                .iter()
+                .map(|&i| (tensors[i][r].clone(), input(r, i)))
+                .collect();
+            if r == 1 {
+                calls.push((lone[1].clone(), vec![0.0; 6]));
+            }
+            let w = w.clone();
+            // Spawned: the group call's future must be `Send`.
+            tokio::spawn(async move { (r, order, w.push_pull_group(calls, Reduce::Average).await) })
+        });
+        for spawned in futures_util::future::join_all(groups).await {
+            let (r, order, handles) = spawned.unwrap();
+            let mut handles = handles.into_iter();
+            for (&i, h) in order.iter().zip(handles.by_ref()) {
+                let got = h.await.unwrap();
+                let sum = rank_order_sum(&[input(0, i), input(1, i)]);
+                let expected: Vec<f32> = sum.iter().map(|v| v / 2.0).collect();
+                assert!(
+                    same_bits(&got, &expected),
+                    "rank {r} tensor h{i:02} (seed {seed})"
+                );
+            }
+            let extra: Vec<_> = handles.collect();
+            assert_eq!(extra.len(), r);
+            for h in extra {
+                let e = h.await.unwrap_err();
+                assert!(matches!(e, WorkerError::LengthMismatch { .. }), "{e}");
+                assert!(e.to_string().contains("\"lone\""), "{e}");
+            }
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("test timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_errors_name_the_tensor_and_values() {
     tokio::time::timeout(TIMEOUT, async {

@@ -29,7 +29,10 @@ Priorities
     :class:`DistributedOptimizer` declares parameter ``i`` of ``named_parameters`` with priority
     ``-i``. The ``priority`` argument of a call is used when that call declares the tensor;
     ``0`` (the default) keeps declaration order. A non-zero ``priority`` that differs from the
-    declared one raises ``ValueError``.
+    declared one raises ``ValueError``. Separate calls made at the same moment are sent in the
+    order they reach the sender, which may differ between workers; tensors handed over
+    together through :func:`push_pull_group_inplace` (or its async form) leave in priority
+    order on every worker.
 
 Failures
     Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
@@ -44,7 +47,7 @@ import contextlib
 import itertools
 import pickle
 import sys
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -69,6 +72,8 @@ __all__ = [
     "poll",
     "push_pull",
     "push_pull_async_inplace",
+    "push_pull_group_async_inplace",
+    "push_pull_group_inplace",
     "push_pull_inplace",
     "rank",
     "shutdown",
@@ -281,6 +286,56 @@ def push_pull_async_inplace(
     _ensure_declared(name, tensor, priority)
     r.start_push_pull(average)
     return _register(r)
+
+
+def push_pull_group_async_inplace(
+    tensors: Sequence[torch.Tensor],
+    average: bool = True,
+    names: Optional[Sequence[Optional[str]]] = None,
+    priorities: Optional[Sequence[int]] = None,
+) -> List[int]:
+    """:func:`push_pull_async_inplace` of every tensor of ``tensors``, started together as one
+    group (Horovod's ``grouped_allreduce``): on every worker the chunks leave in the tensors'
+    priority order, whatever order ``tensors`` lists them in and however the rounds' encoding
+    interleaves. Hand over a step's gradients together this way (separate calls made at the
+    same moment may leave in a different order on each worker, so some sums wait for the
+    slowest). ``names`` and ``priorities`` (one per tensor, or ``None``) are as in
+    :func:`push_pull_async_inplace`; tensors not declared yet are declared in the order
+    listed, a collective, so list new tensors in the same order on every worker (or declare
+    them first). Returns one handle per tensor, in order, for :func:`poll` and
+    :func:`synchronize`."""
+    tensors = list(tensors)
+    names = list(names) if names is not None else [None] * len(tensors)
+    priorities = list(priorities) if priorities is not None else [0] * len(tensors)
+    if len(names) != len(tensors) or len(priorities) != len(tensors):
+        raise ValueError(
+            f"{len(tensors)} tensors, {len(names)} names and {len(priorities)} priorities: "
+            "give one name and one priority per tensor (or None)"
+        )
+    rounds = []
+    for tensor, name, priority in zip(tensors, names, priorities):
+        name = name if name is not None else f"push_pull.noname.{next(_noname)}"
+        r = _Round(name, tensor)
+        _ensure_declared(name, tensor, priority)
+        rounds.append(r)
+    natives = _w().push_pull_group(
+        [(r.name, r.work, r.work.data_ptr(), r.work.numel()) for r in rounds], average
+    )
+    for r, native in zip(rounds, natives):
+        r.native = native
+    return [_register(r) for r in rounds]
+
+
+def push_pull_group_inplace(
+    tensors: Sequence[torch.Tensor],
+    average: bool = True,
+    names: Optional[Sequence[Optional[str]]] = None,
+    priorities: Optional[Sequence[int]] = None,
+) -> List[torch.Tensor]:
+    """:func:`push_pull_group_async_inplace` and :func:`synchronize` of every handle: returns
+    the tensors, which now hold their sums (or averages)."""
+    handles = push_pull_group_async_inplace(tensors, average, names, priorities)
+    return [synchronize(h) for h in handles]
 
 
 def poll(handle: int) -> bool:

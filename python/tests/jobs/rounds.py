@@ -27,6 +27,22 @@ for i, n in enumerate(sizes):
 saved["inputs"] = inputs
 saved["outputs"] = [bps.synchronize(h) for h in handles]
 
+# A group call, listed in opposite orders on the two ranks (declared first, in one order):
+# fresh tensors of interleaved priorities, a float64 one among them, two rounds.
+gsizes = [3, 8193, 1, 20_000, 517]
+for i, n in enumerate(gsizes):
+    bps.declare(f"grp{i}", n, priority=(i % 3) - 1)
+saved["group_in"], saved["group_out"] = [], []
+order = list(range(len(gsizes))) if r == 0 else list(reversed(range(len(gsizes))))
+for _ in range(2):
+    xs = [torch.randn(n, generator=gen, dtype=torch.float64 if i == 1 else torch.float32)
+          for i, n in enumerate(gsizes)]
+    saved["group_in"].append([x.clone() for x in xs])
+    got = bps.push_pull_group_inplace([xs[i] for i in order], average=False,
+                                      names=[f"grp{i}" for i in order])
+    assert all(torch.equal(g, xs[i]) for g, i in zip(got, order)), "results in place, in order"
+    saved["group_out"].append([x.clone() for x in xs])
+
 # The copying form, twice on one tensor (two rounds).
 y = torch.randn(5000, generator=gen)
 saved["copy_in"] = y.clone()

@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 use pushpull_net::sender::SendHold;
 
 use super::{join_round, Prepared, Worker};
-use crate::data::HostInto;
+use crate::data::{HostData, HostInto, RoundData};
 use crate::error::WorkerError;
 use crate::round::RoundKind;
 use crate::tensor::{Reduce, Tensor};
@@ -45,11 +45,33 @@ impl<T> std::fmt::Debug for RoundHandle<T> {
 }
 
 impl Worker {
+    /// [`Worker::push_pull`] of every `(tensor, buffer)` of `calls`, in place, started
+    /// together: as [`Worker::push_pull_group_into`], with one buffer per tensor read and
+    /// overwritten with the result. Each handle resolves to its call's buffer or error.
+    ///
+    /// # Errors
+    /// Per handle, as [`Worker::push_pull_group_into`].
+    pub async fn push_pull_group<B>(
+        &self,
+        calls: Vec<(Tensor, B)>,
+        op: Reduce,
+    ) -> Vec<RoundHandle<B>>
+    where
+        B: AsMut<[f32]> + Send + 'static,
+    {
+        let calls = calls.into_iter().map(|(t, b)| (t, HostData(b))).collect();
+        self.group(calls, op)
+            .await
+            .into_iter()
+            .map(|h| RoundHandle(Box::pin(async move { h.await.map(|d| d.0) })))
+            .collect()
+    }
+
     /// [`Worker::push_pull_into`] of every `(tensor, input, output)` of `calls`, started
     /// together: the chunks leave in the tensors' priority order (FIFO within a priority)
     /// whatever order `calls` lists them in, which separate calls made at the same moment do
-    /// not guarantee (README.md, "Scheduling on the wire"). Use it for the gradients of a step that are ready
-    /// together, as Horovod's `grouped_allreduce` is used.
+    /// not guarantee (README.md, "Scheduling on the wire"). Use it for the gradients of a step
+    /// that are ready together, as Horovod's `grouped_allreduce` is used.
     ///
     /// Returns once every round has started (after waiting for the previous round of any of
     /// the tensors), with one [`RoundHandle`] per call, in the order of `calls`; each resolves
@@ -70,6 +92,27 @@ impl Worker {
         I: AsRef<[f32]> + Send + 'static,
         O: AsMut<[f32]> + Send + 'static,
     {
+        let calls = calls
+            .into_iter()
+            .map(|(t, input, output)| (t, HostInto { input, output }))
+            .collect();
+        self.group(calls, op)
+            .await
+            .into_iter()
+            .map(|h| {
+                RoundHandle(Box::pin(
+                    async move { h.await.map(|d| (d.input, d.output)) },
+                ))
+            })
+            .collect()
+    }
+
+    /// The group call over any round data (see [`Worker::push_pull_group_into`]).
+    async fn group<R: RoundData>(
+        &self,
+        calls: Vec<(Tensor, R)>,
+        op: Reduce,
+    ) -> Vec<RoundHandle<R>> {
         let kind = RoundKind::Sum {
             average: op == Reduce::Average,
         };
@@ -82,33 +125,23 @@ impl Worker {
             let key = |i: usize| (std::cmp::Reverse(calls[i].0.priority()), calls[i].0.name());
             key(a).cmp(&key(b)).then(a.cmp(&b))
         });
-        let mut slots: Vec<Option<(Tensor, I, O)>> = calls.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<(Tensor, R)>> = calls.into_iter().map(Some).collect();
         let mut failed: Vec<Option<WorkerError>> = (0..n).map(|_| None).collect();
-        let mut prepared: Vec<(usize, Prepared<HostInto<I, O>>)> = Vec::with_capacity(n);
+        let mut prepared: Vec<(usize, Prepared<R>)> = Vec::with_capacity(n);
         let mut seen = std::collections::HashSet::new();
         for &i in &order {
-            let Some((tensor, input, mut output)) = slots[i].take() else {
+            let Some((tensor, data)) = slots[i].take() else {
                 continue;
             };
-            if !seen.insert(std::sync::Arc::as_ptr(&tensor.inner)) {
+            // By address (a `usize`, so the future stays `Send`).
+            if !seen.insert(std::sync::Arc::as_ptr(&tensor.inner) as usize) {
                 failed[i] = Some(WorkerError::TwiceInGroup {
                     name: tensor.name().to_string(),
                 });
                 continue;
             }
-            let got = output.as_mut().len() as u64;
-            if got != tensor.len() {
-                failed[i] = Some(WorkerError::LengthMismatch {
-                    name: tensor.name().to_string(),
-                    declared: tensor.len(),
-                    got,
-                });
-                continue;
-            }
-            match self
-                .prepare(&tensor, HostInto { input, output }, kind)
-                .await
-            {
+            // Checks the buffers' lengths before it waits for the tensor's lock.
+            match self.prepare(&tensor, data, kind).await {
                 Ok(p) => prepared.push((i, p)),
                 Err(e) => failed[i] = Some(e),
             }
@@ -120,12 +153,12 @@ impl Worker {
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
             .collect();
-        let mut handles: Vec<Option<RoundHandle<(I, O)>>> = (0..n).map(|_| None).collect();
+        let mut handles: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
         for ((i, p), hold) in prepared.into_iter().zip(holds) {
             let name = p.tensor.placement.name.clone();
             let task = p.spawn(Some(hold));
             handles[i] = Some(RoundHandle(Box::pin(async move {
-                join_round(task, &name).await.map(|d| (d.input, d.output))
+                join_round(task, &name).await
             })));
         }
         handles
