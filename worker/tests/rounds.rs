@@ -175,6 +175,16 @@ async fn declare_interleaved(
     tensors
 }
 
+/// The order in which worker `r` issues `n` tensors: rank 0 first to last, the others last to
+/// first.
+fn issue_order(r: usize, n: usize) -> Vec<usize> {
+    if r == 0 {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
+}
+
 /// Calls spawned as separate tasks, issued in opposite orders by the two workers, on tensors
 /// with priorities that order them differently again (so each worker's queue releases frames
 /// in neither worker's issue order), several chunks per tensor on 2 servers, and a send window
@@ -193,11 +203,7 @@ async fn spawned_calls_in_opposite_orders_with_priorities_and_a_tiny_window() {
         let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
         let mut handles = Vec::new();
         for (r, w) in s.workers.iter().enumerate() {
-            let order: Vec<usize> = if r == 0 {
-                (0..n).collect()
-            } else {
-                (0..n).rev().collect()
-            };
+            let order = issue_order(r, n);
             for i in order {
                 let (w, t) = (w.clone(), tensors[i][r].clone());
                 let buf = input(r, i);
@@ -242,11 +248,7 @@ async fn group_calls_in_opposite_orders() {
                 )
             };
             let groups = s.workers.iter().enumerate().map(|(r, w)| {
-                let order: Vec<usize> = if r == 0 {
-                    (0..n).collect()
-                } else {
-                    (0..n).rev().collect()
-                };
+                let order = issue_order(r, n);
                 let mut calls: Vec<_> = order
                     .iter()
                     .map(|&i| (tensors[i][r].clone(), input(r, i), vec![f32::NAN; len(i)]))
@@ -301,11 +303,7 @@ async fn in_place_group_calls_in_opposite_orders() {
         let lone = declare_all(&s, "lone", 5).await;
         let input = |r: usize, i: usize| data(seed ^ ((r as u64) << 40) ^ i as u64, len(i));
         let groups = s.workers.iter().enumerate().map(|(r, w)| {
-            let order: Vec<usize> = if r == 0 {
-                (0..n).collect()
-            } else {
-                (0..n).rev().collect()
-            };
+            let order = issue_order(r, n);
             let mut calls: Vec<_> = order
                 .iter()
                 .map(|&i| (tensors[i][r].clone(), input(r, i)))
