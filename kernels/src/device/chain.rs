@@ -280,16 +280,16 @@ impl<D: Device> DeviceChain<D> {
             )));
             return Err((e, staging));
         }
-        let lr_used = match self.ef_factor(ctx) {
+        let (factor, lr_used) = match self.ef_factor(ctx) {
             Ok(v) => v,
             Err(e) => return Err((e, staging)),
         };
         let streams = self.streams(ctx.round);
-        match self.launch(x, range.clone(), streams, lr_used.0, &mut staging) {
+        match self.launch(x, range.clone(), streams, factor, &mut staging) {
             Ok(len) => Ok(Started {
                 staging,
                 len,
-                lr_used: lr_used.1,
+                lr_used,
                 range,
             }),
             Err(e) => Err((self.device_error(e), staging)),
