@@ -504,7 +504,10 @@ impl<D: Device> RoundData for DeviceData<D> {
                 let mut out = pool.take();
                 return match chain.compress(&self.mem, range, &ctx, &mut out) {
                     Ok(()) => Ok(pool.freeze(out)),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => {
+                        pool.give_back(out);
+                        Err(e.to_string())
+                    }
                 };
             }
         }
