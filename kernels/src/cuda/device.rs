@@ -13,17 +13,20 @@
 //! [`PinnedStaging`] (page-locked host memory, so the copy is a DMA the host does not wait
 //! for), and an event recorded after the copies is what [`Device::wait_staged`] waits on. So
 //! a worker launches every chunk of a tensor and then waits for each in turn, and the host
-//! never drains the stream between chunks. Everything runs on the context's one stream:
-//! the copy of one chunk does not overlap the kernels of the next on the device (a second
-//! stream for copies would; not done). This path has not run on a GPU in this repository's
-//! CI.
+//! never drains the stream between chunks. The copies go to a second stream (a fork of the
+//! context's), so a chunk's copy overlaps the next chunk's kernels: the copy stream waits for
+//! the compute stream's work before each chunk's copies, and nothing on the compute stream
+//! overwrites what a copy reads (the payload buffer, the flags, the tensor's range) before
+//! the host has waited for that copy (the payload is pushed, and its result decoded, only
+//! after); cudarc's per-slice events order the two streams as well. This path has not run on
+//! a GPU in this repository's CI.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaEvent, CudaSlice, DevicePtr, DevicePtrMut, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice, PushKernelArg,
 };
 
 use super::codec::{check_aligned, driver, GpuCodec, GpuContext, THREADS};
@@ -105,17 +108,40 @@ impl std::fmt::Debug for CudaChunkCodec {
     }
 }
 
-/// A CUDA GPU as a [`Device`]: the kernels loaded on one context and stream.
+/// A CUDA GPU as a [`Device`]: the kernels loaded on one context and stream, and a second
+/// stream for the copies into staging.
 #[derive(Debug, Clone)]
 pub struct CudaDevice {
     gpu: Arc<GpuContext>,
+    /// The copy stream, made at the first copy (`None` inside: none could be made, or the
+    /// context's event tracking is off; copies then go to the compute stream).
+    copies: Arc<OnceLock<Option<Arc<CudaStream>>>>,
 }
 
 impl CudaDevice {
     /// The device of a loaded [`GpuContext`] (e.g. `GpuContext::with_stream` on the stream
     /// your framework computes gradients on).
     pub fn new(gpu: Arc<GpuContext>) -> CudaDevice {
-        CudaDevice { gpu }
+        CudaDevice {
+            gpu,
+            copies: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// The stream copies into staging go to: a fork of the compute stream, so that a chunk's
+    /// copy overlaps the next chunk's kernels. The order between the two streams is cudarc's
+    /// event tracking (every `CudaSlice` use records an event that a use on another stream
+    /// waits for: the copy waits for the kernels that wrote the payload, and the next write
+    /// of the payload or the flags waits for the copy), so without it (the context's
+    /// `disable_event_tracking`) everything stays on the compute stream.
+    fn copy_stream(&self) -> &Arc<CudaStream> {
+        let forked = self.copies.get_or_init(|| {
+            if !self.gpu.context().is_event_tracking() {
+                return None;
+            }
+            self.gpu.stream().fork().ok()
+        });
+        forked.as_ref().unwrap_or_else(|| self.gpu.stream())
     }
 
     /// The context.
@@ -150,17 +176,29 @@ impl CudaDevice {
         let dst = staging.region::<T>(at, src.len())?;
         // A `[T]` destination: cudarc issues cuMemcpyDtoHAsync and does not synchronise; the
         // memory is page-locked, so the copy is asynchronous, and `wait_staged` waits for it.
-        self.gpu
-            .stream()
+        self.copy_stream()
             .memcpy_dtoh(src, dst)
             .map_err(driver("copying to staging"))
+    }
+
+    /// Makes the copy stream wait for everything launched on the compute stream so far (the
+    /// kernels that wrote what is about to be copied), whether or not cudarc tracks the
+    /// slices involved (a tensor handed in from elsewhere may not be).
+    fn copies_follow(&self) -> Result<(), CudaError> {
+        let copies = self.copy_stream();
+        if Arc::ptr_eq(copies, self.gpu.stream()) {
+            return Ok(());
+        }
+        copies
+            .join(self.gpu.stream())
+            .map_err(driver("ordering the copy stream"))
     }
 
     /// Records the staging's event after the copies just launched.
     fn copied(&self, staging: &mut PinnedStaging) -> Result<(), CudaError> {
         staging
             .copied
-            .record(self.gpu.stream())
+            .record(self.copy_stream())
             .map_err(driver("recording a staging event"))?;
         staging.pending = true;
         Ok(())
@@ -331,6 +369,7 @@ impl Device for CudaDevice {
                 codec.payload.len()
             )));
         }
+        self.copies_follow()?;
         self.copy_out(&codec.payload.slice(0..len), staging, 0)?;
         self.copy_out(flags, staging, flags_at(len))?;
         self.copied(staging)
@@ -356,6 +395,7 @@ impl Device for CudaDevice {
             launch!(&self.gpu, Kernel::FirstNonfinite, cfg, x, n, fp)?;
         }
         // f32 on the device and the host is little-endian: the bytes are the raw fp32 payload.
+        self.copies_follow()?;
         self.copy_out(&view, staging, 0)?;
         self.copy_out(flags, staging, flags_at(len))?;
         self.copied(staging)
