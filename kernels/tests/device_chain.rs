@@ -432,7 +432,26 @@ fn launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing()
     let mut r = Rng::new(seed(
         "launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing",
     ));
-    let device = Arc::new(EmulatedDevice);
+    launched_in_any_order(&mut r, &Arc::new(EmulatedDevice));
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
+fn gpu_launched_chunks_finish_in_any_order() {
+    use pushpull_kernels::cuda::{gpu_available, nvrtc_available, CudaDevice, GpuContext};
+    assert!(
+        gpu_available() && nvrtc_available(),
+        "this test needs a CUDA GPU and libnvrtc, and this machine lacks one of them"
+    );
+    let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("cannot open GPU 0: {e}"));
+    let mut r = Rng::new(seed("gpu_launched_chunks_finish_in_any_order"));
+    launched_in_any_order(&mut r, &Arc::new(CudaDevice::new(gpu)));
+}
+
+/// Three chunks of one tensor launched together and finished last first, for three rounds,
+/// against three CPU chains; then a launch abandoned each round.
+fn launched_in_any_order<D: Device>(r: &mut Rng, device: &Arc<D>) {
     let params = map(&[
         ("compressor", "onebit"),
         ("ef", "vanilla"),
@@ -440,7 +459,7 @@ fn launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing()
     ]);
     let n = 300;
     let chunks = 3;
-    let mut pairs: Vec<Pair<EmulatedDevice>> = (0..chunks)
+    let mut pairs: Vec<Pair<D>> = (0..chunks)
         .map(|c| {
             let info = ChunkInfo {
                 params: &params,
@@ -452,7 +471,7 @@ fn launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing()
                 node: Node::Worker { rank: 2 },
                 min_compress_bytes: 0,
             };
-            pair(&params, info, &device).unwrap()
+            pair(&params, info, device).unwrap()
         })
         .collect();
     let mut tensor = device.alloc_zeros(chunks * n).unwrap();

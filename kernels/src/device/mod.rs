@@ -98,7 +98,7 @@ pub trait Device: Send + Sync + 'static {
     type Flags: Send + 'static;
     /// Host memory the device copies payloads into while the host goes on: page-locked
     /// (pinned) memory on CUDA. Its bytes are meaningful only after [`Device::wait_staged`].
-    type Staging: AsRef<[u8]> + Send + Sync + 'static;
+    type Staging: AsRef<[u8]> + std::fmt::Debug + Send + Sync + 'static;
 
     /// Where compression runs on this device, for metrics (`cuda:N`, or `emulated`).
     fn place(&self) -> Place;
