@@ -81,7 +81,8 @@ pub fn staging_bytes(len: usize) -> usize {
 
 /// A device that holds f32 tensors and runs the chunk kernels on them.
 ///
-/// Every method *orders* its work after everything asked of the device before (one stream).
+/// Every method *orders* its work after everything asked of the device before (one stream;
+/// the copies of `stage` may run on a stream of their own that first waits for that work).
 /// Methods that hand something to the host wait for it (`download`, and `wait_staged`, which
 /// waits for the copies `stage` started); everything else only launches, so a worker can
 /// launch every chunk of a tensor before it waits for the first (the host never stalls the
