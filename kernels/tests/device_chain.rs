@@ -133,18 +133,8 @@ fn device_chain_matches_the_cpu_chain_round_after_round() {
 #[test]
 #[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
 fn gpu_device_chain_matches_the_cpu_chain() {
-    use pushpull_kernels::cuda::{gpu_available, nvrtc_available, CudaDevice, GpuContext};
-    assert!(
-        gpu_available() && nvrtc_available(),
-        "this test needs a CUDA GPU and libnvrtc, and this machine lacks one of them"
-    );
-    let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("cannot open GPU 0: {e}"));
     let mut r = Rng::new(seed("gpu_device_chain_matches_the_cpu_chain"));
-    compare_chains(
-        &mut r,
-        &Arc::new(CudaDevice::new(gpu)),
-        &[1, 33, 257, 2049, 100_003],
-    );
+    compare_chains(&mut r, &gpu_device(), &[1, 33, 257, 2049, 100_003]);
 }
 
 /// Every case of [`cases`] with every [`DECORATIONS`] for chunks of `lengths` (and a random
@@ -439,14 +429,20 @@ fn launched_chunks_finish_in_any_order_and_an_abandoned_launch_changes_nothing()
 #[test]
 #[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
 fn gpu_launched_chunks_finish_in_any_order() {
+    let mut r = Rng::new(seed("gpu_launched_chunks_finish_in_any_order"));
+    launched_in_any_order(&mut r, &gpu_device());
+}
+
+/// GPU 0 as a device; fails, saying so, where there is none.
+#[cfg(feature = "cuda")]
+fn gpu_device() -> Arc<pushpull_kernels::cuda::CudaDevice> {
     use pushpull_kernels::cuda::{gpu_available, nvrtc_available, CudaDevice, GpuContext};
     assert!(
         gpu_available() && nvrtc_available(),
         "this test needs a CUDA GPU and libnvrtc, and this machine lacks one of them"
     );
     let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("cannot open GPU 0: {e}"));
-    let mut r = Rng::new(seed("gpu_launched_chunks_finish_in_any_order"));
-    launched_in_any_order(&mut r, &Arc::new(CudaDevice::new(gpu)));
+    Arc::new(CudaDevice::new(gpu))
 }
 
 /// Three chunks of one tensor launched together and finished last first, for three rounds,
