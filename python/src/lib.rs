@@ -364,6 +364,7 @@ impl Worker {
             let t = w.tensor(&name).map_err(to_py)?;
             calls.push((t, Self::buffer(&name, owner, ptr, len)?));
         }
+        let names: Vec<String> = calls.iter().map(|(t, _)| t.name().to_string()).collect();
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..calls.len())
             .map(|_| tokio::sync::oneshot::channel::<Result<(), WorkerError>>())
             .unzip();
@@ -377,12 +378,13 @@ impl Worker {
         });
         Ok(rxs
             .into_iter()
-            .map(|rx| {
+            .zip(names)
+            .map(|(rx, name)| {
                 self.handle(self.runtime.spawn(async move {
                     rx.await.unwrap_or_else(|_| {
-                        Err(WorkerError::Internal(
-                            "the group call ended before starting this round".into(),
-                        ))
+                        Err(WorkerError::Internal(format!(
+                            "the group call ended before starting the round of tensor {name:?}"
+                        )))
                     })
                 }))
             })
