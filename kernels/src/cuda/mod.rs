@@ -99,10 +99,54 @@ pub const SOURCE: &str = concat!(
     include_str!("../../cuda/pushpull_kernels.cu")
 );
 
-/// The virtual architecture the PTX is generated for. `compute_70` (Volta) JIT-compiles on every
-/// GPU from Volta on; the PTX ISA version follows the NVRTC release (8.4 for NVRTC 12.4, which
-/// needs a CUDA 12.4+ driver).
+/// The oldest virtual architecture the PTX is generated for: `compute_70` (Volta) JIT-compiles
+/// on every GPU from Volta on; the PTX ISA version follows the NVRTC release (8.4 for NVRTC
+/// 12.4, which needs a CUDA 12.4+ driver). NVRTC 13 no longer targets Volta: [`ptx_arch`] picks
+/// the oldest architecture from this one on that the loaded NVRTC supports.
 pub const PTX_ARCH: &str = "compute_70";
+
+/// The virtual architectures [`ptx_arch`] chooses from, oldest first (from [`PTX_ARCH`] on).
+const PTX_ARCHES: &[(i32, &str)] = &[
+    (70, "compute_70"),
+    (75, "compute_75"),
+    (80, "compute_80"),
+    (86, "compute_86"),
+    (89, "compute_89"),
+    (90, "compute_90"),
+];
+
+/// The architecture the kernels are compiled for: the oldest of [`PTX_ARCHES`] that the loaded
+/// NVRTC lists as supported ([`PTX_ARCH`] where NVRTC cannot say). Checked once per process.
+pub fn ptx_arch() -> &'static str {
+    static ARCH: OnceLock<&'static str> = OnceLock::new();
+    ARCH.get_or_init(|| {
+        let supported = no_panic(|| {
+            use cudarc::nvrtc::sys;
+            let mut n: std::ffi::c_int = 0;
+            // SAFETY: NVRTC writes the count, then exactly `n` integers into a buffer of `n`.
+            unsafe {
+                if sys::nvrtcGetNumSupportedArchs(&mut n) != sys::nvrtcResult::NVRTC_SUCCESS {
+                    return None;
+                }
+                let mut archs = vec![0 as std::ffi::c_int; n.max(0) as usize];
+                if sys::nvrtcGetSupportedArchs(archs.as_mut_ptr())
+                    != sys::nvrtcResult::NVRTC_SUCCESS
+                {
+                    return None;
+                }
+                Some(archs)
+            }
+        })
+        .flatten();
+        match supported {
+            Some(archs) => PTX_ARCHES
+                .iter()
+                .find(|(sm, _)| archs.contains(sm))
+                .map_or(PTX_ARCH, |&(_, name)| name),
+            None => PTX_ARCH,
+        }
+    })
+}
 
 /// NVRTC options: exact IEEE f32/f64 arithmetic, no FMA contraction, no flush-to-zero.
 pub const NVRTC_OPTIONS: &[&str] = &[
@@ -248,7 +292,7 @@ pub fn gpu_count() -> usize {
     gpu_probe().as_ref().map_or(0, |&c| c)
 }
 
-/// Compiles [`SOURCE`] to PTX with NVRTC ([`NVRTC_OPTIONS`], [`PTX_ARCH`]). Needs libnvrtc,
+/// Compiles [`SOURCE`] to PTX with NVRTC ([`NVRTC_OPTIONS`], [`ptx_arch`]). Needs libnvrtc,
 /// not a GPU.
 pub fn compile_ptx() -> Result<String, CudaError> {
     compile_ptx_from(SOURCE)
@@ -264,7 +308,7 @@ pub fn compile_ptx_from(source: &str) -> Result<String, CudaError> {
         return Err(CudaError::NvrtcMissing);
     }
     let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(PTX_ARCH),
+        arch: Some(ptx_arch()),
         options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
         name: Some("pushpull_kernels.cu".into()),
         ..Default::default()
