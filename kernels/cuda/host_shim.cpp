@@ -38,17 +38,17 @@ void store_words(const std::vector<pp_u32>& w, uint8_t* out, pp_u64 len) {
     }
 }
 
-// pp_block_sums: every block g, every thread t, the tree level by level.
+// pp_block_sums: every block g, lane by lane, then the shuffle levels over the 32 lanes.
 std::vector<double> emu_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op) {
     pp_u64 blocks = pp_num_pieces(n, bucket, PP_REDUCE_BLOCK);
     std::vector<double> partials(blocks);
-    float s[PP_REDUCE_BLOCK];
+    float s[32];
     for (pp_u64 g = 0; g < blocks; ++g) {
-        for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
-            s[t] = pp_block_sum_load(x, n, bucket, g, t, op);
+        for (pp_u32 l = 0; l < 32u; ++l) {
+            s[l] = pp_block_sum_lane(x, n, bucket, g, l, op);
         }
-        for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
-            for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
+        for (pp_u32 stride = 16; stride > 0; stride /= 2) {
+            for (pp_u32 t = 0; t < 32u; ++t) {
                 pp_tree_sum_step(s, t, stride);
             }
         }
@@ -57,25 +57,33 @@ std::vector<double> emu_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u
     return partials;
 }
 
-// pp_finalize_sums: one block per bucket, partials staged PP_REDUCE_BLOCK at a time.
+// pp_finalize_sums: a thread per narrow bucket; a block per wide one, its group sums staged
+// PP_REDUCE_BLOCK at a time.
 void emu_finalize_sums(const std::vector<double>& partials, pp_u64 n, pp_u64 bucket, pp_u32 mode,
                        pp_u32* hdr) {
     pp_u64 nb = pp_num_buckets(n, bucket);
+    bool wide = pp_wide_buckets(bucket, PP_REDUCE_BLOCK);
     double buf[PP_REDUCE_BLOCK];
     for (pp_u64 b = 0; b < nb; ++b) {
         pp_u64 first, count;
         pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
+        pp_u32 want = pp_f32_bits(pp_finalize_sum(partials.data(), n, bucket, b, mode));
+        if (!wide) {
+            hdr[b] = want;
+            continue;
+        }
+        pp_u64 groups = pp_div_ceil(count, PP_SUM_GROUP);
         double sum = -0.0;
-        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
-            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
+        for (pp_u64 j0 = 0; j0 < groups; j0 += PP_REDUCE_BLOCK) {
+            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, groups - j0);
             for (pp_u64 t = 0; t < m; ++t) {
-                buf[t] = partials[first + c0 + t];
+                buf[t] = pp_sum_group(partials.data() + first, count, j0 + t);
             }
             sum = pp_add_in_order(sum, buf, m);
         }
         hdr[b] = pp_f32_bits(pp_finalize_value(sum, pp_bucket_len(n, bucket, b), mode));
         // The serial definition (pp_finalize_sum) agrees; poison the output if not.
-        if (hdr[b] != pp_f32_bits(pp_finalize_sum(partials.data(), n, bucket, b, mode))) {
+        if (hdr[b] != want) {
             hdr[b] = 0x7fc0dead;
         }
     }
@@ -88,40 +96,51 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
     float lo[PP_REDUCE_BLOCK];
     float hi[PP_REDUCE_BLOCK];
     for (pp_u64 g = 0; g < spans; ++g) {
-        for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
-            pp_span_thread(x, n, bucket, g, t, mode, &lo[t], &hi[t]);
+        for (pp_u32 l = 0; l < 32u; ++l) {
+            pp_span_lane(x, n, bucket, g, l, mode, &lo[l], &hi[l]);
         }
-        for (pp_u32 stride = 1; stride < PP_REDUCE_BLOCK; stride *= 2) {
-            for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
+        for (pp_u32 stride = 16; stride > 0; stride /= 2) {
+            for (pp_u32 t = 0; t < 32u; ++t) {
                 pp_mm_tree_step(lo, hi, t, stride, mode);
             }
         }
         partials[2 * g] = lo[0];
         partials[2 * g + 1] = hi[0];
     }
-    // pp_finalize_minmax: one block per bucket, partials staged PP_REDUCE_BLOCK at a time.
     pp_u64 nb = pp_num_buckets(n, bucket);
-    float buf[2 * PP_REDUCE_BLOCK];
+    if (!pp_wide_buckets(bucket, PP_SPAN)) {
+        for (pp_u64 b = 0; b < nb; ++b) {
+            pp_finalize_minmax(partials.data(), n, bucket, b, mode, hdr);
+        }
+        return;
+    }
+    // A block per wide bucket: thread t folds a contiguous run of spans, then the tree.
     for (pp_u64 b = 0; b < nb; ++b) {
         pp_u64 first, count;
         pp_bucket_pieces(n, bucket, PP_SPAN, b, &first, &count);
-        float l, h;
-        pp_mm_init(mode, &l, &h);
-        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
-            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
-            for (pp_u64 k = 0; k < 2 * m; ++k) {
-                buf[k] = partials[2 * (first + c0) + k];
-            }
-            pp_mm_fold_partials(mode, &l, &h, buf, m);
+        pp_u64 per = pp_div_ceil(count, PP_REDUCE_BLOCK);
+        for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
+            pp_u64 k0 = pp_min_u64((pp_u64)t * per, count);
+            pp_u64 k1 = pp_min_u64(k0 + per, count);
+            pp_mm_init(mode, &lo[t], &hi[t]);
+            pp_mm_fold_partials(mode, &lo[t], &hi[t], partials.data() + 2 * (first + k0), k1 - k0);
         }
-        // The serial fold (pp_finalize_minmax) agrees; poison the output if not.
+        for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
+            for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
+                pp_mm_tree_step(lo, hi, t, stride, mode);
+            }
+        }
+        // The serial fold (pp_finalize_minmax) gives the same header; poison the output if not.
         float sl, sh;
         pp_mm_init(mode, &sl, &sh);
         pp_mm_fold_partials(mode, &sl, &sh, partials.data() + 2 * first, count);
-        if (pp_f32_bits(sl) != pp_f32_bits(l) || pp_f32_bits(sh) != pp_f32_bits(h)) {
-            l = h = pp_f32_from_bits(0x7fc0dead);
+        pp_u32 got[2] = {0, 0}, want[2] = {0, 0};
+        pp_mm_store(mode, lo[0], hi[0], 0, got);
+        pp_mm_store(mode, sl, sh, 0, want);
+        if (got[0] != want[0] || got[1] != want[1]) {
+            lo[0] = hi[0] = pp_f32_from_bits(0x7fc0dead);
         }
-        pp_mm_store(mode, l, h, b, hdr);
+        pp_mm_store(mode, lo[0], hi[0], b, hdr);
     }
 }
 
@@ -232,6 +251,10 @@ pp_u64 pp_host_num_pieces(pp_u64 n, pp_u64 bucket, pp_u64 unit) {
     return pp_num_pieces(n, bucket, unit);
 }
 
+void pp_host_word_elems(pp_u64 n, pp_u32 w, pp_u64 word, pp_u64* i0, pp_u64* i1) {
+    pp_word_elems(n, w, word, i0, i1);
+}
+
 float pp_host_tree_sum_block(const float* x, pp_u64 len, pp_u32 op) {
     float s[PP_REDUCE_BLOCK];
     for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
@@ -327,14 +350,27 @@ bool pp_emu_onebit_compress(const float* x, pp_u64 n, bool scaling, uint8_t* out
         return false;
     }
     std::vector<pp_u32> buf(words);
+    // pp_onebit_compress: every block g, lane by lane; the signs of element k of every lane
+    // make word 8g + k (the warp's ballot); the partials as emu_block_sums makes them.
+    pp_u64 blocks = pp_num_pieces(n, n, PP_REDUCE_BLOCK);
+    pp_u64 nwords = pp_stream_words(n, 1u);
+    for (pp_u64 g = 0; g < blocks; ++g) {
+        float v[32][8];
+        for (pp_u32 l = 0; l < 32u; ++l) {
+            pp_block_lane_load(x, n, n, g, l, v[l]);
+        }
+        for (pp_u32 k = 0; k < 8u && 8u * g + k < nwords; ++k) {
+            pp_u32 word = 0;
+            for (pp_u32 l = 0; l < 32u; ++l) {
+                word |= pp_sign_bit(v[l][k]) << l;
+            }
+            buf[hw + 8u * g + k] = word;
+        }
+    }
     if (scaling && n > 0) {
         emu_finalize_sums(emu_block_sums(x, n, n, 0), n, n, 0, buf.data());
     } else {
         buf[0] = pp_f32_bits(scaling ? 0.0f : 1.0f);  // elem::mean_abs of nothing is 0
-    }
-    PPOneBitEnc enc;
-    if (!emu_pack(enc, x, n, 1u, buf.data() + hw)) {
-        return false;
     }
     store_words(buf, out, out_len);
     return true;

@@ -45,9 +45,14 @@ typedef unsigned long long pp_u64;
 
 // Elements per reduction block (elem::REDUCE_BLOCK): one 256-thread CUDA block.
 #define PP_REDUCE_BLOCK 256u
-// Elements per min/max span: 256 threads x 8 contiguous elements each.
-#define PP_SPAN_PER_THREAD 8u
-#define PP_SPAN (PP_REDUCE_BLOCK * PP_SPAN_PER_THREAD)
+// Elements per min/max span: one warp, 64 elements per lane.
+#define PP_SPAN 2048u
+// Block partials per group of the f64 sum (elem::SUM_GROUP): a bucket's partials are added in
+// order within groups of this many, then the group sums in order.
+#define PP_SUM_GROUP 256u
+// Pieces (reduction blocks or spans) per bucket above which a finalize kernel spends a whole
+// CUDA block on each bucket instead of one thread.
+#define PP_WIDE_BUCKET 256u
 // Output u32 words per block of a pack (compress) kernel; the kernel needs exactly this many
 // threads per block.
 #define PP_PACK_WORDS 256u
@@ -574,7 +579,8 @@ struct PPBucketCursor {
         if (valid && i >= start && i < end) {
             return false;
         }
-        b = i / bucket;
+        // A 32-bit division where it suffices (a 64-bit one is a long routine on a GPU).
+        b = (i | bucket) >> 32 == 0 ? (pp_u64)((pp_u32)i / (pp_u32)bucket) : i / bucket;
         start = b * bucket;
         end = start + bucket;
         valid = true;
@@ -593,22 +599,14 @@ PP_HD PPBucketCursor pp_bucket_cursor(pp_u64 bucket) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Reductions. Kernels run the steps below in parallel (one thread per t, __syncthreads between
-// levels); the host emulation runs the same steps serially. Within a level no thread reads a
-// slot another thread writes, so the two are the same computation.
+// Reductions. The kernels run the steps below in parallel (a warp per reduction block or span,
+// shuffles between lanes, a CUDA block per wide bucket); the host emulation runs the same steps
+// serially, lane by lane and level by level. Within a level no lane reads a slot another lane
+// writes, so the two are the same computation.
 // ------------------------------------------------------------------------------------------------
 
 // The value a reduction sums: op 0 = |x|, op 1 = x * x (an f32 product).
 PP_HD float pp_reduce_value(float x, pp_u32 op) { return op == 0 ? fabsf(x) : x * x; }
-
-// Thread t's slot of reduction block g: f(x) or 0 past the block's end.
-PP_HD float pp_block_sum_load(const float* x, pp_u64 n, pp_u64 bucket, pp_u64 g, pp_u32 t,
-                              pp_u32 op) {
-    pp_u64 start, end;
-    pp_piece_range(n, bucket, PP_REDUCE_BLOCK, g, &start, &end);
-    pp_u64 i = start + t;
-    return i < end ? pp_reduce_value(x[i], op) : 0.0f;
-}
 
 // One level of elem::tree_sum_block: s[t] += s[t + stride] for t < stride.
 PP_HD void pp_tree_sum_step(float* s, pp_u32 t, pp_u32 stride) {
@@ -627,16 +625,55 @@ PP_HD float pp_tree_sum_256(float* s) {
     return s[0];
 }
 
-// Bucket b's statistic from its block partials, added in block order in f64 (starting from
-// -0.0 like Rust's f64 Sum). mode 0: (sum / len) as f32 (elem::mean_abs); mode 1:
-// sqrt(sum) as f32 (elem::l2_norm). The kernel (one block per bucket) stages the partials
-// through shared memory PP_REDUCE_BLOCK at a time and calls pp_add_in_order on each piece;
-// chaining the pieces is the same sequence of additions.
+// Lane l (0..32) of the warp that reduces block g loads the block's elements l + 32k
+// (k = 0..7), 0 past the block's end.
+PP_HD void pp_block_lane_load(const float* x, pp_u64 n, pp_u64 bucket, pp_u64 g, pp_u32 l,
+                              float* v) {
+    pp_u64 start, end;
+    pp_piece_range(n, bucket, PP_REDUCE_BLOCK, g, &start, &end);
+    for (pp_u32 k = 0; k < 8u; ++k) {
+        pp_u64 i = start + l + 32u * k;
+        v[k] = i < end ? x[i] : 0.0f;
+    }
+}
+
+// The lane's slot of the tree after strides 128 (slot l + 32k absorbs l + 32(k + 4)), 64 (l,
+// l + 32 absorb l + 64, l + 96) and 32 (l absorbs l + 32), from its loaded elements.
+PP_HD float pp_block_lane_sum(const float* v, pp_u32 op) {
+    float a0 = pp_reduce_value(v[0], op) + pp_reduce_value(v[4], op);
+    float a1 = pp_reduce_value(v[1], op) + pp_reduce_value(v[5], op);
+    float a2 = pp_reduce_value(v[2], op) + pp_reduce_value(v[6], op);
+    float a3 = pp_reduce_value(v[3], op) + pp_reduce_value(v[7], op);
+    float b0 = a0 + a2, b1 = a1 + a3;
+    return b0 + b1;
+}
+
+// Lane l (0..32) of the warp that reduces block g: slot l of the tree after its first three
+// levels (strides 128, 64, 32), computed from the lane's own slots l + 32k (k = 0..7), f(x) or
+// 0 past the block's end. The warp finishes with strides 16 .. 1 across lanes
+// (pp_tree_sum_step on the 32 lane values): the same additions as the 256-slot tree.
+PP_HD float pp_block_sum_lane(const float* x, pp_u64 n, pp_u64 bucket, pp_u64 g, pp_u32 l,
+                              pp_u32 op) {
+    float v[8];
+    pp_block_lane_load(x, n, bucket, g, l, v);
+    return pp_block_lane_sum(v, op);
+}
+
+// Bucket b's statistic from its block partials: added in f64 in block order within groups of
+// PP_SUM_GROUP partials (each from -0.0 like Rust's f64 Sum), then the group sums in order
+// (elem::sum_partials). mode 0: (sum / len) as f32 (elem::mean_abs); mode 1: sqrt(sum) as f32
+// (elem::l2_norm).
 PP_HD double pp_add_in_order(double sum, const double* p, pp_u64 count) {
     for (pp_u64 k = 0; k < count; ++k) {
         sum = sum + p[k];
     }
     return sum;
+}
+
+// Group j of the `count` partials at p, added in order from -0.0.
+PP_HD double pp_sum_group(const double* p, pp_u64 count, pp_u64 j) {
+    pp_u64 k0 = j * PP_SUM_GROUP;
+    return pp_add_in_order(-0.0, p + k0, pp_min_u64(PP_SUM_GROUP, count - k0));
 }
 
 PP_HD float pp_finalize_value(double sum, pp_u64 len, pp_u32 mode) {
@@ -653,11 +690,20 @@ PP_HD void pp_bucket_pieces(pp_u64 n, pp_u64 bucket, pp_u64 unit, pp_u64 b, pp_u
     *count = pp_div_ceil(pp_bucket_len(n, bucket, b), unit);
 }
 
+// Whether buckets of `bucket` elements have more than PP_WIDE_BUCKET pieces of `unit`.
+PP_HD bool pp_wide_buckets(pp_u64 bucket, pp_u64 unit) {
+    return pp_div_ceil(bucket, unit) > PP_WIDE_BUCKET;
+}
+
+// The serial definition (the narrow kernel's thread per bucket).
 PP_HD float pp_finalize_sum(const double* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
                             pp_u32 mode) {
     pp_u64 first, count;
     pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
-    double sum = pp_add_in_order(-0.0, partials + first, count);
+    double sum = -0.0;
+    for (pp_u64 j = 0; j < pp_div_ceil(count, PP_SUM_GROUP); ++j) {
+        sum = sum + pp_sum_group(partials + first, count, j);
+    }
     return pp_finalize_value(sum, pp_bucket_len(n, bucket, b), mode);
 }
 
@@ -668,9 +714,9 @@ PP_HD float pp_canonical_zero(float x) { return x == 0.0f ? 0.0f : x; }
 PP_HD bool pp_is_finite(float x) { return (pp_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
 
 // Min/max reductions. Only +0 and -0 can compare equal with different bits, and the header
-// stores canonical_zero(min), canonical_zero(max), so the result does not depend on the order;
-// still, every combine keeps the lower-index operand on the left and prefers it on ties (the
-// first of equal values in index order, like elem::min_max's fold).
+// stores canonical_zero(min), canonical_zero(max), so the header does not depend on the order
+// in which values are combined (non-finite input is refused before any header is used): the
+// kernels combine in whatever order is fast (lanes strided, shuffles, trees).
 // mode 0: (min x, max x), starting from (+inf, -inf); mode 1: max |x| (in hi), starting from 0.
 PP_HD void pp_mm_init(pp_u32 mode, float* lo, float* hi) {
     *lo = pp_f32_from_bits(0x7f800000u);
@@ -694,22 +740,20 @@ PP_HD void pp_mm_fold(pp_u32 mode, float* lo, float* hi, float x) {
     }
 }
 
-// Thread t of span g folds its PP_SPAN_PER_THREAD contiguous elements in index order.
-PP_HD void pp_span_thread(const float* x, pp_u64 n, pp_u64 bucket, pp_u64 g, pp_u32 t,
-                          pp_u32 mode, float* lo, float* hi) {
+// Lane l (0..32) of the warp that reduces span g folds the span's elements l, l + 32, ...
+PP_HD void pp_span_lane(const float* x, pp_u64 n, pp_u64 bucket, pp_u64 g, pp_u32 l,
+                        pp_u32 mode, float* lo, float* hi) {
     pp_u64 start, end;
     pp_piece_range(n, bucket, PP_SPAN, g, &start, &end);
     pp_mm_init(mode, lo, hi);
-    pp_u64 i0 = start + (pp_u64)t * PP_SPAN_PER_THREAD;
-    pp_u64 i1 = pp_min_u64(i0 + PP_SPAN_PER_THREAD, end);
-    for (pp_u64 i = i0; i < i1; ++i) {
+    for (pp_u64 i = start + l; i < end; i += 32u) {
         pp_mm_fold(mode, lo, hi, x[i]);
     }
 }
 
-// One level of the order-keeping tree: slot t (a multiple of 2 * stride) absorbs t + stride.
+// One level of a tree over slots: slot t (< stride) absorbs t + stride.
 PP_HD void pp_mm_tree_step(float* lo, float* hi, pp_u32 t, pp_u32 stride, pp_u32 mode) {
-    if (t % (2u * stride) == 0 && t + stride < PP_REDUCE_BLOCK) {
+    if (t < stride) {
         pp_mm_combine(mode, &lo[t], &hi[t], lo[t + stride], hi[t + stride]);
     }
 }
@@ -732,8 +776,8 @@ PP_HD void pp_mm_store(pp_u32 mode, float lo, float hi, pp_u64 b, pp_u32* hdr) {
     }
 }
 
-// Bucket b's min/max from its span partials in span order, into the header (serially; the
-// kernel stages the partials through shared memory and folds them with the same functions).
+// Bucket b's min/max from its span partials in span order, into the header (serially: the
+// narrow kernel's thread per bucket).
 PP_HD void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket, pp_u64 b,
                               pp_u32 mode, pp_u32* hdr) {
     pp_u64 first, count;
@@ -752,11 +796,34 @@ PP_HD void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket, pp
 // emulation in a buffer laid out the same way).
 // ------------------------------------------------------------------------------------------------
 
-// Element range [i0, i1) whose codes overlap word `word`.
+// floor(32 m / w) for a code width w in 1..32, and whether the division is exact, with 32-bit
+// divisions while m < 2^32 (m = q w + r: 32 m / w = 32 q + 32 r / w, and 32 r < 1024). A
+// 64-bit division costs a GPU thread more than packing a word of 8-bit codes.
+PP_HD pp_u64 pp_code_index(pp_u64 m, pp_u32 w, bool* exact) {
+    if ((m >> 32) == 0) {
+        pp_u32 mm = (pp_u32)m;
+        pp_u32 q = mm / w;
+        pp_u32 t = 32u * (mm - q * w);
+        *exact = t % w == 0u;
+        return 32ull * q + t / w;
+    }
+    pp_u64 bits = m * 32u;
+    *exact = bits % w == 0u;
+    return bits / w;
+}
+
+// Element range [i0, i1) whose codes overlap word `word` (no division when w divides 32).
 PP_HD void pp_word_elems(pp_u64 n, pp_u32 w, pp_u64 word, pp_u64* i0, pp_u64* i1) {
-    pp_u64 bit0 = word * 32u;
-    *i0 = bit0 / w;
-    *i1 = pp_min_u64(pp_div_ceil(bit0 + 32u, w), n);
+    if ((w & (w - 1u)) == 0u) {
+        pp_u32 per = 32u / w;
+        *i0 = word * per;
+        *i1 = pp_min_u64(*i0 + per, n);
+        return;
+    }
+    bool exact;
+    *i0 = pp_code_index(word, w, &exact);
+    pp_u64 end = pp_code_index(word + 1u, w, &exact);
+    *i1 = pp_min_u64(exact ? end : end + 1u, n);
 }
 
 // The staged elements of a pack block: element i is at slot pp_tile_slot(i - base). One padding
@@ -777,12 +844,31 @@ PP_HD PPTile pp_tile(const float* t, pp_u64 base) {
     return tile;
 }
 
+// The elements of word `word`, packed: each code is enc.code(i, x_i). The common case takes a
+// shorter road to the same bits: when w is a power of two up to 8 (codes never straddle words,
+// and a word's first element is a multiple of 4, so its uniforms come from whole draws) and the
+// word lies in one bucket, the thread loads the bucket's parameters once and works in 32-bit
+// offsets, one draw per four elements (PPUniforms::at's draws).
 template <class Enc>
-PP_HD pp_u32 pp_pack_word(Enc enc, PPTile xs, pp_u64 n, pp_u32 w, pp_u64 word) {
+PP_HD pp_u32 pp_pack_word(Enc& enc, PPTile xs, pp_u64 n, pp_u32 w, pp_u64 word) {
     pp_u64 i0, i1;
     pp_word_elems(n, w, word, &i0, &i1);
-    pp_u64 bit0 = word * 32u;
     pp_u32 out = 0;
+    if (w <= 8u && (w & (w - 1u)) == 0u && enc.covers(i0, i1)) {
+        // The tile slots of a word's elements are consecutive: a run of 32 / w elements
+        // starting at a multiple of 32 / w never crosses a padding slot.
+        const float* t = xs.t + pp_tile_slot(i0 - xs.base);
+        pp_u32 count = (pp_u32)(i1 - i0);
+        for (pp_u32 j = 0; j < count; j += 4u) {
+            pp_u64 d = pp_draw(enc.uni.base, (i0 + j) >> 2);
+            for (pp_u32 k = 0; k < 4u && j + k < count; ++k) {
+                float u = pp_uniform_from_bits((pp_u16)(d >> (16u * k)));
+                out |= enc.code_with(t[j + k], u) << ((j + k) * w);
+            }
+        }
+        return out;
+    }
+    pp_u64 bit0 = word * 32u;
     for (pp_u64 i = i0; i < i1; ++i) {
         pp_u32 c = enc.code(i, xs.at(i));
         pp_u64 bit = i * (pp_u64)w;
@@ -795,14 +881,6 @@ PP_HD pp_u32 pp_pack_word(Enc enc, PPTile xs, pp_u64 n, pp_u32 w, pp_u64 word) {
     return out;
 }
 
-// onebit: code = sign bit, w = 1.
-struct PPOneBitEnc {
-    PP_HD pp_u32 code(pp_u64 i, float x) {
-        (void)i;
-        return pp_sign_bit(x);
-    }
-};
-
 // minmax: b-bit codes, per-bucket (min, max) read from the header words.
 struct PPMinMaxEnc {
     const pp_u32* hdr;
@@ -813,13 +891,29 @@ struct PPMinMaxEnc {
     float step;
     float inv_step;
 
-    PP_HD pp_u32 code(pp_u64 i, float x) {
+    // Moves to element i's bucket, loading its parameters when it changed.
+    PP_HD void load(pp_u64 i) {
         if (cur.seek(i)) {
             mn = pp_f32_from_bits(hdr[2 * cur.b]);
             step = pp_minmax_step(mn, pp_f32_from_bits(hdr[2 * cur.b + 1]), levels);
             inv_step = pp_minmax_inv_step(step);
         }
-        return pp_minmax_code_inv(x, mn, step, inv_step, levels, uni.at(i));
+    }
+
+    // Loads i0's bucket; whether it holds every element up to i1.
+    PP_HD bool covers(pp_u64 i0, pp_u64 i1) {
+        load(i0);
+        return i1 <= cur.end;
+    }
+
+    // The code of x in the loaded bucket, with uniform u.
+    PP_HD pp_u32 code_with(float x, float u) {
+        return pp_minmax_code_inv(x, mn, step, inv_step, levels, u);
+    }
+
+    PP_HD pp_u32 code(pp_u64 i, float x) {
+        load(i);
+        return code_with(x, uni.at(i));
     }
 };
 
@@ -845,15 +939,30 @@ struct PPDitherEnc {
     float norm;
     float factor;
 
-    PP_HD pp_u32 code(pp_u64 i, float x) {
+    // Moves to element i's bucket, loading its norm when it changed.
+    PP_HD void load(pp_u64 i) {
         if (cur.seek(i)) {
             norm = pp_f32_from_bits(hdr[cur.b]);
             factor = natural ? pp_dither_natural_inv(norm) : pp_dither_linear_scale(norm, s);
         }
-        float u = uni.at(i);
+    }
+
+    // Loads i0's bucket; whether it holds every element up to i1.
+    PP_HD bool covers(pp_u64 i0, pp_u64 i1) {
+        load(i0);
+        return i1 <= cur.end;
+    }
+
+    // The code of x in the loaded bucket, with uniform u.
+    PP_HD pp_u32 code_with(float x, float u) {
         pp_u32 level = natural ? pp_dither_natural_level_f(x, norm, factor, s, u)
                                : pp_dither_linear_level_f(x, norm, factor, s, u);
         return (level << 1) | pp_sign_bit(x);
+    }
+
+    PP_HD pp_u32 code(pp_u64 i, float x) {
+        load(i);
+        return code_with(x, uni.at(i));
     }
 };
 

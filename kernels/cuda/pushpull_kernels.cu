@@ -8,8 +8,9 @@
 // their bits, so no type punning is needed).
 //
 // Launch contracts (src/cuda/codec.rs follows them):
-//   * pp_block_sums, pp_span_minmax and every *_compress of a bit-stream encoding need exactly
-//     256 threads per block (PP_REDUCE_BLOCK, PP_PACK_WORDS);
+//   * the finalize kernels and every *_compress of a bit-stream encoding need exactly 256
+//     threads per block (PP_REDUCE_BLOCK, PP_PACK_WORDS); pp_block_sums and pp_span_minmax need
+//     a multiple of 32 (a warp per reduction block or span);
 //   * the pack kernels need dynamic shared memory of pp_pack_tile_capacity(w) floats;
 //   * all kernels use grid-stride loops, so any grid size is correct.
 
@@ -35,45 +36,54 @@ extern "C" __global__ void pp_fill_u32(pp_u32* dst, pp_u64 count, pp_u32 value) 
 // Reductions
 // ------------------------------------------------------------------------------------------------
 
+#define PP_LANE() (threadIdx.x & 31u)
+#define PP_WARP_ID() ((pp_u64)blockIdx.x * (blockDim.x / 32u) + threadIdx.x / 32u)
+#define PP_WARPS() ((pp_u64)gridDim.x * (blockDim.x / 32u))
+
 // partials[g] = the f32 tree sum of f(x) over reduction block g (op 0: |x|, op 1: x*x), as f64.
-// 256 threads per block; block-level grid-stride over the pp_num_pieces(n, bucket, 256) blocks.
+// One warp per block (warp-level grid-stride over the pp_num_pieces(n, bucket, 256) blocks):
+// the first three levels in each lane's registers, the last five by shuffles.
 extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op,
                                          double* partials) {
-    __shared__ float s[PP_REDUCE_BLOCK];
     pp_u64 blocks = pp_num_pieces(n, bucket, PP_REDUCE_BLOCK);
-    for (pp_u64 g = blockIdx.x; g < blocks; g += gridDim.x) {
-        s[threadIdx.x] = pp_block_sum_load(x, n, bucket, g, threadIdx.x, op);
-        __syncthreads();
-        for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
-            pp_tree_sum_step(s, threadIdx.x, stride);
-            __syncthreads();
+    for (pp_u64 g = PP_WARP_ID(); g < blocks; g += PP_WARPS()) {
+        float s = pp_block_sum_lane(x, n, bucket, g, PP_LANE(), op);
+        for (pp_u32 stride = 16; stride > 0; stride /= 2) {
+            s = s + __shfl_down_sync(0xffffffffu, s, stride);  // lanes >= stride: unused
         }
-        if (threadIdx.x == 0) {
-            partials[g] = (double)s[0];
+        if (PP_LANE() == 0) {
+            partials[g] = (double)s;
         }
-        __syncthreads();
     }
 }
 
 // hdr[b] = bucket b's statistic from the block partials (mode 0: mean, mode 1: sqrt of sum).
-// One 256-thread block per bucket (block-level grid-stride): the partials are staged through
-// shared memory with coalesced loads and thread 0 adds them in block order.
+// Narrow buckets (at most PP_WIDE_BUCKET partials): one thread per bucket, pp_finalize_sum.
+// Wide buckets: one CUDA block per bucket (block-level grid-stride), thread t adding group
+// j0 + t of the partials, thread 0 the group sums in order.
 extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket,
                                             pp_u32 mode, pp_u32* hdr) {
-    __shared__ double buf[PP_REDUCE_BLOCK];
     pp_u64 nb = pp_num_buckets(n, bucket);
+    if (!pp_wide_buckets(bucket, PP_REDUCE_BLOCK)) {
+        for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
+            hdr[b] = pp_f32_bits(pp_finalize_sum(partials, n, bucket, b, mode));
+        }
+        return;
+    }
+    __shared__ double groups_buf[PP_REDUCE_BLOCK];
     for (pp_u64 b = blockIdx.x; b < nb; b += gridDim.x) {
         pp_u64 first, count;
         pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
+        pp_u64 groups = pp_div_ceil(count, PP_SUM_GROUP);
         double sum = -0.0;
-        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
-            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
+        for (pp_u64 j0 = 0; j0 < groups; j0 += PP_REDUCE_BLOCK) {
+            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, groups - j0);
             if (threadIdx.x < m) {
-                buf[threadIdx.x] = partials[first + c0 + threadIdx.x];
+                groups_buf[threadIdx.x] = pp_sum_group(partials + first, count, j0 + threadIdx.x);
             }
             __syncthreads();
             if (threadIdx.x == 0) {
-                sum = pp_add_in_order(sum, buf, m);
+                sum = pp_add_in_order(sum, groups_buf, m);
             }
             __syncthreads();
         }
@@ -83,54 +93,60 @@ extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp
     }
 }
 
-// partials[2g], partials[2g+1] = (lo, hi) of span g (mode 0: min, max; mode 1: -, max |x|),
-// first of equal values in index order. 256 threads per block; block-level grid-stride.
+// partials[2g], partials[2g+1] = (lo, hi) of span g (mode 0: min, max; mode 1: -, max |x|).
+// One warp per span (warp-level grid-stride), lanes strided, combined by shuffles.
 extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode,
                                           float* partials) {
+    pp_u64 spans = pp_num_pieces(n, bucket, PP_SPAN);
+    for (pp_u64 g = PP_WARP_ID(); g < spans; g += PP_WARPS()) {
+        float lo, hi;
+        pp_span_lane(x, n, bucket, g, PP_LANE(), mode, &lo, &hi);
+        for (pp_u32 stride = 16; stride > 0; stride /= 2) {
+            float rlo = __shfl_down_sync(0xffffffffu, lo, stride);
+            float rhi = __shfl_down_sync(0xffffffffu, hi, stride);
+            if (PP_LANE() < stride) {
+                pp_mm_combine(mode, &lo, &hi, rlo, rhi);
+            }
+        }
+        if (PP_LANE() == 0) {
+            partials[2 * g] = lo;
+            partials[2 * g + 1] = hi;
+        }
+    }
+}
+
+// Header words of each bucket from the span partials. Narrow buckets: one thread per bucket
+// (pp_finalize_minmax). Wide buckets: one CUDA block per bucket (block-level grid-stride),
+// thread t folding a contiguous run of the bucket's spans, then a tree over the threads.
+extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
+                                              pp_u32 mode, pp_u32* hdr) {
+    pp_u64 nb = pp_num_buckets(n, bucket);
+    if (!pp_wide_buckets(bucket, PP_SPAN)) {
+        for (pp_u64 b = PP_TID(); b < nb; b += PP_STRIDE()) {
+            pp_finalize_minmax(partials, n, bucket, b, mode, hdr);
+        }
+        return;
+    }
     __shared__ float lo[PP_REDUCE_BLOCK];
     __shared__ float hi[PP_REDUCE_BLOCK];
-    pp_u64 spans = pp_num_pieces(n, bucket, PP_SPAN);
-    for (pp_u64 g = blockIdx.x; g < spans; g += gridDim.x) {
-        pp_span_thread(x, n, bucket, g, threadIdx.x, mode, &lo[threadIdx.x], &hi[threadIdx.x]);
+    for (pp_u64 b = blockIdx.x; b < nb; b += gridDim.x) {
+        pp_u64 first, count;
+        pp_bucket_pieces(n, bucket, PP_SPAN, b, &first, &count);
+        pp_u64 per = pp_div_ceil(count, PP_REDUCE_BLOCK);
+        pp_u64 k0 = pp_min_u64((pp_u64)threadIdx.x * per, count);
+        pp_u64 k1 = pp_min_u64(k0 + per, count);
+        pp_mm_init(mode, &lo[threadIdx.x], &hi[threadIdx.x]);
+        pp_mm_fold_partials(mode, &lo[threadIdx.x], &hi[threadIdx.x], partials + 2 * (first + k0),
+                            k1 - k0);
         __syncthreads();
-        for (pp_u32 stride = 1; stride < PP_REDUCE_BLOCK; stride *= 2) {
+        for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
             pp_mm_tree_step(lo, hi, threadIdx.x, stride, mode);
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            partials[2 * g] = lo[0];
-            partials[2 * g + 1] = hi[0];
+            pp_mm_store(mode, lo[0], hi[0], b, hdr);
         }
         __syncthreads();
-    }
-}
-
-// Header words of each bucket from the span partials. One 256-thread block per bucket
-// (block-level grid-stride), partials staged through shared memory, folded by thread 0 in span
-// order.
-extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
-                                              pp_u32 mode, pp_u32* hdr) {
-    __shared__ float buf[2 * PP_REDUCE_BLOCK];
-    pp_u64 nb = pp_num_buckets(n, bucket);
-    for (pp_u64 b = blockIdx.x; b < nb; b += gridDim.x) {
-        pp_u64 first, count;
-        pp_bucket_pieces(n, bucket, PP_SPAN, b, &first, &count);
-        float lo, hi;
-        pp_mm_init(mode, &lo, &hi);
-        for (pp_u64 c0 = 0; c0 < count; c0 += PP_REDUCE_BLOCK) {
-            pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, count - c0);
-            for (pp_u64 k = threadIdx.x; k < 2 * m; k += blockDim.x) {
-                buf[k] = partials[2 * (first + c0) + k];
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                pp_mm_fold_partials(mode, &lo, &hi, buf, m);
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            pp_mm_store(mode, lo, hi, b, hdr);
-        }
     }
 }
 
@@ -199,11 +215,35 @@ __device__ __forceinline__ void pp_pack_kernel(Enc enc, const float* x, pp_u64 n
     }
 }
 
-// onebit: the sign bits after the 1-word scale header (written before by pp_finalize_sums or
-// pp_fill_u32). `words` points at the stream, past the header.
-extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* words) {
-    PPOneBitEnc enc;
-    pp_pack_kernel(enc, x, n, 1u, words, pp_stream_words(n, 1u));
+// onebit in one pass over x: one warp per reduction block g of the whole chunk, lane l holding
+// elements 256g + l + 32k (k = 0..7). Sign word 8g + k is the warp's ballot of the signs of
+// elements 256g + 32k + l (bit l; 0 past n), written by lane k; partials[g] is the |x| sum of
+// the block exactly as pp_block_sums computes it (for the scale header, pp_finalize_sums).
+// `words` points at the stream, past the header.
+extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* words,
+                                              double* partials) {
+    pp_u64 blocks = pp_num_pieces(n, n, PP_REDUCE_BLOCK);
+    pp_u64 nwords = pp_stream_words(n, 1u);
+    pp_u32 lane = PP_LANE();
+    for (pp_u64 g = PP_WARP_ID(); g < blocks; g += PP_WARPS()) {
+        float v[8];
+        pp_block_lane_load(x, n, n, g, lane, v);
+        pp_u32 mine = 0;
+        for (pp_u32 k = 0; k < 8u; ++k) {
+            pp_u32 word = __ballot_sync(0xffffffffu, pp_sign_bit(v[k]) != 0u);
+            mine = lane == k ? word : mine;
+        }
+        if (lane < 8u && 8u * g + lane < nwords) {
+            words[8u * g + lane] = mine;
+        }
+        float s = pp_block_lane_sum(v, 0u);
+        for (pp_u32 stride = 16; stride > 0; stride /= 2) {
+            s = s + __shfl_down_sync(0xffffffffu, s, stride);
+        }
+        if (lane == 0) {
+            partials[g] = (double)s;
+        }
+    }
 }
 
 // minmax: `payload` starts with the (min, max) header written by pp_finalize_minmax.

@@ -9,9 +9,11 @@
 //! Sums (mean |x|, squared l2 norm) use one fixed blocked order: the input is cut into blocks
 //! of [`REDUCE_BLOCK`] = 256 elements (the last one padded with zeros); each block is reduced in
 //! f32 by a binary tree (`s[i] += s[i + stride]` for `stride = 128, 64, …, 1`), which is exactly
-//! what a 256-thread CUDA block does in shared memory; the block partials are then added in
-//! block order in f64. Maxima and minima are order-independent and need no such care (non-finite
-//! input is rejected before any reduction).
+//! what a CUDA warp does in registers and shuffles; the block partials are then added in f64, in
+//! block order within groups of [`SUM_GROUP`] = 256 partials, and the group sums in order
+//! ([`sum_partials`]; a GPU adds the groups in parallel). Up to 65 536 elements that is one
+//! group, the plain in-order sum. Maxima and minima are order-independent and need no such care
+//! (non-finite input is rejected before any reduction).
 //!
 //! # Stochastic rounding
 //! [`stochastic_round`] rounds `t >= 0` up with probability `frac(t)`, using the uniform number
@@ -52,11 +54,26 @@ pub fn tree_sum_block(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     s[0]
 }
 
-/// Sum of `f(x)` over `x` in the fixed blocked order: f32 trees per block, f64 across blocks.
-pub fn blocked_sum(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f64 {
-    x.chunks(REDUCE_BLOCK)
-        .map(|b| tree_sum_block(b, f) as f64)
+/// Block partials per group of the f64 sum (`PP_SUM_GROUP` in the CUDA header).
+pub const SUM_GROUP: usize = 256;
+
+/// Adds block partials in the fixed order: in f64, in order within groups of [`SUM_GROUP`]
+/// (each from -0.0, as Rust's f64 `Sum`), then the group sums in order.
+pub fn sum_partials(partials: &[f32]) -> f64 {
+    partials
+        .chunks(SUM_GROUP)
+        .map(|g| g.iter().map(|&p| p as f64).sum::<f64>())
         .sum::<f64>()
+}
+
+/// Sum of `f(x)` over `x` in the fixed blocked order: f32 trees per block, then
+/// [`sum_partials`].
+pub fn blocked_sum(x: &[f32], f: impl Fn(f32) -> f32 + Copy) -> f64 {
+    let partials: Vec<f32> = x
+        .chunks(REDUCE_BLOCK)
+        .map(|b| tree_sum_block(b, f))
+        .collect();
+    sum_partials(&partials)
 }
 
 /// Sum of `|x|` in the fixed blocked order.
@@ -306,6 +323,22 @@ pub fn dither_natural_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Groups of 256 partials are added first: 256 ones in the second group survive next to
+    /// 2^60 (whose f64 ulp is 256), where the plain in-order sum drops each one.
+    #[test]
+    fn partials_are_added_in_groups_then_in_order() {
+        let big = 2f32.powi(60);
+        let mut p = vec![0.0f32; 2 * SUM_GROUP];
+        p[0] = big;
+        p[SUM_GROUP..].fill(1.0);
+        assert_eq!(sum_partials(&p), big as f64 + 256.0);
+        let plain: f64 = p.iter().map(|&v| v as f64).sum();
+        assert_eq!(plain, big as f64);
+        // Up to one group, the plain sum; none at all is -0.0 (as f64's Sum).
+        assert_eq!(sum_partials(&p[..SUM_GROUP]), big as f64);
+        assert_eq!(sum_partials(&[]).to_bits(), (-0.0f64).to_bits());
+    }
 
     #[test]
     fn tree_sum_matches_f64_within_f32_rounding() {

@@ -173,10 +173,7 @@ pub(crate) fn bucket_sums(x: &[f32], bk: &Buckets, square: bool) -> Vec<f64> {
     (0..bk.count)
         .map(|b| {
             let blocks = bk.range(b).len().div_ceil(REDUCE_BLOCK);
-            partials[b * bpb..b * bpb + blocks]
-                .iter()
-                .map(|&p| p as f64)
-                .sum::<f64>()
+            crate::elem::sum_partials(&partials[b * bpb..b * bpb + blocks])
         })
         .collect()
 }

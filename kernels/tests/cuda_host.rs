@@ -458,6 +458,36 @@ fn randomk_scale_matches() {
     }
 }
 
+/// The elements a pack thread's word covers, against 128-bit arithmetic: every code width,
+/// words below and above 2^32 (where the header switches from 32-bit to 64-bit divisions).
+#[test]
+fn word_element_ranges_match() {
+    let mut r = Rng::new(seed("word_element_ranges_match"));
+    for w in 1..=32u32 {
+        for t in 0..500 {
+            let word = match t % 4 {
+                0 => r.below(1 << 20),
+                1 => (1u64 << 32) - 1 - r.below(64),
+                2 => (1u64 << 32) + r.below(64),
+                _ => r.below(1 << 40),
+            };
+            let n = if t % 2 == 0 {
+                u64::MAX
+            } else {
+                1 + r.below(1 << 41)
+            };
+            let bit0 = word as u128 * 32;
+            let i0 = (bit0 / w as u128) as u64;
+            let i1 = ((bit0 + 32).div_ceil(w as u128) as u64).min(n);
+            assert_eq!(
+                host::word_elems(n, w, word),
+                (i0, i1),
+                "w = {w}, word = {word}, n = {n}"
+            );
+        }
+    }
+}
+
 #[test]
 fn block_tree_sums_match() {
     let mut r = Rng::new(seed("block_tree_sums_match"));

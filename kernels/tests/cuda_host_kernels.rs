@@ -31,9 +31,26 @@ struct Trial {
 fn trials(r: &mut Rng) -> Vec<Trial> {
     let mut lengths = LENGTHS.to_vec();
     lengths.push(1 + r.below(6000) as usize);
+    trials_of(r, &lengths, |_| true)
+}
+
+/// Chunks whose single bucket the GPU reduces with a CUDA block per bucket (more than 256
+/// reduction blocks, or more than 256 min/max spans): onebit's mean, and the unbucketed
+/// min/max and dithering norms, at lengths past each threshold (one of them random).
+fn wide_trials(r: &mut Rng) -> Vec<Trial> {
+    let lengths = [256 * 256 + 1, 256 * 2048 + 1 + r.below(100_000) as usize];
+    trials_of(r, &lengths, |s| match s {
+        GpuScheme::OneBit { scaling } => *scaling,
+        GpuScheme::MinMax { bucket, .. } | GpuScheme::Dithering { bucket, .. } => bucket.is_none(),
+        _ => false,
+    })
+}
+
+/// The trials of the `cases` that `keep` accepts, for each length.
+fn trials_of(r: &mut Rng, lengths: &[usize], keep: impl Fn(&GpuScheme) -> bool) -> Vec<Trial> {
     let mut v = Vec::new();
-    for &n in &lengths {
-        for case in cases(r, n) {
+    for &n in lengths {
+        for case in cases(r, n).into_iter().filter(|c| keep(&c.scheme)) {
             for t in 0..2 {
                 let round = Round::random(r);
                 let role = if t == 1 && r.bool() {
@@ -80,8 +97,27 @@ fn trials(r: &mut Rng) -> Vec<Trial> {
 #[test]
 fn emulated_kernels_match_the_reference() {
     let mut r = Rng::new(seed("emulated_kernels_match_the_reference"));
+    let (compared, refused) = against_reference(trials(&mut r));
+    println!("{compared} chunks identical, {refused} refused by both");
+    assert!(compared > 300, "too few comparisons: {compared}");
+}
+
+/// Buckets wide enough for the GPU's block-per-bucket reductions (two-level f64 sums, min/max
+/// trees): the emulation against the reference and the CPU compressors.
+#[test]
+fn wide_buckets_match_the_reference_and_the_cpu() {
+    let mut r = Rng::new(seed("wide_buckets_match_the_reference_and_the_cpu"));
+    let (compared, _) = against_reference(wide_trials(&mut r));
+    assert!(compared >= 12, "too few comparisons: {compared}");
+    let compared = against_cpu(wide_trials(&mut r));
+    assert!(compared >= 12, "too few comparisons: {compared}");
+}
+
+/// Checks every trial's emulated compress, decompress and decompress_add against the reference;
+/// returns how many were compared and how many both refused.
+fn against_reference(trials: Vec<Trial>) -> (usize, usize) {
     let (mut compared, mut refused) = (0, 0);
-    for t in trials(&mut r) {
+    for t in trials {
         let what = &t.what;
         let want = reference_compress(&t.scheme, &t.x, t.streams);
         let mut got = Vec::new();
@@ -109,8 +145,7 @@ fn emulated_kernels_match_the_reference() {
         assert_same_bits(&format!("{what}: decompress_add"), &acc, &sum);
         compared += 1;
     }
-    println!("{compared} chunks identical, {refused} refused by both");
-    assert!(compared > 300, "too few comparisons: {compared}");
+    (compared, refused)
 }
 
 /// The emulated kernels against the CPU compressors of the registry
@@ -120,9 +155,17 @@ fn emulated_kernels_match_the_reference() {
 #[test]
 fn cpu_compressors_match_the_emulated_kernels() {
     let mut r = Rng::new(seed("cpu_compressors_match_the_emulated_kernels"));
+    let compared = against_cpu(trials(&mut r));
+    println!("{compared} chunks identical on the CPU and in the emulated kernels");
+    assert!(compared > 300, "too few comparisons: {compared}");
+}
+
+/// Checks every trial's emulated kernels against the CPU compressor; fails listing every
+/// mismatch, else returns how many were compared.
+fn against_cpu(trials: Vec<Trial>) -> usize {
     let mut mismatches: Vec<String> = Vec::new();
     let mut compared = 0;
-    for t in trials(&mut r) {
+    for t in trials {
         let what = &t.what;
         let n = t.x.len();
         let mut cpu = pushpull_kernels::build_compressor(&t.params, n, &t.who)
@@ -201,7 +244,6 @@ fn cpu_compressors_match_the_emulated_kernels() {
         }
         compared += 1;
     }
-    println!("{compared} chunks identical on the CPU and in the emulated kernels");
     assert!(
         mismatches.is_empty(),
         "{} mismatches between the CPU compressors and the emulated CUDA kernels:\n{}",
@@ -213,7 +255,7 @@ fn cpu_compressors_match_the_emulated_kernels() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-    assert!(compared > 300, "too few comparisons: {compared}");
+    compared
 }
 
 /// The emulation refuses bad sizes instead of writing past buffers.

@@ -179,7 +179,7 @@ impl Compressor for OneBit {
             return Err(self.base.non_finite(input));
         }
         let scale = if self.scaling {
-            let sum: f64 = partials.iter().map(|&p| p as f64).sum();
+            let sum = elem::sum_partials(&partials);
             let m = if n == 0 { 0.0 } else { (sum / n as f64) as f32 };
             if !m.is_finite() {
                 out.clear();

@@ -10,8 +10,8 @@
 //!
 //! Launch sequences (each step one kernel, all on one stream):
 //! * fp16/bf16: cast;
-//! * onebit: `pp_block_sums(|x|)` + `pp_finalize_sums(mean)` (or `pp_fill_u32(1.0)` without
-//!   scaling) into the header, then `pp_onebit_compress`;
+//! * onebit: `pp_onebit_compress` (the sign words and the |x| block partials in one pass), then
+//!   `pp_finalize_sums(mean)` (or `pp_fill_u32(1.0)` without scaling) into the header;
 //! * minmax: `pp_span_minmax` + `pp_finalize_minmax` into the header, then `pp_minmax_compress`;
 //! * dithering: the norms (`pp_block_sums(x²)` + `pp_finalize_sums(sqrt)`, or `pp_span_minmax`
 //!   + `pp_finalize_minmax` for max |x|), then `pp_dither_compress`;
@@ -317,9 +317,12 @@ impl GpuCodec {
         let bucket = self.bucket;
         let nb = num_buckets(self.len, bucket as usize) as u64;
         let elems = g.config(n, THREADS as u64, 0);
-        let per_bucket = g.config(nb, 1, 0); // the finalize kernels: one block per bucket
-        let block_cfg = g.config(num_pieces(n, bucket, REDUCE_BLOCK), 1, 0);
-        let span_cfg = g.config(num_pieces(n, bucket, SPAN), 1, 0);
+        // The finalize kernels: a block per bucket (narrow ones use a thread per bucket).
+        let per_bucket = g.config(nb, 1, 0);
+        // A warp per reduction block or span.
+        let warps = (THREADS / 32) as u64;
+        let block_cfg = g.config(num_pieces(n, bucket, REDUCE_BLOCK), warps, 0);
+        let span_cfg = g.config(num_pieces(n, bucket, SPAN), warps, 0);
         let pack_cfg = |w: u32| {
             let words = (n * w as u64).div_ceil(32);
             g.config(words, PACK_WORDS, 4 * pack_tile_capacity(w) as u32)
@@ -330,9 +333,11 @@ impl GpuCodec {
             GpuScheme::Fp16 => launch!(g, Kernel::Fp16Compress, elems, x, n, o)?,
             GpuScheme::Bf16 => launch!(g, Kernel::Bf16Compress, elems, x, n, o)?,
             GpuScheme::OneBit { scaling } => {
+                // The signs and the |x| block partials in one pass, then the scale header.
+                let words = o + 4;
+                launch!(g, Kernel::OnebitCompress, block_cfg, x, n, words, bp)?;
                 if scaling && n > 0 {
-                    let (op, mode, whole) = (0u32, 0u32, n);
-                    launch!(g, Kernel::BlockSums, block_cfg, x, n, whole, op, bp)?;
+                    let (mode, whole) = (0u32, n);
                     let one_bucket = g.config(1, 1, 0);
                     launch!(g, Kernel::FinalizeSums, one_bucket, bp, n, whole, mode, o)?;
                 } else {
@@ -340,8 +345,6 @@ impl GpuCodec {
                     let (count, value) = (1u64, if scaling { 0f32 } else { 1f32 }.to_bits());
                     launch!(g, Kernel::FillU32, g.config(1, 1, 0), o, count, value)?;
                 }
-                let words = o + 4;
-                launch!(g, Kernel::OnebitCompress, pack_cfg(1), x, n, words)?;
             }
             GpuScheme::MinMax { bits, .. } => {
                 let mode = 0u32;

@@ -54,6 +54,7 @@ pub mod ffi {
         pub fn pp_host_read_code(bytes: *const u8, len: u64, i: u64, w: u32) -> u32;
         pub fn pp_host_pack_tile_capacity(w: u32) -> u64;
         pub fn pp_host_num_pieces(n: u64, bucket: u64, unit: u64) -> u64;
+        pub fn pp_host_word_elems(n: u64, w: u32, word: u64, i0: *mut u64, i1: *mut u64);
         pub fn pp_host_tree_sum_block(x: *const f32, len: u64, op: u32) -> f32;
         pub fn pp_emu_bucket_stats(
             x: *const f32,
@@ -356,6 +357,16 @@ pub fn num_pieces(n: u64, bucket: u64, unit: u64) -> u64 {
     );
     // SAFETY: pure function of its arguments (no division by zero: checked above).
     unsafe { ffi::pp_host_num_pieces(n, bucket, unit) }
+}
+
+/// The elements `[i0, i1)` of a stream of `n` codes of `w` bits (1..=32) that overlap u32 word
+/// `word` (a pack kernel's thread).
+pub fn word_elems(n: u64, w: u32, word: u64) -> (u64, u64) {
+    assert!((1..=32).contains(&w), "a code has 1 to 32 bits");
+    let (mut i0, mut i1) = (0u64, 0u64);
+    // SAFETY: writes the two u64 it is given; no division by zero (w >= 1).
+    unsafe { ffi::pp_host_word_elems(n, w, word, &mut i0, &mut i1) };
+    (i0, i1)
 }
 
 /// The f32 tree sum of one block (at most 256 values) of `|x|` (`squares` false) or `x²`.

@@ -399,8 +399,12 @@ mod tests {
                 "{line} not in the header"
             );
         }
-        assert!(super::super::SOURCE.contains("#define PP_SPAN_PER_THREAD 8u"));
-        assert_eq!(SPAN, REDUCE_BLOCK * 8);
+        assert!(super::super::SOURCE.contains(&format!("#define PP_SPAN {SPAN}u")));
+        let group = format!("#define PP_SUM_GROUP {}u", crate::elem::SUM_GROUP);
+        assert!(
+            super::super::SOURCE.contains(&group),
+            "{group} not in the header"
+        );
         assert_eq!(REDUCE_BLOCK as usize, crate::elem::REDUCE_BLOCK);
     }
 
