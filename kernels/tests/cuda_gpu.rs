@@ -163,16 +163,26 @@ fn gpu_device_buffers_and_errors() {
     let len = codec.compressed_len();
     let mut payload = stream.alloc_zeros::<u8>(len + 64).unwrap();
     let mut out = stream.alloc_zeros::<f32>(n + 8).unwrap();
-    for round in 0..3u64 {
+    let mut compared = 0;
+    for round in 0..10u64 {
+        if compared == 3 {
+            break;
+        }
         let x = input(&mut r, n);
         let streams = RoundStreams::new(7, 11, round, Role::Worker, 2);
+        let mut want = Vec::new();
+        if let Err(e) = host::compress(&scheme, &x, streams, &mut want) {
+            // Inputs with huge values overflow the l2 norm; the host refuses them (a device
+            // chain's flags do), the bare kernels do not check.
+            println!("round {round}: the host refuses this input ({e}); next round");
+            continue;
+        }
+        compared += 1;
         let dx = stream.clone_htod(&x).unwrap();
         let mut view = payload.slice_mut(16..16 + len);
         assert_eq!(codec.compress(&dx, streams, &mut view).unwrap(), len);
         let bytes = stream.clone_dtoh(&payload.slice(16..16 + len)).unwrap();
         g.synchronize().unwrap();
-        let mut want = Vec::new();
-        host::compress(&scheme, &x, streams, &mut want).unwrap();
         assert_same_bytes(
             &format!("round {round}: compress at an offset"),
             &bytes,
@@ -193,6 +203,7 @@ fn gpu_device_buffers_and_errors() {
             &dec,
         );
     }
+    assert_eq!(compared, 3, "too many inputs refused");
     // Wrong sizes and misaligned buffers are errors, not corrupted memory.
     let streams = RoundStreams::new(1, 2, 3, Role::Worker, 0);
     let short = stream.alloc_zeros::<f32>(n - 1).unwrap();
