@@ -138,6 +138,10 @@ pub struct ClusterOverrides {
     /// elements).
     #[arg(long, value_name = "F")]
     pub scale: Option<f64>,
+    /// Where the benchmark job's tensors live: host, device (a CUDA GPU) or emulated
+    /// (overrides `job.buffers`).
+    #[arg(long, value_name = "WHERE")]
+    pub buffers: Option<String>,
 }
 
 impl ClusterOverrides {
@@ -168,6 +172,9 @@ impl ClusterOverrides {
         if let Some(s) = self.scale {
             config.job.scale = s;
         }
+        if let Some(b) = &self.buffers {
+            config.job.buffers = b.clone();
+        }
         config
             .validate(&format!("{origin} with the command-line overrides"))
             .map_err(CliError::usage)?;
@@ -185,8 +192,8 @@ pub struct LocalArgs {
     /// (overrides `job.kind`).
     #[arg(long, value_name = "KIND")]
     pub job: Option<String>,
-    /// Train with this compressor preset: none, fp16, bf16, onebit, topk, randomk, dithering,
-    /// minmax (sets `[tensors.default]`; see `--param`).
+    /// Train (or run the benchmark job) with this compressor preset: none, fp16, bf16, onebit,
+    /// topk, randomk, dithering, minmax (sets `[tensors.default]`; see `--param`).
     #[arg(long, value_name = "NAME", conflicts_with = "compare")]
     pub compressor: Option<String>,
     /// Override one key of the compressor map, e.g. `--param k=0.05` (repeatable).
@@ -447,11 +454,16 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
         .validate("the cluster file with the command-line overrides")
         .map_err(CliError::usage)?;
     check_train_device(&args.device)?;
+    if config.job.kind == "benchmark" && config.job.buffers == "device" {
+        // Say a missing GPU before starting any process.
+        crate::jobs::benchmark::gpu_ordinal(&config)?;
+    }
     if !args.command.is_empty() {
         let job_flags = [
             ("--rounds", args.cluster.rounds.is_some()),
             ("--warmup", args.cluster.warmup.is_some()),
             ("--scale", args.cluster.scale.is_some()),
+            ("--buffers", args.cluster.buffers.is_some()),
             ("--seeds", args.seeds != 1),
             ("--job", args.job.is_some()),
             ("--compressor", args.compressor.is_some()),
@@ -479,7 +491,12 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
             args.logs,
         ));
     }
-    let opts = LocalOptions {
+    let params = args
+        .params
+        .iter()
+        .map(|p| crate::jobs::train::compare::parse_param(p).map_err(CliError::usage))
+        .collect::<CliResult<Vec<_>>>()?;
+    let mut opts = LocalOptions {
         config,
         programs: Programs::from_current_exe()?,
         progress_bar: !args.json,
@@ -487,6 +504,22 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
         label: None,
     };
     if opts.config.job.kind != "train" {
+        // The benchmark job runs once, with --compressor's preset (or the file's maps) and the
+        // --param overrides.
+        if args.compare.is_some() || args.seeds != 1 {
+            return Err(CliError::usage(
+                "--compare and --seeds run the training job several times; the benchmark job \
+                 runs once: give it one --compressor (and --param)",
+            ));
+        }
+        let run = match &args.compressor {
+            Some(c) => Some(RunSpec::parse(c)?),
+            None if !params.is_empty() => Some(RunSpec::AsConfigured),
+            None => None,
+        };
+        if let Some(run) = run {
+            opts.config = run.config(&opts.config, &params)?;
+        }
         let summary = current_thread().block_on(run_local(&opts))?;
         if args.json {
             print(&serde_json::to_string(&summary).expect("summary serializes"));
@@ -498,11 +531,6 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     if args.seeds == 0 {
         return Err(CliError::usage("--seeds 0: must be at least 1"));
     }
-    let params = args
-        .params
-        .iter()
-        .map(|p| crate::jobs::train::compare::parse_param(p).map_err(CliError::usage))
-        .collect::<CliResult<Vec<_>>>()?;
     let runs = match (&args.compare, &args.compressor) {
         (Some(list), _) => list
             .iter()

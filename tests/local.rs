@@ -55,6 +55,66 @@ fn pushpull_local_runs_a_tiny_job() {
     assert_eq!(summary.cpu_seconds.len(), 5, "{:?}", summary.cpu_seconds);
 }
 
+/// The benchmark job on device buffers (`--buffers emulated`: the device data path with the
+/// host-emulated device) gives the single-process reference's bits, with a compressor that has
+/// device kernels and one that falls back to the CPU, and says where each compressed;
+/// `--buffers device` without a GPU stops before starting anything, naming what is missing.
+#[test]
+fn pushpull_local_benchmark_on_device_buffers() {
+    let _g = cluster_lock();
+    // minmax has device kernels (and draws rounding noise from the round's streams, so the
+    // check also needs the reference to count the job's broadcast round); top-k does not (its
+    // tensors compress on the CPU), and tensors too small to compress go raw from the device.
+    for (compressor, places) in [
+        ("minmax", "compressed on emulated (161 tensors)"),
+        ("topk", "compressed on emulated (143 tensors), cpu (18)"),
+    ] {
+        let (code, out, err) = run_bin(
+            PUSHPULL,
+            &[
+                "local",
+                "--job",
+                "benchmark",
+                "--buffers",
+                "emulated",
+                "--compressor",
+                compressor,
+                "--scale",
+                "0.05",
+                "--rounds",
+                "2",
+            ],
+            Duration::from_secs(240),
+        );
+        assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+        for w in 0..2 {
+            let line = out
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("worker {w}:")))
+                .unwrap_or_else(|| panic!("no line for worker {w}:\n{out}"));
+            assert!(
+                line.contains("check passed") && line.contains("emulated buffers"),
+                "{line}"
+            );
+            assert!(line.contains(places), "{compressor}: {line}");
+        }
+    }
+    if pushpull_kernels::cuda::gpu_available() {
+        println!("a GPU is usable here: --buffers device is not checked for its error");
+        return;
+    }
+    let (code, _, err) = run_bin(
+        PUSHPULL,
+        &["local", "--job", "benchmark", "--buffers", "device"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("job.buffers = \"device\"") && err.contains("GPU"),
+        "{err}"
+    );
+}
+
 #[test]
 fn pushpull_local_reports_a_failed_process() {
     let _g = cluster_lock();

@@ -285,6 +285,15 @@ pub struct JobConfig {
     /// of simultaneous calls").
     #[serde(default = "default_job_issue")]
     pub issue: String,
+    /// `buffers` (benchmark): where each worker's tensors live: `host` (host memory, the
+    /// default), `device` (GPU memory, compressed where `worker.device` says: on the GPU by
+    /// default, so only compressed payloads cross PCIe; needs a usable CUDA GPU) or `emulated`
+    /// (the host-emulated device of the worker crate, which runs the device path's kernels on
+    /// the CPU: the device data path without a GPU, for tests). Device buffers are reduced in
+    /// place with one `push_pull_device` call per tensor, issued in `issue`'s order (`group`:
+    /// the last layer first; there is no grouped device call), all before any is awaited.
+    #[serde(default = "default_job_buffers")]
+    pub buffers: String,
     /// `skip_push_pull` (train): train without any push_pull, each worker alone on its shard
     /// (for timing the compute alone; default false).
     #[serde(default)]
@@ -388,6 +397,10 @@ fn default_device() -> String {
 fn default_job_priority() -> String {
     "forward".to_string()
 }
+fn default_job_buffers() -> String {
+    "host".into()
+}
+
 fn default_job_issue() -> String {
     "group".to_string()
 }
@@ -486,6 +499,7 @@ impl Default for JobConfig {
             check: true,
             priority: default_job_priority(),
             issue: default_job_issue(),
+            buffers: default_job_buffers(),
             skip_push_pull: false,
             model: default_model(),
             steps: default_steps(),
@@ -540,6 +554,11 @@ impl JobConfig {
         one_of("job.model", &self.model, &["mlp", "logistic"])?;
         one_of("job.priority", &self.priority, &["forward", "none"])?;
         one_of("job.issue", &self.issue, &["group", "backward", "forward"])?;
+        one_of(
+            "job.buffers",
+            &self.buffers,
+            &["host", "device", "emulated"],
+        )?;
         one_of(
             "job.lr_schedule",
             &self.lr_schedule,

@@ -9,7 +9,10 @@
 //!    [`BROADCAST_ROUND`]); everyone checks it received rank 0's bytes.
 //! 3. Every worker generates its data once ([`crate::jobs::data`], a pure function of the job seed,
 //!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
-//!    round) and reduces it every round out of place (`push_pull_into`, no copy per round).
+//!    round) and keeps it where `job.buffers` says ([`crate::jobs::buffers`]): in host memory,
+//!    reduced every round out of place (`push_pull_into`, no copy per round), or on a device
+//!    (a GPU, or the emulated device), copied there into a work buffer before each round and
+//!    reduced in place (`push_pull_device`).
 //! 4. `job.warmup` + `job.rounds` rounds: every worker starts a `push_pull_into(Sum)` of every
 //!    tensor, all in flight together, and waits for all of them: by default in one group call
 //!    (`Worker::push_pull_group_into`, `job.issue = "group"`: sent in priority order), or as
@@ -33,11 +36,12 @@ use pushpull_kernels::chunk::effective_spec;
 use pushpull_kernels::CodecSpec;
 use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
-use pushpull_worker::{Reduce, Tensor, Worker};
+use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
 use crate::error::{CliError, CliResult};
+use crate::jobs::buffers::{DeviceRounds, HostRounds, RoundPlan, Rounds};
 use crate::jobs::data;
 use crate::jobs::resnet;
 
@@ -122,6 +126,13 @@ pub struct JobReport {
     pub cpu_seconds_push_pull: f64,
     /// CPU seconds of this process in total, at the time of the report.
     pub cpu_seconds: f64,
+    /// `job.buffers`: where the tensors lived (`host`, `device`, `emulated`).
+    #[serde(default)]
+    pub buffers: String,
+    /// Where the last round compressed the tensors, with counts, e.g. `cuda:0 (148 tensors),
+    /// cpu (13)` (a compressor without a device kernel compresses on the CPU).
+    #[serde(default)]
+    pub compressed_on: String,
 }
 
 impl JobReport {
@@ -135,6 +146,7 @@ impl JobReport {
              gradient GB/s per worker: {:.3}\n  \
              push+pull payload GB/s: {:.3} ({} bytes pushed, {} pulled)\n  \
              check: {} ({} rounds + broadcast, bit-exact against rank-order f32 sums)\n  \
+             buffers: {}; compressed on {}\n  \
              CPU seconds: {:.2} total, {:.2} during push_pull",
             self.rank,
             self.num_workers,
@@ -153,6 +165,8 @@ impl JobReport {
             self.pull_payload_bytes,
             self.check,
             self.checked_rounds,
+            self.buffers,
+            self.compressed_on,
             self.cpu_seconds,
             self.cpu_seconds_push_pull,
         )
@@ -177,6 +191,11 @@ pub async fn run_benchmark(
     let seed = worker.job_seed();
     let specs = tensor_set(job.scale);
     let elements: u64 = specs.iter().map(|t| t.len).sum();
+    // A missing GPU is said before anything is declared.
+    let gpu = match job.buffers.as_str() {
+        "device" => Some(Arc::new(open_gpu(config)?)),
+        _ => None,
+    };
 
     // Declare every tensor (collectives, all at once), the first layers first.
     let forward = job.priority == "forward";
@@ -238,125 +257,47 @@ pub async fn run_benchmark(
                 let r = reference
                     .declare(&specs[i].name, specs[i].len, Default::default())
                     .map_err(|e| op_err("check setup", &specs[i].name, e))?;
+                // The broadcast above used the tensor's first round.
+                reference.broadcast(r);
                 ref_tensors[i] = Some(r);
             }
         }
     }
 
-    let total = job.warmup + job.rounds;
-    let mut seconds = 0.0f64;
-    let mut round_seconds = Vec::new();
-    let mut first_tensor_seconds = Vec::new();
-    let mut cpu_push_pull = 0.0f64;
-    let mut timed_start_metrics = worker.metrics();
-    let mut checked = 0u32;
-    // Every round reduces the same inputs, out of place (`push_pull_into`): no copy of the
-    // data per round, which is the benchmark's cost, not pushpull's.
+    // Every round reduces the same inputs (no copy of the data per round on the host, a copy
+    // on the device before the round's timer starts for in-place device rounds): generating
+    // the data is the benchmark's cost, not pushpull's.
     let inputs: Vec<Arc<[f32]>> = specs
         .iter()
         .enumerate()
         .map(|(i, t)| data::generate(seed, DATA_ROUND, rank, i as u32, t.len as usize).into())
         .collect();
-    let mut bufs: Vec<Option<Vec<f32>>> = inputs.iter().map(|x| Some(vec![0.0; x.len()])).collect();
-    for round in 0..total {
-        if round == job.warmup {
-            timed_start_metrics = worker.metrics();
+    let ctx = RoundCtx {
+        worker,
+        config,
+        specs: &specs,
+        tensors: &tensors,
+        reference: &mut reference,
+        ref_tensors: &ref_tensors,
+    };
+    let timed = match (gpu, job.buffers.as_str()) {
+        (Some(gpu), _) => {
+            timed_rounds(ctx, DeviceRounds::new(gpu, &inputs)?, &mut progress).await?
         }
-        let cpu0 = process_cpu_seconds();
-        let start = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        // `group` and `backward` list the last layer first, as a backward pass produces the
-        // gradients; a group call sends in priority order whatever the list's order.
-        let order: Vec<usize> = if job.issue == "forward" {
-            (0..specs.len()).collect()
-        } else {
-            (0..specs.len()).rev().collect()
-        };
-        if job.issue == "group" {
-            let calls = order
-                .iter()
-                .map(|&i| {
-                    let buf = bufs[i].take().expect("every buffer is back");
-                    (tensors[i].clone(), inputs[i].clone(), buf)
-                })
-                .collect();
-            let handles = worker.push_pull_group_into(calls, Reduce::Sum).await;
-            for (i, h) in order.into_iter().zip(handles) {
-                set.spawn(async move {
-                    let r = h.await;
-                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
-                });
-            }
-        } else {
-            for i in order {
-                let (w, t) = (worker.clone(), tensors[i].clone());
-                let (input, buf) = (
-                    inputs[i].clone(),
-                    bufs[i].take().expect("every buffer is back"),
-                );
-                set.spawn(async move {
-                    let r = w.push_pull_into(&t, input, buf, Reduce::Sum).await;
-                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
-                });
-            }
+        (None, "emulated") => {
+            let device = Arc::new(EmulatedDevice);
+            timed_rounds(ctx, DeviceRounds::new(device, &inputs)?, &mut progress).await?
         }
-        let mut first_tensor = 0.0;
-        while let Some(joined) = set.join_next().await {
-            let (i, r, at) =
-                joined.map_err(|e| CliError::failed(format!("push_pull task: {e}")))?;
-            if i == 0 {
-                first_tensor = at;
-            }
-            bufs[i] = Some(r.map_err(|e| {
-                CliError::failed(format!(
-                    "push_pull of tensor {:?} (round {round}) failed: {e}",
-                    specs[i].name
-                ))
-            })?);
-        }
-        let elapsed = start.elapsed().as_secs_f64();
-        if round >= job.warmup {
-            seconds += elapsed;
-            round_seconds.push(elapsed);
-            first_tensor_seconds.push(first_tensor);
-            cpu_push_pull += process_cpu_seconds() - cpu0;
-        }
-        if job.check {
-            for (i, out) in bufs.iter().enumerate() {
-                let out = out.as_ref().expect("every push_pull answered");
-                if let Some(r) = ref_tensors[i] {
-                    let all: Vec<Vec<f32>> = (0..num_workers)
-                        .map(|w| {
-                            data::generate(seed, DATA_ROUND, w, i as u32, specs[i].len as usize)
-                        })
-                        .collect();
-                    let expected = reference
-                        .push_pull(r, &all, Reduce::Sum)
-                        .map_err(|e| op_err("reference push_pull", &specs[i].name, e))?;
-                    let want = &expected[rank as usize];
-                    if let Some(j) = (0..out.len()).find(|&j| out[j].to_bits() != want[j].to_bits())
-                    {
-                        return Err(CliError::failed(format!(
-                            "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: \
-                             element {j} is {} but the single-process reference of the \
-                             compressed job gives {}",
-                            specs[i].name, out[j], want[j]
-                        )));
-                    }
-                    continue;
-                }
-                data::check_sum(seed, DATA_ROUND, num_workers, i as u32, out).map_err(|m| {
-                    CliError::failed(format!(
-                        "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \
-                         (expected the rank-order f32 sum of {num_workers} workers' data)",
-                        specs[i].name
-                    ))
-                })?;
-            }
-            checked += 1;
-        }
-        progress(round + 1, total);
-    }
+        (None, _) => timed_rounds(ctx, HostRounds::new(inputs), &mut progress).await?,
+    };
+    let Timed {
+        seconds,
+        round_seconds,
+        first_tensor_seconds,
+        cpu_push_pull,
+        timed_start_metrics,
+        checked,
+    } = timed;
     let m1 = worker.metrics();
     let push = m1
         .bytes_pushed
@@ -389,7 +330,188 @@ pub async fn run_benchmark(
         checked_rounds: checked,
         cpu_seconds_push_pull: cpu_push_pull,
         cpu_seconds: process_cpu_seconds(),
+        buffers: job.buffers.clone(),
+        compressed_on: compressed_where(&tensors),
     })
+}
+
+/// What the timed rounds need from the job.
+struct RoundCtx<'a> {
+    worker: &'a Worker,
+    config: &'a Config,
+    specs: &'a [JobTensor],
+    tensors: &'a [Tensor],
+    reference: &'a mut Reference,
+    ref_tensors: &'a [Option<RefTensor>],
+}
+
+/// What the timed rounds measured.
+struct Timed {
+    seconds: f64,
+    round_seconds: Vec<f64>,
+    first_tensor_seconds: Vec<f64>,
+    cpu_push_pull: f64,
+    timed_start_metrics: pushpull_worker::Metrics,
+    checked: u32,
+}
+
+/// `job.warmup` + `job.rounds` rounds over `rounds`' buffers, each result checked (with
+/// `job.check`); only the push_pulls are timed.
+async fn timed_rounds<R: Rounds>(
+    ctx: RoundCtx<'_>,
+    mut rounds: R,
+    progress: &mut impl FnMut(u32, u32),
+) -> CliResult<Timed> {
+    let RoundCtx {
+        worker,
+        config,
+        specs,
+        tensors,
+        reference,
+        ref_tensors,
+    } = ctx;
+    let job = &config.job;
+    let (rank, num_workers, seed) = (worker.rank(), worker.num_workers(), worker.job_seed());
+    let total = job.warmup + job.rounds;
+    let mut t = Timed {
+        seconds: 0.0,
+        round_seconds: Vec::new(),
+        first_tensor_seconds: Vec::new(),
+        cpu_push_pull: 0.0,
+        timed_start_metrics: worker.metrics(),
+        checked: 0,
+    };
+    // `group` and `backward` list the last layer first, as a backward pass produces the
+    // gradients; a group call sends in priority order whatever the list's order.
+    let order: Vec<usize> = if job.issue == "forward" {
+        (0..specs.len()).collect()
+    } else {
+        (0..specs.len()).rev().collect()
+    };
+    for round in 0..total {
+        if round == job.warmup {
+            t.timed_start_metrics = worker.metrics();
+        }
+        rounds.prepare()?;
+        let cpu0 = process_cpu_seconds();
+        let start = Instant::now();
+        let plan = RoundPlan {
+            tensors,
+            order: &order,
+            group: job.issue == "group",
+            start,
+        };
+        let first_tensor = rounds.round(worker, plan).await.map_err(|(i, e)| {
+            CliError::failed(match i {
+                Some(i) => format!(
+                    "push_pull of tensor {:?} (round {round}) failed: {e}",
+                    specs[i].name
+                ),
+                None => format!("push_pull (round {round}) failed: {e}"),
+            })
+        })?;
+        let elapsed = start.elapsed().as_secs_f64();
+        if round >= job.warmup {
+            t.seconds += elapsed;
+            t.round_seconds.push(elapsed);
+            t.first_tensor_seconds.push(first_tensor);
+            t.cpu_push_pull += process_cpu_seconds() - cpu0;
+        }
+        if job.check {
+            for (i, spec) in specs.iter().enumerate() {
+                let out = rounds.result(i)?;
+                if let Some(r) = ref_tensors[i] {
+                    let all: Vec<Vec<f32>> = (0..num_workers)
+                        .map(|w| data::generate(seed, DATA_ROUND, w, i as u32, spec.len as usize))
+                        .collect();
+                    let expected = reference
+                        .push_pull(r, &all, Reduce::Sum)
+                        .map_err(|e| op_err("reference push_pull", &spec.name, e))?;
+                    let want = &expected[rank as usize];
+                    if let Some(j) = (0..out.len()).find(|&j| out[j].to_bits() != want[j].to_bits())
+                    {
+                        return Err(CliError::failed(format!(
+                            "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: \
+                             element {j} is {} but the single-process reference of the \
+                             compressed job gives {}",
+                            spec.name, out[j], want[j]
+                        )));
+                    }
+                    continue;
+                }
+                data::check_sum(seed, DATA_ROUND, num_workers, i as u32, &out).map_err(|m| {
+                    CliError::failed(format!(
+                        "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \
+                         (expected the rank-order f32 sum of {num_workers} workers' data)",
+                        spec.name
+                    ))
+                })?;
+            }
+            t.checked += 1;
+        }
+        progress(round + 1, total);
+    }
+    Ok(t)
+}
+
+/// The GPU for `job.buffers = "device"`, opened.
+fn open_gpu(config: &Config) -> CliResult<CudaDevice> {
+    let ordinal = gpu_ordinal(config)?;
+    let gpu = GpuContext::new(ordinal).map_err(|e| no_gpu(e.to_string()))?;
+    Ok(CudaDevice::new(gpu))
+}
+
+fn no_gpu(why: String) -> CliError {
+    CliError::usage(format!(
+        "job.buffers = \"device\" keeps the tensors on a CUDA GPU, which cannot be used here: \
+         {why} (job.buffers = \"host\" or \"emulated\" run without one)"
+    ))
+}
+
+/// The GPU for `job.buffers = "device"`: `worker.device`'s (`cuda:N`), else GPU 0, if it is
+/// usable; else an error naming `job.buffers` and what is missing.
+pub fn gpu_ordinal(config: &Config) -> CliResult<usize> {
+    use pushpull_kernels::cuda::{select_device, Device as Place, DevicePref};
+    let pref: DevicePref = config
+        .worker
+        .device
+        .parse()
+        .map_err(|e| CliError::usage(format!("worker.device: {e}")))?;
+    let want = match pref {
+        DevicePref::CudaOrdinal(n) => DevicePref::CudaOrdinal(n),
+        _ => DevicePref::Cuda,
+    };
+    let ordinal = match select_device(want).map_err(|e| no_gpu(e.to_string()))? {
+        Place::Cuda { ordinal } => ordinal,
+        other => return Err(no_gpu(format!("{other} was chosen"))),
+    };
+    if !pushpull_kernels::cuda::nvrtc_available() {
+        return Err(no_gpu(
+            pushpull_kernels::cuda::CudaError::NvrtcMissing.to_string(),
+        ));
+    }
+    Ok(ordinal)
+}
+
+/// Where each tensor's last round compressed, e.g. `cuda:0 (148 tensors), cpu (13)`.
+fn compressed_where(tensors: &[Tensor]) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for t in tensors {
+        let place = t.metrics().device.to_string();
+        match counts.iter_mut().find(|(p, _)| *p == place) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((place, 1)),
+        }
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(k, (p, c))| {
+            let unit = if k == 0 { " tensors" } else { "" };
+            format!("{p} ({c}{unit})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

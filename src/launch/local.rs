@@ -102,12 +102,14 @@ impl LocalSummary {
         for w in &self.workers {
             s.push_str(&format!(
                 "  worker {}: {:.3} rounds/s, gradient {:.3} GB/s, push+pull payload {:.3} GB/s, \
-                 check {}\n",
+                 check {}; {} buffers, compressed on {}\n",
                 w.rank,
                 w.rounds_per_second,
                 w.gradient_gb_per_second,
                 w.payload_gb_per_second,
-                w.check
+                w.check,
+                w.buffers,
+                w.compressed_on,
             ));
         }
         s.push_str(&format!(

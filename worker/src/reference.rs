@@ -89,6 +89,14 @@ impl Reference {
         Ok(RefTensor(self.tensors.len() - 1))
     }
 
+    /// A broadcast of `t` in the cluster ([`crate::Worker::broadcast`]): it uses one round of
+    /// the tensor, as a push_pull does, and changes no compressor state. Stochastic compressors
+    /// draw from streams of the round number, so a job that broadcast before its push_pulls
+    /// matches its reference only if the reference counts the broadcast too.
+    pub fn broadcast(&mut self, t: RefTensor) {
+        self.tensors[t.0].round += 1;
+    }
+
     /// Sets the learning rate of the next rounds (see [`crate::Worker::set_learning_rate`]).
     pub fn set_learning_rate(&mut self, lr: f32) {
         self.lr = (lr.is_finite() && lr > 0.0).then_some(lr);

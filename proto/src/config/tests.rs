@@ -67,6 +67,32 @@ fn zero_workers_and_bad_address_are_refused() {
 }
 
 #[test]
+fn job_buffers_values() {
+    assert_eq!(
+        Config::from_toml_str(MINIMAL, "t.toml")
+            .unwrap()
+            .job
+            .buffers,
+        "host"
+    );
+    for v in ["device", "emulated"] {
+        let text = format!("{MINIMAL}\n[job]\nbuffers = {v:?}\n");
+        assert_eq!(
+            Config::from_toml_str(&text, "t.toml").unwrap().job.buffers,
+            v
+        );
+    }
+    let text = format!("{MINIMAL}\n[job]\nbuffers = \"gpu\"\n");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("job.buffers") && e.contains("gpu") && e.contains("emulated"),
+        "{e}"
+    );
+}
+
+#[test]
 fn job_issue_values() {
     assert_eq!(
         Config::from_toml_str(MINIMAL, "t.toml").unwrap().job.issue,

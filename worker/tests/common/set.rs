@@ -68,6 +68,12 @@ pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
             Reduce::Sum,
         ),
         (
+            "minmax buckets",
+            36_864,
+            map(&[("compressor", "minmax"), ("bits", "8"), ("bucket", "512")]),
+            Reduce::Sum,
+        ),
+        (
             "fp16",
             17_000,
             map(&[("compressor", "fp16")]),

@@ -1,0 +1,226 @@
+//! Where the benchmark job's tensors live (`job.buffers`) and how one round reduces them.
+//!
+//! [`Rounds`] is what [`crate::jobs::benchmark`]'s round loop needs: prepare the inputs (not
+//! timed), run one round of every tensor's push_pull with all calls in flight together, and
+//! show a result on the host for the checks. [`HostRounds`] keeps fp32 tensors in host memory
+//! and reduces them out of place (`push_pull_into`, or one `push_pull_group_into`);
+//! [`DeviceRounds`] keeps them in a [`Device`]'s memory (a CUDA GPU, or the host-emulated
+//! device) and reduces them in place with `push_pull_device`, after copying each tensor's
+//! input into its work buffer on the device.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use pushpull_worker::{Device, Reduce, Tensor, Worker};
+
+use crate::error::{CliError, CliResult};
+
+/// One round's calls, made all at once, in `order` (indices into the job's tensors).
+pub struct RoundPlan<'a> {
+    /// The job's tensors, in declaration order.
+    pub tensors: &'a [Tensor],
+    /// The order the calls are made in.
+    pub order: &'a [usize],
+    /// One grouped call (host buffers only) instead of separate calls.
+    pub group: bool,
+    /// When the round started (for the time to first layer).
+    pub start: Instant,
+}
+
+/// A round's outcome: the seconds into the round at which tensor 0's result arrived, or the
+/// first failure (the tensor, where one failed, and the error).
+pub type RoundOutcome = Result<f64, (Option<usize>, String)>;
+
+/// The job's tensors in some memory, reduced one round at a time.
+pub trait Rounds {
+    /// Makes every tensor's input ready for the next round (not timed).
+    fn prepare(&mut self) -> CliResult<()>;
+
+    /// Runs one round of every tensor's push_pull(Sum), all in flight together.
+    fn round(
+        &mut self,
+        worker: &Worker,
+        plan: RoundPlan<'_>,
+    ) -> impl std::future::Future<Output = RoundOutcome>;
+
+    /// Tensor `i`'s latest result, on the host.
+    fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>>;
+}
+
+/// Host memory: the inputs are reduced out of place every round (no copy per round).
+pub struct HostRounds {
+    inputs: Vec<Arc<[f32]>>,
+    outs: Vec<Option<Vec<f32>>>,
+}
+
+impl HostRounds {
+    /// Rounds over these inputs.
+    pub fn new(inputs: Vec<Arc<[f32]>>) -> HostRounds {
+        let outs = inputs.iter().map(|x| Some(vec![0.0; x.len()])).collect();
+        HostRounds { inputs, outs }
+    }
+}
+
+impl Rounds for HostRounds {
+    fn prepare(&mut self) -> CliResult<()> {
+        Ok(())
+    }
+
+    async fn round(&mut self, worker: &Worker, plan: RoundPlan<'_>) -> RoundOutcome {
+        let RoundPlan {
+            tensors,
+            order,
+            group,
+            start,
+        } = plan;
+        let mut set = tokio::task::JoinSet::new();
+        if group {
+            let calls = order
+                .iter()
+                .map(|&i| {
+                    let buf = self.outs[i].take().expect("every buffer is back");
+                    (tensors[i].clone(), self.inputs[i].clone(), buf)
+                })
+                .collect();
+            let handles = worker.push_pull_group_into(calls, Reduce::Sum).await;
+            for (&i, h) in order.iter().zip(handles) {
+                set.spawn(async move {
+                    let r = h.await;
+                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
+                });
+            }
+        } else {
+            for &i in order {
+                let (w, t) = (worker.clone(), tensors[i].clone());
+                let (input, buf) = (
+                    self.inputs[i].clone(),
+                    self.outs[i].take().expect("every buffer is back"),
+                );
+                set.spawn(async move {
+                    let r = w.push_pull_into(&t, input, buf, Reduce::Sum).await;
+                    (i, r.map(|(_, out)| out), start.elapsed().as_secs_f64())
+                });
+            }
+        }
+        let mut first_tensor = 0.0;
+        let mut failed = None;
+        while let Some(joined) = set.join_next().await {
+            let (i, r, at) = match joined {
+                Ok(v) => v,
+                Err(e) => {
+                    failed.get_or_insert((None, format!("push_pull task: {e}")));
+                    continue;
+                }
+            };
+            if i == 0 {
+                first_tensor = at;
+            }
+            match r {
+                Ok(out) => self.outs[i] = Some(out),
+                Err(e) => {
+                    failed.get_or_insert((Some(i), e.to_string()));
+                }
+            }
+        }
+        failed.map_or(Ok(first_tensor), Err)
+    }
+
+    fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {
+        let out = self.outs[i].as_deref().expect("every push_pull answered");
+        Ok(std::borrow::Cow::Borrowed(out))
+    }
+}
+
+/// Device memory: each tensor's input and a work buffer live on `device`; every round copies
+/// the input into the work buffer on the device (not timed) and reduces it in place.
+pub struct DeviceRounds<D: Device> {
+    device: Arc<D>,
+    inputs: Vec<D::Mem>,
+    work: Vec<Option<D::Mem>>,
+}
+
+fn device_err(what: &str, e: impl std::fmt::Display) -> CliError {
+    CliError::failed(format!("{what}: {e}"))
+}
+
+impl<D: Device> DeviceRounds<D> {
+    /// Uploads the inputs to `device`.
+    pub fn new(device: Arc<D>, inputs: &[Arc<[f32]>]) -> CliResult<DeviceRounds<D>> {
+        let mut mems = Vec::with_capacity(inputs.len());
+        let mut work = Vec::with_capacity(inputs.len());
+        for x in inputs {
+            let mut mem = device
+                .alloc_zeros(x.len())
+                .map_err(|e| device_err("allocating device memory for the job's tensors", e))?;
+            device
+                .upload(x, &mut mem, 0)
+                .map_err(|e| device_err("uploading the job's inputs", e))?;
+            mems.push(mem);
+            let w = device
+                .alloc_zeros(x.len())
+                .map_err(|e| device_err("allocating device memory for the job's tensors", e))?;
+            work.push(Some(w));
+        }
+        Ok(DeviceRounds {
+            device,
+            inputs: mems,
+            work,
+        })
+    }
+}
+
+impl<D: Device> Rounds for DeviceRounds<D> {
+    fn prepare(&mut self) -> CliResult<()> {
+        for (x, w) in self.inputs.iter().zip(&mut self.work) {
+            let w = w.as_mut().expect("every buffer is back");
+            self.device
+                .copy(x, w)
+                .map_err(|e| device_err("copying an input on the device", e))?;
+        }
+        Ok(())
+    }
+
+    async fn round(&mut self, worker: &Worker, plan: RoundPlan<'_>) -> RoundOutcome {
+        let RoundPlan {
+            tensors,
+            order,
+            start,
+            ..
+        } = plan;
+        // All calls in flight at once in this task (futures polled in the order pushed).
+        let mut calls = FuturesUnordered::new();
+        for &i in order {
+            let mem = self.work[i].take().expect("every buffer is back");
+            let (t, device) = (&tensors[i], &self.device);
+            calls.push(async move {
+                let r = worker.push_pull_device(t, device, mem, Reduce::Sum).await;
+                (i, r, start.elapsed().as_secs_f64())
+            });
+        }
+        let mut first_tensor = 0.0;
+        let mut failed = None;
+        while let Some((i, r, at)) = calls.next().await {
+            if i == 0 {
+                first_tensor = at;
+            }
+            match r {
+                Ok(mem) => self.work[i] = Some(mem),
+                Err(e) => {
+                    failed.get_or_insert((Some(i), e.to_string()));
+                }
+            }
+        }
+        failed.map_or(Ok(first_tensor), Err)
+    }
+
+    fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {
+        let mem = self.work[i].as_ref().expect("every push_pull answered");
+        let len = self.device.mem_len(mem);
+        let mut out = vec![0.0f32; len];
+        self.device
+            .download(mem, 0..len, &mut out)
+            .map_err(|e| device_err("copying a result to the host", e))?;
+        Ok(std::borrow::Cow::Owned(out))
+    }
+}
