@@ -126,6 +126,14 @@ pub struct JobReport {
     pub cpu_seconds_push_pull: f64,
     /// CPU seconds of this process in total, at the time of the report.
     pub cpu_seconds: f64,
+    /// Seconds spent compressing in the timed rounds, summed over tensors (whose rounds run
+    /// concurrently, so this can exceed the rounds' wall time); for device buffers, the
+    /// launches and the waits for each chunk's payload.
+    #[serde(default)]
+    pub compress_seconds: f64,
+    /// Seconds spent decoding results in the timed rounds, summed over tensors.
+    #[serde(default)]
+    pub decompress_seconds: f64,
     /// `job.buffers`: where the tensors lived (`host`, `device`, `emulated`).
     #[serde(default)]
     pub buffers: String,
@@ -147,6 +155,7 @@ impl JobReport {
              push+pull payload GB/s: {:.3} ({} bytes pushed, {} pulled)\n  \
              check: {} ({} rounds + broadcast, bit-exact against rank-order f32 sums)\n  \
              buffers: {}; compressed on {}\n  \
+             codec seconds per round, summed over tensors: compress {:.4}, decompress {:.4}\n  \
              CPU seconds: {:.2} total, {:.2} during push_pull",
             self.rank,
             self.num_workers,
@@ -167,6 +176,8 @@ impl JobReport {
             self.checked_rounds,
             self.buffers,
             self.compressed_on,
+            self.compress_seconds / f64::from(self.rounds.max(1)),
+            self.decompress_seconds / f64::from(self.rounds.max(1)),
             self.cpu_seconds,
             self.cpu_seconds_push_pull,
         )
@@ -330,6 +341,8 @@ pub async fn run_benchmark(
         checked_rounds: checked,
         cpu_seconds_push_pull: cpu_push_pull,
         cpu_seconds: process_cpu_seconds(),
+        compress_seconds: m1.compress_seconds - timed_start_metrics.compress_seconds,
+        decompress_seconds: m1.decompress_seconds - timed_start_metrics.decompress_seconds,
         buffers: job.buffers.clone(),
         compressed_on: compressed_where(&tensors),
     })

@@ -102,7 +102,8 @@ impl LocalSummary {
         for w in &self.workers {
             s.push_str(&format!(
                 "  worker {}: {:.3} rounds/s, gradient {:.3} GB/s, push+pull payload {:.3} GB/s, \
-                 check {}; {} buffers, compressed on {}\n",
+                 check {}; {} buffers, compressed on {}; codec s/round: compress {:.4}, \
+                 decompress {:.4}\n",
                 w.rank,
                 w.rounds_per_second,
                 w.gradient_gb_per_second,
@@ -110,6 +111,8 @@ impl LocalSummary {
                 w.check,
                 w.buffers,
                 w.compressed_on,
+                w.compress_seconds / f64::from(w.rounds.max(1)),
+                w.decompress_seconds / f64::from(w.rounds.max(1)),
             ));
         }
         s.push_str(&format!(

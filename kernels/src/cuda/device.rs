@@ -18,8 +18,14 @@
 //! the compute stream's work before each chunk's copies, and nothing on the compute stream
 //! overwrites what a copy reads (the payload buffer, the flags, the tensor's range) before
 //! the host has waited for that copy (the payload is pushed, and its result decoded, only
-//! after); cudarc's per-slice events order the two streams as well. This path has not run on
-//! a GPU in this repository's CI.
+//! after); cudarc's per-slice events order the two streams as well. Pulled results travel
+//! the other way through page-locked memory too ([`Device::decode`],
+//! [`Device::upload_staged`]): copy and decode are only launched, ordered before the caller's
+//! later work on the stream, and the host never waits for them.
+//!
+//! CI has no GPU: the ignored GPU tests (`tests/cuda_gpu.rs`, `tests/device_chain.rs`, the
+//! worker's `tests/device.rs`) ran on an H100 and an H200 (BENCHMARKS.md, "Compression on a
+//! GPU").
 
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
@@ -95,11 +101,14 @@ impl PinnedStaging {
     }
 }
 
-/// The kernels of one scheme for one chunk length, and the device buffer its payloads pass
-/// through.
+/// The kernels of one scheme for one chunk length, the device buffer its payloads pass
+/// through, and the page-locked buffer pulled payloads are copied to the device from.
 pub struct CudaChunkCodec {
     codec: GpuCodec,
     payload: CudaSlice<u8>,
+    /// A pulled payload's way to the device: page-locked, so the copy is asynchronous; its
+    /// event says when the copy has read it.
+    upload: PinnedStaging,
 }
 
 impl std::fmt::Debug for CudaChunkCodec {
@@ -268,7 +277,12 @@ impl Device for CudaDevice {
             .stream()
             .alloc_zeros::<u8>(codec.compressed_len().max(4))
             .map_err(driver("allocating a payload buffer"))?;
-        Ok(CudaChunkCodec { codec, payload })
+        let upload = self.alloc_staging(codec.compressed_len())?;
+        Ok(CudaChunkCodec {
+            codec,
+            payload,
+            upload,
+        })
     }
 
     fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>) -> Result<(), CudaError> {
@@ -412,6 +426,42 @@ impl Device for CudaDevice {
         Ok(())
     }
 
+    fn upload_staged(
+        &self,
+        bytes: &[u8],
+        staging: &mut PinnedStaging,
+        dst: &mut CudaSlice<f32>,
+        at: usize,
+    ) -> Result<(), CudaError> {
+        if bytes.len() % 4 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "upload_staged: {} bytes are not whole f32 values",
+                bytes.len()
+            )));
+        }
+        let n = bytes.len() / 4;
+        let range = at..at.saturating_add(n);
+        check_range("upload_staged", &range, dst.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.wait_staged(staging)?;
+        let host = staging.region::<f32>(0, n)?;
+        for (h, b) in host.iter_mut().zip(bytes.chunks_exact(4)) {
+            *h = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        self.gpu
+            .stream()
+            .memcpy_htod(&*host, &mut dst.slice_mut(range))
+            .map_err(driver("copying to the device"))?;
+        staging
+            .copied
+            .record(self.gpu.stream())
+            .map_err(driver("recording an upload event"))?;
+        staging.pending = true;
+        Ok(())
+    }
+
     fn decode(
         &self,
         codec: &mut CudaChunkCodec,
@@ -430,20 +480,29 @@ impl Device for CudaDevice {
             )));
         }
         if !payload.is_empty() {
+            // Through page-locked memory, so neither the copy nor the decode makes the host
+            // wait: the caller's next use of `y` on this stream comes after them. The upload
+            // buffer's previous copy (a round ago) is waited for before it is overwritten.
+            let up = &mut codec.upload;
+            self.wait_staged(up)?;
+            let host = up.region::<u8>(0, payload.len())?;
+            host.copy_from_slice(payload);
             self.gpu
                 .stream()
-                .memcpy_htod(payload, &mut codec.payload.slice_mut(0..payload.len()))
+                .memcpy_htod(&*host, &mut codec.payload.slice_mut(0..payload.len()))
                 .map_err(driver("copying the payload to the device"))?;
+            up.copied
+                .record(self.gpu.stream())
+                .map_err(driver("recording an upload event"))?;
+            up.pending = true;
         }
         let p = codec.payload.slice(0..payload.len());
         let mut out = y.slice_mut(range);
         if add {
-            codec.codec.decompress_add(&p, streams, &mut out)?;
+            codec.codec.decompress_add(&p, streams, &mut out)
         } else {
-            codec.codec.decompress(&p, streams, &mut out)?;
+            codec.codec.decompress(&p, streams, &mut out)
         }
-        // The payload buffer is reused by the next round: wait until it has been read.
-        self.gpu.synchronize()
     }
 
     fn ef_input(

@@ -82,6 +82,8 @@ pub struct DeviceChain<D: Device> {
     flags: D::Flags,
     /// Host staging of the raw fp32 encoding.
     host: Vec<f32>,
+    /// Raw fp32 results' way to the device (made at the first one).
+    upload: Option<D::Staging>,
 }
 
 impl<D: Device> std::fmt::Debug for DeviceChain<D> {
@@ -158,6 +160,7 @@ impl<D: Device> DeviceChain<D> {
             momentum,
             flags,
             host: Vec::new(),
+            upload: None,
         }))
     }
 
@@ -524,13 +527,14 @@ impl<D: Device> DeviceChain<D> {
         match &mut self.codec {
             Some((_, codec)) => dev.decode(codec, payload, streams, y, range.clone(), false),
             None => {
-                self.host.clear();
-                self.host.extend(
-                    payload
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-                );
-                dev.upload(&self.host, y, range.start)
+                let upload = match &mut self.upload {
+                    Some(u) => u,
+                    None => self.upload.insert(
+                        dev.alloc_staging(payload.len())
+                            .map_err(|e| self.device_error(e))?,
+                    ),
+                };
+                dev.upload_staged(payload, upload, y, range.start)
             }
         }
         .map_err(|e| self.device_error(e))?;

@@ -104,6 +104,27 @@ impl Device for EmulatedDevice {
         Ok(())
     }
 
+    fn upload_staged(
+        &self,
+        bytes: &[u8],
+        _staging: &mut EmulatedStaging,
+        dst: &mut Vec<f32>,
+        at: usize,
+    ) -> Result<(), CudaError> {
+        if bytes.len() % 4 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "upload_staged: {} bytes are not whole f32 values",
+                bytes.len()
+            )));
+        }
+        let end = at.saturating_add(bytes.len() / 4);
+        let out = span_mut("upload_staged", dst, at..end)?;
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+
     fn download(
         &self,
         src: &Vec<f32>,

@@ -182,9 +182,22 @@ pub trait Device: Send + Sync + 'static {
     /// Waits until the copies into `staging` have landed.
     fn wait_staged(&self, staging: &mut Self::Staging) -> Result<(), CudaError>;
 
+    /// Copies `bytes` (little-endian f32: a raw fp32 payload) into `dst[at ..]` through
+    /// `staging` (at least `bytes.len()` long; page-locked on CUDA). Only launches, like
+    /// [`Device::decode`]: `bytes` may change once this returns; the staging's previous copy
+    /// is waited for before it is overwritten.
+    fn upload_staged(
+        &self,
+        bytes: &[u8],
+        staging: &mut Self::Staging,
+        dst: &mut Self::Mem,
+        at: usize,
+    ) -> Result<(), CudaError>;
+
     /// Decodes `payload` (exactly the scheme's size, in host memory) into `y[range]`, or adds
-    /// it there when `add`, and waits until the payload has been read. `streams` matters only
-    /// for random-k.
+    /// it there when `add`. Only launches: `payload` may change once this returns (it has been
+    /// copied), and the decode is ordered before later work on the device (a `download` waits
+    /// for it). `streams` matters only for random-k.
     fn decode(
         &self,
         codec: &mut Self::Codec,
