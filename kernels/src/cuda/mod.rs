@@ -115,8 +115,9 @@ const PTX_ARCHES: &[(i32, &str)] = &[
     (90, "compute_90"),
 ];
 
-/// The architecture the kernels are compiled for: the oldest of [`PTX_ARCHES`] that the loaded
-/// NVRTC lists as supported ([`PTX_ARCH`] where NVRTC cannot say). Checked once per process.
+/// The architecture the kernels are compiled for: the oldest of `compute_70`, 75, 80, 86, 89
+/// and 90 that the loaded NVRTC lists as supported ([`PTX_ARCH`] where NVRTC cannot say).
+/// Checked once per process.
 pub fn ptx_arch() -> &'static str {
     static ARCH: OnceLock<&'static str> = OnceLock::new();
     ARCH.get_or_init(|| {
