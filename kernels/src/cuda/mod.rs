@@ -17,10 +17,12 @@
 //!
 //! Per encoding and direction: `pp_{fp16,bf16,onebit,minmax,dither,randomk}_{compress,
 //! decompress,decompress_add}`, plus the reductions they need: `pp_block_sums` (f32 tree sum of
-//! `|x|` or `x²` over each block of 256, counted from each bucket start, as f64 partials),
-//! `pp_finalize_sums` (per bucket: partials added in block order in f64, then mean or sqrt),
-//! `pp_span_minmax` / `pp_finalize_minmax` (per-bucket min and max, or max `|x|`), and the
-//! helpers `pp_fill_u32`, `pp_add_zero` and `pp_first_nonfinite`. Bit streams are written by one thread per output u32 word (a code that
+//! `|x|` or `x²` over each block of 256, counted from each bucket start, as f64 partials; a
+//! warp per block), `pp_finalize_sums` (per bucket: partials added in f64 within groups of 256,
+//! then the group sums, in order; then mean or sqrt), `pp_span_minmax` / `pp_finalize_minmax`
+//! (per-bucket min and max, or max `|x|`), and the helpers `pp_fill_u32`, `pp_add_zero` and
+//! `pp_first_nonfinite`. onebit's compress makes the sign words (warp ballots) and the `|x|`
+//! partials in one pass. Other bit streams are written by one thread per output u32 word (a code that
 //! straddles two words is computed by both threads), so packing needs no atomics; the elements a
 //! block needs are staged through shared memory with coalesced loads. Decoders run one thread per
 //! group of 4 elements. Random-k scatters need no atomics either: its indices are distinct;
@@ -44,9 +46,10 @@
 //!   operation in the header;
 //! * no FMA contraction anywhere: NVRTC runs with `--fmad=false` (and `--ftz=false
 //!   --prec-div=true --prec-sqrt=true`, no fast math), the host shim with `-ffp-contract=off`;
-//! * one reduction order: 256-element f32 trees in shared memory exactly as
-//!   [`crate::elem::tree_sum_block`], block partials added in block order in f64 by one thread
-//!   per bucket; per-bucket min and max go on the wire as [`crate::elem::canonical_zero`] of
+//! * one reduction order: 256-element f32 trees exactly as [`crate::elem::tree_sum_block`]
+//!   (three levels in a lane's registers, five by warp shuffles), block partials added as
+//!   [`crate::elem::sum_partials`] does (groups of 256 in parallel, then the groups in order);
+//!   per-bucket min and max go on the wire as [`crate::elem::canonical_zero`] of
 //!   the result, so the order of a min/max reduction cannot show (only ±0 compare equal with
 //!   different bits);
 //! * draws are pure functions of `(stream, element index)`, so any thread can make any draw.
