@@ -148,6 +148,13 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
 template <class Enc>
 bool emu_pack(Enc enc, const float* x, pp_u64 n, pp_u32 w, pp_u32* words) {
     pp_u64 nwords = pp_stream_words(n, w);
+    if (pp_direct_width(w)) {
+        // The kernel's direct path: every word from the elements where they are.
+        for (pp_u64 word = 0; word < nwords; ++word) {
+            words[word] = pp_pack_word(enc, pp_direct(x), n, w, word);
+        }
+        return true;
+    }
     pp_u64 cap = pp_pack_tile_capacity(w);
     std::vector<float> tile(cap);
     for (pp_u64 w0 = 0; w0 < nwords; w0 += PP_PACK_WORDS) {

@@ -835,7 +835,27 @@ struct PPTile {
     const float* t;
     pp_u64 base;
     PP_HD float at(pp_u64 i) const { return t[pp_tile_slot(i - base)]; }
+    // Elements i0, i0 + 1, ... of a run that does not cross a multiple of 32 from the base.
+    PP_HD const float* run(pp_u64 i0) const { return t + pp_tile_slot(i0 - base); }
 };
+
+// The elements where they are (no staging): what pack kernels read when the code width is a
+// power of two, whose words need no element twice.
+struct PPDirect {
+    const float* x;
+    PP_HD float at(pp_u64 i) const { return x[i]; }
+    PP_HD const float* run(pp_u64 i0) const { return x + i0; }
+};
+
+PP_HD PPDirect pp_direct(const float* x) {
+    PPDirect d;
+    d.x = x;
+    return d;
+}
+
+// Code widths whose words a pack kernel fills straight from the elements: powers of two up to
+// 8 (codes never straddle words, and a word starts at a multiple of four elements).
+PP_HD bool pp_direct_width(pp_u32 w) { return w <= 8u && (w & (w - 1u)) == 0u; }
 
 PP_HD PPTile pp_tile(const float* t, pp_u64 base) {
     PPTile tile;
@@ -849,15 +869,15 @@ PP_HD PPTile pp_tile(const float* t, pp_u64 base) {
 // and a word's first element is a multiple of 4, so its uniforms come from whole draws) and the
 // word lies in one bucket, the thread loads the bucket's parameters once and works in 32-bit
 // offsets, one draw per four elements (PPUniforms::at's draws).
-template <class Enc>
-PP_HD pp_u32 pp_pack_word(Enc& enc, PPTile xs, pp_u64 n, pp_u32 w, pp_u64 word) {
+template <class Enc, class Src>
+PP_HD pp_u32 pp_pack_word(Enc& enc, Src xs, pp_u64 n, pp_u32 w, pp_u64 word) {
     pp_u64 i0, i1;
     pp_word_elems(n, w, word, &i0, &i1);
     pp_u32 out = 0;
-    if (w <= 8u && (w & (w - 1u)) == 0u && enc.covers(i0, i1)) {
-        // The tile slots of a word's elements are consecutive: a run of 32 / w elements
-        // starting at a multiple of 32 / w never crosses a padding slot.
-        const float* t = xs.t + pp_tile_slot(i0 - xs.base);
+    if (pp_direct_width(w) && enc.covers(i0, i1)) {
+        // A word's elements are consecutive (in a tile too: a run of 32 / w elements starting
+        // at a multiple of 32 / w never crosses a padding slot).
+        const float* t = xs.run(i0);
         pp_u32 count = (pp_u32)(i1 - i0);
         for (pp_u32 j = 0; j < count; j += 4u) {
             pp_u64 d = pp_draw(enc.uni.base, (i0 + j) >> 2);

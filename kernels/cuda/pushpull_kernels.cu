@@ -191,13 +191,22 @@ extern "C" __global__ void pp_bf16_decompress_add(const pp_u16* in, pp_u64 n, fl
 }
 
 // ------------------------------------------------------------------------------------------------
-// Bit-stream packing: one thread per output word, PP_PACK_WORDS (256) words per block, the
+// Bit-stream packing: one thread per output word. Widths that divide 32 read their elements
+// directly; the others (codes straddling words) take PP_PACK_WORDS (256) words per block, the
 // elements they cover staged through dynamic shared memory with coalesced loads.
 // ------------------------------------------------------------------------------------------------
 
 template <class Enc>
 __device__ __forceinline__ void pp_pack_kernel(Enc enc, const float* x, pp_u64 n, pp_u32 w,
                                                pp_u32* words, pp_u64 nwords) {
+    if (pp_direct_width(w)) {
+        // No element is needed by two words: each thread reads its word's elements where they
+        // are (consecutive threads, consecutive elements), no staging, no barrier.
+        for (pp_u64 word = PP_TID(); word < nwords; word += PP_STRIDE()) {
+            words[word] = pp_pack_word(enc, pp_direct(x), n, w, word);
+        }
+        return;
+    }
     extern __shared__ float tile[];
     for (pp_u64 w0 = (pp_u64)blockIdx.x * PP_PACK_WORDS; w0 < nwords;
          w0 += (pp_u64)gridDim.x * PP_PACK_WORDS) {
