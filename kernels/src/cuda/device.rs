@@ -37,7 +37,7 @@ use cudarc::driver::{
 
 use super::codec::{check_aligned, driver, GpuCodec, GpuContext, THREADS};
 use super::{CudaError, Device as Place, GpuScheme, Kernel, RoundStreams};
-use crate::device::{check_range, flag, flags_at, same_len, Device};
+use crate::device::{check_range, f32s_from_le, flag, flags_at, same_len, whole_f32s, Device};
 
 /// Page-locked host memory for one chunk's payload and flags, and the event recorded after
 /// the last copies into it.
@@ -433,13 +433,7 @@ impl Device for CudaDevice {
         dst: &mut CudaSlice<f32>,
         at: usize,
     ) -> Result<(), CudaError> {
-        if bytes.len() % 4 != 0 {
-            return Err(CudaError::Invalid(format!(
-                "upload_staged: {} bytes are not whole f32 values",
-                bytes.len()
-            )));
-        }
-        let n = bytes.len() / 4;
+        let n = whole_f32s("upload_staged", bytes)?;
         let range = at..at.saturating_add(n);
         check_range("upload_staged", &range, dst.len())?;
         if n == 0 {
@@ -447,9 +441,7 @@ impl Device for CudaDevice {
         }
         self.wait_staged(staging)?;
         let host = staging.region::<f32>(0, n)?;
-        for (h, b) in host.iter_mut().zip(bytes.chunks_exact(4)) {
-            *h = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        f32s_from_le(bytes, host);
         self.gpu
             .stream()
             .memcpy_htod(&*host, &mut dst.slice_mut(range))

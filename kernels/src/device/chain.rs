@@ -80,8 +80,6 @@ pub struct DeviceChain<D: Device> {
     momentum: Option<MomentumState<D::Mem>>,
     /// The chunk's check results on the device.
     flags: D::Flags,
-    /// Host staging of the raw fp32 encoding.
-    host: Vec<f32>,
     /// Raw fp32 results' way to the device (made at the first one).
     upload: Option<D::Staging>,
 }
@@ -159,7 +157,6 @@ impl<D: Device> DeviceChain<D> {
             ef,
             momentum,
             flags,
-            host: Vec::new(),
             upload: None,
         }))
     }
@@ -378,10 +375,9 @@ impl<D: Device> DeviceChain<D> {
             }
             None => {
                 if let Some(ef) = &mut self.ef {
-                    // Raw fp32 sends p exactly: D(C(p)) = p, through the host as on the CPU.
-                    self.host.resize(n, 0.0);
-                    dev.download(&ef.p, 0..n, &mut self.host)?;
-                    dev.upload(&self.host, &mut ef.d, 0)?;
+                    // Raw fp32 sends p exactly (its bytes, NaN payloads too): D(C(p)) is a copy
+                    // of p, made on the device.
+                    dev.copy(&ef.p, &mut ef.d)?;
                     dev.ef_residual(&ef.p, &mut ef.d, flags)?;
                 }
                 let (src, r) = source(self.ef.as_ref(), self.momentum.as_ref(), x, range, n);

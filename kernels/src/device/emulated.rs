@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use super::{check_range, flag, flags_at, same_len, Device};
+use super::{check_range, f32s_from_le, flag, flags_at, same_len, whole_f32s, Device};
 use crate::cuda::{host, CudaError, Device as Place, GpuScheme, RoundStreams};
 
 /// A device whose memory is host memory and whose kernels are the CUDA kernels' host twin.
@@ -111,17 +111,11 @@ impl Device for EmulatedDevice {
         dst: &mut Vec<f32>,
         at: usize,
     ) -> Result<(), CudaError> {
-        if bytes.len() % 4 != 0 {
-            return Err(CudaError::Invalid(format!(
-                "upload_staged: {} bytes are not whole f32 values",
-                bytes.len()
-            )));
-        }
-        let end = at.saturating_add(bytes.len() / 4);
-        let out = span_mut("upload_staged", dst, at..end)?;
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        let n = whole_f32s("upload_staged", bytes)?;
+        f32s_from_le(
+            bytes,
+            span_mut("upload_staged", dst, at..at.saturating_add(n))?,
+        );
         Ok(())
     }
 

@@ -274,6 +274,25 @@ pub(crate) fn check_range(what: &str, range: &Range<usize>, len: usize) -> Resul
     }
 }
 
+/// The f32 values of `bytes` (a raw fp32 payload), or the error when they are not whole ones.
+pub(crate) fn whole_f32s(what: &str, bytes: &[u8]) -> Result<usize, CudaError> {
+    if bytes.len() % 4 == 0 {
+        Ok(bytes.len() / 4)
+    } else {
+        Err(CudaError::Invalid(format!(
+            "{what}: {} bytes are not whole f32 values",
+            bytes.len()
+        )))
+    }
+}
+
+/// Decodes little-endian f32 `bytes` into `out` (as many as both hold).
+pub(crate) fn f32s_from_le(bytes: &[u8], out: &mut [f32]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
 /// The error for two buffers that must have the same number of elements and do not.
 pub(crate) fn same_len(what: &str, a: usize, b: usize) -> Result<(), CudaError> {
     if a == b {
