@@ -221,7 +221,7 @@ pub struct LocalArgs {
     pub hidden: Option<Vec<u32>>,
     /// Where the built-in training job computes: `cpu` (the default), or `cuda` / `cuda:N`,
     /// which needs a usable CUDA GPU and a build with the root package's `cuda` feature
-    /// (candle's CUDA backend, which needs nvcc to build); without either the command says
+    /// (candle's CUDA backend, which needs the CUDA toolkit to build); without either the command says
     /// which is missing and exits with status 2.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: String,
@@ -424,7 +424,8 @@ fn check_train_device(device: &str) -> CliResult<()> {
                 Err(CliError::usage(format!(
                     "--device {device}: {gpu} is usable, but this pushpull was built without \
                      the `cuda` feature (candle's CUDA backend): rebuild with `cargo build \
-                     --release --features cuda` on a machine with nvcc"
+                     --release --features cuda` on a machine with the CUDA toolkit (nvcc and \
+                     the CUDA libraries, which this build links)"
                 )))
             }
         }

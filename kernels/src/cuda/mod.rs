@@ -254,21 +254,41 @@ fn no_panic<T>(f: impl FnOnce() -> T) -> Option<T> {
     catch_unwind(AssertUnwindSafe(f)).ok()
 }
 
+/// Whether libnvrtc can be used: linked at build time (feature `linked-cuda`), or loadable.
+#[cfg(not(feature = "linked-cuda"))]
+fn nvrtc_linked_or_loadable() -> bool {
+    // SAFETY: is_culib_present only tries to dlopen the candidate library names.
+    no_panic(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
+}
+
+#[cfg(feature = "linked-cuda")]
+fn nvrtc_linked_or_loadable() -> bool {
+    true
+}
+
+/// Whether libcuda can be used (`None`: cudarc panicked looking), as for NVRTC.
+#[cfg(not(feature = "linked-cuda"))]
+fn driver_linked_or_loadable() -> Option<bool> {
+    // SAFETY: is_culib_present only tries to dlopen the candidate library names.
+    no_panic(|| unsafe { cudarc::driver::sys::is_culib_present() })
+}
+
+#[cfg(feature = "linked-cuda")]
+fn driver_linked_or_loadable() -> Option<bool> {
+    Some(true)
+}
+
 /// Whether libnvrtc can be loaded (checked once per process; never panics).
 pub fn nvrtc_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| {
-        // SAFETY: is_culib_present only tries to dlopen the candidate library names.
-        no_panic(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
-    })
+    *PRESENT.get_or_init(|| nvrtc_linked_or_loadable())
 }
 
 /// The number of CUDA devices, or why there are none (checked once per process; never panics).
 fn gpu_probe() -> &'static Result<usize, String> {
     static PROBE: OnceLock<Result<usize, String>> = OnceLock::new();
     PROBE.get_or_init(|| {
-        // SAFETY: is_culib_present only tries to dlopen the candidate library names.
-        let present = no_panic(|| unsafe { cudarc::driver::sys::is_culib_present() });
+        let present = driver_linked_or_loadable();
         if present != Some(true) {
             return Err("the CUDA driver library (libcuda.so) was not found".into());
         }
