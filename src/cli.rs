@@ -221,8 +221,8 @@ pub struct LocalArgs {
     pub hidden: Option<Vec<u32>>,
     /// Where the built-in training job computes: `cpu` (the default), or `cuda` / `cuda:N`,
     /// which needs a usable CUDA GPU and a build with the root package's `cuda` feature
-    /// (candle's CUDA backend, which needs the CUDA toolkit to build); without either the command says
-    /// which is missing and exits with status 2.
+    /// (candle's CUDA backend, which needs the CUDA toolkit to build); without either the
+    /// command says which is missing and exits with status 2.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: String,
     /// Print the summary as one JSON object.

@@ -208,6 +208,12 @@ fn usage_errors_and_help() {
     expect_usage(code, &err, &["job.lr", "-1"]);
     let (code, _, err) = run_bin(PUSHPULL, &["local", "--job", "dance"], T);
     expect_usage(code, &err, &["job.kind", "dance", "train"]);
+    // The benchmark job runs once: training's repetitions are refused, not ignored.
+    let args = ["local", "--job", "benchmark", "--compare", "none,onebit"];
+    let (code, _, err) = run_bin(PUSHPULL, &args, T);
+    expect_usage(code, &err, &["--compare", "benchmark", "--compressor"]);
+    let (code, _, err) = run_bin(PUSHPULL, &["local", "--buffers", "gpu"], T);
+    expect_usage(code, &err, &["job.buffers", "\"gpu\"", "emulated"]);
     let (code, out, err) = run_bin(PUSHPULL, &["local", "--help"], T);
     assert_eq!(code, Some(0), "{err}");
     for f in [

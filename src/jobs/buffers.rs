@@ -32,6 +32,31 @@ pub struct RoundPlan<'a> {
 /// first failure (the tensor, where one failed, and the error).
 pub type RoundOutcome = Result<f64, (Option<usize>, String)>;
 
+/// A round's calls as they end: when tensor 0's result arrived, and the first failure.
+#[derive(Default)]
+struct Tally {
+    first_tensor: f64,
+    failed: Option<(Option<usize>, String)>,
+}
+
+impl Tally {
+    /// Tensor `i`'s call ended `at` seconds into the round; its buffer, if it came back.
+    fn record<T, E: std::fmt::Display>(&mut self, i: usize, r: Result<T, E>, at: f64) -> Option<T> {
+        if i == 0 {
+            self.first_tensor = at;
+        }
+        r.map_err(|e| self.fail(Some(i), e.to_string())).ok()
+    }
+
+    fn fail(&mut self, tensor: Option<usize>, message: String) {
+        self.failed.get_or_insert((tensor, message));
+    }
+
+    fn outcome(self) -> RoundOutcome {
+        self.failed.map_or(Ok(self.first_tensor), Err)
+    }
+}
+
 /// The job's tensors in some memory, reduced one round at a time.
 pub trait Rounds {
     /// Makes every tensor's input ready for the next round (not timed).
@@ -103,27 +128,14 @@ impl Rounds for HostRounds {
                 });
             }
         }
-        let mut first_tensor = 0.0;
-        let mut failed = None;
+        let mut tally = Tally::default();
         while let Some(joined) = set.join_next().await {
-            let (i, r, at) = match joined {
-                Ok(v) => v,
-                Err(e) => {
-                    failed.get_or_insert((None, format!("push_pull task: {e}")));
-                    continue;
-                }
-            };
-            if i == 0 {
-                first_tensor = at;
-            }
-            match r {
-                Ok(out) => self.outs[i] = Some(out),
-                Err(e) => {
-                    failed.get_or_insert((Some(i), e.to_string()));
-                }
+            match joined {
+                Ok((i, r, at)) => self.outs[i] = tally.record(i, r, at),
+                Err(e) => tally.fail(None, format!("push_pull task: {e}")),
             }
         }
-        failed.map_or(Ok(first_tensor), Err)
+        tally.outcome()
     }
 
     fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {
@@ -198,20 +210,11 @@ impl<D: Device> Rounds for DeviceRounds<D> {
                 (i, r, start.elapsed().as_secs_f64())
             });
         }
-        let mut first_tensor = 0.0;
-        let mut failed = None;
+        let mut tally = Tally::default();
         while let Some((i, r, at)) = calls.next().await {
-            if i == 0 {
-                first_tensor = at;
-            }
-            match r {
-                Ok(mem) => self.work[i] = Some(mem),
-                Err(e) => {
-                    failed.get_or_insert((Some(i), e.to_string()));
-                }
-            }
+            self.work[i] = tally.record(i, r, at);
         }
-        failed.map_or(Ok(first_tensor), Err)
+        tally.outcome()
     }
 
     fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {
