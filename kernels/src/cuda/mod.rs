@@ -281,7 +281,7 @@ fn driver_linked_or_loadable() -> Option<bool> {
 /// Whether libnvrtc can be loaded (checked once per process; never panics).
 pub fn nvrtc_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    *PRESENT.get_or_init(|| nvrtc_linked_or_loadable())
+    *PRESENT.get_or_init(nvrtc_linked_or_loadable)
 }
 
 /// The number of CUDA devices, or why there are none (checked once per process; never panics).
