@@ -240,6 +240,22 @@ pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> 
     build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
 }
 
+/// The chunk size, in fp32 bytes, that a tensor of `len` elements with map `params` is cut
+/// at: [`pushpull_proto::placement::cut_bytes`] with its codec's [`payload_bytes`]
+/// (`cluster.partition_bytes`, halved until a chunk carries at most
+/// `cluster.max_chunk_payload_bytes`). The scheduler places with it and the single-process
+/// reference cuts the same way. A map the kernels refuse weighs as fp32 (the servers' factories
+/// refuse it later with a named error).
+pub fn partition_bytes(
+    params: &BTreeMap<String, String>,
+    len: u64,
+    (partition_bytes, max_chunk_payload_bytes, min_compress_bytes): (u64, u64, u64),
+) -> u64 {
+    pushpull_proto::placement::cut_bytes(len, partition_bytes, max_chunk_payload_bytes, |full| {
+        payload_bytes(params, (len, full, full), min_compress_bytes).unwrap_or(4 * full)
+    })
+}
+
 /// The largest payload one push of a chunk of `chunk_len` elements carries (its codec's
 /// largest encoding; `4 · chunk_len` for a tensor below `min_compress_bytes`): what the
 /// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk.
@@ -304,6 +320,36 @@ mod tests {
         let mut s = info(&p, 16383);
         s.node = Node::Server { id: 3 };
         assert!(!chunk_codec(&s).unwrap().name().contains("nesterov"));
+    }
+
+    #[test]
+    fn partition_bytes_cut_what_travels_wide() {
+        let cut = |kv: &[(&str, &str)], len: u64| {
+            partition_bytes(&map(kv), len, (131_072, 32_768, 65_536))
+        };
+        let n = 1 << 20;
+        assert_eq!(cut(&[("compressor", "none")], n), 32_768);
+        assert_eq!(cut(&[("compressor", "fp16")], n), 65_536);
+        assert_eq!(
+            cut(&[("compressor", "onebit"), ("ef", "vanilla")], n),
+            131_072
+        );
+        assert_eq!(cut(&[("compressor", "topk"), ("k", "0.01")], n), 131_072);
+        // minmax at 8 bits: 32 KiB of codes plus a header per bucket is over 32 KiB.
+        assert_eq!(
+            cut(
+                &[("compressor", "minmax"), ("bits", "8"), ("bucket", "512")],
+                n
+            ),
+            65_536
+        );
+        // Below min_compress_bytes onebit travels as fp32 and is cut as fp32.
+        assert_eq!(cut(&[("compressor", "onebit")], 16_000), 32_768);
+        // A map the kernels refuse weighs as fp32.
+        assert_eq!(cut(&[("compressor", "nonsense")], n), 32_768);
+        // A bound at the partition cuts nothing.
+        let off = partition_bytes(&map(&[]), n, (131_072, 131_072, 65_536));
+        assert_eq!(off, 131_072);
     }
 
     #[test]

@@ -127,6 +127,17 @@ pub struct ClusterConfig {
     /// (BENCHMARKS.md); on much faster links larger chunks save per-frame work.
     #[serde(default = "default_partition_bytes")]
     pub partition_bytes: u64,
+    /// `max_chunk_payload_bytes`: the most bytes one chunk carries on the wire (default 32768).
+    /// A tensor whose codec would send more per `partition_bytes` chunk (fp32 tensors, those
+    /// below `min_compress_bytes`, fp16 and bf16) gets chunks of `partition_bytes` halved until
+    /// one fits (`pushpull_proto::placement::cut_bytes`); compressed chunks are far smaller and
+    /// keep `partition_bytes`. A chunk's sum leaves its server only once every worker's copy
+    /// has arrived, so on a slow link results start, and trail the pushes, about one chunk per
+    /// worker late: at 10 Mbit/s 128 KiB of fp32 is 0.1 s per copy (BENCHMARKS.md, "Wire
+    /// speed"). At least 1024; at `partition_bytes` or more every tensor is cut at
+    /// `partition_bytes` (fewer frames: less CPU on fast links).
+    #[serde(default = "default_max_chunk_payload_bytes")]
+    pub max_chunk_payload_bytes: u64,
     /// `min_compress_bytes`: tensors smaller than this travel uncompressed (default 65536).
     #[serde(default = "default_min_compress_bytes")]
     pub min_compress_bytes: u64,
@@ -363,6 +374,9 @@ pub struct TensorsConfig {
 
 fn default_partition_bytes() -> u64 {
     131_072
+}
+fn default_max_chunk_payload_bytes() -> u64 {
+    32_768
 }
 fn default_min_compress_bytes() -> u64 {
     65_536
@@ -636,6 +650,7 @@ impl Config {
                 num_workers,
                 num_servers,
                 partition_bytes: default_partition_bytes(),
+                max_chunk_payload_bytes: default_max_chunk_payload_bytes(),
                 min_compress_bytes: default_min_compress_bytes(),
                 seed: None,
                 heartbeat_interval_ms: default_heartbeat_interval_ms(),

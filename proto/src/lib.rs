@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`config`] | the TOML cluster file ([`config::Config`]), validation with errors that name the key, the digest of settings that must agree across nodes |
 //! | [`protocol`] | control messages (node ↔ scheduler, bincode 2) and the fixed 40-byte data-frame header (worker ↔ server), with the rules that keep stream credit from running out |
-//! | [`placement`] | pure arithmetic: equal-size chunks, keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
+//! | [`placement`] | pure arithmetic: equal-size chunks, each tensor's cut ([`placement::cut_bytes`]: fp32 and fp16 tensors finer), keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
 //! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery) and [`sendq::DeliveryRate`] (the delivery rate that sizes the window), as pure state machines |
 //! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
 //! | [`grant`] | [`grant::Grant`]: the role (and id) a node's certificate lets it play, as a `pushpull://ROLE/ID` URI, and the checks every node makes |

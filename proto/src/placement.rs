@@ -3,6 +3,8 @@
 //! * A tensor of `len` f32 elements is cut into `ceil(4·len / partition_bytes)` chunks of equal
 //!   size: the first `len % n` chunks have one element more than the rest
 //!   ([`chunk_ranges`]). Offsets and lengths are u64, so tensors beyond 4 GiB work.
+//! * `partition_bytes` is each tensor's own: the cluster's, halved for tensors whose chunks
+//!   would carry more than `cluster.max_chunk_payload_bytes` on the wire ([`cut_bytes`]).
 //! * A chunk's key is derived from the tensor's *name* and the chunk index ([`chunk_key`]),
 //!   never from a declaration counter, so workers may declare in any order.
 //! * The scheduler assigns each chunk to the server with the fewest bytes so far (ties: the
@@ -54,6 +56,30 @@ pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64
     })
 }
 
+/// The chunk size, in fp32 bytes, that a tensor of `len` elements is cut at: `partition_bytes`,
+/// halved (in whole elements) until one chunk's payload is at most `max_payload` bytes.
+/// `payload(chunk_len)` is what a push of the tensor's longest chunk, of `chunk_len` elements,
+/// carries (its codec's largest encoding). Compressed chunks are small and keep
+/// `partition_bytes`; a tensor sent as fp32 or fp16 gets chunks of about `max_payload` bytes on
+/// the wire, because a server can send a chunk's sum only once every worker's copy of it has
+/// arrived, so on a slow link the round's first results wait, and its last ones trail, about
+/// one chunk per worker (BENCHMARKS.md, "Wire speed"). Never below one element.
+pub fn cut_bytes(
+    len: u64,
+    partition_bytes: u64,
+    max_payload: u64,
+    mut payload: impl FnMut(u64) -> u64,
+) -> u64 {
+    let mut elems = (partition_bytes / 4).max(1);
+    loop {
+        let full = chunk_ranges(len, elems * 4).next().map_or(0, |(_, l)| l);
+        if full <= 1 || elems <= 1 || payload(full) <= max_payload {
+            return elems * 4;
+        }
+        elems /= 2;
+    }
+}
+
 /// Assigns chunks to servers, least-loaded by bytes first: by default fp32 bytes, or with
 /// [`Placer::place_weighted`] the bytes each chunk really carries (its payload).
 #[derive(Debug, Clone)]
@@ -91,9 +117,22 @@ impl Placer {
         name: &str,
         len: u64,
         params: ParamMap,
+        bytes: impl FnMut(u64) -> u64,
+    ) -> TensorPlacement {
+        self.place_cut(name, len, self.partition_bytes, params, bytes)
+    }
+
+    /// [`Placer::place_weighted`] with chunks of at most `partition_bytes` (the tensor's own
+    /// cut, [`cut_bytes`]) instead of the placer's.
+    pub fn place_cut(
+        &mut self,
+        name: &str,
+        len: u64,
+        partition_bytes: u64,
+        params: ParamMap,
         mut bytes: impl FnMut(u64) -> u64,
     ) -> TensorPlacement {
-        let chunks = chunk_ranges(len, self.partition_bytes)
+        let chunks = chunk_ranges(len, partition_bytes)
             .enumerate()
             .map(|(i, (offset, clen))| {
                 let server = self
@@ -185,6 +224,34 @@ mod tests {
         assert_eq!(small.chunks[0].server, 1);
         let small2 = placer.place("b", 10, ParamMap::new()); // server 1 still lighter
         assert_eq!(small2.chunks[0].server, 1);
+    }
+
+    #[test]
+    fn cut_halves_until_the_payload_fits() {
+        let fp32 = |l: u64| 4 * l;
+        // Raw fp32: 128 KiB -> 32 KiB chunks under a 32 KiB payload bound.
+        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, fp32), 32_768);
+        // A payload already within the bound keeps the partition (onebit-like: 1/32 + 4 bytes).
+        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| l / 8 + 4), 131_072);
+        // fp16-like: 2 bytes per element -> 64 KiB of fp32 per chunk.
+        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| 2 * l), 65_536);
+        // A header over the bound halves once more: whole halvings, no odd sizes.
+        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| l + 512), 65_536);
+        // A small tensor is cut only as far as its own chunks need: 10,000 fp32 elements
+        // (40 kB) in two chunks of 5,000.
+        let part = cut_bytes(10_000, 131_072, 32_768, fp32);
+        assert_eq!(chunk_ranges(10_000, part).count(), 2);
+        // Never below one element, whatever the bound; odd partitions stay multiples of 4.
+        assert_eq!(cut_bytes(1 << 20, 131_072, 0, fp32), 4);
+        for (p, m) in [(131_076u64, 1_000u64), (12, 5), (4, 1)] {
+            let c = cut_bytes(1 << 16, p, m, fp32);
+            assert!(c % 4 == 0 && c >= 4 && c <= p, "{p} {m}: {c}");
+        }
+        // Every chunk of the cut respects the bound when the payload is proportional.
+        for len in [1u64, 7, 8_193, 100_000, 3_000_001] {
+            let part = cut_bytes(len, 131_072, 32_768, fp32);
+            assert!(chunk_ranges(len, part).all(|(_, l)| 4 * l <= 32_768 || l == 1));
+        }
     }
 
     #[test]

@@ -51,7 +51,9 @@ use crate::config::{ClusterDigest, ParamMap};
 ///   per-bucket reciprocal (`1 / step`, `s / norm`, `1 / norm`) instead of dividing each element
 ///   (see `pushpull_kernels::rng` and `pushpull_kernels::elem`). Mixed builds would decode each
 ///   other's payloads fine but would no longer be bit-identical to the single-process reference.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// * Version 4: the registration's digest carries `cluster.max_chunk_payload_bytes` (fp32 and
+///   fp16 tensors are cut into chunks of at most that payload, so the placement changed).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.

@@ -126,6 +126,7 @@ fn to_scheduler(r: &mut Rng) -> ToScheduler {
                 num_workers: r.next() as u32,
                 num_servers: r.next() as u32,
                 partition_bytes: r.next(),
+                max_chunk_payload_bytes: r.next(),
                 min_compress_bytes: r.next(),
                 seed: r.opt(Rng::next),
                 heartbeat_interval_ms: r.next() >> 40,

@@ -156,6 +156,8 @@ pub struct StateConfig {
     pub num_servers: u32,
     /// `cluster.partition_bytes`.
     pub partition_bytes: u64,
+    /// `cluster.max_chunk_payload_bytes`: tensors with larger chunks are cut finer.
+    pub max_chunk_payload_bytes: u64,
     /// `cluster.min_compress_bytes` (smaller tensors travel as fp32: placement weighs them so).
     pub min_compress_bytes: u64,
     /// How often the scheduler sends heartbeats.
@@ -176,6 +178,7 @@ impl StateConfig {
             num_workers: config.cluster.num_workers,
             num_servers: config.cluster.num_servers,
             partition_bytes: config.cluster.partition_bytes,
+            max_chunk_payload_bytes: config.cluster.max_chunk_payload_bytes,
             min_compress_bytes: config.cluster.min_compress_bytes,
             heartbeat_interval: config.heartbeat_interval(),
             heartbeat_timeout: config.heartbeat_timeout(),

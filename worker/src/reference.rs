@@ -64,8 +64,17 @@ impl Reference {
     pub fn declare(&mut self, name: &str, len: u64, params: ParamMap) -> Result<RefTensor, String> {
         let mut merged = self.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, &params);
-        let placement =
-            Placer::new(1, self.config.cluster.partition_bytes).place(name, len, merged);
+        let c = &self.config.cluster;
+        let part = pushpull_kernels::chunk::partition_bytes(
+            &merged,
+            len,
+            (
+                c.partition_bytes,
+                c.max_chunk_payload_bytes,
+                c.min_compress_bytes,
+            ),
+        );
+        let placement = Placer::new(1, part).place(name, len, merged);
         // The same factory and context as a worker's declare and a server's placement.
         let build = |node: Node| -> Result<Vec<Box<dyn Compressor>>, String> {
             (0..placement.chunks.len())

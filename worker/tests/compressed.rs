@@ -14,15 +14,16 @@ use common::*;
 /// every other call (by rank and round) is a `push_pull_into` whose output starts as NaNs and
 /// whose input must come back unchanged.
 async fn run_cluster(seed: u64, into: bool) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
-    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| {
-        c.cluster.seed = Some(seed)
-    })
-    .await;
+    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| set_config(c, seed)).await;
     let set = tensor_set();
     let mut tensors: Vec<Vec<Tensor>> = Vec::new();
     for (name, len, params, _) in &set {
         tensors.push(declare_all_with(&s, name, *len, params.clone()).await);
     }
+    // The premise of `MAX_CHUNK_PAYLOAD`: 8-bit minmax is cut finer than the partition.
+    let i = set.iter().position(|t| t.0 == "minmax buckets").unwrap();
+    let by_partition = (set[i].1 * 4).div_ceil(PARTITION_BYTES) as usize;
+    assert!(tensors[i][0].num_chunks() > by_partition);
     let mut out = Vec::new();
     for round in 0..ROUNDS {
         for w in &s.workers {

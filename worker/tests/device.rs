@@ -44,10 +44,7 @@ async fn run_mixed<D: Device>(
     device: Arc<D>,
     on_device: &[usize],
 ) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<pushpull_worker::TensorMetrics>) {
-    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| {
-        c.cluster.seed = Some(seed)
-    })
-    .await;
+    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| set_config(c, seed)).await;
     let set = tensor_set();
     let mut tensors: Vec<Vec<Tensor>> = Vec::new();
     for (name, len, params, _) in &set {

@@ -14,6 +14,7 @@ impl Config {
             num_workers: self.cluster.num_workers,
             num_servers: self.cluster.num_servers,
             partition_bytes: self.cluster.partition_bytes,
+            max_chunk_payload_bytes: self.cluster.max_chunk_payload_bytes,
             min_compress_bytes: self.cluster.min_compress_bytes,
             seed: self.cluster.seed,
             heartbeat_interval_ms: self.cluster.heartbeat_interval_ms,
@@ -48,6 +49,8 @@ pub struct ClusterDigest {
     pub num_servers: u32,
     /// `cluster.partition_bytes`.
     pub partition_bytes: u64,
+    /// `cluster.max_chunk_payload_bytes`.
+    pub max_chunk_payload_bytes: u64,
     /// `cluster.min_compress_bytes`.
     pub min_compress_bytes: u64,
     /// `cluster.seed`.
@@ -83,6 +86,7 @@ impl ClusterDigest {
         cmp!(num_workers, "cluster.num_workers");
         cmp!(num_servers, "cluster.num_servers");
         cmp!(partition_bytes, "cluster.partition_bytes");
+        cmp!(max_chunk_payload_bytes, "cluster.max_chunk_payload_bytes");
         cmp!(min_compress_bytes, "cluster.min_compress_bytes");
         cmp!(seed, "cluster.seed");
         cmp!(heartbeat_interval_ms, "cluster.heartbeat_interval_ms");

@@ -14,6 +14,7 @@ fn minimal_file_gets_defaults() {
     let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
     assert_eq!(c.cluster.partition_bytes, 131_072);
     assert_eq!(c.cluster.min_compress_bytes, 65_536);
+    assert_eq!(c.cluster.max_chunk_payload_bytes, 32_768);
     assert_eq!(c.tls.server_name, "pushpull.cluster");
     assert_eq!(c.job.kind, "benchmark");
 }
@@ -64,6 +65,25 @@ fn zero_workers_and_bad_address_are_refused() {
         e.contains("cluster.scheduler") && e.contains("localhost:x"),
         "{e}"
     );
+}
+
+#[test]
+fn a_tiny_chunk_payload_bound_is_refused_naming_it() {
+    let text = format!("{MINIMAL}max_chunk_payload_bytes = 100\n");
+    let e = Config::from_toml_str(&text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cluster.max_chunk_payload_bytes") && e.contains("100") && e.contains("1024"),
+        "{e}"
+    );
+    let ok = format!("{MINIMAL}max_chunk_payload_bytes = 1024\n");
+    let c = Config::from_toml_str(&ok, "t.toml").unwrap();
+    assert_eq!(c.cluster.max_chunk_payload_bytes, 1024);
+    let mut d = c.clone();
+    d.cluster.max_chunk_payload_bytes = 2048;
+    let (key, _, _) = c.digest().first_difference(&d.digest()).unwrap();
+    assert_eq!(key, "cluster.max_chunk_payload_bytes");
 }
 
 #[test]

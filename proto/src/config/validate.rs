@@ -35,6 +35,13 @@ impl Config {
                 &format!("must be at most {}", MAX_PARTITION_BYTES),
             ));
         }
+        if c.max_chunk_payload_bytes < 1024 {
+            return Err(bad(
+                "cluster.max_chunk_payload_bytes",
+                c.max_chunk_payload_bytes.to_string(),
+                "must be at least 1024 (bytes on the wire per chunk)",
+            ));
+        }
         if c.rendezvous_timeout_ms == 0 {
             return Err(bad(
                 "cluster.rendezvous_timeout_ms",

@@ -2,7 +2,7 @@
 //! collecting the servers' acknowledgements (step 2 in the [parent module](super)).
 
 use super::*;
-use pushpull_kernels::chunk::payload_bytes;
+use pushpull_kernels::chunk::{partition_bytes, payload_bytes};
 use pushpull_proto::placement::chunk_ranges;
 
 /// The longest chunk of a tensor of `len` elements (its first).
@@ -125,13 +125,24 @@ impl SchedulerState {
             params,
             priority,
         } = decl0.clone();
-        let chunks = num_chunks(len, self.cfg.partition_bytes);
+        let min_compress = self.cfg.min_compress_bytes;
+        // fp32 and fp16 tensors are cut finer than `partition_bytes`, compressed ones are not
+        // (`cluster.max_chunk_payload_bytes`).
+        let part = partition_bytes(
+            &params,
+            len,
+            (
+                self.cfg.partition_bytes,
+                self.cfg.max_chunk_payload_bytes,
+                min_compress,
+            ),
+        );
+        let chunks = num_chunks(len, part);
         if chunks > MAX_CHUNKS_PER_TENSOR {
             let msg = format!(
-                "tensor {name:?}: {len} elements make {chunks} chunks of at most {} bytes, more \
-                 than the limit of {MAX_CHUNKS_PER_TENSOR} chunks per tensor (split the tensor \
-                 or raise cluster.partition_bytes)",
-                self.cfg.partition_bytes
+                "tensor {name:?}: {len} elements make {chunks} chunks of at most {part} bytes, \
+                 more than the limit of {MAX_CHUNKS_PER_TENSOR} chunks per tensor (split the \
+                 tensor or raise cluster.partition_bytes and cluster.max_chunk_payload_bytes)"
             );
             tracing::warn!("declare failed: {msg}");
             let msg = FromScheduler::Declared {
@@ -143,9 +154,8 @@ impl SchedulerState {
         // Servers are balanced by the bytes each chunk really carries: with compression, a
         // tensor below `min_compress_bytes` (raw fp32) weighs up to 32 times more per element
         // than its compressed neighbours. Chunks have at most two lengths: one codec each.
-        let full = placement_full_chunk(len, self.cfg.partition_bytes);
+        let full = placement_full_chunk(len, part);
         let mut weights: Vec<(u64, u64)> = Vec::new();
-        let min_compress = self.cfg.min_compress_bytes;
         let weigh = |chunk_len: u64| -> u64 {
             if let Some(&(_, w)) = weights.iter().find(|(l, _)| *l == chunk_len) {
                 return w;
@@ -158,7 +168,7 @@ impl SchedulerState {
             w
         };
         let mut trial = self.placer.clone();
-        let mut placement = trial.place_weighted(&name, len, params.clone(), weigh);
+        let mut placement = trial.place_cut(&name, len, part, params.clone(), weigh);
         // The default: declaration order, earliest first.
         placement.priority = priority.unwrap_or_else(|| {
             i32::try_from(self.placed_count)

@@ -17,6 +17,18 @@ pub const WORKERS: u32 = 3;
 pub const SERVERS: u32 = 2;
 pub const PARTITION_BYTES: u64 = 64 * 1024;
 
+/// The set's `cluster.max_chunk_payload_bytes`: low enough that the placement cuts the
+/// chunk-sensitive 8-bit minmax tensors finer than `PARTITION_BYTES` (a bucket and a
+/// stochastic stream per chunk), which the reference must do the same way.
+pub const MAX_CHUNK_PAYLOAD: u64 = 8 * 1024;
+
+/// The reproducibility cluster's settings on top of a test stack's.
+pub fn set_config(c: &mut pushpull_proto::Config, seed: u64) {
+    c.cluster.seed = Some(seed);
+    c.cluster.partition_bytes = PARTITION_BYTES;
+    c.cluster.max_chunk_payload_bytes = MAX_CHUNK_PAYLOAD;
+}
+
 pub fn map(kv: &[(&str, &str)]) -> ParamMap {
     kv.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -102,7 +114,7 @@ pub fn lr(round: u64) -> f32 {
 /// The set's results in the single-process reference: `[round][tensor][rank]`.
 pub fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
     let mut config = pushpull_proto::Config::local(WORKERS, SERVERS);
-    config.cluster.partition_bytes = PARTITION_BYTES;
+    set_config(&mut config, seed);
     let mut reference = Reference::new(&config, seed);
     let set = tensor_set();
     let handles: Vec<RefTensor> = set

@@ -140,6 +140,40 @@ fn placement_balances_payload_bytes_when_some_tensors_are_not_compressed() {
 }
 
 #[test]
+fn fp32_and_fp16_tensors_are_cut_to_the_payload_bound_compressed_ones_are_not() {
+    // 4000-byte partitions (1000 elements), at most 1024 bytes of payload per chunk, every
+    // tensor of 4000 bytes or more compressed.
+    let (mut h, srv, wrk) = H::start_with(1, 2, |c| {
+        c.cluster.partition_bytes = 4000;
+        c.cluster.max_chunk_payload_bytes = 1024;
+        c.cluster.min_compress_bytes = 4000;
+    });
+    let len = 10_000;
+    h.declare(wrk[0], "raw", len, &[]);
+    h.declare(wrk[0], "half", len, &[("compressor", "fp16")]);
+    h.declare(wrk[0], "signs", len, &[("compressor", "onebit")]);
+    // Below min_compress_bytes: fp32 whatever its map says.
+    h.declare(wrk[0], "bias", 900, &[("compressor", "onebit")]);
+    let placed = placements(&h.take(), srv[0]);
+    let longest = |name: &str| {
+        let p = placed.iter().find(|p| p.name == name).unwrap();
+        assert_eq!(p.chunks.iter().map(|c| c.len).sum::<u64>(), p.len, "{name}");
+        (
+            p.chunks.len(),
+            p.chunks.iter().map(|c| c.len).max().unwrap(),
+        )
+    };
+    // fp32: 1000 elements (4000 bytes) halved twice to 250 (1000 bytes).
+    assert_eq!(longest("raw"), (40, 250));
+    // fp16: 2 bytes per element, halved once to 500 elements (1000 bytes).
+    assert_eq!(longest("half"), (20, 500));
+    // onebit: 4 + 1000 / 8 bytes fit: the partition stands.
+    assert_eq!(longest("signs"), (10, 1000));
+    // 900 fp32 elements, 3600 bytes: halved twice, four chunks of 225.
+    assert_eq!(longest("bias"), (4, 225));
+}
+
+#[test]
 fn length_mismatch_names_the_tensor_and_both_values_and_others_keep_working() {
     let (mut h, srv, wrk) = H::start(3, 1);
     h.declare(wrk[0], "fc1.weight", 1000, &[]);
