@@ -56,6 +56,14 @@ pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64
     })
 }
 
+/// The longest chunk of a tensor of `len` elements cut at `partition_bytes` (its first; 0 for
+/// an empty tensor).
+pub fn longest_chunk(len: u64, partition_bytes: u64) -> u64 {
+    chunk_ranges(len, partition_bytes)
+        .next()
+        .map_or(0, |(_, l)| l)
+}
+
 /// The chunk size, in fp32 bytes, that a tensor of `len` elements is cut at: `partition_bytes`,
 /// halved (in whole elements) until one chunk's payload is at most `max_payload` bytes.
 /// `payload(chunk_len)` is what a push of the tensor's longest chunk, of `chunk_len` elements,
@@ -72,7 +80,7 @@ pub fn cut_bytes(
 ) -> u64 {
     let mut elems = (partition_bytes / 4).max(1);
     loop {
-        let full = chunk_ranges(len, elems * 4).next().map_or(0, |(_, l)| l);
+        let full = longest_chunk(len, elems * 4);
         if full <= 1 || elems <= 1 || payload(full) <= max_payload {
             return elems * 4;
         }

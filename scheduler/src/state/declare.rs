@@ -3,14 +3,7 @@
 
 use super::*;
 use pushpull_kernels::chunk::{partition_bytes, payload_bytes};
-use pushpull_proto::placement::chunk_ranges;
-
-/// The longest chunk of a tensor of `len` elements (its first).
-fn placement_full_chunk(len: u64, partition_bytes: u64) -> u64 {
-    chunk_ranges(len, partition_bytes)
-        .next()
-        .map_or(0, |(_, l)| l)
-}
+use pushpull_proto::placement::longest_chunk;
 
 impl SchedulerState {
     pub(super) fn on_declare(&mut self, rank: u32, name: String, decl: Decl) {
@@ -154,7 +147,7 @@ impl SchedulerState {
         // Servers are balanced by the bytes each chunk really carries: with compression, a
         // tensor below `min_compress_bytes` (raw fp32) weighs up to 32 times more per element
         // than its compressed neighbours. Chunks have at most two lengths: one codec each.
-        let full = placement_full_chunk(len, part);
+        let full = longest_chunk(len, part);
         let mut weights: Vec<(u64, u64)> = Vec::new();
         let weigh = |chunk_len: u64| -> u64 {
             if let Some(&(_, w)) = weights.iter().find(|(l, _)| *l == chunk_len) {
