@@ -127,17 +127,19 @@ pub struct ClusterConfig {
     /// (BENCHMARKS.md); on much faster links larger chunks save per-frame work.
     #[serde(default = "default_partition_bytes")]
     pub partition_bytes: u64,
-    /// `max_chunk_payload_bytes`: the most bytes one chunk carries on the wire (default 32768).
-    /// A tensor whose codec would send more per `partition_bytes` chunk (fp32 tensors, those
-    /// below `min_compress_bytes`, fp16 and bf16) gets chunks of `partition_bytes` halved until
-    /// one fits (`pushpull_proto::placement::cut_bytes`); compressed chunks are far smaller and
+    /// `max_chunk_payload_bytes`: the most bytes one chunk carries on the wire (default: a
+    /// quarter of `partition_bytes`, at least 1024; 32768 at the default partition). A tensor
+    /// whose codec would send more per `partition_bytes` chunk (fp32 tensors, those below
+    /// `min_compress_bytes`, fp16 and bf16) gets chunks of `partition_bytes` halved until one
+    /// fits (`pushpull_proto::placement::cut_bytes`); compressed chunks are far smaller and
     /// keep `partition_bytes`. A chunk's sum leaves its server only once every worker's copy
     /// has arrived, so on a slow link results start, and trail the pushes, about one chunk per
     /// worker late: at 10 Mbit/s 128 KiB of fp32 is 0.1 s per copy (BENCHMARKS.md, "Wire
     /// speed"). At least 1024; at `partition_bytes` or more every tensor is cut at
-    /// `partition_bytes` (fewer frames: less CPU on fast links).
-    #[serde(default = "default_max_chunk_payload_bytes")]
-    pub max_chunk_payload_bytes: u64,
+    /// `partition_bytes` (fewer frames: less CPU on fast links). See
+    /// [`ClusterConfig::chunk_payload_bound`].
+    #[serde(default)]
+    pub max_chunk_payload_bytes: Option<u64>,
     /// `min_compress_bytes`: tensors smaller than this travel uncompressed (default 65536).
     #[serde(default = "default_min_compress_bytes")]
     pub min_compress_bytes: u64,
@@ -178,6 +180,16 @@ pub struct ClusterConfig {
     /// a path with a smaller MTU, e.g. at about 1452 on Ethernet's 1500). At least 1200.
     #[serde(default = "default_max_udp_payload")]
     pub max_udp_payload: u16,
+}
+
+impl ClusterConfig {
+    /// The payload bound chunks are cut to: `max_chunk_payload_bytes`, or a quarter of
+    /// `partition_bytes` (at least 1024) where it is not set, so raising `partition_bytes` (to
+    /// BytePS's 4096000, say) raises both.
+    pub fn chunk_payload_bound(&self) -> u64 {
+        self.max_chunk_payload_bytes
+            .unwrap_or((self.partition_bytes / 4).max(1024))
+    }
 }
 
 /// `[tls]`: PEM files of this node. All nodes' certificates must be signed by `ca` and carry
@@ -374,9 +386,6 @@ pub struct TensorsConfig {
 
 fn default_partition_bytes() -> u64 {
     131_072
-}
-fn default_max_chunk_payload_bytes() -> u64 {
-    32_768
 }
 fn default_min_compress_bytes() -> u64 {
     65_536
@@ -650,7 +659,7 @@ impl Config {
                 num_workers,
                 num_servers,
                 partition_bytes: default_partition_bytes(),
-                max_chunk_payload_bytes: default_max_chunk_payload_bytes(),
+                max_chunk_payload_bytes: None,
                 min_compress_bytes: default_min_compress_bytes(),
                 seed: None,
                 heartbeat_interval_ms: default_heartbeat_interval_ms(),

@@ -178,7 +178,7 @@ impl StateConfig {
             num_workers: config.cluster.num_workers,
             num_servers: config.cluster.num_servers,
             partition_bytes: config.cluster.partition_bytes,
-            max_chunk_payload_bytes: config.cluster.max_chunk_payload_bytes,
+            max_chunk_payload_bytes: config.cluster.chunk_payload_bound(),
             min_compress_bytes: config.cluster.min_compress_bytes,
             heartbeat_interval: config.heartbeat_interval(),
             heartbeat_timeout: config.heartbeat_timeout(),

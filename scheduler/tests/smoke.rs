@@ -154,9 +154,9 @@ async fn register_declare_barrier_finish_over_quic() {
     let FromScheduler::Placement(p) = server.recv().await else {
         panic!("expected a placement")
     };
-    // An fp32 tensor: the 4,096,000-byte partition halved seven times to 32,000 bytes, the
-    // first cut within `cluster.max_chunk_payload_bytes` (32 KiB).
-    assert_eq!(p.chunks.len(), 250);
+    // An fp32 tensor: the 4,096,000-byte partition halved twice to 1,024,000 bytes, within
+    // the payload bound's default (a quarter of the partition): 8 chunks of 250,000.
+    assert_eq!(p.chunks.len(), 8);
     server
         .send(ToScheduler::PlacementAck {
             name: "w".into(),

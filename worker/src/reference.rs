@@ -70,7 +70,7 @@ impl Reference {
             len,
             (
                 c.partition_bytes,
-                c.max_chunk_payload_bytes,
+                c.chunk_payload_bound(),
                 c.min_compress_bytes,
             ),
         );

@@ -14,7 +14,7 @@ impl Config {
             num_workers: self.cluster.num_workers,
             num_servers: self.cluster.num_servers,
             partition_bytes: self.cluster.partition_bytes,
-            max_chunk_payload_bytes: self.cluster.max_chunk_payload_bytes,
+            max_chunk_payload_bytes: self.cluster.chunk_payload_bound(),
             min_compress_bytes: self.cluster.min_compress_bytes,
             seed: self.cluster.seed,
             heartbeat_interval_ms: self.cluster.heartbeat_interval_ms,
@@ -49,7 +49,7 @@ pub struct ClusterDigest {
     pub num_servers: u32,
     /// `cluster.partition_bytes`.
     pub partition_bytes: u64,
-    /// `cluster.max_chunk_payload_bytes`.
+    /// `cluster.max_chunk_payload_bytes`, or its default from `partition_bytes`.
     pub max_chunk_payload_bytes: u64,
     /// `cluster.min_compress_bytes`.
     pub min_compress_bytes: u64,

@@ -14,7 +14,14 @@ fn minimal_file_gets_defaults() {
     let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
     assert_eq!(c.cluster.partition_bytes, 131_072);
     assert_eq!(c.cluster.min_compress_bytes, 65_536);
-    assert_eq!(c.cluster.max_chunk_payload_bytes, 32_768);
+    assert_eq!(c.cluster.max_chunk_payload_bytes, None);
+    assert_eq!(c.cluster.chunk_payload_bound(), 32_768);
+    // Unset, the bound follows the partition: a quarter, at least 1024.
+    let mut big = c.clone();
+    big.cluster.partition_bytes = 4_096_000;
+    assert_eq!(big.cluster.chunk_payload_bound(), 1_024_000);
+    big.cluster.partition_bytes = 400;
+    assert_eq!(big.cluster.chunk_payload_bound(), 1024);
     assert_eq!(c.tls.server_name, "pushpull.cluster");
     assert_eq!(c.job.kind, "benchmark");
 }
@@ -79,9 +86,9 @@ fn a_tiny_chunk_payload_bound_is_refused_naming_it() {
     );
     let ok = format!("{MINIMAL}max_chunk_payload_bytes = 1024\n");
     let c = Config::from_toml_str(&ok, "t.toml").unwrap();
-    assert_eq!(c.cluster.max_chunk_payload_bytes, 1024);
+    assert_eq!(c.cluster.chunk_payload_bound(), 1024);
     let mut d = c.clone();
-    d.cluster.max_chunk_payload_bytes = 2048;
+    d.cluster.max_chunk_payload_bytes = Some(2048);
     let (key, _, _) = c.digest().first_difference(&d.digest()).unwrap();
     assert_eq!(key, "cluster.max_chunk_payload_bytes");
 }

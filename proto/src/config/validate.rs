@@ -35,10 +35,10 @@ impl Config {
                 &format!("must be at most {}", MAX_PARTITION_BYTES),
             ));
         }
-        if c.max_chunk_payload_bytes < 1024 {
+        if let Some(bound) = c.max_chunk_payload_bytes.filter(|&b| b < 1024) {
             return Err(bad(
                 "cluster.max_chunk_payload_bytes",
-                c.max_chunk_payload_bytes.to_string(),
+                bound.to_string(),
                 "must be at least 1024 (bytes on the wire per chunk)",
             ));
         }

@@ -26,7 +26,7 @@ pub const MAX_CHUNK_PAYLOAD: u64 = 8 * 1024;
 pub fn set_config(c: &mut pushpull_proto::Config, seed: u64) {
     c.cluster.seed = Some(seed);
     c.cluster.partition_bytes = PARTITION_BYTES;
-    c.cluster.max_chunk_payload_bytes = MAX_CHUNK_PAYLOAD;
+    c.cluster.max_chunk_payload_bytes = Some(MAX_CHUNK_PAYLOAD);
 }
 
 pub fn map(kv: &[(&str, &str)]) -> ParamMap {

@@ -145,7 +145,7 @@ fn fp32_and_fp16_tensors_are_cut_to_the_payload_bound_compressed_ones_are_not() 
     // tensor of 4000 bytes or more compressed.
     let (mut h, srv, wrk) = H::start_with(1, 2, |c| {
         c.cluster.partition_bytes = 4000;
-        c.cluster.max_chunk_payload_bytes = 1024;
+        c.cluster.max_chunk_payload_bytes = Some(1024);
         c.cluster.min_compress_bytes = 4000;
     });
     let len = 10_000;
