@@ -89,7 +89,7 @@ pub fn cut_bytes(
 }
 
 /// Assigns chunks to servers, least-loaded by bytes first: by default fp32 bytes, or with
-/// [`Placer::place_weighted`] the bytes each chunk really carries (its payload).
+/// [`Placer::place_cut`] the bytes each chunk really carries (its payload).
 #[derive(Debug, Clone)]
 pub struct Placer {
     load_bytes: Vec<u64>,
@@ -114,24 +114,16 @@ impl Placer {
     /// weighing each chunk by its fp32 bytes. The placement's priority is 0; the scheduler sets
     /// the agreed one.
     pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
-        self.place_weighted(name, len, params, |chunk_len| chunk_len * 4)
+        let partition_bytes = self.partition_bytes;
+        self.place_cut(name, len, partition_bytes, params, |chunk_len| {
+            chunk_len * 4
+        })
     }
 
-    /// [`Placer::place`], weighing each chunk by `bytes(chunk_len)`: e.g. the payload its
-    /// codec sends, so that servers carry equal traffic when some tensors are compressed and
-    /// others (below `min_compress_bytes`) are not.
-    pub fn place_weighted(
-        &mut self,
-        name: &str,
-        len: u64,
-        params: ParamMap,
-        bytes: impl FnMut(u64) -> u64,
-    ) -> TensorPlacement {
-        self.place_cut(name, len, self.partition_bytes, params, bytes)
-    }
-
-    /// [`Placer::place_weighted`] with chunks of at most `partition_bytes` (the tensor's own
-    /// cut, [`cut_bytes`]) instead of the placer's.
+    /// [`Placer::place`] with the tensor's own chunk size, `partition_bytes` (its cut,
+    /// [`cut_bytes`]), weighing each chunk by `bytes(chunk_len)`: e.g. the payload its codec
+    /// sends, so that servers carry equal traffic when some tensors are compressed and others
+    /// (below `min_compress_bytes`) are not.
     pub fn place_cut(
         &mut self,
         name: &str,
