@@ -17,6 +17,7 @@
 
 #include "pushpull_elem.cuh"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -38,10 +39,10 @@ void store_words(const std::vector<pp_u32>& w, uint8_t* out, pp_u64 len) {
     }
 }
 
-// pp_block_sums: every block g, lane by lane, then the shuffle levels over the 32 lanes.
-std::vector<double> emu_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op) {
+// pp_block_sums: every block g, lane by lane, then the shuffle levels over the 32 lanes, into
+// partials (pp_num_pieces(n, bucket, 256) of them).
+void emu_block_sums_into(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op, double* partials) {
     pp_u64 blocks = pp_num_pieces(n, bucket, PP_REDUCE_BLOCK);
-    std::vector<double> partials(blocks);
     float s[32];
     for (pp_u64 g = 0; g < blocks; ++g) {
         for (pp_u32 l = 0; l < 32u; ++l) {
@@ -54,20 +55,24 @@ std::vector<double> emu_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u
         }
         partials[g] = (double)s[0];
     }
+}
+
+std::vector<double> emu_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op) {
+    std::vector<double> partials(pp_num_pieces(n, bucket, PP_REDUCE_BLOCK));
+    emu_block_sums_into(x, n, bucket, op, partials.data());
     return partials;
 }
 
 // pp_finalize_sums: a thread per narrow bucket; a block per wide one, its group sums staged
 // PP_REDUCE_BLOCK at a time.
-void emu_finalize_sums(const std::vector<double>& partials, pp_u64 n, pp_u64 bucket, pp_u32 mode,
-                       pp_u32* hdr) {
+void emu_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hdr) {
     pp_u64 nb = pp_num_buckets(n, bucket);
     bool wide = pp_wide_buckets(bucket, PP_REDUCE_BLOCK);
     double buf[PP_REDUCE_BLOCK];
     for (pp_u64 b = 0; b < nb; ++b) {
         pp_u64 first, count;
         pp_bucket_pieces(n, bucket, PP_REDUCE_BLOCK, b, &first, &count);
-        pp_u32 want = pp_f32_bits(pp_finalize_sum(partials.data(), n, bucket, b, mode));
+        pp_u32 want = pp_f32_bits(pp_finalize_sum(partials, n, bucket, b, mode));
         if (!wide) {
             hdr[b] = want;
             continue;
@@ -77,7 +82,7 @@ void emu_finalize_sums(const std::vector<double>& partials, pp_u64 n, pp_u64 buc
         for (pp_u64 j0 = 0; j0 < groups; j0 += PP_REDUCE_BLOCK) {
             pp_u64 m = pp_min_u64(PP_REDUCE_BLOCK, groups - j0);
             for (pp_u64 t = 0; t < m; ++t) {
-                buf[t] = pp_sum_group(partials.data() + first, count, j0 + t);
+                buf[t] = pp_sum_group(partials + first, count, j0 + t);
             }
             sum = pp_add_in_order(sum, buf, m);
         }
@@ -89,10 +94,10 @@ void emu_finalize_sums(const std::vector<double>& partials, pp_u64 n, pp_u64 buc
     }
 }
 
-// pp_span_minmax then pp_finalize_minmax.
-void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hdr) {
+// pp_span_minmax: the (lo, hi) pair of every span, into partials (2 pp_num_pieces(n, bucket,
+// 2048) floats).
+void emu_span_minmax_into(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, float* partials) {
     pp_u64 spans = pp_num_pieces(n, bucket, PP_SPAN);
-    std::vector<float> partials(2 * spans);
     float lo[PP_REDUCE_BLOCK];
     float hi[PP_REDUCE_BLOCK];
     for (pp_u64 g = 0; g < spans; ++g) {
@@ -107,10 +112,17 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
         partials[2 * g] = lo[0];
         partials[2 * g + 1] = hi[0];
     }
+}
+
+// pp_finalize_minmax: the header words of every bucket from the span partials.
+void emu_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket, pp_u32 mode,
+                         pp_u32* hdr) {
+    float lo[PP_REDUCE_BLOCK];
+    float hi[PP_REDUCE_BLOCK];
     pp_u64 nb = pp_num_buckets(n, bucket);
     if (!pp_wide_buckets(bucket, PP_SPAN)) {
         for (pp_u64 b = 0; b < nb; ++b) {
-            pp_finalize_minmax(partials.data(), n, bucket, b, mode, hdr);
+            pp_finalize_minmax(partials, n, bucket, b, mode, hdr);
         }
         return;
     }
@@ -123,7 +135,7 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
             pp_u64 k0 = pp_min_u64((pp_u64)t * per, count);
             pp_u64 k1 = pp_min_u64(k0 + per, count);
             pp_mm_init(mode, &lo[t], &hi[t]);
-            pp_mm_fold_partials(mode, &lo[t], &hi[t], partials.data() + 2 * (first + k0), k1 - k0);
+            pp_mm_fold_partials(mode, &lo[t], &hi[t], partials + 2 * (first + k0), k1 - k0);
         }
         for (pp_u32 stride = PP_REDUCE_BLOCK / 2; stride > 0; stride /= 2) {
             for (pp_u32 t = 0; t < PP_REDUCE_BLOCK; ++t) {
@@ -133,7 +145,7 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
         // The serial fold (pp_finalize_minmax) gives the same header; poison the output if not.
         float sl, sh;
         pp_mm_init(mode, &sl, &sh);
-        pp_mm_fold_partials(mode, &sl, &sh, partials.data() + 2 * first, count);
+        pp_mm_fold_partials(mode, &sl, &sh, partials + 2 * first, count);
         pp_u32 got[2] = {0, 0}, want[2] = {0, 0};
         pp_mm_store(mode, lo[0], hi[0], 0, got);
         pp_mm_store(mode, sl, sh, 0, want);
@@ -142,6 +154,13 @@ void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hd
         }
         pp_mm_store(mode, lo[0], hi[0], b, hdr);
     }
+}
+
+// pp_span_minmax then pp_finalize_minmax.
+void emu_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode, pp_u32* hdr) {
+    std::vector<float> partials(2 * pp_num_pieces(n, bucket, PP_SPAN));
+    emu_span_minmax_into(x, n, bucket, mode, partials.data());
+    emu_finalize_minmax(partials.data(), n, bucket, mode, hdr);
 }
 
 // pp_pack_kernel: tiles of PP_PACK_WORDS words, staged like the kernel's shared memory.
@@ -174,6 +193,27 @@ bool emu_pack(Enc enc, const float* x, pp_u64 n, pp_u32 w, pp_u32* words) {
         }
     }
     return true;
+}
+
+// pp_onebit_compress: every block g, lane by lane; the signs of element k of every lane make
+// word 8g + k (the warp's ballot); the |x| partials as emu_block_sums makes them.
+void emu_onebit_signs(const float* x, pp_u64 n, pp_u32* words, double* partials) {
+    pp_u64 blocks = pp_num_pieces(n, n, PP_REDUCE_BLOCK);
+    pp_u64 nwords = pp_stream_words(n, 1u);
+    for (pp_u64 g = 0; g < blocks; ++g) {
+        float v[32][8];
+        for (pp_u32 l = 0; l < 32u; ++l) {
+            pp_block_lane_load(x, n, n, g, l, v[l]);
+        }
+        for (pp_u32 k = 0; k < 8u && 8u * g + k < nwords; ++k) {
+            pp_u32 word = 0;
+            for (pp_u32 l = 0; l < 32u; ++l) {
+                word |= pp_sign_bit(v[l][k]) << l;
+            }
+            words[8u * g + k] = word;
+        }
+    }
+    emu_block_sums_into(x, n, n, 0, partials);
 }
 
 // The decompress kernels: one "thread" per group of PP_GROUP elements.
@@ -281,7 +321,7 @@ bool pp_emu_bucket_stats(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 stat, f
     }
     std::vector<pp_u32> hdr(need + 1);
     if (stat <= 1) {
-        emu_finalize_sums(emu_block_sums(x, n, bucket, stat), n, bucket, stat, hdr.data());
+        emu_finalize_sums(emu_block_sums(x, n, bucket, stat).data(), n, bucket, stat, hdr.data());
     } else {
         emu_minmax(x, n, bucket, stat == 2 ? 1u : 0u, hdr.data());
     }
@@ -357,25 +397,10 @@ bool pp_emu_onebit_compress(const float* x, pp_u64 n, bool scaling, uint8_t* out
         return false;
     }
     std::vector<pp_u32> buf(words);
-    // pp_onebit_compress: every block g, lane by lane; the signs of element k of every lane
-    // make word 8g + k (the warp's ballot); the partials as emu_block_sums makes them.
-    pp_u64 blocks = pp_num_pieces(n, n, PP_REDUCE_BLOCK);
-    pp_u64 nwords = pp_stream_words(n, 1u);
-    for (pp_u64 g = 0; g < blocks; ++g) {
-        float v[32][8];
-        for (pp_u32 l = 0; l < 32u; ++l) {
-            pp_block_lane_load(x, n, n, g, l, v[l]);
-        }
-        for (pp_u32 k = 0; k < 8u && 8u * g + k < nwords; ++k) {
-            pp_u32 word = 0;
-            for (pp_u32 l = 0; l < 32u; ++l) {
-                word |= pp_sign_bit(v[l][k]) << l;
-            }
-            buf[hw + 8u * g + k] = word;
-        }
-    }
+    std::vector<double> partials(pp_num_pieces(n, n, PP_REDUCE_BLOCK));
+    emu_onebit_signs(x, n, buf.data() + hw, partials.data());
     if (scaling && n > 0) {
-        emu_finalize_sums(emu_block_sums(x, n, n, 0), n, n, 0, buf.data());
+        emu_finalize_sums(partials.data(), n, n, 0, buf.data());
     } else {
         buf[0] = pp_f32_bits(scaling ? 0.0f : 1.0f);  // elem::mean_abs of nothing is 0
     }
@@ -433,7 +458,7 @@ bool pp_emu_dither_compress(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 s, b
     }
     std::vector<pp_u32> buf(words + 1);
     if (l2) {
-        emu_finalize_sums(emu_block_sums(x, n, bucket, 1), n, bucket, 1, buf.data());
+        emu_finalize_sums(emu_block_sums(x, n, bucket, 1).data(), n, bucket, 1, buf.data());
     } else {
         emu_minmax(x, n, bucket, 1, buf.data());
     }
@@ -500,54 +525,190 @@ bool pp_emu_randomk_decompress(const uint8_t* p, pp_u64 len, pp_u64 n, pp_u64 k,
     return true;
 }
 
+}  // extern "C"
+
 // ---------------------------------------------------------------------------------------------
-// Error feedback, momentum and averaging (pp_ef_input, pp_ef_residual, pp_nesterov,
-// pp_momentum_update, pp_divide): the kernels' loops run serially. The first three return
-// whether every result was finite (the kernels' *bad flag, inverted).
+// Batches: the table kernels of pushpull_kernels.cu (pp_t_*), chunk after chunk, each running
+// the same work units as its kernel (src/device/table.rs `Step` numbers them). The table's
+// addresses are host addresses here. Returns false for an unknown step or a pack tile that
+// would overflow the kernel's shared memory.
 // ---------------------------------------------------------------------------------------------
 
-bool pp_emu_ef_input(const float* g, const float* e, pp_u64 n, float factor, bool vanilla,
-                     float* p) {
-    bool ok = true;
-    for (pp_u64 i = 0; i < n; ++i) {
-        float v = pp_ef_sum(g[i], e[i], factor, vanilla);
-        ok = ok && pp_is_finite(v);
-        p[i] = v;
+namespace {
+
+bool emu_table_chunk(pp_u32 step, const PPChunk& c) {
+    pp_u32* flags = pp_u32m(c.flags);
+    if (step == 0) {  // pp_t_clear
+        pp_clear_flags(c);
+        return true;
     }
-    return ok;
+    if (step == 1) {  // pp_t_prepare
+        for (pp_u64 i = 0; i < c.n; ++i) {
+            float in = pp_prepare_elem(c, i);
+            pp_u64 first = (pp_u64)flags[PP_FLAG_FIRST_BAD] |
+                           ((pp_u64)flags[PP_FLAG_FIRST_BAD + 1] << 32);
+            if (!pp_is_finite(in) && i < first) {
+                flags[PP_FLAG_FIRST_BAD] = (pp_u32)i;
+                flags[PP_FLAG_FIRST_BAD + 1] = (pp_u32)(i >> 32);
+            }
+        }
+        return true;
+    }
+    const float* x = pp_f32p(c.x);
+    pp_u32* payload = pp_u32m(c.payload);
+    bool natural = (c.opts & PP_OPT_NATURAL) != 0;
+    bool l2 = (c.opts & PP_OPT_L2) != 0;
+    switch (step) {
+        case 2:  // pp_t_stats
+            if (pp_chunk_bad(c)) {
+                return true;
+            }
+            if (c.scheme == PP_SCHEME_ONEBIT) {
+                emu_onebit_signs(x, c.n, payload + pp_onebit_header_words(),
+                                 (double*)c.partials);
+            } else if (c.scheme == PP_SCHEME_MINMAX || (c.scheme == PP_SCHEME_DITHER && !l2)) {
+                emu_span_minmax_into(x, c.n, c.bucket, c.scheme == PP_SCHEME_MINMAX ? 0u : 1u,
+                                     pp_f32m(c.spans));
+            } else if (c.scheme == PP_SCHEME_DITHER) {
+                emu_block_sums_into(x, c.n, c.bucket, 1u, (double*)c.partials);
+            }
+            return true;
+        case 3:  // pp_t_finalize
+            if (pp_chunk_bad(c)) {
+                return true;
+            }
+            if (c.scheme == PP_SCHEME_ONEBIT) {
+                bool scaling = (c.opts & PP_OPT_SCALING) != 0;
+                if (scaling && c.n > 0) {
+                    emu_finalize_sums((const double*)c.partials, c.n, c.n, 0u, payload);
+                } else {
+                    payload[0] = pp_f32_bits(scaling ? 0.0f : 1.0f);
+                }
+            } else if (c.scheme == PP_SCHEME_MINMAX || (c.scheme == PP_SCHEME_DITHER && !l2)) {
+                emu_finalize_minmax(pp_f32p(c.spans), c.n, c.bucket,
+                                    c.scheme == PP_SCHEME_MINMAX ? 0u : 1u, payload);
+            } else if (c.scheme == PP_SCHEME_DITHER) {
+                emu_finalize_sums((const double*)c.partials, c.n, c.bucket, 1u, payload);
+            }
+            return true;
+        case 4:  // pp_t_encode
+            if (pp_chunk_bad(c)) {
+                return true;
+            }
+            switch (c.scheme) {
+                case PP_SCHEME_RAW:
+                    for (pp_u64 i = 0; i < c.n; ++i) {
+                        payload[i] = pp_f32_bits(x[i]);
+                    }
+                    return true;
+                case PP_SCHEME_FP16:
+                case PP_SCHEME_BF16: {
+                    pp_u16* h = (pp_u16*)payload;
+                    for (pp_u64 i = 0; i < c.n; ++i) {
+                        h[i] = c.scheme == PP_SCHEME_FP16 ? pp_f32_to_f16_sat(x[i])
+                                                          : pp_f32_to_bf16_sat(x[i]);
+                    }
+                    return true;
+                }
+                case PP_SCHEME_MINMAX:
+                    return emu_pack(pp_minmax_enc(payload, c.bucket, c.param, c.rounding), x, c.n,
+                                    c.param, payload + pp_minmax_header_words(c.n, c.bucket));
+                case PP_SCHEME_DITHER:
+                    return emu_pack(pp_dither_enc(payload, c.bucket, c.param, natural, c.rounding),
+                                    x, c.n, pp_dither_width(c.param),
+                                    payload + pp_dither_header_words(c.n, c.bucket));
+                case PP_SCHEME_RANDOMK: {
+                    PPPerm perm = pp_perm_new(c.n, c.indices);
+                    for (pp_u64 j = 0; j < c.k; ++j) {
+                        payload[j] = pp_f32_bits(pp_randomk_value(x, perm, j, c.scale));
+                    }
+                    return true;
+                }
+                default:
+                    return true;  // onebit's codes came with its statistics
+            }
+        case 5:  // pp_t_residual
+            if (c.e == 0 || pp_chunk_bad(c)) {
+                return true;
+            }
+            for (pp_u64 i0 = 0; i0 < c.n; i0 += PP_GROUP) {
+                if (!pp_residual_group(c, i0, (pp_u32)pp_min_u64(PP_GROUP, c.n - i0))) {
+                    flags[PP_FLAG_EF_RESIDUAL] = 1u;
+                }
+            }
+            return true;
+        case 6: {  // pp_t_residual_scatter
+            if (c.e == 0 || c.scheme != PP_SCHEME_RANDOMK || pp_chunk_bad(c)) {
+                return true;
+            }
+            PPPerm perm = pp_perm_new(c.n, c.indices);
+            for (pp_u64 j = 0; j < c.k; ++j) {
+                if (!pp_residual_scatter(c, perm, j)) {
+                    flags[PP_FLAG_EF_RESIDUAL] = 1u;
+                }
+            }
+            return true;
+        }
+        case 7:  // pp_t_decode
+            if (flags[PP_FLAG_PRESENT] == 0) {
+                return true;
+            }
+            for (pp_u64 i0 = 0; i0 < c.n; i0 += PP_GROUP) {
+                pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, c.n - i0);
+                float vals[PP_GROUP];
+                pp_decode_values(c, i0, count, vals);
+                pp_store_group(pp_f32m(c.y), i0, count, vals, false);
+            }
+            return true;
+        case 8: {  // pp_t_decode_scatter
+            if (c.scheme != PP_SCHEME_RANDOMK || flags[PP_FLAG_PRESENT] == 0) {
+                return true;
+            }
+            PPPerm perm = pp_perm_new(c.n, c.indices);
+            for (pp_u64 j = 0; j < c.k; ++j) {
+                pp_decode_scatter(c, perm, j);
+            }
+            return true;
+        }
+        default:
+            return false;
+    }
 }
 
-bool pp_emu_ef_residual(const float* p, float* d, pp_u64 n) {
-    bool ok = true;
-    for (pp_u64 i = 0; i < n; ++i) {
-        float v = p[i] - d[i];
-        ok = ok && pp_is_finite(v);
-        d[i] = v;
+}  // namespace
+
+extern "C" {
+
+// Runs table step `step` over chunks [0, chunks) of `table`.
+bool pp_emu_table_step(pp_u32 step, const PPChunk* table, pp_u64 chunks) {
+    for (pp_u64 c = 0; c < chunks; ++c) {
+        if (!emu_table_chunk(step, table[c])) {
+            return false;
+        }
     }
-    return ok;
+    return true;
 }
 
-bool pp_emu_nesterov(const float* g, const float* m, pp_u64 n, float mu, float* p) {
-    bool ok = true;
-    for (pp_u64 i = 0; i < n; ++i) {
-        float mn = pp_momentum_next(m[i], g[i], mu);
-        float v = pp_nesterov_value(g[i], mn, mu);
-        ok = ok && pp_is_finite(v) && pp_is_finite(mn);
-        p[i] = v;
+// sizeof(PPChunk) and the byte offset of every field, in declaration order, into out (at most
+// out_len values); returns how many fields there are.
+pp_u64 pp_host_chunk_layout(pp_u64* out, pp_u64 out_len) {
+    pp_u64 offs[] = {
+        sizeof(PPChunk),
+        offsetof(PPChunk, g),        offsetof(PPChunk, x),       offsetof(PPChunk, y),
+        offsetof(PPChunk, n),        offsetof(PPChunk, payload), offsetof(PPChunk, flags),
+        offsetof(PPChunk, m),        offsetof(PPChunk, m_next),  offsetof(PPChunk, mp),
+        offsetof(PPChunk, e),        offsetof(PPChunk, ep),      offsetof(PPChunk, d),
+        offsetof(PPChunk, partials), offsetof(PPChunk, spans),   offsetof(PPChunk, bucket),
+        offsetof(PPChunk, k),        offsetof(PPChunk, rounding), offsetof(PPChunk, indices),
+        offsetof(PPChunk, scheme),   offsetof(PPChunk, param),   offsetof(PPChunk, opts),
+        offsetof(PPChunk, pad),      offsetof(PPChunk, mu),      offsetof(PPChunk, factor),
+        offsetof(PPChunk, scale),    offsetof(PPChunk, divisor),
+    };
+    pp_u64 count = sizeof offs / sizeof offs[0];
+    for (pp_u64 i = 0; i < count && i < out_len; ++i) {
+        out[i] = offs[i];
     }
-    return ok;
-}
-
-void pp_emu_momentum_update(const float* g, float* m, pp_u64 n, float mu) {
-    for (pp_u64 i = 0; i < n; ++i) {
-        m[i] = pp_momentum_next(m[i], g[i], mu);
-    }
-}
-
-void pp_emu_divide(float* y, pp_u64 n, float w) {
-    for (pp_u64 i = 0; i < n; ++i) {
-        y[i] = y[i] / w;
-    }
+    return count;
 }
 
 }  // extern "C"

@@ -43,7 +43,7 @@ extern "C" __global__ void pp_fill_u32(pp_u32* dst, pp_u64 count, pp_u32 value) 
 // partials[g] = the f32 tree sum of f(x) over reduction block g (op 0: |x|, op 1: x*x), as f64.
 // One warp per block (warp-level grid-stride over the pp_num_pieces(n, bucket, 256) blocks):
 // the first three levels in each lane's registers, the last five by shuffles.
-extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op,
+__device__ __forceinline__ void pp_block_sums_body(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op,
                                          double* partials) {
     pp_u64 blocks = pp_num_pieces(n, bucket, PP_REDUCE_BLOCK);
     for (pp_u64 g = PP_WARP_ID(); g < blocks; g += PP_WARPS()) {
@@ -57,11 +57,16 @@ extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket
     }
 }
 
+extern "C" __global__ void pp_block_sums(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 op,
+                                         double* partials) {
+    pp_block_sums_body(x, n, bucket, op, partials);
+}
+
 // hdr[b] = bucket b's statistic from the block partials (mode 0: mean, mode 1: sqrt of sum).
 // Narrow buckets (at most PP_WIDE_BUCKET partials): one thread per bucket, pp_finalize_sum.
 // Wide buckets: one CUDA block per bucket (block-level grid-stride), thread t adding group
 // j0 + t of the partials, thread 0 the group sums in order.
-extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket,
+__device__ __forceinline__ void pp_finalize_sums_body(const double* partials, pp_u64 n, pp_u64 bucket,
                                             pp_u32 mode, pp_u32* hdr) {
     pp_u64 nb = pp_num_buckets(n, bucket);
     if (!pp_wide_buckets(bucket, PP_REDUCE_BLOCK)) {
@@ -93,9 +98,14 @@ extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp
     }
 }
 
+extern "C" __global__ void pp_finalize_sums(const double* partials, pp_u64 n, pp_u64 bucket,
+                                            pp_u32 mode, pp_u32* hdr) {
+    pp_finalize_sums_body(partials, n, bucket, mode, hdr);
+}
+
 // partials[2g], partials[2g+1] = (lo, hi) of span g (mode 0: min, max; mode 1: -, max |x|).
 // One warp per span (warp-level grid-stride), lanes strided, combined by shuffles.
-extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode,
+__device__ __forceinline__ void pp_span_minmax_body(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode,
                                           float* partials) {
     pp_u64 spans = pp_num_pieces(n, bucket, PP_SPAN);
     for (pp_u64 g = PP_WARP_ID(); g < spans; g += PP_WARPS()) {
@@ -115,10 +125,15 @@ extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucke
     }
 }
 
+extern "C" __global__ void pp_span_minmax(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 mode,
+                                          float* partials) {
+    pp_span_minmax_body(x, n, bucket, mode, partials);
+}
+
 // Header words of each bucket from the span partials. Narrow buckets: one thread per bucket
 // (pp_finalize_minmax). Wide buckets: one CUDA block per bucket (block-level grid-stride),
 // thread t folding a contiguous run of the bucket's spans, then a tree over the threads.
-extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
+__device__ __forceinline__ void pp_finalize_minmax_body(const float* partials, pp_u64 n, pp_u64 bucket,
                                               pp_u32 mode, pp_u32* hdr) {
     pp_u64 nb = pp_num_buckets(n, bucket);
     if (!pp_wide_buckets(bucket, PP_SPAN)) {
@@ -150,14 +165,23 @@ extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, p
     }
 }
 
+extern "C" __global__ void pp_finalize_minmax(const float* partials, pp_u64 n, pp_u64 bucket,
+                                              pp_u32 mode, pp_u32* hdr) {
+    pp_finalize_minmax_body(partials, n, bucket, mode, hdr);
+}
+
 // ------------------------------------------------------------------------------------------------
 // fp16 / bf16: n x u16. One thread per element.
 // ------------------------------------------------------------------------------------------------
 
-extern "C" __global__ void pp_fp16_compress(const float* x, pp_u64 n, pp_u16* out) {
+__device__ __forceinline__ void pp_fp16_compress_body(const float* x, pp_u64 n, pp_u16* out) {
     for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
         out[i] = pp_f32_to_f16_sat(x[i]);
     }
+}
+
+extern "C" __global__ void pp_fp16_compress(const float* x, pp_u64 n, pp_u16* out) {
+    pp_fp16_compress_body(x, n, out);
 }
 
 extern "C" __global__ void pp_fp16_decompress(const pp_u16* in, pp_u64 n, float* out) {
@@ -172,10 +196,14 @@ extern "C" __global__ void pp_fp16_decompress_add(const pp_u16* in, pp_u64 n, fl
     }
 }
 
-extern "C" __global__ void pp_bf16_compress(const float* x, pp_u64 n, pp_u16* out) {
+__device__ __forceinline__ void pp_bf16_compress_body(const float* x, pp_u64 n, pp_u16* out) {
     for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
         out[i] = pp_f32_to_bf16_sat(x[i]);
     }
+}
+
+extern "C" __global__ void pp_bf16_compress(const float* x, pp_u64 n, pp_u16* out) {
+    pp_bf16_compress_body(x, n, out);
 }
 
 extern "C" __global__ void pp_bf16_decompress(const pp_u16* in, pp_u64 n, float* out) {
@@ -229,7 +257,7 @@ __device__ __forceinline__ void pp_pack_kernel(Enc enc, const float* x, pp_u64 n
 // elements 256g + 32k + l (bit l; 0 past n), written by lane k; partials[g] is the |x| sum of
 // the block exactly as pp_block_sums computes it (for the scale header, pp_finalize_sums).
 // `words` points at the stream, past the header.
-extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* words,
+__device__ __forceinline__ void pp_onebit_compress_body(const float* x, pp_u64 n, pp_u32* words,
                                               double* partials) {
     pp_u64 blocks = pp_num_pieces(n, n, PP_REDUCE_BLOCK);
     pp_u64 nwords = pp_stream_words(n, 1u);
@@ -255,22 +283,37 @@ extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* 
     }
 }
 
+extern "C" __global__ void pp_onebit_compress(const float* x, pp_u64 n, pp_u32* words,
+                                              double* partials) {
+    pp_onebit_compress_body(x, n, words, partials);
+}
+
 // minmax: `payload` starts with the (min, max) header written by pp_finalize_minmax.
-extern "C" __global__ void pp_minmax_compress(const float* x, pp_u64 n, pp_u64 bucket,
+__device__ __forceinline__ void pp_minmax_compress_body(const float* x, pp_u64 n, pp_u64 bucket,
                                               pp_u32 bits, pp_u64 stream, pp_u32* payload) {
     pp_u64 hw = pp_minmax_header_words(n, bucket);
     pp_pack_kernel(pp_minmax_enc(payload, bucket, bits, stream), x, n, bits, payload + hw,
                    pp_stream_words(n, bits));
 }
 
+extern "C" __global__ void pp_minmax_compress(const float* x, pp_u64 n, pp_u64 bucket,
+                                              pp_u32 bits, pp_u64 stream, pp_u32* payload) {
+    pp_minmax_compress_body(x, n, bucket, bits, stream, payload);
+}
+
 // packed dithering: `payload` starts with the norms written by pp_finalize_sums (l2) or
 // pp_finalize_minmax (max). natural: 0 linear levels, 1 natural (powers of two).
-extern "C" __global__ void pp_dither_compress(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 s,
+__device__ __forceinline__ void pp_dither_compress_body(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 s,
                                               pp_u32 natural, pp_u64 stream, pp_u32* payload) {
     pp_u64 hw = pp_dither_header_words(n, bucket);
     pp_u32 w = pp_dither_width(s);
     pp_pack_kernel(pp_dither_enc(payload, bucket, s, natural != 0, stream), x, n, w,
                    payload + hw, pp_stream_words(n, w));
+}
+
+extern "C" __global__ void pp_dither_compress(const float* x, pp_u64 n, pp_u64 bucket, pp_u32 s,
+                                              pp_u32 natural, pp_u64 stream, pp_u32* payload) {
+    pp_dither_compress_body(x, n, bucket, s, natural, stream, payload);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -358,12 +401,17 @@ extern "C" __global__ void pp_dither_decompress_add(const pp_u32* payload, pp_u6
 // then pp_randomk_decompress; decompress_add: the three steps below.
 // ------------------------------------------------------------------------------------------------
 
-extern "C" __global__ void pp_randomk_compress(const float* x, pp_u64 n, pp_u64 k, pp_u64 key,
+__device__ __forceinline__ void pp_randomk_compress_body(const float* x, pp_u64 n, pp_u64 k, pp_u64 key,
                                                float scale, pp_u32* payload) {
     PPPerm p = pp_perm_new(n, key);
     for (pp_u64 j = PP_TID(); j < k; j += PP_STRIDE()) {
         payload[j] = pp_f32_bits(pp_randomk_value(x, p, j, scale));
     }
+}
+
+extern "C" __global__ void pp_randomk_compress(const float* x, pp_u64 n, pp_u64 k, pp_u64 key,
+                                               float scale, pp_u32* payload) {
+    pp_randomk_compress_body(x, n, k, key, scale, payload);
 }
 
 // Writes value j at index permute(j); the other elements must have been zeroed (pp_fill_u32).
@@ -403,57 +451,187 @@ extern "C" __global__ void pp_first_nonfinite(const float* x, pp_u64 n, pp_u64* 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Error feedback, momentum and averaging on the device (src/device/chain.rs). One thread per
-// element; *bad must start at 0 and is set to 1 when a result (or, for pp_nesterov, the new
-// momentum) is not finite: every writer stores the same value, so no atomics are needed.
+// Batches: one launch per step for every chunk of a table (src/device/batch.rs makes the
+// tables and the launches). blockIdx.y is the chunk (gridDim.y the table's length), and the
+// x-dimension runs the step's grid-stride loop within the chunk, so each chunk runs exactly the
+// work units of the one-chunk kernels above; a block dispatches on its chunk's scheme, so all
+// threads of a block take the same branch (the warp shuffles and barriers stay uniform).
+// Steps in order: pp_t_clear, pp_t_prepare, pp_t_stats, pp_t_finalize, pp_t_encode,
+// pp_t_residual, pp_t_residual_scatter (compression); pp_t_decode, pp_t_decode_scatter
+// (pulled results). Chunks whose codec input is not finite skip everything after
+// pp_t_prepare: their round is refused and nothing they would make is used.
 // ------------------------------------------------------------------------------------------------
 
-// p[i] = pp_ef_sum(g[i], e[i], factor, vanilla).
-extern "C" __global__ void pp_ef_input(const float* g, const float* e, pp_u64 n, float factor,
-                                       pp_u32 vanilla, float* p, pp_u32* bad) {
-    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
-        float v = pp_ef_sum(g[i], e[i], factor, vanilla != 0);
-        if (!pp_is_finite(v)) {
-            *bad = 1u;
+#define PP_CHUNK() (table[blockIdx.y])
+
+// Flags of chunks [0, chunks) cleared for a new round: one thread per chunk.
+extern "C" __global__ void pp_t_clear(const PPChunk* table, pp_u64 chunks) {
+    for (pp_u64 c = PP_TID(); c < chunks; c += PP_STRIDE()) {
+        pp_clear_flags(table[c]);
+    }
+}
+
+// Momentum, error feedback and the non-finite check: one thread per element.
+extern "C" __global__ void pp_t_prepare(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    for (pp_u64 i = PP_TID(); i < c.n; i += PP_STRIDE()) {
+        float in = pp_prepare_elem(c, i);
+        if (!pp_is_finite(in)) {
+            atomicMin((pp_u64*)(pp_u32m(c.flags) + PP_FLAG_FIRST_BAD), i);
         }
-        p[i] = v;
     }
 }
 
-// d[i] = p[i] - d[i] (the new residual: the input minus its decompressed payload).
-extern "C" __global__ void pp_ef_residual(const float* p, float* d, pp_u64 n, pp_u32* bad) {
-    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
-        float v = p[i] - d[i];
-        if (!pp_is_finite(v)) {
-            *bad = 1u;
+// The first pass over the codec input: onebit's signs and |x| partials, the min/max spans of
+// minmax and max-norm dithering, the x^2 block partials of l2 dithering.
+extern "C" __global__ void pp_t_stats(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (pp_chunk_bad(c)) {
+        return;
+    }
+    const float* x = pp_f32p(c.x);
+    switch (c.scheme) {
+        case PP_SCHEME_ONEBIT:
+            pp_onebit_compress_body(x, c.n, pp_u32m(c.payload) + pp_onebit_header_words(),
+                                    (double*)c.partials);
+            break;
+        case PP_SCHEME_MINMAX:
+            pp_span_minmax_body(x, c.n, c.bucket, 0u, pp_f32m(c.spans));
+            break;
+        case PP_SCHEME_DITHER:
+            if ((c.opts & PP_OPT_L2) != 0) {
+                pp_block_sums_body(x, c.n, c.bucket, 1u, (double*)c.partials);
+            } else {
+                pp_span_minmax_body(x, c.n, c.bucket, 1u, pp_f32m(c.spans));
+            }
+            break;
+        default:
+            break;
+    }
+}
+
+// The payload headers from the partials: onebit's scale, minmax's (min, max), dithering's
+// norms.
+extern "C" __global__ void pp_t_finalize(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (pp_chunk_bad(c)) {
+        return;
+    }
+    pp_u32* hdr = pp_u32m(c.payload);
+    switch (c.scheme) {
+        case PP_SCHEME_ONEBIT:
+            if ((c.opts & PP_OPT_SCALING) != 0 && c.n > 0) {
+                pp_finalize_sums_body((const double*)c.partials, c.n, c.n, 0u, hdr);
+            } else if (PP_TID() == 0) {
+                // mean |x| of an empty chunk is 0 (elem::mean_abs); no scaling is 1.0.
+                hdr[0] = pp_f32_bits((c.opts & PP_OPT_SCALING) != 0 ? 0.0f : 1.0f);
+            }
+            break;
+        case PP_SCHEME_MINMAX:
+            pp_finalize_minmax_body(pp_f32p(c.spans), c.n, c.bucket, 0u, hdr);
+            break;
+        case PP_SCHEME_DITHER:
+            if ((c.opts & PP_OPT_L2) != 0) {
+                pp_finalize_sums_body((const double*)c.partials, c.n, c.bucket, 1u, hdr);
+            } else {
+                pp_finalize_minmax_body(pp_f32p(c.spans), c.n, c.bucket, 1u, hdr);
+            }
+            break;
+        default:
+            break;
+    }
+}
+
+// The codes: casts, packed bit streams, random-k's values, raw fp32's copy. The launch gives
+// the largest pp_pack_tile_capacity of its tile-staged chunks in dynamic shared memory.
+extern "C" __global__ void pp_t_encode(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (pp_chunk_bad(c)) {
+        return;
+    }
+    const float* x = pp_f32p(c.x);
+    pp_u32* payload = pp_u32m(c.payload);
+    switch (c.scheme) {
+        case PP_SCHEME_RAW:
+            for (pp_u64 i = PP_TID(); i < c.n; i += PP_STRIDE()) {
+                payload[i] = pp_f32_bits(x[i]);
+            }
+            break;
+        case PP_SCHEME_FP16:
+            pp_fp16_compress_body(x, c.n, (pp_u16*)payload);
+            break;
+        case PP_SCHEME_BF16:
+            pp_bf16_compress_body(x, c.n, (pp_u16*)payload);
+            break;
+        case PP_SCHEME_MINMAX:
+            pp_minmax_compress_body(x, c.n, c.bucket, c.param, c.rounding, payload);
+            break;
+        case PP_SCHEME_DITHER:
+            pp_dither_compress_body(x, c.n, c.bucket, c.param,
+                                    (c.opts & PP_OPT_NATURAL) != 0 ? 1u : 0u, c.rounding,
+                                    payload);
+            break;
+        case PP_SCHEME_RANDOMK:
+            pp_randomk_compress_body(x, c.n, c.k, c.indices, c.scale, payload);
+            break;
+        default:
+            break;  // onebit's codes came with its statistics
+    }
+}
+
+// Error feedback's new residual d = ep - D(C(ep)): one thread per group of PP_GROUP elements.
+extern "C" __global__ void pp_t_residual(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (c.e == 0 || pp_chunk_bad(c)) {
+        return;
+    }
+    pp_u64 groups = pp_div_ceil(c.n, PP_GROUP);
+    for (pp_u64 gi = PP_TID(); gi < groups; gi += PP_STRIDE()) {
+        pp_u64 i0 = gi * PP_GROUP;
+        if (!pp_residual_group(c, i0, (pp_u32)pp_min_u64(PP_GROUP, c.n - i0))) {
+            pp_u32m(c.flags)[PP_FLAG_EF_RESIDUAL] = 1u;
         }
-        d[i] = v;
     }
 }
 
-// p[i] = pp_nesterov_value(g[i], pp_momentum_next(m[i], g[i], mu), mu); m is not changed.
-extern "C" __global__ void pp_nesterov(const float* g, const float* m, pp_u64 n, float mu,
-                                       float* p, pp_u32* bad) {
-    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
-        float mn = pp_momentum_next(m[i], g[i], mu);
-        float v = pp_nesterov_value(g[i], mn, mu);
-        if (!pp_is_finite(v) || !pp_is_finite(mn)) {
-            *bad = 1u;
+// Random-k's residual on its support (after pp_t_residual): one thread per value.
+extern "C" __global__ void pp_t_residual_scatter(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (c.e == 0 || c.scheme != PP_SCHEME_RANDOMK || pp_chunk_bad(c)) {
+        return;
+    }
+    PPPerm perm = pp_perm_new(c.n, c.indices);
+    for (pp_u64 j = PP_TID(); j < c.k; j += PP_STRIDE()) {
+        if (!pp_residual_scatter(c, perm, j)) {
+            pp_u32m(c.flags)[PP_FLAG_EF_RESIDUAL] = 1u;
         }
-        p[i] = v;
     }
 }
 
-// m[i] = pp_momentum_next(m[i], g[i], mu): the commit after a successful round.
-extern "C" __global__ void pp_momentum_update(const float* g, float* m, pp_u64 n, float mu) {
-    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
-        m[i] = pp_momentum_next(m[i], g[i], mu);
+// Pulled payloads (the chunks whose PRESENT word is set) decoded into y: one thread per group.
+extern "C" __global__ void pp_t_decode(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (pp_u32m(c.flags)[PP_FLAG_PRESENT] == 0) {
+        return;
+    }
+    pp_u64 groups = pp_div_ceil(c.n, PP_GROUP);
+    for (pp_u64 gi = PP_TID(); gi < groups; gi += PP_STRIDE()) {
+        pp_u64 i0 = gi * PP_GROUP;
+        pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, c.n - i0);
+        float vals[PP_GROUP];
+        pp_decode_values(c, i0, count, vals);
+        pp_store_group_dev(pp_f32m(c.y), i0, count, vals, false);
     }
 }
 
-// y[i] = y[i] / w (Reduce::Average: the sum divided by the number of workers).
-extern "C" __global__ void pp_divide(float* y, pp_u64 n, float w) {
-    for (pp_u64 i = PP_TID(); i < n; i += PP_STRIDE()) {
-        y[i] = y[i] / w;
+// Random-k's pulled values scattered into y (after pp_t_decode zeroed it).
+extern "C" __global__ void pp_t_decode_scatter(const PPChunk* table) {
+    const PPChunk& c = PP_CHUNK();
+    if (c.scheme != PP_SCHEME_RANDOMK || pp_u32m(c.flags)[PP_FLAG_PRESENT] == 0) {
+        return;
+    }
+    PPPerm perm = pp_perm_new(c.n, c.indices);
+    for (pp_u64 j = PP_TID(); j < c.k; j += PP_STRIDE()) {
+        pp_decode_scatter(c, perm, j);
     }
 }

@@ -1,9 +1,10 @@
 //! The CUDA kernels' throughput on a GPU: GB/s of fp32 input for compress, decompress and
 //! decompress-add of every compressor that has a kernel, against a device-to-device copy of the
-//! same buffer measured in the same run; then a worker's whole per-chunk path (momentum, error
-//! feedback, the codec, the checks and the copy of the payload into page-locked staging,
-//! `DeviceChain::start`/`finish` as the worker calls them) for the default presets, next to the
-//! same chain on one CPU core.
+//! same buffer measured in the same run; then a worker's whole path for a tensor's chunks as
+//! one batch (momentum, error feedback, the codec, the checks and the copy of the payloads into
+//! page-locked staging: `Batch::start` and `Started::finish` as the worker calls them) for the
+//! default presets, next to the same chains on one CPU core, with the driver calls a round
+//! took.
 //!
 //! ```text
 //! cargo run --release -p pushpull-kernels --features cuda --example bench_gpu -- \
@@ -22,7 +23,7 @@ use pushpull_kernels::cuda::{
     gpu_available, nvrtc_available, ptx_arch, CudaDevice, GpuCodec, GpuContext, GpuScheme,
     RoundStreams,
 };
-use pushpull_kernels::device::{Device, DeviceChain};
+use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor};
 use pushpull_kernels::{parse_params, Role, RoundCtx};
 
 const USAGE: &str = "usage: bench_gpu [--elements N] [--chunk N] [--reps N] [--filter SUBSTRING]";
@@ -166,21 +167,24 @@ fn main() {
     chains(&gpu, &args, &x_host);
 }
 
-/// A worker's per-chunk compression (`DeviceChain::start` for every chunk, then `finish` in
-/// turn, as a round does) against the CPU chain of the same chunks on one core.
+/// A worker's compression of a tensor's chunks as one batch (`Batch::start`, then
+/// `Started::finish` of every chunk, as a round does) against the CPU chain of the same chunks
+/// on one core.
 fn chains(gpu: &Arc<GpuContext>, args: &Args, x_host: &[f32]) {
     let device = Arc::new(CudaDevice::new(gpu.clone()));
     let n = args.elements;
     let chunk = args.chunk.min(n);
     let chunks = n.div_ceil(chunk);
-    let mut x = device.alloc_zeros(n).expect("alloc");
-    device.upload(x_host, &mut x, 0).expect("upload");
+    let x = device.alloc_zeros(n).expect("alloc");
+    let x_at = device.mem_addr(&x);
+    // SAFETY: `x` holds n elements.
+    unsafe { device.upload(x_host, x_at) }.expect("upload");
     println!(
-        "\n## A worker's chunks ({chunks} of {chunk} elements): GPU chain (payloads in host \
-         staging) against the CPU chain on one core (GB/s of fp32 input)\n"
+        "\n## A worker's chunks ({chunks} of {chunk} elements) as one batch: GPU chains \
+         (payloads in host staging) against the CPU chain on one core (GB/s of fp32 input)\n"
     );
-    println!("| preset | GPU | CPU, one core | GPU / CPU |");
-    println!("|---|---|---|---|");
+    println!("| preset | GPU | CPU, one core | GPU / CPU | driver calls a round |");
+    println!("|---|---|---|---|---|");
     let presets: [(&str, &[(&str, &str)]); 5] = [
         (
             "onebit + ef + nesterov",
@@ -224,46 +228,36 @@ fn chains(gpu: &Arc<GpuContext>, args: &Args, x_host: &[f32]) {
                 min_compress_bytes: 0,
             })
             .collect();
-        let mut gpu_chains: Vec<DeviceChain<CudaDevice>> = match infos
-            .iter()
-            .map(|i| DeviceChain::build(&device, i))
-            .collect::<Result<Option<Vec<_>>, String>>()
-        {
-            Ok(Some(c)) => c,
+        let mut tensor = match DeviceTensor::build(&device, &infos) {
+            Ok(Some(t)) => t,
             Ok(None) => {
-                println!("| {label} | CPU only | | |");
+                println!("| {label} | CPU only | | | |");
                 continue;
             }
             Err(e) => {
-                println!("| {label} | refused: {e} | | |");
+                println!("| {label} | refused: {e} | | | |");
                 continue;
             }
         };
-        let mut stagings: Vec<_> = gpu_chains
-            .iter()
-            .map(|c| device.alloc_staging(c.staging_bytes()).expect("staging"))
-            .collect();
+        let batch = Batch::new(&device, &[&tensor]).expect("batch");
         let mut round = 0u64;
+        let mut calls = 0;
         let t_gpu = time(gpu, args.reps, || {
             round += 1;
-            let ctx = RoundCtx::new(round);
-            let started: Vec<_> = gpu_chains
-                .iter_mut()
-                .zip(stagings.drain(..))
-                .enumerate()
-                .map(|(c, (chain, s))| {
-                    let range = c * chunk..c * chunk + chain.len();
-                    chain
-                        .start(&x, range, &ctx, s)
-                        .map_err(|(e, _)| e)
-                        .expect("start")
-                })
-                .collect();
-            for (chain, st) in gpu_chains.iter_mut().zip(started) {
-                let (s, len) = chain.finish(&x, st);
-                len.expect("finish");
-                stagings.push(s);
+            let before = device.driver_calls();
+            let r = BatchRound {
+                input: x_at,
+                output: x_at,
+                round,
+                lr: None,
+                average_over: None,
+            };
+            // SAFETY: `x` outlives the round; nothing is decoded into it.
+            let started = unsafe { batch.start(&[&tensor], &[r]) }.expect("start");
+            for c in 0..chunks {
+                started.finish(0, &mut tensor, c).expect("finish");
             }
+            calls = device.driver_calls() - before;
         });
         // The CPU chain of the first chunk, timed on its own and scaled to all chunks.
         let mut cpu = chunk_codec(&infos[0]).expect("cpu chain");
@@ -280,7 +274,7 @@ fn chains(gpu: &Arc<GpuContext>, args: &Args, x_host: &[f32]) {
         let t_cpu = t0.elapsed().as_secs_f64() / reps as f64 * n as f64 / first.len() as f64;
         let gbs = |s: f64| 4.0 * n as f64 / s / 1e9;
         println!(
-            "| {label} | {:.1} GB/s | {:.2} GB/s | {:.0}× |",
+            "| {label} | {:.1} GB/s | {:.2} GB/s | {:.0}× | {calls} |",
             gbs(t_gpu),
             gbs(t_cpu),
             t_cpu / t_gpu

@@ -313,8 +313,9 @@ pub struct JobConfig {
     /// default, so only compressed payloads cross PCIe; needs a usable CUDA GPU) or `emulated`
     /// (the host-emulated device of the worker crate, which runs the device path's kernels on
     /// the CPU: the device data path without a GPU, for tests). Device buffers are reduced in
-    /// place with one `push_pull_device` call per tensor, issued in `issue`'s order (`group`:
-    /// the last layer first; there is no grouped device call), all before any is awaited.
+    /// place: with `issue = group`, in one `push_pull_group_device` call (one batch of every
+    /// chunk on the device), else with one `push_pull_device` call per tensor in `issue`'s
+    /// order, all before any is awaited.
     #[serde(default = "default_job_buffers")]
     pub buffers: String,
     /// `skip_push_pull` (train): train without any push_pull, each worker alone on its shard

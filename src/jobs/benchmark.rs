@@ -296,7 +296,7 @@ pub async fn run_benchmark(
             timed_rounds(ctx, DeviceRounds::new(gpu, &inputs)?, &mut progress).await?
         }
         (None, "emulated") => {
-            let device = Arc::new(EmulatedDevice);
+            let device = Arc::new(EmulatedDevice::new());
             timed_rounds(ctx, DeviceRounds::new(device, &inputs)?, &mut progress).await?
         }
         (None, _) => timed_rounds(ctx, HostRounds::new(inputs), &mut progress).await?,

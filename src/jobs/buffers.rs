@@ -5,8 +5,8 @@
 //! show a result on the host for the checks. [`HostRounds`] keeps fp32 tensors in host memory
 //! and reduces them out of place (`push_pull_into`, or one `push_pull_group_into`);
 //! [`DeviceRounds`] keeps them in a [`Device`]'s memory (a CUDA GPU, or the host-emulated
-//! device) and reduces them in place with `push_pull_device`, after copying each tensor's
-//! input into its work buffer on the device.
+//! device) and reduces them in place with `push_pull_device` (or one `push_pull_group_device`:
+//! one batch on the device), after copying each tensor's input into its work buffer.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +22,7 @@ pub struct RoundPlan<'a> {
     pub tensors: &'a [Tensor],
     /// The order the calls are made in.
     pub order: &'a [usize],
-    /// One grouped call (host buffers only) instead of separate calls.
+    /// One grouped call instead of separate calls.
     pub group: bool,
     /// When the round started (for the time to first layer).
     pub start: Instant,
@@ -144,11 +144,12 @@ impl Rounds for HostRounds {
     }
 }
 
-/// Device memory: each tensor's input and a work buffer live on `device`; every round copies
-/// the input into the work buffer on the device (not timed) and reduces it in place.
+/// Device memory: each tensor's work buffer lives on `device`; every round uploads the input
+/// into it (not timed) and reduces it in place, with one call per tensor or one group call
+/// (one batch on the device).
 pub struct DeviceRounds<D: Device> {
     device: Arc<D>,
-    inputs: Vec<D::Mem>,
+    inputs: Vec<Arc<[f32]>>,
     work: Vec<Option<D::Mem>>,
 }
 
@@ -157,26 +158,20 @@ fn device_err(what: &str, e: impl std::fmt::Display) -> CliError {
 }
 
 impl<D: Device> DeviceRounds<D> {
-    /// Uploads the inputs to `device`.
+    /// Work buffers for `inputs` on `device`.
     pub fn new(device: Arc<D>, inputs: &[Arc<[f32]>]) -> CliResult<DeviceRounds<D>> {
-        let mut mems = Vec::with_capacity(inputs.len());
-        let mut work = Vec::with_capacity(inputs.len());
-        for x in inputs {
-            let mut mem = device
-                .alloc_zeros(x.len())
-                .map_err(|e| device_err("allocating device memory for the job's tensors", e))?;
-            device
-                .upload(x, &mut mem, 0)
-                .map_err(|e| device_err("uploading the job's inputs", e))?;
-            mems.push(mem);
-            let w = device
-                .alloc_zeros(x.len())
-                .map_err(|e| device_err("allocating device memory for the job's tensors", e))?;
-            work.push(Some(w));
-        }
+        let work = inputs
+            .iter()
+            .map(|x| {
+                device
+                    .alloc_zeros(x.len())
+                    .map(Some)
+                    .map_err(|e| device_err("allocating device memory for the job's tensors", e))
+            })
+            .collect::<CliResult<Vec<_>>>()?;
         Ok(DeviceRounds {
             device,
-            inputs: mems,
+            inputs: inputs.to_vec(),
             work,
         })
     }
@@ -184,11 +179,11 @@ impl<D: Device> DeviceRounds<D> {
 
 impl<D: Device> Rounds for DeviceRounds<D> {
     fn prepare(&mut self) -> CliResult<()> {
-        for (x, w) in self.inputs.iter().zip(&mut self.work) {
-            let w = w.as_mut().expect("every buffer is back");
-            self.device
-                .copy(x, w)
-                .map_err(|e| device_err("copying an input on the device", e))?;
+        for (x, w) in self.inputs.iter().zip(&self.work) {
+            let w = w.as_ref().expect("every buffer is back");
+            // SAFETY: the work buffer holds x.len() elements and no round is running.
+            unsafe { self.device.upload(x, self.device.mem_addr(w)) }
+                .map_err(|e| device_err("copying an input to the device", e))?;
         }
         Ok(())
     }
@@ -197,9 +192,31 @@ impl<D: Device> Rounds for DeviceRounds<D> {
         let RoundPlan {
             tensors,
             order,
+            group,
             start,
-            ..
         } = plan;
+        let mut tally = Tally::default();
+        if group {
+            let calls = order
+                .iter()
+                .map(|&i| {
+                    let mem = self.work[i].take().expect("every buffer is back");
+                    (tensors[i].clone(), mem)
+                })
+                .collect();
+            let handles = worker
+                .push_pull_group_device(calls, &self.device, Reduce::Sum)
+                .await;
+            let mut calls: FuturesUnordered<_> = order
+                .iter()
+                .zip(handles)
+                .map(|(&i, h)| async move { (i, h.await, start.elapsed().as_secs_f64()) })
+                .collect();
+            while let Some((i, r, at)) = calls.next().await {
+                self.work[i] = tally.record(i, r, at);
+            }
+            return tally.outcome();
+        }
         // All calls in flight at once in this task (futures polled in the order pushed).
         let mut calls = FuturesUnordered::new();
         for &i in order {
@@ -210,7 +227,6 @@ impl<D: Device> Rounds for DeviceRounds<D> {
                 (i, r, start.elapsed().as_secs_f64())
             });
         }
-        let mut tally = Tally::default();
         while let Some((i, r, at)) = calls.next().await {
             self.work[i] = tally.record(i, r, at);
         }
@@ -219,10 +235,9 @@ impl<D: Device> Rounds for DeviceRounds<D> {
 
     fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {
         let mem = self.work[i].as_ref().expect("every push_pull answered");
-        let len = self.device.mem_len(mem);
-        let mut out = vec![0.0f32; len];
-        self.device
-            .download(mem, 0..len, &mut out)
+        let mut out = vec![0.0f32; self.device.mem_len(mem)];
+        // SAFETY: `mem` holds out.len() elements and no round is running.
+        unsafe { self.device.download(self.device.mem_addr(mem), &mut out) }
             .map_err(|e| device_err("copying a result to the host", e))?;
         Ok(std::borrow::Cow::Owned(out))
     }

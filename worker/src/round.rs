@@ -3,8 +3,9 @@
 //! Chunks run concurrently as futures of the round's task, sharing the caller's buffer (a
 //! [`RoundData`]: host memory or a device's) behind a mutex that is held only to encode or
 //! decode one chunk, never across an await. Every chunk is encoded at once (into a
-//! pooled buffer; a device's chunks are first all launched, [`RoundData::launch`], then each
-//! waited for in turn) and queued on the worker's [`FrameSender`], which sends it in priority
+//! pooled buffer; a device's chunks were all launched with the call's other rounds,
+//! [`RoundData::launch`], and each is taken from the batch's staging in turn) and queued on
+//! the worker's [`FrameSender`], which sends it in priority
 //! order within the worker's byte window; the window frees a frame once its server has
 //! received it, whatever the round is doing, so rounds of different tensors issued in any
 //! order on different workers can never wait on each other.
@@ -67,7 +68,7 @@ pub(crate) enum RoundKind {
 
 impl RoundCtx {
     /// The round's learning rate (it travels as f32 bits, 0 when the training loop set none).
-    fn lr(&self) -> Option<f32> {
+    pub(crate) fn lr(&self) -> Option<f32> {
         (self.learning_rate != 0).then(|| f32::from_bits(self.learning_rate))
     }
 }
@@ -110,14 +111,6 @@ pub(crate) async fn run_round<R: RoundData>(
         tensor.decompress_nanos.load(Ordering::Relaxed),
     );
     let mut first_error: Option<WorkerError> = None;
-    if encodes(kind, ctx.rank) {
-        let t0 = std::time::Instant::now();
-        let mut data = data.lock().unwrap_or_else(|p| p.into_inner());
-        data.launch(&tensor, round, kind, ctx.lr());
-        if let RoundKind::Sum { .. } = kind {
-            add_nanos(&tensor.compress_nanos, t0);
-        }
-    }
     {
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
             .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data, &queued))
@@ -143,10 +136,7 @@ pub(crate) async fn run_round<R: RoundData>(
     match first_error {
         Some(e @ WorkerError::Aborted { .. }) => Err(prefer_fatal(&ctx.shared, e).await),
         Some(e) => Err(e),
-        None => {
-            tensor.rounds_done.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        }
+        None => Ok(()),
     }
 }
 
@@ -302,7 +292,7 @@ async fn chunk_round<R: RoundData>(
     }
 }
 
-fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {
+pub(crate) fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {
     let n = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
     counter.fetch_add(n, Ordering::Relaxed);
 }

@@ -60,12 +60,14 @@ pub(crate) struct TensorInner {
 pub(crate) struct Residence {
     /// Set by the first push_pull round: [`Device::Cpu`] for host buffers, else the device's.
     pub(crate) home: Option<Device>,
-    /// The device chains of `home` (a `Vec<Option<DeviceChain<D>>>`), out while a round runs.
+    /// The device state of `home` (`crate::data`'s `DeviceState<D>`), out while a round runs.
     pub(crate) chains: Option<Box<dyn std::any::Any + Send>>,
     /// Where the last push_pull round compressed (broadcasts carry raw fp32).
     pub(crate) compressed_on: Device,
     /// Where the last round's buffer lived.
     pub(crate) buffer_on: Device,
+    /// Device and page-locked bytes its device state holds.
+    pub(crate) device_bytes: u64,
 }
 
 impl Residence {
@@ -75,6 +77,7 @@ impl Residence {
             chains: None,
             compressed_on: Device::Cpu,
             buffer_on: Device::Cpu,
+            device_bytes: 0,
         }
     }
 
@@ -171,6 +174,7 @@ impl Tensor {
             decompress_seconds: secs(&self.inner.decompress_nanos),
             device: residence.compressed_on,
             buffer_device: residence.buffer_on,
+            device_bytes: residence.device_bytes,
         }
     }
 }
@@ -221,6 +225,9 @@ pub struct TensorMetrics {
     pub device: Device,
     /// Where the last round's buffer lived (`cpu` for host buffers).
     pub buffer_device: Device,
+    /// Device and page-locked host bytes the tensor's device state holds (residual, momentum,
+    /// scratch, the staging of its pulled payloads): 0 for host buffers.
+    pub device_bytes: u64,
 }
 
 impl TensorMetrics {
@@ -257,6 +264,9 @@ pub struct Metrics {
     pub wait_seconds: f64,
     /// Seconds decompressing, all tensors.
     pub decompress_seconds: f64,
+    /// Device and page-locked host bytes the worker holds for device buffers: every tensor's
+    /// [`TensorMetrics::device_bytes`] and the batches' tables, payload arenas and staging.
+    pub device_bytes: u64,
     /// Per tensor, by name.
     pub tensors: BTreeMap<String, TensorMetrics>,
 }
@@ -274,6 +284,7 @@ impl Metrics {
             m.compress_seconds += tm.compress_seconds;
             m.wait_seconds += tm.wait_seconds;
             m.decompress_seconds += tm.decompress_seconds;
+            m.device_bytes += tm.device_bytes;
             m.tensors.insert(t.name().to_string(), tm);
         }
         m

@@ -1,6 +1,7 @@
 //! [`Worker`]: the handle and the collective operations; joining the cluster is in
 //! [`join`].
 
+mod device;
 mod group;
 mod join;
 
@@ -22,12 +23,11 @@ use pushpull_proto::{Config, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
-use crate::data::{ChainSetup, DeviceData, HostData, HostInto, RoundData};
+use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
 use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
 use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
-use pushpull_kernels::device::Device;
 use pushpull_kernels::{CodecContext, CodecFactory, Node};
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
@@ -79,6 +79,8 @@ struct WorkerInner {
     custom_factory: AtomicBool,
     /// `worker.device = "cpu"`: device buffers are reduced on the host.
     host_only: bool,
+    /// The device batches of the sets of tensors launched together so far.
+    batches: Batches,
     /// Buffers for encoded pushes.
     pool: Arc<BufPool>,
     /// The learning rate of the next rounds as f32 bits (0: none set).
@@ -161,7 +163,9 @@ impl Worker {
     /// Byte counters: totals and per tensor.
     pub fn metrics(&self) -> Metrics {
         let tensors = lock(&self.inner.tensors);
-        Metrics::from_tensors(tensors.values())
+        let mut m = Metrics::from_tensors(tensors.values());
+        m.device_bytes += self.inner.batches.bytes();
+        m
     }
 
     /// Declares tensor `name` of `len` f32 elements, a collective: returns once every worker of
@@ -459,57 +463,6 @@ impl Worker {
             .map(|d| d.0)
     }
 
-    /// [`Worker::push_pull`] of a tensor in device memory: `mem` (on `device`) is replaced by
-    /// the sum or average in place and handed back, bit for bit what the host path gives.
-    ///
-    /// Each chunk is compressed on the device by the chain of the tensor's parameter map
-    /// ([`pushpull_kernels::device::DeviceChain`]: error feedback and momentum state live on
-    /// the device) and only the compressed payload is copied to the host and pushed; each
-    /// result is copied to the device and decoded there into its range of `mem`. Compressors
-    /// without a device kernel (top-k, column-wise onebit, Elias-coded dithering), and every
-    /// chunk when a custom [`CodecFactory`] is set, copy the chunk to the host and use its CPU
-    /// codec. With `worker.device = "cpu"` the whole tensor is copied to the host, reduced
-    /// there, and copied back. [`Tensor::metrics`] says where each round compressed.
-    ///
-    /// Work is ordered on the device's stream: hand in a device whose stream is the one your
-    /// gradients are computed on (e.g. `CudaDevice::new(GpuContext::with_stream(s)?)`, feature
-    /// `cuda`), and compression starts after them. `mem` is owned by the round until it
-    /// completes, so dropping the returned future never leaves a round writing into freed
-    /// memory (the round finishes in the background, as on the host).
-    ///
-    /// # Errors
-    /// As [`Worker::push_pull`], plus [`WorkerError::Device`] (nothing sent, no round used)
-    /// when the tensor's push_pull rounds so far ran elsewhere (on host buffers, or another
-    /// device: its compressor state lives there) or the device failed before the round, and
-    /// [`WorkerError::Codec`] naming the chunk when it fails during the round.
-    pub async fn push_pull_device<D: Device>(
-        &self,
-        tensor: &Tensor,
-        device: &Arc<D>,
-        mem: D::Mem,
-        op: Reduce,
-    ) -> Result<D::Mem, WorkerError> {
-        let kind = RoundKind::Sum {
-            average: op == Reduce::Average,
-        };
-        self.submit_device(tensor, device, mem, kind).await
-    }
-
-    /// [`Worker::broadcast`] of a tensor in device memory (the root's data is copied to the
-    /// host and pushed as raw fp32; every worker's `mem` receives it). Errors as
-    /// [`Worker::push_pull_device`] and [`Worker::broadcast`].
-    pub async fn broadcast_device<D: Device>(
-        &self,
-        tensor: &Tensor,
-        device: &Arc<D>,
-        mem: D::Mem,
-        root: u32,
-    ) -> Result<D::Mem, WorkerError> {
-        self.check_root(tensor, root)?;
-        self.submit_device(tensor, device, mem, RoundKind::Broadcast { root })
-            .await
-    }
-
     fn check_root(&self, tensor: &Tensor, root: u32) -> Result<(), WorkerError> {
         if root >= self.num_workers() {
             return Err(WorkerError::BadRoot {
@@ -521,40 +474,6 @@ impl Worker {
         Ok(())
     }
 
-    async fn submit_device<D: Device>(
-        &self,
-        tensor: &Tensor,
-        device: &Arc<D>,
-        mut mem: D::Mem,
-        kind: RoundKind,
-    ) -> Result<D::Mem, WorkerError> {
-        if !self.inner.host_only {
-            let setup = ChainSetup {
-                job_seed: self.inner.map.job_seed,
-                rank: self.inner.rank,
-                min_compress_bytes: self.inner.config.cluster.min_compress_bytes,
-                custom_factory: self.inner.custom_factory.load(Ordering::Relaxed),
-            };
-            let data = DeviceData::new(device.clone(), mem, setup);
-            return self.submit(tensor, data, kind).await.map(|d| d.mem);
-        }
-        // worker.device = "cpu": one copy of the tensor to the host and one back.
-        self.check_tensor(tensor)?;
-        let device_error = |e: pushpull_kernels::cuda::CudaError| WorkerError::Device {
-            name: tensor.name().to_string(),
-            message: format!("copying between {} and the host: {e}", device.place()),
-        };
-        let len = device.mem_len(&mem);
-        let mut host = vec![0.0f32; len];
-        device
-            .download(&mem, 0..len, &mut host)
-            .map_err(device_error)?;
-        let host = self.submit(tensor, HostData(host), kind).await?.0;
-        tensor.inner.residence().buffer_on = device.place();
-        device.upload(&host, &mut mem, 0).map_err(device_error)?;
-        Ok(mem)
-    }
-
     /// Runs one round of `tensor` over `data` in a task of its own and waits for it. The task
     /// always runs to its end: `submit` returns only once it has (or before spawning it), which
     /// [`crate::BlockingWorker`] relies on when it lends the caller's slice.
@@ -564,8 +483,50 @@ impl Worker {
         data: R,
         kind: RoundKind,
     ) -> Result<R, WorkerError> {
-        let task = self.prepare(tensor, data, kind).await?.spawn(None);
-        join_round(task, tensor.name()).await
+        let mut prepared = self.prepare(tensor, data, kind).await?;
+        self.launch(&mut [&mut prepared]);
+        join_round(prepared.spawn(None), tensor.name()).await
+    }
+
+    /// Starts what the prepared rounds of one call can run ahead together
+    /// ([`RoundData::launch`]: a device's batch), timed as compression and split evenly over
+    /// the rounds.
+    fn launch<R: RoundData>(&self, prepared: &mut [&mut Prepared<R>]) {
+        let Some(first) = prepared.first() else {
+            return;
+        };
+        let call = Launch {
+            kind: first.kind,
+            lr: first.ctx.lr(),
+            num_workers: self.num_workers(),
+            batches: &self.inner.batches,
+        };
+        let t0 = std::time::Instant::now();
+        let mut rounds: Vec<Starting<'_, R>> = prepared
+            .iter_mut()
+            .map(|p| {
+                let Prepared {
+                    tensor,
+                    data,
+                    next_round,
+                    ..
+                } = &mut **p;
+                Starting {
+                    tensor,
+                    data,
+                    round: **next_round,
+                }
+            })
+            .collect();
+        R::launch(&mut rounds, &call);
+        drop(rounds);
+        if let RoundKind::Sum { .. } = call.kind {
+            let nanos =
+                u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX) / prepared.len() as u64;
+            for p in prepared.iter() {
+                p.tensor.compress_nanos.fetch_add(nanos, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Everything of a round up to its task: checks `data` against `tensor`, waits for the
@@ -721,9 +682,18 @@ impl<R: RoundData> Prepared<R> {
             *next_round += 1;
             t.rounds_started.store(*next_round, Ordering::Relaxed);
             let data = std::sync::Mutex::new(data);
-            let result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
+            let mut result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
             let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
-            data.end(&t);
+            let t0 = std::time::Instant::now();
+            let settling = data.end(&t);
+            crate::round::add_nanos(&t.decompress_nanos, t0);
+            if let Some(settling) = settling {
+                let settled = settling.await;
+                result = result.and(settled);
+            }
+            if result.is_ok() {
+                t.rounds_done.fetch_add(1, Ordering::Relaxed);
+            }
             result.map(|()| data)
         })
     }

@@ -27,22 +27,75 @@ async fn call<D: Device>(
     let Some(device) = device else {
         return w.push_pull(t, x, reduce).await;
     };
-    let mut mem = device.alloc_zeros(x.len()).unwrap();
-    device.upload(&x, &mut mem, 0).unwrap();
-    let mem = w.push_pull_device(t, device, mem, reduce).await?;
-    let mut out = vec![f32::NAN; x.len()];
-    device.download(&mem, 0..x.len(), &mut out).unwrap();
-    Ok(out)
+    let mem = w
+        .push_pull_device(t, device, to_device(device, &x), reduce)
+        .await?;
+    Ok(from_device(device, &mem))
+}
+
+/// `x` in a new buffer on `device`.
+fn to_device<D: Device>(device: &Arc<D>, x: &[f32]) -> D::Mem {
+    let mem = device.alloc_zeros(x.len()).unwrap();
+    // SAFETY: `mem` holds x.len() elements.
+    unsafe { device.upload(x, device.mem_addr(&mem)).unwrap() };
+    mem
+}
+
+/// `mem`'s contents.
+fn from_device<D: Device>(device: &Arc<D>, mem: &D::Mem) -> Vec<f32> {
+    let mut out = vec![f32::NAN; device.mem_len(mem)];
+    // SAFETY: `mem` holds out.len() elements.
+    unsafe { device.download(device.mem_addr(mem), &mut out).unwrap() };
+    out
+}
+
+/// One worker's round of every tensor of `set` as group calls, one per reduce op (a group has
+/// one): its device's batch when `device` is given. Results by tensor.
+async fn group_round<D: Device>(
+    w: &Worker,
+    ts: &[Tensor],
+    set: &[(&'static str, u64, pushpull_worker::ParamMap, Reduce)],
+    device: Option<&Arc<D>>,
+    xs: Vec<Vec<f32>>,
+) -> Vec<Vec<f32>> {
+    let mut out: Vec<Option<Vec<f32>>> = vec![None; set.len()];
+    for op in [Reduce::Average, Reduce::Sum] {
+        let which: Vec<usize> = (0..set.len()).filter(|&i| set[i].3 == op).collect();
+        match device {
+            Some(d) => {
+                let calls = which
+                    .iter()
+                    .map(|&i| (ts[i].clone(), to_device(d, &xs[i])))
+                    .collect();
+                let handles = w.push_pull_group_device(calls, d, op).await;
+                for (&i, h) in which.iter().zip(handles) {
+                    out[i] = Some(from_device(d, &h.await.unwrap()));
+                }
+            }
+            None => {
+                let calls = which
+                    .iter()
+                    .map(|&i| (ts[i].clone(), xs[i].clone()))
+                    .collect();
+                let handles = w.push_pull_group(calls, op).await;
+                for (&i, h) in which.iter().zip(handles) {
+                    out[i] = Some(h.await.unwrap());
+                }
+            }
+        }
+    }
+    out.into_iter().map(Option::unwrap).collect()
 }
 
 /// The tensor set for [`ROUNDS`] rounds with ranks in `on_device` handing in buffers on
-/// `device`, then a broadcast of every tensor from rank 0 (checked against rank 0's data);
-/// returns `[round][tensor][rank]` and every tensor's metrics on the
-/// first device rank.
+/// `device` (with one call per tensor, or `grouped`: one group call per reduce op, every
+/// rank), then a broadcast of every tensor from rank 0 (checked against rank 0's data);
+/// returns `[round][tensor][rank]` and every tensor's metrics on the first device rank.
 async fn run_mixed<D: Device>(
     seed: u64,
     device: Arc<D>,
     on_device: &[usize],
+    grouped: bool,
 ) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<pushpull_worker::TensorMetrics>) {
     let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| set_config(c, seed)).await;
     let set = tensor_set();
@@ -55,6 +108,23 @@ async fn run_mixed<D: Device>(
     for round in 0..ROUNDS {
         for w in &s.workers {
             w.set_learning_rate(lr(round));
+        }
+        if grouped {
+            let rounds = s.workers.iter().enumerate().map(|(r, w)| {
+                let xs = (0..set.len())
+                    .map(|i| input(seed, round, r as u32, i, set[i].1 as usize))
+                    .collect();
+                let ts: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
+                let set = &set;
+                async move { group_round(w, &ts, set, dev(r), xs).await }
+            });
+            let by_rank = futures_util::future::join_all(rounds).await;
+            out.push(
+                (0..set.len())
+                    .map(|i| by_rank.iter().map(|r| r[i].clone()).collect())
+                    .collect(),
+            );
+            continue;
         }
         let mut per_tensor = Vec::new();
         for (i, (_, len, _, reduce)) in set.iter().enumerate() {
@@ -85,12 +155,8 @@ async fn run_mixed<D: Device>(
             async move {
                 match dev(r) {
                     Some(d) => {
-                        let mut mem = d.alloc_zeros(x.len()).unwrap();
-                        d.upload(&x, &mut mem, 0).unwrap();
-                        let mem = w.broadcast_device(t, d, mem, 0).await.unwrap();
-                        let mut out = vec![0.0; x.len()];
-                        d.download(&mem, 0..x.len(), &mut out).unwrap();
-                        out
+                        let mem = w.broadcast_device(t, d, to_device(d, &x), 0).await.unwrap();
+                        from_device(d, &mem)
                     }
                     None => w.broadcast(t, x, 0).await.unwrap(),
                 }
@@ -131,8 +197,72 @@ async fn device_buffers_give_the_reference_bits() {
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         // Ranks 0 and 2 on the device, rank 1 on the host.
-        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice), &[0, 2]).await;
+        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice::new()), &[0, 2], false).await;
         check_against_reference(seed, &got, &metrics, Place::Emulated);
+    })
+    .await
+    .expect("timed out");
+}
+
+/// The same with group calls: a device rank's tensors of one call are one batch (top-k's
+/// chunks, which have no kernel, compressed on the host beside it), decoded together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_device_buffers_give_the_reference_bits() {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        let seed = seed();
+        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice::new()), &[0, 1], true).await;
+        check_against_reference(seed, &got, &metrics, Place::Emulated);
+    })
+    .await
+    .expect("timed out");
+}
+
+/// A group call's tensors cost one batch's driver calls a round (a dozen or so, and the same
+/// for two tensors as for twenty); one call per tensor costs that many per tensor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_call_costs_one_batch_of_driver_calls() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack(1, 1, 64 * 1024).await;
+        let w = &s.workers[0];
+        let p = map(&[
+            ("compressor", "onebit"),
+            ("ef", "vanilla"),
+            ("momentum", "nesterov"),
+        ]);
+        let mut ts = Vec::new();
+        for i in 0..20 {
+            ts.push(
+                w.declare(&format!("t{i}"), 40_000, p.clone())
+                    .await
+                    .unwrap(),
+            );
+        }
+        let device = Arc::new(EmulatedDevice::new());
+        let per_round = |n: usize| {
+            let (device, ts) = (device.clone(), ts[..n].to_vec());
+            async move {
+                let mut calls = Vec::new();
+                for round in 0..3 {
+                    let before = device.driver_calls();
+                    let group = ts
+                        .iter()
+                        .map(|t| (t.clone(), to_device(&device, &data(round, 40_000))))
+                        .collect();
+                    let uploads = device.driver_calls() - before;
+                    for h in w.push_pull_group_device(group, &device, Reduce::Sum).await {
+                        h.await.unwrap();
+                    }
+                    calls.push(device.driver_calls() - before - uploads);
+                }
+                calls
+            }
+        };
+        let (two, twenty) = (per_round(2).await, per_round(20).await);
+        println!("driver calls per round: 2 tensors {two:?}, 20 tensors {twenty:?}");
+        // After the first rounds (which allocate), a round is one batch either way.
+        assert_eq!(two[2], twenty[2], "two tensors {two:?}, twenty {twenty:?}");
+        assert!(two[2] <= 16, "{two:?}");
+        s.finish_all().await;
     })
     .await
     .expect("timed out");
@@ -146,7 +276,10 @@ async fn gpu_device_buffers_give_the_reference_bits() {
     let gpu = GpuContext::new(0).unwrap_or_else(|e| panic!("this test needs a CUDA GPU: {e}"));
     let ordinal = gpu.context().ordinal();
     let seed = seed();
-    let (got, metrics) = run_mixed(seed, Arc::new(CudaDevice::new(gpu)), &[0, 2]).await;
+    let device = Arc::new(CudaDevice::new(gpu));
+    let (got, metrics) = run_mixed(seed, device.clone(), &[0, 2], false).await;
+    check_against_reference(seed, &got, &metrics, Place::Cuda { ordinal });
+    let (got, metrics) = run_mixed(seed, device, &[0, 1], true).await;
     check_against_reference(seed, &got, &metrics, Place::Cuda { ordinal });
 }
 
@@ -161,7 +294,7 @@ async fn a_tensor_stays_where_its_rounds_ran() {
         let ef = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
         let host_t = w.declare("host", 50_000, ef.clone()).await.unwrap();
         let dev_t = w.declare("dev", 50_000, ef).await.unwrap();
-        let device = Arc::new(EmulatedDevice);
+        let device = Arc::new(EmulatedDevice::new());
         let x = data(7, 50_000);
         call::<EmulatedDevice>(w, &host_t, None, x.clone(), Reduce::Sum)
             .await
@@ -207,7 +340,7 @@ async fn worker_device_cpu_reduces_device_buffers_on_the_host() {
         let s = stack_with(2, 1, 64 * 1024, |c| c.worker.device = "cpu".into()).await;
         let p = map(&[("compressor", "minmax"), ("bits", "4"), ("ef", "vanilla")]);
         let ts = declare_all_with(&s, "t", 30_000, p).await;
-        let device = Arc::new(EmulatedDevice);
+        let device = Arc::new(EmulatedDevice::new());
         let xs: Vec<Vec<f32>> = (0..2).map(|r| data(100 + r, 30_000)).collect();
         let (a, b) = tokio::join!(
             call(

@@ -132,6 +132,12 @@ impl GpuContext {
         &self.funcs[k as usize]
     }
 
+    /// The most blocks a launch's x-dimension gets (16 per multiprocessor; the kernels loop
+    /// grid-stride).
+    pub(super) fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+
     /// A launch of 256-thread blocks covering `units` work units of `per_block` each (capped;
     /// every kernel loops grid-stride), or `None` when there is no work.
     pub(super) fn config(

@@ -152,18 +152,8 @@ pub mod ffi {
             out: *mut f32,
             add: bool,
         ) -> bool;
-        pub fn pp_emu_ef_input(
-            g: *const f32,
-            e: *const f32,
-            n: u64,
-            factor: f32,
-            vanilla: bool,
-            p: *mut f32,
-        ) -> bool;
-        pub fn pp_emu_ef_residual(p: *const f32, d: *mut f32, n: u64) -> bool;
-        pub fn pp_emu_nesterov(g: *const f32, m: *const f32, n: u64, mu: f32, p: *mut f32) -> bool;
-        pub fn pp_emu_momentum_update(g: *const f32, m: *mut f32, n: u64, mu: f32);
-        pub fn pp_emu_divide(y: *mut f32, n: u64, w: f32);
+        pub fn pp_emu_table_step(step: u32, table: *const u8, chunks: u64) -> bool;
+        pub fn pp_host_chunk_layout(out: *mut u64, out_len: u64) -> u64;
     }
 }
 
@@ -556,67 +546,27 @@ pub fn decompress_add(
 }
 
 // -------------------------------------------------------------------------------------------
-// Error feedback, momentum and averaging: the element loops of `pp_ef_input`, `pp_ef_residual`,
-// `pp_nesterov`, `pp_momentum_update` and `pp_divide`, run serially.
+// Batches.
 // -------------------------------------------------------------------------------------------
 
-fn same_len(what: &str, a: usize, b: usize) {
-    assert_eq!(a, b, "{what}: slices of different lengths");
-}
-
-/// `p = g + e` (vanilla) or `g + factor * e`; whether every element of `p` is finite.
+/// Runs table step `step` (`pp_t_*`, emulated by `pp_emu_table_step`) over the `chunks` entries
+/// of the table at host address `table`.
 ///
-/// # Panics
-/// When the slices differ in length.
-pub fn ef_input(g: &[f32], e: &[f32], factor: f32, vanilla: bool, p: &mut [f32]) -> bool {
-    same_len("ef_input", g.len(), e.len());
-    same_len("ef_input", g.len(), p.len());
-    // SAFETY: all three slices hold g.len() floats (checked above).
-    unsafe {
-        ffi::pp_emu_ef_input(
-            g.as_ptr(),
-            e.as_ptr(),
-            g.len() as u64,
-            factor,
-            vanilla,
-            p.as_mut_ptr(),
-        )
+/// # Safety
+/// `table` addresses `chunks` [`crate::device::table::Entry`] whose addresses point into live
+/// host memory large enough for their chunks (the emulated device's memory).
+pub unsafe fn table_step(
+    step: crate::device::table::Step,
+    table: u64,
+    chunks: usize,
+) -> Result<(), CudaError> {
+    // SAFETY: the caller vouches for the table and its addresses.
+    if unsafe { ffi::pp_emu_table_step(step as u32, table as *const u8, chunks as u64) } {
+        Ok(())
+    } else {
+        Err(CudaError::Invalid(format!(
+            "host emulation of {} rejected its table (a pack tile too large?)",
+            step.kernel()
+        )))
     }
-}
-
-/// `d = p - d`; whether every element is finite.
-///
-/// # Panics
-/// When the slices differ in length.
-pub fn ef_residual(p: &[f32], d: &mut [f32]) -> bool {
-    same_len("ef_residual", p.len(), d.len());
-    // SAFETY: both slices hold p.len() floats.
-    unsafe { ffi::pp_emu_ef_residual(p.as_ptr(), d.as_mut_ptr(), p.len() as u64) }
-}
-
-/// `p = g + mu * (mu * m + g)` (`m` unchanged); whether `p` and the new momentum are finite.
-///
-/// # Panics
-/// When the slices differ in length.
-pub fn nesterov(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool {
-    same_len("nesterov", g.len(), m.len());
-    same_len("nesterov", g.len(), p.len());
-    // SAFETY: all three slices hold g.len() floats.
-    unsafe { ffi::pp_emu_nesterov(g.as_ptr(), m.as_ptr(), g.len() as u64, mu, p.as_mut_ptr()) }
-}
-
-/// `m = mu * m + g`.
-///
-/// # Panics
-/// When the slices differ in length.
-pub fn momentum_update(g: &[f32], m: &mut [f32], mu: f32) {
-    same_len("momentum_update", g.len(), m.len());
-    // SAFETY: both slices hold g.len() floats.
-    unsafe { ffi::pp_emu_momentum_update(g.as_ptr(), m.as_mut_ptr(), g.len() as u64, mu) }
-}
-
-/// `y = y / w`.
-pub fn divide(y: &mut [f32], w: f32) {
-    // SAFETY: y holds y.len() floats.
-    unsafe { ffi::pp_emu_divide(y.as_mut_ptr(), y.len() as u64, w) }
 }

@@ -90,7 +90,7 @@ mod device;
 #[cfg(feature = "cuda")]
 pub use codec::{GpuCodec, GpuContext};
 #[cfg(feature = "cuda")]
-pub use device::{CudaChunkCodec, CudaDevice};
+pub use device::{CudaDevice, PinnedStaging};
 pub use scheme::{GpuScheme, RoundStreams};
 
 /// The complete CUDA C source handed to NVRTC: the element header followed by the kernels
@@ -198,11 +198,15 @@ kernels! {
     RandomkDecompressAdd => "pp_randomk_decompress_add",
     AddZero => "pp_add_zero",
     FirstNonfinite => "pp_first_nonfinite",
-    EfInput => "pp_ef_input",
-    EfResidual => "pp_ef_residual",
-    Nesterov => "pp_nesterov",
-    MomentumUpdate => "pp_momentum_update",
-    Divide => "pp_divide",
+    TClear => "pp_t_clear",
+    TPrepare => "pp_t_prepare",
+    TStats => "pp_t_stats",
+    TFinalize => "pp_t_finalize",
+    TEncode => "pp_t_encode",
+    TResidual => "pp_t_residual",
+    TResidualScatter => "pp_t_residual_scatter",
+    TDecode => "pp_t_decode",
+    TDecodeScatter => "pp_t_decode_scatter",
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -210,6 +214,22 @@ impl Kernel {
     /// The kernel's entry point name.
     pub(crate) fn name(self) -> &'static str {
         ENTRY_POINTS[self as usize]
+    }
+
+    /// The table kernel of a batch step.
+    pub(crate) fn of_step(step: crate::device::table::Step) -> Kernel {
+        use crate::device::table::Step;
+        match step {
+            Step::Clear => Kernel::TClear,
+            Step::Prepare => Kernel::TPrepare,
+            Step::Stats => Kernel::TStats,
+            Step::Finalize => Kernel::TFinalize,
+            Step::Encode => Kernel::TEncode,
+            Step::Residual => Kernel::TResidual,
+            Step::ResidualScatter => Kernel::TResidualScatter,
+            Step::Decode => Kernel::TDecode,
+            Step::DecodeScatter => Kernel::TDecodeScatter,
+        }
     }
 }
 
@@ -474,7 +494,13 @@ mod tests {
     fn kernel_enum_matches_entry_points() {
         assert_eq!(Kernel::FillU32.name(), "pp_fill_u32");
         assert_eq!(Kernel::FirstNonfinite.name(), "pp_first_nonfinite");
-        assert_eq!(Kernel::Divide.name(), *ENTRY_POINTS.last().unwrap());
+        assert_eq!(Kernel::TDecodeScatter.name(), *ENTRY_POINTS.last().unwrap());
+        for step in crate::device::table::Step::COMPRESS
+            .iter()
+            .chain(&crate::device::table::Step::DECODE)
+        {
+            assert_eq!(Kernel::of_step(*step).name(), step.kernel());
+        }
         for name in ENTRY_POINTS {
             assert!(
                 SOURCE.contains(&format!("__global__ void {name}(")),

@@ -1,37 +1,47 @@
-//! [`EmulatedDevice`]: the [`Device`] of CI. Its memory is host `Vec<f32>`s and every kernel is
-//! the host-compiled twin of the CUDA source (`kernels/cuda/host_shim.cpp` through
-//! [`crate::cuda::host`]), launch sequence for launch sequence. It is slow (serial) and exists
-//! so that the device data path (chunk ranges, payload sizes, residual and momentum state, the
-//! order of steps) runs and is checked bit for bit where there is no GPU.
+//! [`EmulatedDevice`]: the [`Device`] of CI. Its memory is host memory and every table step
+//! is the host-compiled twin of the CUDA source (`kernels/cuda/host_shim.cpp`,
+//! `pp_emu_table_step`), chunk after chunk. It is slow (serial) and exists so that the device
+//! data path (tables, arenas, payload sizes, residual and momentum state, the order of steps)
+//! runs and is checked bit for bit where there is no GPU, and so that its driver calls can be
+//! counted: it counts each operation a [`crate::cuda::CudaDevice`] makes one driver call for.
 //!
-//! Copies into [`EmulatedStaging`] are asynchronous as on a GPU: [`Device::stage`] only notes
-//! them, and the staging's bytes change when [`Device::wait_staged`] is called, so a caller
-//! that reads staging before waiting reads stale bytes here too (and the tests see it).
+//! Copies out of the device into [`EmulatedStaging`] are asynchronous as on a GPU: the bytes
+//! are taken when the copy is asked for (in stream order) but land in the staging only when
+//! [`Device::wait_staged`] is called, so a caller that reads staging before waiting reads
+//! stale bytes here too (and the tests see it).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{check_range, f32s_from_le, flag, flags_at, same_len, whole_f32s, Device};
-use crate::cuda::{host, CudaError, Device as Place, GpuScheme, RoundStreams};
+use super::table::Launch;
+use super::{check_range, Device};
+use crate::cuda::{host, CudaError, Device as Place};
 
 /// A device whose memory is host memory and whose kernels are the CUDA kernels' host twin.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct EmulatedDevice;
-
-/// The emulated device's codec: the scheme, the chunk length it was built for, and its
-/// "device" payload buffer.
-#[derive(Debug)]
-pub struct EmulatedCodec {
-    scheme: GpuScheme,
-    len: usize,
-    payload: Vec<u8>,
+#[derive(Debug, Default)]
+pub struct EmulatedDevice {
+    calls: AtomicU64,
 }
 
-/// The emulated device's staging: host bytes, and the copies started into them but not yet
-/// waited for.
+impl EmulatedDevice {
+    /// A new emulated device (its driver-call count at 0).
+    pub fn new() -> EmulatedDevice {
+        EmulatedDevice::default()
+    }
+
+    fn count(&self, calls: u64) {
+        self.calls.fetch_add(calls, Ordering::Relaxed);
+    }
+}
+
+/// The emulated device's staging: host bytes, and the copies out of the device started into
+/// them but not yet waited for.
 #[derive(Debug, Default)]
 pub struct EmulatedStaging {
     bytes: Vec<u8>,
     pending: Vec<(usize, Vec<u8>)>,
+    /// A copy into the device or a recorded event waits to be waited for.
+    busy: bool,
 }
 
 impl AsRef<[u8]> for EmulatedStaging {
@@ -40,50 +50,16 @@ impl AsRef<[u8]> for EmulatedStaging {
     }
 }
 
-impl EmulatedStaging {
-    fn start_copy(&mut self, at: usize, bytes: Vec<u8>) -> Result<(), CudaError> {
-        check_range("stage", &(at..at + bytes.len()), self.bytes.len()).map_err(|_| {
-            CudaError::Invalid(format!(
-                "stage: {} bytes at {at} into staging of {}",
-                bytes.len(),
-                self.bytes.len()
-            ))
-        })?;
-        self.pending.push((at, bytes));
-        Ok(())
+impl AsMut<[u8]> for EmulatedStaging {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
     }
-}
-
-fn flag_bytes(flags: &[u32; flag::WORDS]) -> Vec<u8> {
-    flags.iter().flat_map(|w| w.to_le_bytes()).collect()
-}
-
-fn set_first_bad(flags: &mut [u32; flag::WORDS], x: &[f32]) {
-    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-        let i = i as u64;
-        flags[flag::FIRST_BAD] = i as u32;
-        flags[flag::FIRST_BAD + 1] = (i >> 32) as u32;
-    }
-}
-
-fn span<'a>(what: &str, mem: &'a [f32], range: Range<usize>) -> Result<&'a [f32], CudaError> {
-    check_range(what, &range, mem.len())?;
-    Ok(&mem[range])
-}
-
-fn span_mut<'a>(
-    what: &str,
-    mem: &'a mut [f32],
-    range: Range<usize>,
-) -> Result<&'a mut [f32], CudaError> {
-    check_range(what, &range, mem.len())?;
-    Ok(&mut mem[range])
 }
 
 impl Device for EmulatedDevice {
     type Mem = Vec<f32>;
-    type Codec = EmulatedCodec;
-    type Flags = [u32; flag::WORDS];
+    /// Bytes in u64 words, so that arenas are 8-byte aligned as on a GPU.
+    type Bytes = Vec<u64>;
     type Staging = EmulatedStaging;
 
     fn place(&self) -> Place {
@@ -91,6 +67,7 @@ impl Device for EmulatedDevice {
     }
 
     fn alloc_zeros(&self, len: usize) -> Result<Vec<f32>, CudaError> {
+        self.count(1);
         Ok(vec![0.0; len])
     }
 
@@ -98,231 +75,105 @@ impl Device for EmulatedDevice {
         mem.len()
     }
 
-    fn upload(&self, src: &[f32], dst: &mut Vec<f32>, at: usize) -> Result<(), CudaError> {
-        let end = at.saturating_add(src.len());
-        span_mut("upload", dst, at..end)?.copy_from_slice(src);
-        Ok(())
+    fn mem_addr(&self, mem: &Vec<f32>) -> u64 {
+        mem.as_ptr() as u64
     }
 
-    fn upload_staged(
-        &self,
-        bytes: &[u8],
-        _staging: &mut EmulatedStaging,
-        dst: &mut Vec<f32>,
-        at: usize,
-    ) -> Result<(), CudaError> {
-        let n = whole_f32s("upload_staged", bytes)?;
-        f32s_from_le(
-            bytes,
-            span_mut("upload_staged", dst, at..at.saturating_add(n))?,
-        );
-        Ok(())
+    fn alloc_bytes(&self, bytes: usize) -> Result<Vec<u64>, CudaError> {
+        self.count(1);
+        Ok(vec![0; bytes.div_ceil(8)])
     }
 
-    fn download(
-        &self,
-        src: &Vec<f32>,
-        range: Range<usize>,
-        dst: &mut [f32],
-    ) -> Result<(), CudaError> {
-        let s = span("download", src, range)?;
-        same_len("download", s.len(), dst.len())?;
-        dst.copy_from_slice(s);
-        Ok(())
-    }
-
-    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>) -> Result<(), CudaError> {
-        same_len("copy", src.len(), dst.len())?;
-        dst.copy_from_slice(src);
-        Ok(())
-    }
-
-    fn codec(&self, scheme: GpuScheme, len: usize) -> Result<EmulatedCodec, CudaError> {
-        scheme.validate(len)?;
-        Ok(EmulatedCodec {
-            scheme,
-            len,
-            payload: Vec::new(),
-        })
-    }
-
-    fn alloc_flags(&self) -> Result<[u32; flag::WORDS], CudaError> {
-        let mut flags = [0; flag::WORDS];
-        self.clear_flags(&mut flags)?;
-        Ok(flags)
-    }
-
-    fn clear_flags(&self, flags: &mut [u32; flag::WORDS]) -> Result<(), CudaError> {
-        *flags = [0; flag::WORDS];
-        flags[flag::FIRST_BAD] = u32::MAX;
-        flags[flag::FIRST_BAD + 1] = u32::MAX;
-        Ok(())
+    fn bytes_addr(&self, b: &Vec<u64>) -> u64 {
+        b.as_ptr() as u64
     }
 
     fn alloc_staging(&self, bytes: usize) -> Result<EmulatedStaging, CudaError> {
+        self.count(1);
         Ok(EmulatedStaging {
             bytes: vec![0; bytes],
             pending: Vec::new(),
+            busy: false,
         })
     }
 
-    fn compress(
-        &self,
-        codec: &mut EmulatedCodec,
-        x: &Vec<f32>,
-        range: Range<usize>,
-        streams: RoundStreams,
-        flags: &mut [u32; flag::WORDS],
-    ) -> Result<usize, CudaError> {
-        let x = span("compress", x, range)?;
-        same_len("compress", x.len(), codec.len)?;
-        set_first_bad(flags, x);
-        if x.iter().all(|v| v.is_finite()) {
-            host::compress(&codec.scheme, x, streams, &mut codec.payload)?;
-        } else {
-            // A GPU's kernels run on whatever they are given and the flag is what the host
-            // reads; the host twin refuses non-finite input, so it gets zeros there instead
-            // (the payload is discarded either way, and stays decodable for error feedback).
-            let finite: Vec<f32> = x
-                .iter()
-                .map(|&v| if v.is_finite() { v } else { 0.0 })
-                .collect();
-            host::compress(&codec.scheme, &finite, streams, &mut codec.payload)?;
+    unsafe fn download(&self, src: u64, dst: &mut [f32]) -> Result<(), CudaError> {
+        self.count(2);
+        if !dst.is_empty() {
+            // SAFETY: the caller vouches that `src` addresses dst.len() live f32.
+            dst.copy_from_slice(unsafe {
+                std::slice::from_raw_parts(src as *const f32, dst.len())
+            });
         }
-        Ok(codec.payload.len())
+        Ok(())
     }
 
-    fn decode_own(
+    unsafe fn upload(&self, src: &[f32], dst: u64) -> Result<(), CudaError> {
+        self.count(2);
+        if !src.is_empty() {
+            // SAFETY: the caller vouches that `dst` addresses src.len() f32 nothing else uses.
+            unsafe { std::slice::from_raw_parts_mut(dst as *mut f32, src.len()) }
+                .copy_from_slice(src);
+        }
+        Ok(())
+    }
+
+    unsafe fn upload_staged(
         &self,
-        codec: &mut EmulatedCodec,
-        streams: RoundStreams,
-        y: &mut Vec<f32>,
+        staging: &mut EmulatedStaging,
+        range: Range<usize>,
+        dst: u64,
+    ) -> Result<(), CudaError> {
+        check_range("upload_staged", &range, staging.bytes.len())?;
+        self.count(2);
+        let src = &staging.bytes[range];
+        if !src.is_empty() {
+            // SAFETY: the caller vouches that `dst` addresses src.len() bytes nothing else uses.
+            unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, src.len()) }
+                .copy_from_slice(src);
+        }
+        staging.busy = true;
+        Ok(())
+    }
+
+    unsafe fn stage(
+        &self,
+        src: u64,
+        staging: &mut EmulatedStaging,
         range: Range<usize>,
     ) -> Result<(), CudaError> {
-        let y = span_mut("decode_own", y, range)?;
-        same_len("decode_own", y.len(), codec.len)?;
-        host::decompress(&codec.scheme, &codec.payload, streams, y)
-    }
-
-    fn stage(
-        &self,
-        codec: &EmulatedCodec,
-        len: usize,
-        flags: &[u32; flag::WORDS],
-        staging: &mut EmulatedStaging,
-    ) -> Result<(), CudaError> {
-        let payload = codec.payload.get(..len).ok_or_else(|| {
-            CudaError::Invalid(format!(
-                "stage: {len} bytes of a payload of {}",
-                codec.payload.len()
-            ))
-        })?;
-        staging.start_copy(0, payload.to_vec())?;
-        staging.start_copy(flags_at(len), flag_bytes(flags))
-    }
-
-    fn stage_raw(
-        &self,
-        src: &Vec<f32>,
-        range: Range<usize>,
-        flags: &mut [u32; flag::WORDS],
-        staging: &mut EmulatedStaging,
-    ) -> Result<(), CudaError> {
-        let x = span("stage_raw", src, range)?;
-        set_first_bad(flags, x);
-        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let len = bytes.len();
-        staging.start_copy(0, bytes)?;
-        staging.start_copy(flags_at(len), flag_bytes(flags))
+        check_range("stage", &range, staging.bytes.len())?;
+        self.count(2);
+        let bytes = if range.is_empty() {
+            Vec::new()
+        } else {
+            // SAFETY: the caller vouches that `src` addresses range.len() live bytes.
+            unsafe { std::slice::from_raw_parts(src as *const u8, range.len()) }.to_vec()
+        };
+        staging.pending.push((range.start, bytes));
+        staging.busy = true;
+        Ok(())
     }
 
     fn wait_staged(&self, staging: &mut EmulatedStaging) -> Result<(), CudaError> {
+        if !staging.busy {
+            return Ok(());
+        }
+        self.count(1);
         for (at, bytes) in std::mem::take(&mut staging.pending) {
             staging.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
         }
+        staging.busy = false;
         Ok(())
     }
 
-    fn decode(
-        &self,
-        codec: &mut EmulatedCodec,
-        payload: &[u8],
-        streams: RoundStreams,
-        y: &mut Vec<f32>,
-        range: Range<usize>,
-        add: bool,
-    ) -> Result<(), CudaError> {
-        let y = span_mut("decode", y, range)?;
-        same_len("decode", y.len(), codec.len)?;
-        if add {
-            host::decompress_add(&codec.scheme, payload, streams, y)
-        } else {
-            host::decompress(&codec.scheme, payload, streams, y)
-        }
+    unsafe fn launch(&self, launch: &Launch, table: u64, chunks: usize) -> Result<(), CudaError> {
+        self.count(1);
+        // SAFETY: the caller vouches for the table and every address in it.
+        unsafe { host::table_step(launch.step, table, chunks) }
     }
 
-    fn ef_input(
-        &self,
-        (g, range): (&Vec<f32>, Range<usize>),
-        e: &Vec<f32>,
-        factor: f32,
-        vanilla: bool,
-        p: &mut Vec<f32>,
-        flags: &mut [u32; flag::WORDS],
-    ) -> Result<(), CudaError> {
-        let g = span("ef_input", g, range)?;
-        same_len("ef_input", g.len(), e.len())?;
-        same_len("ef_input", g.len(), p.len())?;
-        if !host::ef_input(g, e, factor, vanilla, p) {
-            flags[flag::EF_INPUT] = 1;
-        }
-        Ok(())
-    }
-
-    fn ef_residual(
-        &self,
-        p: &Vec<f32>,
-        d: &mut Vec<f32>,
-        flags: &mut [u32; flag::WORDS],
-    ) -> Result<(), CudaError> {
-        same_len("ef_residual", p.len(), d.len())?;
-        if !host::ef_residual(p, d) {
-            flags[flag::EF_RESIDUAL] = 1;
-        }
-        Ok(())
-    }
-
-    fn nesterov(
-        &self,
-        (g, range): (&Vec<f32>, Range<usize>),
-        m: &Vec<f32>,
-        mu: f32,
-        p: &mut Vec<f32>,
-        flags: &mut [u32; flag::WORDS],
-    ) -> Result<(), CudaError> {
-        let g = span("nesterov", g, range)?;
-        same_len("nesterov", g.len(), m.len())?;
-        same_len("nesterov", g.len(), p.len())?;
-        if !host::nesterov(g, m, mu, p) {
-            flags[flag::NESTEROV] = 1;
-        }
-        Ok(())
-    }
-
-    fn momentum_update(
-        &self,
-        (g, range): (&Vec<f32>, Range<usize>),
-        m: &mut Vec<f32>,
-        mu: f32,
-    ) -> Result<(), CudaError> {
-        let g = span("momentum_update", g, range)?;
-        same_len("momentum_update", g.len(), m.len())?;
-        host::momentum_update(g, m, mu);
-        Ok(())
-    }
-
-    fn divide(&self, y: &mut Vec<f32>, range: Range<usize>, w: f32) -> Result<(), CudaError> {
-        host::divide(span_mut("divide", y, range)?, w);
-        Ok(())
+    fn driver_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
     }
 }

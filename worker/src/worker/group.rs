@@ -30,6 +30,24 @@ use crate::tensor::{Reduce, Tensor};
 /// the background whether or not the handle is polled or kept.
 pub struct RoundHandle<T>(Pin<Box<dyn Future<Output = Result<T, WorkerError>> + Send>>);
 
+impl<T> RoundHandle<T> {
+    /// The handle of a round's outcome.
+    pub(super) fn new(f: impl Future<Output = Result<T, WorkerError>> + Send + 'static) -> Self {
+        RoundHandle(Box::pin(f))
+    }
+
+    /// A handle of `f`'s output mapped by `g`.
+    pub(super) fn map<U>(
+        self,
+        g: impl FnOnce(T) -> Result<U, WorkerError> + Send + 'static,
+    ) -> RoundHandle<U>
+    where
+        T: 'static,
+    {
+        RoundHandle::new(async move { self.await.and_then(g) })
+    }
+}
+
 impl<T> Future for RoundHandle<T> {
     type Output = Result<T, WorkerError>;
 
@@ -108,7 +126,7 @@ impl Worker {
     }
 
     /// The group call over any round data (see [`Worker::push_pull_group_into`]).
-    async fn group<R: RoundData>(
+    pub(super) async fn group<R: RoundData>(
         &self,
         calls: Vec<(Tensor, R)>,
         op: Reduce,
@@ -153,6 +171,9 @@ impl Worker {
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
             .collect();
+        // A device's rounds start as one batch.
+        let mut all: Vec<&mut Prepared<R>> = prepared.iter_mut().map(|(_, p)| p).collect();
+        self.launch(&mut all);
         let mut handles: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
         for ((i, p), hold) in prepared.into_iter().zip(holds) {
             let name = p.tensor.placement.name.clone();

@@ -296,6 +296,7 @@ impl Worker {
                 codec_factory: Mutex::new(Arc::new(KernelsFactory)),
                 custom_factory: AtomicBool::new(false),
                 host_only,
+                batches: Default::default(),
                 pool: BufPool::new(PAYLOAD_POOL_BYTES),
                 learning_rate: AtomicU32::new(0),
                 barrier_seq: AtomicU64::new(0),

@@ -1,0 +1,446 @@
+//! [`DeviceData`]: a round's buffer in a device's memory (see the module docs of
+//! [`crate::data`]). The rounds of one call (a tensor, or a group's tensors) are launched as one
+//! [`Batch`] of their chunks ([`RoundData::launch`]): each step of the device chain is one
+//! driver call for all of them; each round then finishes its own chunks from the batch's
+//! staging as it pushes them and receives its results into the batch's decode staging, and
+//! the last round of the batch to end decodes every round's results at once
+//! ([`RoundData::end`]; the other rounds' outcomes wait for it). [`Batches`] keeps each set of
+//! tensors' batch (tables, arena, staging) between calls.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use pushpull_kernels::chunk::{ChunkInfo, Node};
+use pushpull_kernels::cuda::Device as Place;
+use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started};
+use pushpull_proto::pool::BufPool;
+
+use super::{check_home, decode_host, encode_host, Launch, RoundData, Settling, Starting};
+use crate::error::WorkerError;
+use crate::round::RoundKind;
+use crate::tensor::TensorInner;
+
+/// What [`DeviceData`] needs to build a tensor's device chains at its first device round.
+#[derive(Clone, Copy)]
+pub(crate) struct ChainSetup {
+    pub(crate) job_seed: u64,
+    pub(crate) rank: u32,
+    pub(crate) min_compress_bytes: u64,
+    /// A codec factory other than the default is set: every chunk uses its CPU codec.
+    pub(crate) custom_factory: bool,
+}
+
+/// A tensor's device state, kept in the tensor between its push_pull rounds: its chains, or
+/// `None` when its compressor has no kernel (or a custom codec factory is set) and its chunks
+/// are compressed by the CPU codecs.
+struct DeviceState<D: Device> {
+    chains: Option<DeviceTensor<D>>,
+}
+
+/// A batch's round, shared by the rounds of its tensors.
+struct BatchRun<D: Device> {
+    started: Started<D>,
+    /// Rounds of the batch that have not ended: the last to end decodes for all.
+    left: AtomicUsize,
+    /// The decode's outcome, once the last round ended.
+    decoded: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+}
+
+impl<D: Device> BatchRun<D> {
+    /// One round of the batch has ended: the last to end decodes every round's results.
+    fn leave(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let outcome = self.started.decode().map_err(|e| e.to_string());
+            self.decoded.send_replace(Some(outcome));
+        }
+    }
+}
+
+/// This round's share of its call's batch.
+enum Launched<D: Device> {
+    /// Not part of a batch (a broadcast, or chunks compressed on the host).
+    No,
+    /// Launched: the batch's round and this tensor's place in it.
+    Yes { run: Arc<BatchRun<D>>, part: usize },
+    /// The launch failed: every chunk's encode fails with this.
+    Failed(String),
+}
+
+/// The batches of the sets of tensors launched together so far, by set (the tensors'
+/// addresses and the device's), at most [`Batches::KEEP`] of them, the latest used last.
+#[derive(Default)]
+pub(crate) struct Batches(Mutex<Vec<Kept>>);
+
+/// A kept batch (a `Batch<D>`) and its set of tensors.
+type Kept = (Vec<usize>, Arc<dyn Any + Send + Sync>);
+
+impl Batches {
+    /// Sets of tensors kept (a training step launches a few: one per group call).
+    const KEEP: usize = 64;
+
+    /// The batch of `key`'s tensors, made by `make` when there is none (or it no longer fits).
+    fn get<D: Device>(
+        &self,
+        key: Vec<usize>,
+        fits: impl Fn(&Batch<D>) -> bool,
+        make: impl FnOnce() -> Result<Batch<D>, String>,
+    ) -> Result<Arc<Batch<D>>, String> {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = kept.iter().position(|(k, _)| *k == key) {
+            let (k, b) = kept.remove(at);
+            if let Ok(batch) = b.downcast::<Batch<D>>() {
+                if fits(&batch) {
+                    kept.push((k, batch.clone()));
+                    return Ok(batch);
+                }
+            }
+        }
+        let batch = Arc::new(make()?);
+        if kept.len() >= Self::KEEP {
+            kept.remove(0);
+        }
+        kept.push((key, batch.clone()));
+        Ok(batch)
+    }
+
+    /// Device and page-locked bytes the kept batches hold.
+    pub(crate) fn bytes(&self) -> u64 {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        kept.iter().map(|(_, b)| batch_bytes(b.as_ref())).sum()
+    }
+}
+
+/// The bytes of a kept batch, whatever its device (a batch of an unknown device type counts
+/// 0; the worker's devices are the emulated one and CUDA).
+fn batch_bytes(b: &(dyn Any + Send + Sync)) -> u64 {
+    if let Some(b) = b.downcast_ref::<Batch<pushpull_kernels::device::EmulatedDevice>>() {
+        return b.bytes();
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(b) = b.downcast_ref::<Batch<pushpull_kernels::cuda::CudaDevice>>() {
+        return b.bytes();
+    }
+    0
+}
+
+/// A tensor in device memory: `len` f32 at device address `addr`, kept alive by `keep` (the
+/// caller's own buffer, handed back after the round).
+pub(crate) struct DeviceData<D: Device, K> {
+    device: Arc<D>,
+    addr: u64,
+    len: usize,
+    /// The caller's buffer (`None` once handed back).
+    keep: Option<K>,
+    setup: ChainSetup,
+    /// The tensor's device state during a push_pull round.
+    state: Option<DeviceState<D>>,
+    launched: Launched<D>,
+    /// Host staging for chunks compressed on the CPU and for broadcasts.
+    host: Vec<f32>,
+}
+
+impl<D: Device> DeviceData<D, D::Mem> {
+    /// A round over `mem`, the caller's own device buffer.
+    pub(crate) fn owned(device: Arc<D>, mem: D::Mem, setup: ChainSetup) -> Self {
+        let (addr, len) = (device.mem_addr(&mem), device.mem_len(&mem));
+        DeviceData::new(device, addr, len, mem, setup)
+    }
+}
+
+impl<D: Device, K> DeviceData<D, K> {
+    fn new(device: Arc<D>, addr: u64, len: usize, keep: K, setup: ChainSetup) -> Self {
+        DeviceData {
+            device,
+            addr,
+            len,
+            keep: Some(keep),
+            setup,
+            state: None,
+            launched: Launched::No,
+            host: Vec::new(),
+        }
+    }
+
+    /// A round over `len` f32 of device memory at `addr`, borrowed from `keep` (e.g. a torch
+    /// tensor).
+    ///
+    /// # Safety
+    /// `addr` addresses `len` f32 of `device`'s memory, which `keep` keeps alive and which
+    /// nothing else reads or writes until the round has ended and the device's work on it
+    /// has completed (later work on the device's stream is ordered after it).
+    pub(crate) unsafe fn borrowed(
+        device: Arc<D>,
+        addr: u64,
+        len: usize,
+        keep: K,
+        setup: ChainSetup,
+    ) -> Self {
+        DeviceData::new(device, addr, len, keep, setup)
+    }
+
+    /// The caller's buffer, handed back after the round.
+    pub(crate) fn into_keep(mut self) -> Result<K, WorkerError> {
+        self.keep
+            .take()
+            .ok_or_else(|| WorkerError::Internal("a device buffer was handed back twice".into()))
+    }
+
+    fn device_error(&self, tensor: &TensorInner, message: String) -> WorkerError {
+        WorkerError::Device {
+            name: tensor.placement.name.clone(),
+            message,
+        }
+    }
+
+    /// The tensor's chains, built at its first device round.
+    fn build_state(&self, tensor: &TensorInner) -> Result<DeviceState<D>, WorkerError> {
+        if self.setup.custom_factory {
+            return Ok(DeviceState { chains: None });
+        }
+        let p = &tensor.placement;
+        let full = p.chunks.first().map_or(0, |c| c.len);
+        let infos: Vec<ChunkInfo<'_>> = p
+            .chunks
+            .iter()
+            .map(|c| ChunkInfo {
+                params: &p.params,
+                tensor_len: p.len,
+                chunk_len: c.len,
+                full_chunk_len: full,
+                key: c.key,
+                job_seed: self.setup.job_seed,
+                node: Node::Worker {
+                    rank: self.setup.rank,
+                },
+                min_compress_bytes: self.setup.min_compress_bytes,
+            })
+            .collect();
+        let chains = DeviceTensor::build(&self.device, &infos)
+            .map_err(|message| self.device_error(tensor, message))?;
+        Ok(DeviceState { chains })
+    }
+
+    /// Copies chunk `index` of the buffer into the host staging buffer.
+    fn stage(&mut self, tensor: &TensorInner, index: usize) -> Result<(), String> {
+        let range = tensor.ranges[index].clone();
+        self.host.resize(range.len(), 0.0);
+        // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round).
+        unsafe {
+            self.device
+                .download(self.addr + 4 * range.start as u64, &mut self.host)
+        }
+        .map_err(|e| format!("copying the chunk from {}: {e}", self.device.place()))
+    }
+
+    /// Copies the host staging buffer to chunk `index` of the buffer.
+    fn unstage(&mut self, tensor: &TensorInner, index: usize) -> Result<(), String> {
+        let at = self.addr + 4 * tensor.ranges[index].start as u64;
+        // SAFETY: as in `stage`.
+        unsafe { self.device.upload(&self.host, at) }
+            .map_err(|e| format!("copying the result to {}: {e}", self.device.place()))
+    }
+
+    /// The tensor's device chains this round, if its chunks compress on the device.
+    fn chains(&mut self) -> Option<&mut DeviceTensor<D>> {
+        self.state.as_mut()?.chains.as_mut()
+    }
+}
+
+impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
+    fn len(&mut self) -> usize {
+        self.len
+    }
+
+    fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
+        let place = self.device.place();
+        check_home(tensor, kind, place)?;
+        if !matches!(kind, RoundKind::Sum { .. }) {
+            tensor.residence().buffer_on = place;
+            return Ok(());
+        }
+        let kept = tensor.residence().chains.take();
+        let state = match kept.map(|b| b.downcast::<DeviceState<D>>()) {
+            Some(Ok(state)) => *state,
+            Some(Err(other)) => {
+                tensor.residence().chains = Some(other);
+                return Err(self.device_error(
+                    tensor,
+                    format!("its device state was made for another kind of device than {place}"),
+                ));
+            }
+            None => self.build_state(tensor)?,
+        };
+        let on = if state.chains.is_some() {
+            place
+        } else {
+            Place::Cpu
+        };
+        // The home is claimed only once the chains exist: a device that failed to build them
+        // leaves the tensor free to run elsewhere.
+        let mut res = tensor.residence();
+        res.device_bytes = state.chains.as_ref().map_or(0, DeviceTensor::bytes);
+        self.state = Some(state);
+        res.home = Some(place);
+        res.ran(on, place);
+        Ok(())
+    }
+
+    fn launch(rounds: &mut [Starting<'_, Self>], call: &Launch<'_>) {
+        let RoundKind::Sum { average } = call.kind else {
+            return;
+        };
+        // The rounds whose chunks compress on the device, by device (a group call has one).
+        let on: Vec<usize> = (0..rounds.len())
+            .filter(|&i| rounds[i].data.chains().is_some())
+            .collect();
+        let Some(&first) = on.first() else { return };
+        let device = rounds[first].data.device.clone();
+        let key: Vec<usize> = std::iter::once(Arc::as_ptr(&device) as *const () as usize)
+            .chain(
+                on.iter()
+                    .map(|&i| rounds[i].tensor as *const TensorInner as usize),
+            )
+            .collect();
+        let launched = {
+            let tensors: Vec<&DeviceTensor<D>> = on
+                .iter()
+                .filter_map(|&i| rounds[i].data.state.as_ref()?.chains.as_ref())
+                .collect();
+            let batch = call.batches.get(
+                key,
+                |b| b.fits(&tensors),
+                || {
+                    Batch::new(&device, &tensors)
+                        .map_err(|e| format!("allocating a batch on {}: {e}", device.place()))
+                },
+            );
+            let args: Vec<BatchRound> = on
+                .iter()
+                .map(|&i| BatchRound {
+                    input: rounds[i].data.addr,
+                    output: rounds[i].data.addr,
+                    round: rounds[i].round,
+                    lr: call.lr,
+                    average_over: average.then_some(call.num_workers as f32),
+                })
+                .collect();
+            // SAFETY: each round's buffer is its data's (owned, or borrowed under the
+            // contract of `DeviceData::borrowed`), alive until the round ends; the rounds
+            // settle (decode) before they end.
+            batch.and_then(|b| unsafe { b.start(&tensors, &args) }.map_err(|e| e.to_string()))
+        };
+        match launched {
+            Ok(started) => {
+                let run = Arc::new(BatchRun {
+                    started,
+                    left: AtomicUsize::new(on.len()),
+                    decoded: tokio::sync::watch::Sender::new(None),
+                });
+                for (part, &i) in on.iter().enumerate() {
+                    rounds[i].data.launched = Launched::Yes {
+                        run: run.clone(),
+                        part,
+                    };
+                }
+            }
+            Err(e) => {
+                for &i in &on {
+                    rounds[i].data.launched = Launched::Failed(e.clone());
+                }
+            }
+        }
+    }
+
+    fn encode(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+        kind: RoundKind,
+        lr: Option<f32>,
+        pool: &Arc<BufPool>,
+    ) -> Result<Bytes, String> {
+        if let RoundKind::Sum { .. } = kind {
+            match &self.launched {
+                Launched::Failed(e) => return Err(e.clone()),
+                Launched::Yes { run, part } => {
+                    let (run, part) = (run.clone(), *part);
+                    let chains = self.chains().ok_or("no device chains")?;
+                    return run
+                        .started
+                        .finish(part, chains, index)
+                        .map_err(|e| e.to_string());
+                }
+                // Chains that were not launched would fall behind the other workers' state.
+                Launched::No if self.state.as_ref().is_some_and(|s| s.chains.is_some()) => {
+                    return Err("internal error: a device round was not launched".into())
+                }
+                Launched::No => {}
+            }
+        }
+        self.stage(tensor, index)?;
+        encode_host(tensor, index, &self.host, round, kind, lr, pool)
+    }
+
+    fn decode(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+        kind: RoundKind,
+        num_workers: u32,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        if let (RoundKind::Sum { .. }, Launched::Yes { run, part }) = (kind, &self.launched) {
+            let chains = self.state.as_ref().and_then(|s| s.chains.as_ref());
+            let chains = chains.ok_or("no device chains")?;
+            return run
+                .started
+                .receive(*part, chains, index, payload)
+                .map_err(|e| e.to_string());
+        }
+        self.host.resize(tensor.ranges[index].len(), 0.0);
+        let mut host = std::mem::take(&mut self.host);
+        let res = decode_host(tensor, index, &mut host, round, kind, num_workers, payload);
+        self.host = host;
+        res?;
+        self.unstage(tensor, index)
+    }
+
+    fn end(&mut self, tensor: &TensorInner) -> Option<Settling> {
+        if let Some(state) = self.state.take() {
+            let state: Box<dyn Any + Send> = Box::new(state);
+            tensor.residence().chains = Some(state);
+        }
+        let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) else {
+            return None;
+        };
+        let mut decoded = run.decoded.subscribe();
+        run.leave();
+        let name = tensor.placement.name.clone();
+        Some(Box::pin(async move {
+            // `run` holds the sender until the outcome is read.
+            let _run = run;
+            let outcome = match decoded.wait_for(Option::is_some).await {
+                Ok(v) => v.clone().unwrap_or(Ok(())),
+                Err(_) => Err("the batch ended without decoding".to_string()),
+            };
+            outcome.map_err(|message| WorkerError::Device {
+                name,
+                message: format!("decoding the results: {message}"),
+            })
+        }))
+    }
+}
+
+impl<D: Device, K> Drop for DeviceData<D, K> {
+    fn drop(&mut self) {
+        // A round that never ended (its task panicked) must not keep its batch's other rounds
+        // waiting for the decode.
+        if let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) {
+            run.leave();
+        }
+    }
+}
