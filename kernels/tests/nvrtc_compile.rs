@@ -1,14 +1,19 @@
 //! Compiles the CUDA kernels to PTX with NVRTC (no GPU needed) and checks that every name in
-//! `ENTRY_POINTS` is a `.entry` of the PTX, and that the PTX has no other entry.
+//! `ENTRY_POINTS` is a `.entry` of the PTX, and that the PTX has no other entry; with NVRTC 12.4
+//! (what CI installs), that the PTX shipped with the crate (`kernels/cuda/pushpull_kernels.ptx`)
+//! is exactly what NVRTC makes of the current sources for `compute_70` (`scripts/ptx.sh`
+//! regenerates it: it runs `shipped_ptx_is_fresh` with `PUSHPULL_WRITE_PTX=1`, which writes the
+//! file instead of comparing).
 //!
-//! Without libnvrtc the test prints a SKIPPED line and passes, unless
+//! Without libnvrtc the tests print a SKIPPED line and pass, unless
 //! `PUSHPULL_REQUIRE_NVRTC=1` (CI sets it through `.ci/nvrtc.sh`, which installs NVRTC from
-//! PyPI), in which case it fails.
+//! PyPI), in which case they fail.
 
 use std::collections::BTreeSet;
 
 use pushpull_kernels::cuda::{
-    compile_ptx, compile_ptx_from, nvrtc_available, ptx_arch, CudaError, ENTRY_POINTS,
+    compile_ptx, compile_ptx_from, compile_shipped_ptx, nvrtc_available, nvrtc_version, ptx_arch,
+    CudaError, ENTRY_POINTS, SHIPPED_PTX, SHIPPED_PTX_FILE, SHIPPED_PTX_NVRTC,
 };
 
 fn nvrtc_required() -> bool {
@@ -112,4 +117,80 @@ fn compile_errors_are_reported_not_panicked() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("undefined_name"), "{err}");
+}
+
+/// `PUSHPULL_WRITE_PTX=1` (set by `scripts/ptx.sh`): write the shipped PTX instead of comparing.
+fn write_requested() -> bool {
+    std::env::var("PUSHPULL_WRITE_PTX").is_ok_and(|v| v == "1")
+}
+
+/// The first line where `a` and `b` differ (1-based), with both lines.
+fn first_difference<'a>(a: &'a str, b: &'a str) -> (usize, &'a str, &'a str) {
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    for n in 1.. {
+        match (la.next(), lb.next()) {
+            (Some(x), Some(y)) if x == y => continue,
+            (x, y) => {
+                return (
+                    n,
+                    x.unwrap_or("<end of file>"),
+                    y.unwrap_or("<end of file>"),
+                )
+            }
+        }
+    }
+    unreachable!()
+}
+
+#[test]
+fn shipped_ptx_is_fresh() {
+    let test = "shipped_ptx_is_fresh";
+    let write = write_requested();
+    let (major, minor) = SHIPPED_PTX_NVRTC;
+    if !nvrtc_or_skip(test) {
+        assert!(
+            !write,
+            "PUSHPULL_WRITE_PTX=1 needs NVRTC {major}.{minor}: run scripts/ptx.sh"
+        );
+        return;
+    }
+    let version = nvrtc_version().expect("libnvrtc loads but nvrtcVersion failed");
+    if version != SHIPPED_PTX_NVRTC {
+        assert!(
+            !write,
+            "PUSHPULL_WRITE_PTX=1 needs NVRTC {major}.{minor}, but NVRTC {}.{} is loaded: run \
+             scripts/ptx.sh (it puts NVRTC {major}.{minor} from PyPI on LD_LIBRARY_PATH)",
+            version.0, version.1
+        );
+        println!(
+            "{test}: SKIPPED the comparison with {SHIPPED_PTX_FILE}: NVRTC {}.{} is loaded, the \
+             shipped PTX is made by NVRTC {major}.{minor} (source .ci/nvrtc.sh to compare)",
+            version.0, version.1
+        );
+        return;
+    }
+    let fresh = compile_shipped_ptx().unwrap_or_else(|e| panic!("NVRTC compile failed: {e}"));
+    if write {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/pushpull_kernels.ptx");
+        if fresh == SHIPPED_PTX {
+            println!("{test}: {SHIPPED_PTX_FILE} is already up to date");
+        } else {
+            std::fs::write(path, &fresh).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+            println!("{test}: wrote {path} ({} bytes)", fresh.len());
+        }
+        return;
+    }
+    if fresh != SHIPPED_PTX {
+        let (line, shipped, now) = first_difference(SHIPPED_PTX, &fresh);
+        panic!(
+            "{SHIPPED_PTX_FILE} is stale: it is not what NVRTC {major}.{minor} makes of the \
+             current kernel sources (kernels/cuda/pushpull_elem.cuh + pushpull_kernels.cu). Run \
+             `scripts/ptx.sh` to regenerate it and commit the file with the kernel change.\n\
+             First difference, line {line}:\n  shipped: {shipped}\n  fresh:   {now}"
+        );
+    }
+    println!(
+        "{test}: {SHIPPED_PTX_FILE} is what NVRTC {major}.{minor} makes of SOURCE ({} bytes)",
+        fresh.len()
+    );
 }

@@ -1,7 +1,7 @@
 //! The CUDA compressors on device buffers (feature `cuda`).
 //!
-//! [`GpuContext`] compiles [`super::SOURCE`] with NVRTC (once per process), loads the module on
-//! a `CudaContext` and keeps the stream every launch goes to. [`GpuCodec`] runs one
+//! [`GpuContext`] loads the kernels (the shipped PTX, or NVRTC's: see `ptx.rs`) on a
+//! `CudaContext` and keeps the stream every launch goes to. [`GpuCodec`] runs one
 //! [`GpuScheme`] for chunks of one length: `compress`, `decompress` and `decompress_add` take
 //! cudarc buffers (`CudaSlice`, `CudaView`, `CudaViewMut`) and only *enqueue* work on the
 //! context's stream; synchronise the stream (or copy back with cudarc, which does) before reading
@@ -20,7 +20,7 @@
 //! `host_shim.cpp` emulates exactly these sequences; `tests/cuda_host_kernels.rs` checks the emulation
 //! against the CPU compressors and `tests/cuda_gpu.rs` checks this code on a GPU.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
@@ -32,7 +32,7 @@ use super::scheme::{
     num_buckets, num_pieces, pack_tile_capacity, GpuScheme, RoundStreams, GROUP, PACK_WORDS,
     REDUCE_BLOCK, SPAN,
 };
-use super::{compile_ptx, gpu_unusable_reason, no_panic, CudaError, Kernel, ENTRY_POINTS};
+use super::{gpu_unusable_reason, no_panic, CudaError, Kernel, ENTRY_POINTS};
 
 /// Threads per block of every launch (the reductions and pack kernels require exactly this).
 pub(super) const THREADS: u32 = 256;
@@ -41,15 +41,6 @@ pub(super) fn driver(what: &str) -> impl FnOnce(DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver {
         what: what.to_string(),
         detail: e.to_string(),
-    }
-}
-
-/// The PTX, compiled once per process.
-fn cached_ptx() -> Result<&'static str, CudaError> {
-    static PTX: OnceLock<Result<String, String>> = OnceLock::new();
-    match PTX.get_or_init(|| compile_ptx().map_err(|e| e.to_string())) {
-        Ok(p) => Ok(p),
-        Err(e) => Err(CudaError::Compile(e.clone())),
     }
 }
 
@@ -88,13 +79,9 @@ impl GpuContext {
     /// Loads the kernels on the context of `stream` and launches everything on `stream` (use
     /// the stream your tensors are produced on to avoid extra synchronisation).
     pub fn with_stream(stream: Arc<CudaStream>) -> Result<Arc<GpuContext>, CudaError> {
-        let ptx = cached_ptx()?;
         let ctx = stream.context().clone();
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(driver(
-                "loading the PTX (a driver older than the NVRTC that made it?)",
-            ))?;
+        let module =
+            super::ptx::load_kernels(|ptx| ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx)))?;
         let funcs = ENTRY_POINTS
             .iter()
             .map(|name| module.load_function(name).map_err(driver(name)))
