@@ -35,12 +35,12 @@
 //! on the CPU. The payload is pushed straight from the staging (a `Bytes` slice of it; the
 //! staging goes back to the batch's pool when QUIC drops the last one).
 //!
-//! Pulled payloads are checked as the CPU decoders check them ([`DeviceTensor::receive`]),
-//! copied into the tensor's page-locked decode staging, and [`Started::decode`] uploads them
-//! in one copy and decodes every received chunk into the output with `Decode` (and
-//! `DecodeScatter`), divided by the number of workers for an average. So a batch costs about
-//! a dozen driver calls a round however many chunks and tensors it holds
-//! ([`Device::driver_calls`] counts them).
+//! Pulled payloads are checked as the CPU decoders check them ([`Started::receive`]) and
+//! copied into the batch's page-locked decode staging; once every tensor of the batch has
+//! received its results, [`Started::decode`] uploads them in one copy and decodes every
+//! received chunk into its round's output with `Decode` (and `DecodeScatter`), divided by the
+//! number of workers for an average. So a batch costs about a dozen driver calls a round
+//! however many chunks and tensors it holds ([`Device::driver_calls`] counts them).
 //!
 //! The element formulas are those of [`crate::decorators`], written once more in
 //! `kernels/cuda/pushpull_elem.cuh` (`pp_prepare_elem`, `pp_residual_group`, ...) with FMA
