@@ -5,13 +5,21 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `push_pull_group`, `broadcast`, `barrier`, `metrics`, `finish` |
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `metrics`, `finish` |
 //! | [`Handle`] | one round in flight: `poll()`, `wait()` |
 //! | [`Reference`] | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
 //!
 //! The Python side (`pushpull/torch/`) turns torch tensors into the pointer, length and owner
 //! that `Worker.push_pull` takes, and reads the BytePS environment.
+//!
+//! # Device memory
+//! `push_pull_group_device` takes buffers in a device's memory by address, as `push_pull`
+//! takes host buffers, and hands them to [`pushpull_worker::Worker::push_pull_group_borrowed`]:
+//! on `cuda:N` (torch's CUDA tensors, compressed on their GPU by the worker's [`CudaDevice`]
+//! for that GPU, on a stream of its own whose handle `device_stream` gives, so that the Python
+//! side can order torch's streams with it), or on `emulated` (host memory run through the
+//! device path's host twin: how the binding's device logic is tested without a GPU).
 //!
 //! # Buffers and the GIL
 //! A push_pull works in the caller's memory in place: Python hands over the address and length
@@ -29,7 +37,8 @@ use std::sync::{Arc, Mutex};
 use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::{Config, ParamMap};
 use pushpull_worker::reference::{RefTensor, Reference as RefJob};
-use pushpull_worker::{JoinOptions, Reduce, WorkerError};
+use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext};
+use pushpull_worker::{Device, JoinOptions, Place, Reduce, RoundHandle, WorkerError};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -136,6 +145,52 @@ fn join_config(
     Ok(c)
 }
 
+/// The devices a worker's device rounds run on, made at first use: the emulated one, and
+/// one [`CudaDevice`] (its context's stream, its loaded kernels) per GPU.
+#[derive(Default)]
+struct Devices {
+    emulated: Arc<EmulatedDevice>,
+    cuda: Mutex<BTreeMap<usize, Arc<CudaDevice>>>,
+}
+
+/// Where a device round runs.
+enum Route {
+    Emulated(Arc<EmulatedDevice>),
+    Cuda(Arc<CudaDevice>),
+}
+
+impl Devices {
+    /// The device `name` names: `emulated` or `cuda:N`.
+    fn get(&self, name: &str) -> Result<Route, WorkerError> {
+        if name == "emulated" {
+            return Ok(Route::Emulated(self.emulated.clone()));
+        }
+        let ordinal = name
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or_else(|| {
+                WorkerError::Config(format!(
+                    "device {name:?}: expected \"emulated\" or \"cuda:N\""
+                ))
+            })?;
+        let mut cuda = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = cuda.get(&ordinal) {
+            return Ok(Route::Cuda(d.clone()));
+        }
+        let gpu = GpuContext::new(ordinal)
+            .map_err(|e| WorkerError::Config(format!("opening {name} for device buffers: {e}")))?;
+        let d = Arc::new(CudaDevice::new(gpu));
+        cuda.insert(ordinal, d.clone());
+        Ok(Route::Cuda(d))
+    }
+
+    /// Driver calls the worker's devices made so far.
+    fn driver_calls(&self) -> u64 {
+        let cuda = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
+        self.emulated.driver_calls() + cuda.values().map(|d| d.driver_calls()).sum::<u64>()
+    }
+}
+
 /// A joined worker (`pushpull._native.Worker`).
 ///
 /// `Worker(config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None,
@@ -147,6 +202,7 @@ fn join_config(
 pub struct Worker {
     runtime: Arc<Runtime>,
     worker: Mutex<Option<pushpull_worker::Worker>>,
+    devices: Devices,
 }
 
 impl Worker {
@@ -189,6 +245,38 @@ impl Worker {
             runtime: self.runtime.clone(),
             state: Mutex::new(HandleState::Running(task)),
         }
+    }
+
+    /// One handle per name, each resolving to its round's outcome from the handles `group`
+    /// (a group call, started in a task of the worker's runtime) returns.
+    fn group_handles<K: Send + 'static>(
+        &self,
+        names: Vec<String>,
+        group: impl std::future::Future<Output = Vec<RoundHandle<K>>> + Send + 'static,
+    ) -> Vec<Handle> {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..names.len())
+            .map(|_| tokio::sync::oneshot::channel::<Result<(), WorkerError>>())
+            .unzip();
+        self.runtime.spawn(async move {
+            let rounds = group.await;
+            for (round, tx) in rounds.into_iter().zip(txs) {
+                tokio::spawn(async move {
+                    let _ = tx.send(round.await.map(drop));
+                });
+            }
+        });
+        rxs.into_iter()
+            .zip(names)
+            .map(|(rx, name)| {
+                self.handle(self.runtime.spawn(async move {
+                    rx.await.unwrap_or_else(|_| {
+                        Err(WorkerError::Internal(format!(
+                            "the group call ended before starting the round of tensor {name:?}"
+                        )))
+                    })
+                }))
+            })
+            .collect()
     }
 
     /// Starts a round of `kind` over the buffer in a task of the worker's runtime.
@@ -261,6 +349,7 @@ impl Worker {
         Ok(Worker {
             runtime: Arc::new(runtime),
             worker: Mutex::new(Some(worker)),
+            devices: Devices::default(),
         })
     }
 
@@ -365,30 +454,67 @@ impl Worker {
             calls.push((t, Self::buffer(&name, owner, ptr, len)?));
         }
         let names: Vec<String> = calls.iter().map(|(t, _)| t.name().to_string()).collect();
-        let (txs, rxs): (Vec<_>, Vec<_>) = (0..calls.len())
-            .map(|_| tokio::sync::oneshot::channel::<Result<(), WorkerError>>())
-            .unzip();
-        self.runtime.spawn(async move {
-            let rounds = w.push_pull_group(calls, op).await;
-            for (round, tx) in rounds.into_iter().zip(txs) {
-                tokio::spawn(async move {
-                    let _ = tx.send(round.await.map(drop));
-                });
-            }
-        });
-        Ok(rxs
-            .into_iter()
-            .zip(names)
-            .map(|(rx, name)| {
-                self.handle(self.runtime.spawn(async move {
-                    rx.await.unwrap_or_else(|_| {
-                        Err(WorkerError::Internal(format!(
-                            "the group call ended before starting the round of tensor {name:?}"
-                        )))
-                    })
-                }))
-            })
-            .collect())
+        Ok(self.group_handles(names, async move { w.push_pull_group(calls, op).await }))
+    }
+
+    /// Starts one round of every `(name, owner, address, length)` of `entries` together in
+    /// the memory of `device` (`"cuda:N"`, or `"emulated"`: host memory through the device
+    /// path), each buffer as in `push_pull`, as one batch on the device
+    /// (`Worker::push_pull_group_device`): the sum or average replaces each buffer in place,
+    /// written by the device's stream (`device_stream`) before the handle's `wait()` returns
+    /// and ordered before later work on that stream. The owner (e.g. a torch tensor) is kept
+    /// until the round has ended; the caller must not read or write the memory, nor let its
+    /// allocator reuse it, before the device's work on it is done. Returns one handle per
+    /// entry; raises here for an undeclared name, a bad address or an unusable device.
+    #[pyo3(signature = (entries, average, device))]
+    fn push_pull_group_device(
+        &self,
+        entries: Vec<(String, Py<PyAny>, usize, usize)>,
+        average: bool,
+        device: &str,
+    ) -> PyResult<Vec<Handle>> {
+        let op = if average {
+            Reduce::Average
+        } else {
+            Reduce::Sum
+        };
+        let w = self.get()?;
+        let route = self.devices.get(device).map_err(to_py)?;
+        let mut calls = Vec::with_capacity(entries.len());
+        for (name, owner, ptr, len) in entries {
+            let t = w.tensor(&name).map_err(to_py)?;
+            let buf = Self::buffer(&name, owner, ptr, len)?;
+            calls.push((t, buf.ptr as u64, len, buf));
+        }
+        let names: Vec<String> = calls.iter().map(|c| c.0.name().to_string()).collect();
+        Ok(match route {
+            // SAFETY: each address is the start of `len` f32 of the device's memory (a CPU
+            // tensor's for the emulated device) owned by the entry's owner, which the round
+            // keeps; the caller lends it to the round (see the method's docs).
+            Route::Emulated(d) => self.group_handles(names, async move {
+                unsafe { w.push_pull_group_borrowed(calls, &d, op).await }
+            }),
+            Route::Cuda(d) => self.group_handles(names, async move {
+                unsafe { w.push_pull_group_borrowed(calls, &d, op).await }
+            }),
+        })
+    }
+
+    /// Where a round over a CUDA tensor on GPU `ordinal` is reduced, as `worker.device` says:
+    /// `"cuda:N"` (compressed on that GPU) or `None` (`worker.device = "cpu"`: through a host
+    /// copy). Raises `PushPullError` when `worker.device` names another GPU.
+    fn cuda_route(&self, ordinal: usize) -> PyResult<Option<String>> {
+        let route = self.get()?.cuda_route(ordinal).map_err(to_py)?;
+        Ok(route.map(|p: Place| p.to_string()))
+    }
+
+    /// The handle (`CUstream`, as an int) of the stream the worker's device rounds on `device`
+    /// (`"cuda:N"`) run on, for `torch.cuda.ExternalStream`; 0 for `"emulated"`.
+    fn device_stream(&self, device: &str) -> PyResult<u64> {
+        match self.devices.get(device).map_err(to_py)? {
+            Route::Emulated(_) => Ok(0),
+            Route::Cuda(d) => Ok(d.stream()),
+        }
     }
 
     /// As `push_pull`, but the buffer becomes the `root` worker's, bit for bit.
@@ -418,8 +544,11 @@ impl Worker {
     }
 
     /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "compress_seconds",
-    /// "wait_seconds", "decompress_seconds", "tensors": {name: {... "device", "codecs"}}}`,
-    /// `device` saying where the tensor was compressed (`"cpu"`).
+    /// "wait_seconds", "decompress_seconds", "device_bytes", "driver_calls", "tensors": {name:
+    /// {... "device", "buffer_device", "device_bytes", "codecs"}}}`: `device` says where the
+    /// tensor was compressed (`"cpu"`, `"cuda:N"`, `"emulated"`), `buffer_device` where its
+    /// buffer was, `device_bytes` the device and page-locked memory its state (and, in the
+    /// totals, the batches) holds, `driver_calls` the device driver calls made so far.
     fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let w = self.get()?;
         let m = w.metrics();
@@ -432,6 +561,8 @@ impl Worker {
         d.set_item("wait_seconds", m.wait_seconds)?;
         d.set_item("decompress_seconds", m.decompress_seconds)?;
         d.set_item("compression_ratio", m.compression_ratio())?;
+        d.set_item("device_bytes", m.device_bytes)?;
+        d.set_item("driver_calls", self.devices.driver_calls())?;
         let tensors = PyDict::new(py);
         for (name, t) in &m.tensors {
             let e = PyDict::new(py);
@@ -445,6 +576,8 @@ impl Worker {
             e.set_item("wait_seconds", t.wait_seconds)?;
             e.set_item("decompress_seconds", t.decompress_seconds)?;
             e.set_item("device", t.device.to_string())?;
+            e.set_item("buffer_device", t.buffer_device.to_string())?;
+            e.set_item("device_bytes", t.device_bytes)?;
             if let Ok(tensor) = w.tensor(name) {
                 e.set_item("codecs", tensor.codecs())?;
                 e.set_item("priority", tensor.priority())?;

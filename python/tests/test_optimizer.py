@@ -48,9 +48,16 @@ def single_process(seed: int, mode: str, job_seed: int):
     return model.state_dict()
 
 
+@pytest.mark.parametrize("route", ["host", "emulated"])
 @pytest.mark.parametrize("mode", list(MAPS))
-def test_distributed_optimizer_matches_the_single_process_run(pushpull, seed, tmp_path, mode):
-    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, workers=WORKERS, config=SMALL)
+def test_distributed_optimizer_matches_the_single_process_run(
+    pushpull, seed, tmp_path, monkeypatch, mode, route
+):
+    """On the host path with one bucket (DDP's 25 MiB), and on the device path (the emulated
+    device) with buckets of 10 KiB (three buckets of this model, started as they fill)."""
+    monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
+    cap = 25 if route == "host" else 0.01
+    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, workers=WORKERS, config=SMALL)
     assert p.returncode == 0, p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
     want = single_process(seed, mode, ranks[0]["job_seed"])
@@ -62,6 +69,20 @@ def test_distributed_optimizer_matches_the_single_process_run(pushpull, seed, tm
         codec = MAPS[mode]["byteps_compressor_type"]
         assert m["bytes_pushed"] < m["raw_bytes"] / (1.5 if codec == "fp16" else 4), m
         assert codec in " ".join(m["tensors"]["Gradient.0.weight"]["codecs"])
-        assert m["tensors"]["Gradient.0.weight"]["device"] == "cpu"
-    else:
+    place = "emulated" if route == "emulated" else "cpu"
+    assert m["tensors"]["Gradient.0.weight"]["device"] == place, m["tensors"]
+    if MAPS[mode] is None:
         assert m["bytes_pushed"] == m["raw_bytes"], m
+
+
+def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
+    from pushpull.torch import _buckets
+
+    # Sizes in elements (4 bytes each); the cap in bytes.
+    assert _buckets([10, 20, 30], [0, 0, 0], 10**9) == [[2, 1, 0]]
+    # A bucket closes once it holds the cap: 30 elements = 120 bytes >= 100.
+    assert _buckets([10, 20, 30], [0, 0, 0], 100) == [[2], [1, 0]]
+    assert _buckets([10, 20, 30], [0, 0, 0], 1) == [[2], [1], [0]]
+    # A change of parameter group closes a bucket too.
+    assert _buckets([1, 1, 1, 1], [0, 0, 1, 1], 10**9) == [[3, 2], [1, 0]]
+    assert _buckets([], [], 100) == []

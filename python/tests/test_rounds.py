@@ -4,6 +4,7 @@ references: a float32 rank-order sum in numpy, and the Rust single-process refer
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import run_job
@@ -26,7 +27,11 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path):
+@pytest.mark.parametrize("route", ["host", "emulated"])
+def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path, monkeypatch, route):
+    """On the host path, and on the device path (the emulated device: what a CUDA tensor goes
+    through, minus the GPU): the same bits."""
+    monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
     p = run_job(pushpull, "rounds.py", tmp_path, seed, config=SMALL)
     assert p.returncode == 0, p.stderr
     assert "[rank 0] done" in p.stdout and "[rank 1] done" in p.stdout
@@ -73,6 +78,14 @@ def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path):
             assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
     m = ranks[0]["metrics"]["tensors"]["onebit"]
     assert m["bytes_pushed"] < m["raw_bytes"] / 10, m
+    # Where each tensor was compressed: broadcasts always through the host.
+    metrics = ranks[0]["metrics"]
+    place = "emulated" if route == "emulated" else "cpu"
+    for name in ["t0", "t6", "grp1", "copy", "f64", "view", "onebit"]:
+        assert metrics["tensors"][name]["device"] == place, (name, metrics["tensors"][name])
+    assert metrics["tensors"]["b"]["device"] == "cpu"
+    if route == "emulated":
+        assert metrics["driver_calls"] > 0 and metrics["device_bytes"] > 0, metrics
 
     for s in ranks:
         assert same_bits(s["bcast_out"], ranks[1]["bcast_in"])

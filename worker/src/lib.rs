@@ -17,7 +17,7 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`] and [`Worker::broadcast_device`] for tensors in device memory |
+//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`], [`Worker::push_pull_group_device`] (a step's tensors as one batch on the device: a dozen driver calls), [`Worker::push_pull_group_borrowed`] (device memory lent by address, e.g. torch's), [`Worker::broadcast_device`] and [`Worker::cuda_route`] for tensors in device memory |
 //! | [`Device`], [`EmulatedDevice`], `CudaDevice` and `GpuContext` (feature `cuda`), [`Place`] | re-exported from `pushpull_kernels`: where device buffers live and are compressed |
 //! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
@@ -32,7 +32,7 @@
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
 //! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
-//! device chains, and where a tensor's rounds live),
+//! device chains launched in batches, and where a tensor's rounds live),
 //! `chunks` (u64 placement ↔ buffer slices). The protocol itself is documented in
 //! [`pushpull_proto::protocol`].
 //!

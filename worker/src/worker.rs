@@ -77,8 +77,8 @@ struct WorkerInner {
     codec_factory: Mutex<Arc<dyn CodecFactory>>,
     /// `set_codec_factory` was called: device buffers use the CPU codecs it makes.
     custom_factory: AtomicBool,
-    /// `worker.device = "cpu"`: device buffers are reduced on the host.
-    host_only: bool,
+    /// `worker.device`: where device buffers are reduced (`cpu`: on the host).
+    device: pushpull_kernels::cuda::DevicePref,
     /// The device batches of the sets of tensors launched together so far.
     batches: Batches,
     /// Buffers for encoded pushes.

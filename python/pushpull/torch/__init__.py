@@ -11,9 +11,33 @@ Tensors
     Contiguous float32 CPU tensors are summed in place: their memory goes to the Rust worker
     by address and length (no copy), with the GIL released while the round runs, and the
     handle keeps the tensor alive until the round has finished writing. float64, float16 and
-    bfloat16 tensors, non-contiguous tensors and CUDA tensors go through a float32 CPU copy
-    that is copied back at :func:`synchronize` (for float64 that rounds to float32 precision).
-    Other dtypes (integers, bool, complex) raise ``TypeError`` naming the tensor.
+    bfloat16 tensors and non-contiguous CPU tensors go through a float32 CPU copy that is
+    copied back at :func:`synchronize` (for float64 that rounds to float32 precision). Other
+    dtypes (integers, bool, complex) raise ``TypeError`` naming the tensor.
+
+CUDA tensors
+    A CUDA tensor is compressed on its own GPU (``worker.device = "auto"``, the default; a
+    ``worker.device = "cuda:N"`` refuses tensors on other GPUs, ``"cpu"`` copies them to the
+    host): the worker's kernels read and write torch's memory in place, and only compressed
+    payloads cross PCIe. The round runs on a stream of the worker's own, ordered after the
+    work queued on the tensor's current stream when the call is made, and later work on the
+    stream current at :func:`synchronize` is ordered after the result (CUDA events, no
+    ``torch.cuda.synchronize()``); the memory is kept from torch's caching allocator until the
+    worker's stream is done with it (``record_stream``). float16, bfloat16 and float64 CUDA
+    tensors are widened to float32 on the GPU (exactly) and narrowed back at
+    :func:`synchronize` (round to nearest even). A non-contiguous CUDA tensor raises
+    ``ValueError`` naming it. A tensor's rounds stay on the GPU of its first round (its error
+    feedback and momentum live there). Compressors without a GPU kernel (top-k, column-wise
+    onebit, Elias-coded dithering) copy that tensor's chunks to the host. :func:`metrics`
+    says where each tensor was compressed (``device``), how much GPU and page-locked memory
+    the worker holds (``device_bytes``) and how many driver calls it made (``driver_calls``).
+    Tensors handed over together (:func:`push_pull_group_async_inplace`,
+    :class:`DistributedOptimizer`'s buckets) are compressed as one batch: a dozen driver calls
+    however many tensors.
+
+    The environment variable ``PUSHPULL_TORCH_ROUTE=emulated`` (a test aid; default ``host``)
+    sends CPU float32 tensors through the same device path on the worker's emulated device
+    (the CUDA kernels' host-compiled twin), so the GPU logic is checked without a GPU.
 
 Names and declaration
     A tensor is declared once, by name, on every worker (a collective: every worker must
@@ -45,6 +69,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import os
 import pickle
 import sys
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -92,6 +117,13 @@ _declared: Dict[str, Tuple[int, int]] = {}  # name -> (numel, priority)
 
 _CONVERTIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
+# PUSHPULL_TORCH_ROUTE: where CPU float32 tensors are reduced ("host", or "emulated": the
+# device path on the emulated device). Read at init().
+_ROUTES = ("host", "emulated")
+_route = "host"
+# The worker's CUDA streams, as torch streams, by device name ("cuda:N").
+_streams: Dict[str, "torch.cuda.ExternalStream"] = {}
+
 
 # --- joining and leaving -----------------------------------------------------------------
 
@@ -104,9 +136,13 @@ def init(config: Optional[str] = None) -> None:
     If the script ends without :func:`shutdown`, it runs at exit, unless the script ends with
     an uncaught exception: then the worker leaves without a clean finish, so that the other
     workers fail naming it instead of waiting for rounds it will never push."""
-    global _worker, _settings
+    global _worker, _settings, _route
     if _worker is not None:
         return
+    route = os.environ.get("PUSHPULL_TORCH_ROUTE", "host")
+    if route not in _ROUTES:
+        raise ValueError(f"PUSHPULL_TORCH_ROUTE = {route!r}: expected one of {_ROUTES}")
+    _route = route
     settings = join_settings(config)
     _worker = _native.Worker(**settings.worker_kwargs())
     _settings = settings
@@ -131,6 +167,7 @@ def shutdown() -> None:
     _worker = None
     _handles.clear()
     _declared.clear()
+    _streams.clear()
     w.finish()
 
 
@@ -175,7 +212,10 @@ def local_size() -> int:
 
 def metrics() -> dict:
     """This worker's counters: raw and payload bytes pushed and pulled, rounds, seconds spent
-    compressing, waiting and decompressing, in total and per tensor (with each tensor's codecs)."""
+    compressing, waiting and decompressing, in total and per tensor (with each tensor's codecs
+    and where it was compressed, ``device``: ``cpu``, ``cuda:N`` or ``emulated``); the GPU and
+    page-locked memory the worker holds for device tensors (``device_bytes``) and the driver
+    calls it made (``driver_calls``)."""
     return _w().metrics()
 
 
@@ -229,10 +269,11 @@ def _ensure_declared(name: str, tensor: torch.Tensor, priority: int) -> None:
 
 
 class _Round:
-    """One round in flight: the native handle, the float32 CPU tensor it works in, and the
-    caller's tensor when that is a different one (copied back at synchronize)."""
+    """One round in flight: the native handle, the float32 tensor it works in (on the host, or
+    in the memory of the device that compresses it), and the caller's tensor when that is a
+    different one (copied back at synchronize)."""
 
-    def __init__(self, name: str, tensor: torch.Tensor):
+    def __init__(self, name: str, tensor: torch.Tensor, host_only: bool = False):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"tensor {name!r}: expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dtype not in _CONVERTIBLE:
@@ -241,32 +282,90 @@ class _Round:
                 "(float64, float16 and bfloat16 are converted); integer, bool and complex tensors "
                 "are not supported"
             )
-        direct = (
-            tensor.dtype == torch.float32
-            and tensor.device.type == "cpu"
-            and tensor.is_contiguous()
-        )
         self.name = name
-        self.target = None if direct else tensor
-        self.work = tensor.detach() if direct else tensor.detach().to("cpu", torch.float32).contiguous()
         self.native: Optional[_native.Handle] = None
+        # Where it is compressed: None (the host path), "cuda:N" or "emulated".
+        self.device: Optional[str] = None
+        # The worker's stream the round runs on (CUDA).
+        self.stream = None
+        if not host_only and tensor.device.type == "cuda":
+            self.device = _w().cuda_route(tensor.device.index)
+            if self.device is not None and not tensor.is_contiguous():
+                raise ValueError(
+                    f"tensor {name!r} is a non-contiguous CUDA tensor (shape {tuple(tensor.shape)}, "
+                    f"strides {tensor.stride()}): hand in a contiguous tensor (e.g. .contiguous())"
+                )
+        elif not host_only and tensor.device.type == "cpu" and _route == "emulated":
+            self.device = "emulated"
+        direct = tensor.dtype == torch.float32 and tensor.is_contiguous()
+        if self.device is None:
+            direct = direct and tensor.device.type == "cpu"
+        self.target = None if direct else tensor
+        if direct:
+            self.work = tensor.detach()
+        elif self.device is not None:
+            # Widened on the tensor's own device (exactly).
+            self.work = tensor.detach().to(torch.float32).contiguous()
+        else:
+            self.work = tensor.detach().to("cpu", torch.float32).contiguous()
 
-    def start_push_pull(self, average: bool) -> None:
+    def entry(self):
         w = self.work
-        self.native = _w().push_pull(self.name, w, w.data_ptr(), w.numel(), average)
+        return (self.name, w, w.data_ptr(), w.numel())
 
     def start_broadcast(self, root: int) -> None:
-        w = self.work
-        self.native = _w().broadcast(self.name, w, w.data_ptr(), w.numel(), root)
+        self.native = _w().broadcast(*self.entry(), root)
 
     def finish(self) -> torch.Tensor:
         assert self.native is not None
         self.native.wait()
+        if self.stream is not None:
+            # Later work on the current stream waits for the worker's (the decode).
+            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
         if self.target is not None:
             with torch.no_grad():
                 self.target.copy_(self.work)
             return self.target
         return self.work
+
+
+def _worker_stream(device: str):
+    """The worker's stream on ``device`` ("cuda:N") as a torch stream."""
+    s = _streams.get(device)
+    if s is None:
+        s = torch.cuda.ExternalStream(_w().device_stream(device), device=torch.device(device))
+        _streams[device] = s
+    return s
+
+
+def _start_sums(rounds: Sequence[_Round], average: bool) -> None:
+    """Starts the push_pull rounds of ``rounds`` together: one native call per place (the
+    host, a GPU, the emulated device), a group call (one batch on a device) where there are
+    several."""
+    by_place: Dict[Optional[str], List[_Round]] = {}
+    for r in rounds:
+        by_place.setdefault(r.device, []).append(r)
+    for device, rs in by_place.items():
+        entries = [r.entry() for r in rs]
+        if device is None:
+            if len(rs) == 1:
+                natives = [_w().push_pull(*entries[0], average)]
+            else:
+                natives = _w().push_pull_group(entries, average)
+        else:
+            stream = None
+            if device.startswith("cuda"):
+                # The round's work follows what is queued on the tensors' current stream, and
+                # torch's allocator keeps their memory until the worker's stream is done.
+                stream = _worker_stream(device)
+                stream.wait_stream(torch.cuda.current_stream(torch.device(device)))
+                for r in rs:
+                    r.work.record_stream(stream)
+            natives = _w().push_pull_group_device(entries, average, device)
+            for r in rs:
+                r.stream = stream
+        for r, native in zip(rs, natives):
+            r.native = native
 
 
 def _register(r: _Round) -> int:
@@ -284,7 +383,7 @@ def push_pull_async_inplace(
     name = name if name is not None else f"push_pull.noname.{next(_noname)}"
     r = _Round(name, tensor)
     _ensure_declared(name, tensor, priority)
-    r.start_push_pull(average)
+    _start_sums([r], average)
     return _register(r)
 
 
@@ -318,11 +417,7 @@ def push_pull_group_async_inplace(
         r = _Round(name, tensor)
         _ensure_declared(name, tensor, priority)
         rounds.append(r)
-    natives = _w().push_pull_group(
-        [(r.name, r.work, r.work.data_ptr(), r.work.numel()) for r in rounds], average
-    )
-    for r, native in zip(rounds, natives):
-        r.native = native
+    _start_sums(rounds, average)
     return [_register(r) for r in rounds]
 
 
@@ -373,9 +468,9 @@ def push_pull(
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
     """Makes ``tensor`` equal to the ``root_rank`` worker's, bit for bit, in place, and returns
-    it (a tensor's compressor is not used for broadcasts)."""
+    it (a tensor's compressor is not used for broadcasts; CUDA tensors go through a host copy)."""
     name = name if name is not None else f"broadcast.noname.{next(_noname)}"
-    r = _Round(name, tensor)
+    r = _Round(name, tensor, host_only=True)
     _ensure_declared(name, tensor, 0)
     r.start_broadcast(root_rank)
     return r.finish()
@@ -405,7 +500,7 @@ def broadcast_parameters(params, root_rank: int) -> None:
             others[name] = p
     rounds = []
     for name, p in floats:
-        r = _Round(name, p.data if isinstance(p, torch.nn.Parameter) else p)
+        r = _Round(name, p.data if isinstance(p, torch.nn.Parameter) else p, host_only=True)
         _ensure_declared(name, p, 0)
         r.start_broadcast(root_rank)
         rounds.append(r)
@@ -495,8 +590,34 @@ def _own_momentum(group: Mapping) -> Optional[str]:
     return None
 
 
+def _buckets(sizes: Sequence[int], groups: Sequence[int], cap_bytes: int) -> List[List[int]]:
+    """Entries ``0..n`` cut into buckets in backward order (the last entry first, as a backward
+    pass produces gradients): a bucket closes once it holds ``cap_bytes`` of float32, and at a
+    change of parameter group (one learning rate per bucket)."""
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    held = 0
+    for k in reversed(range(len(sizes))):
+        if current and (held >= cap_bytes or groups[k] != groups[current[-1]]):
+            buckets.append(current)
+            current, held = [], 0
+        current.append(k)
+        held += 4 * sizes[k]
+    if current:
+        buckets.append(current)
+    return buckets
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, compression_params):
+    def __init__(
+        self,
+        params,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        compression_params,
+        bucket_cap_mb,
+    ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
             named = list(named_parameters)
@@ -548,48 +669,71 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             declare(tname, p, cmap, priority=-i)
             self._index[id(p)] = len(self._entries)
             self._entries.append((tname, p, group, corrected))
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be > 0")
+        group_ids = [id(group) for _, _, group, _ in self._entries]
+        self._buckets = _buckets(
+            [p.numel() for _, p, _, _ in self._entries], group_ids, int(bucket_cap_mb * 2**20)
+        )
+        self._bucket_of = [0] * len(self._entries)
+        for b, bucket in enumerate(self._buckets):
+            for k in bucket:
+                self._bucket_of[k] = b
         self._passes = [0] * len(self._entries)
-        self._inflight: Dict[int, _Round] = {}
+        self._ready = [False] * len(self._entries)
+        self._waiting = [len(b) for b in self._buckets]  # entries not ready yet, per bucket
+        self._inflight: Dict[int, List[_Round]] = {}  # by bucket
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
         ]
 
-    def _start(self, k: int) -> None:
-        tname, p, group, corrected = self._entries[k]
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        if corrected:
-            _w().set_learning_rate(float(group["lr"]))
-        r = _Round(tname, p.grad)
-        r.start_push_pull(average=True)
-        self._inflight[k] = r
+    def _start(self, b: int) -> None:
+        """Starts bucket ``b``'s gradients together (one batch on a GPU)."""
+        rounds = []
+        for k in self._buckets[b]:
+            tname, p, group, corrected = self._entries[k]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if corrected:
+                _w().set_learning_rate(float(group["lr"]))
+            rounds.append(_Round(tname, p.grad))
+        _start_sums(rounds, average=True)
+        self._inflight[b] = rounds
 
     def _hook(self, p: torch.Tensor) -> None:
         k = self._index[id(p)]
         self._passes[k] += 1
         if self._passes[k] < self.backward_passes_per_step:
             return
-        if k in self._inflight:
+        if self._ready[k]:
             raise PushPullError(
                 f"tensor {self._entries[k][0]!r}: gradient computed again before step(); call "
                 "step() (or synchronize()) after each backward pass, or set backward_passes_per_step"
             )
-        self._start(k)
+        self._ready[k] = True
+        b = self._bucket_of[k]
+        self._waiting[b] -= 1
+        if self._waiting[b] == 0:
+            self._start(b)
 
     def synchronize(self) -> None:
-        """Waits for every gradient's push_pull; gradients that no backward pass produced this
-        step are push_pulled as zeros, so every worker runs the same rounds."""
-        for k in range(len(self._entries)):
-            if k not in self._inflight:
-                self._start(k)
+        """Waits for every gradient's push_pull; buckets whose gradients are not all ready
+        start now, gradients that no backward pass produced this step as zeros, so every
+        worker runs the same rounds."""
+        for b in range(len(self._buckets)):
+            if b not in self._inflight:
+                self._start(b)
         inflight, self._inflight = self._inflight, {}
         try:
-            for r in inflight.values():
-                r.finish()
+            for rounds in inflight.values():
+                for r in rounds:
+                    r.finish()
         finally:
             self._passes = [0] * len(self._entries)
+            self._ready = [False] * len(self._entries)
+            self._waiting = [len(b) for b in self._buckets]
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -615,16 +759,21 @@ def DistributedOptimizer(
     compression: _Compressor = Compression.none,
     backward_passes_per_step: int = 1,
     compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
+    bucket_cap_mb: float = 25,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
     Every parameter is declared up front (a collective), in ``named_parameters`` order, as
     ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first.
-    A hook push_pulls each gradient as soon as the backward pass has accumulated it (after
-    ``backward_passes_per_step`` passes), overlapping communication with the rest of the
-    backward pass; ``step()`` waits for all of them and then runs the wrapped optimizer's step.
-    The result is an instance of a subclass of the optimizer's class, made from its
-    ``param_groups``.
+    The gradients are reduced in buckets, as DDP's: the parameters in reverse order (the order
+    a backward pass produces their gradients), a bucket closing at ``bucket_cap_mb`` MiB of
+    float32 (DDP's default, 25) and at a change of parameter group. A hook marks each gradient
+    ready once the backward pass has accumulated it (after ``backward_passes_per_step``
+    passes), and a bucket's gradients are push_pulled together (one group call: one batch on a
+    GPU) as soon as all of them are ready, overlapping communication with the rest of the
+    backward pass; ``step()`` starts what is left, waits for all of them and then runs the
+    wrapped optimizer's step. The result is an instance of a subclass of the optimizer's
+    class, made from its ``param_groups``.
 
     ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
     map for every tensor, or a function of the parameter name returning its map (keys as in
@@ -645,4 +794,5 @@ def DistributedOptimizer(
         compression,
         backward_passes_per_step,
         compression_params,
+        bucket_cap_mb,
     )

@@ -1,6 +1,6 @@
 """A worker of test_optimizer.py: trains a small MLP with DistributedOptimizer for a few steps
-on its own random batches and saves the final parameters. Usage: optimizer.py OUT SEED MODE,
-MODE one of optimizer_common.MAPS."""
+on its own random batches and saves the final parameters. Usage: optimizer.py OUT SEED MODE
+BUCKET_MB, MODE one of optimizer_common.MAPS, BUCKET_MB the optimizer's bucket_cap_mb."""
 
 import os
 import sys
@@ -12,7 +12,7 @@ import pushpull.torch as bps
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from optimizer_common import MAPS, PASSES, STEPS, batch, lr_at, make_model  # noqa: E402
 
-out, seed, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, seed, mode, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 torch.set_num_threads(1)
 bps.init()
 r = bps.rank()
@@ -21,10 +21,11 @@ bps.broadcast_parameters(model.state_dict(), root_rank=0)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 passes = PASSES.get(mode, 1)
 if mode == "fp16":
-    opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression=bps.Compression.fp16)
+    opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression=bps.Compression.fp16,
+                                   bucket_cap_mb=cap)
 else:
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression_params=MAPS[mode],
-                                   backward_passes_per_step=passes)
+                                   backward_passes_per_step=passes, bucket_cap_mb=cap)
 for step in range(STEPS):
     for group in opt.param_groups:
         group["lr"] = lr_at(step)

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use pushpull_kernels::cuda::{Device as Place, DevicePref};
 use pushpull_kernels::device::Device;
 
 use super::{RoundHandle, Worker};
@@ -68,7 +69,7 @@ impl Worker {
         device: &Arc<D>,
         op: Reduce,
     ) -> Vec<RoundHandle<D::Mem>> {
-        if self.inner.host_only {
+        if self.host_only() {
             return self.group_on_host(calls, device, op).await;
         }
         let setup = self.chain_setup();
@@ -129,6 +130,19 @@ impl Worker {
             .await
     }
 
+    /// `worker.device = "cpu"`: device buffers are copied to the host and reduced there.
+    fn host_only(&self) -> bool {
+        self.inner.device == DevicePref::Cpu
+    }
+
+    /// Where a round over a buffer in the memory of CUDA device `ordinal` is reduced, as
+    /// `worker.device` says: on that GPU (`Some`, with `auto`, or `cuda:N` naming it), or copied
+    /// to the host (`None`, with `cpu`). A buffer on another GPU than the one `worker.device`
+    /// names is refused, naming both.
+    pub fn cuda_route(&self, ordinal: usize) -> Result<Option<Place>, WorkerError> {
+        cuda_route(self.inner.device, ordinal).map_err(WorkerError::Config)
+    }
+
     fn chain_setup(&self) -> ChainSetup {
         ChainSetup {
             job_seed: self.inner.map.job_seed,
@@ -145,7 +159,7 @@ impl Worker {
         mem: D::Mem,
         kind: RoundKind,
     ) -> Result<D::Mem, WorkerError> {
-        if self.inner.host_only {
+        if self.host_only() {
             self.check_tensor(tensor)?;
             let host = to_host(tensor, device.as_ref(), &mem)?;
             let host = self.submit(tensor, HostData(host), kind).await?.0;
@@ -192,6 +206,25 @@ impl Worker {
     }
 }
 
+/// [`Worker::cuda_route`] under `worker.device = pref`.
+fn cuda_route(pref: DevicePref, ordinal: usize) -> Result<Option<Place>, String> {
+    let on = Place::Cuda { ordinal };
+    let wanted = match pref {
+        DevicePref::Cpu => return Ok(None),
+        DevicePref::Auto => return Ok(Some(on)),
+        DevicePref::Cuda => 0,
+        DevicePref::CudaOrdinal(n) => n,
+    };
+    if wanted == ordinal {
+        Ok(Some(on))
+    } else {
+        Err(format!(
+            "worker.device = \"{pref}\" names cuda:{wanted}, but a buffer on {on} was handed in: \
+             hand in buffers on cuda:{wanted}, or set worker.device = \"auto\""
+        ))
+    }
+}
+
 fn copy_error<D: Device>(tensor: &Tensor, device: &D, e: impl std::fmt::Display) -> WorkerError {
     WorkerError::Device {
         name: tensor.name().to_string(),
@@ -223,4 +256,26 @@ fn from_host<D: Device>(
     unsafe { device.upload(host, device.mem_addr(&mem)) }
         .map_err(|e| copy_error(tensor, device, e))?;
     Ok(mem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_buffers_go_where_worker_device_says() {
+        let cuda = |n| Some(Place::Cuda { ordinal: n });
+        assert_eq!(cuda_route(DevicePref::Auto, 3), Ok(cuda(3)));
+        assert_eq!(cuda_route(DevicePref::Cpu, 3), Ok(None));
+        assert_eq!(cuda_route(DevicePref::Cuda, 0), Ok(cuda(0)));
+        assert_eq!(cuda_route(DevicePref::CudaOrdinal(2), 2), Ok(cuda(2)));
+        let e = cuda_route(DevicePref::CudaOrdinal(1), 0).unwrap_err();
+        assert!(
+            e.contains("\"cuda:1\"") && e.contains("cuda:0") && e.contains("auto"),
+            "{e}"
+        );
+        assert!(cuda_route(DevicePref::Cuda, 1)
+            .unwrap_err()
+            .contains("names cuda:0"));
+    }
 }

@@ -106,7 +106,7 @@ impl Worker {
         config
             .validate("(worker config)")
             .map_err(|e| WorkerError::Config(e.to_string()))?;
-        let host_only = device_setting(&config.worker.device)?;
+        let device = device_setting(&config.worker.device)?;
         let sched_addr = config.scheduler_addr();
         if sched_addr.port() == 0 {
             return Err(WorkerError::Config(format!(
@@ -295,7 +295,7 @@ impl Worker {
                 tensors: Mutex::new(HashMap::new()),
                 codec_factory: Mutex::new(Arc::new(KernelsFactory)),
                 custom_factory: AtomicBool::new(false),
-                host_only,
+                device,
                 batches: Default::default(),
                 pool: BufPool::new(PAYLOAD_POOL_BYTES),
                 learning_rate: AtomicU32::new(0),
@@ -327,16 +327,15 @@ impl Worker {
 /// `cuda` and `cuda:N` ask for a GPU: refused, naming what is missing, when there is no usable
 /// one (no libcuda, no device, no NVRTC) or when this library was built without its `cuda`
 /// feature, rather than ignored. Host buffers are always compressed on the CPU.
-fn device_setting(setting: &str) -> Result<bool, WorkerError> {
+fn device_setting(setting: &str) -> Result<DevicePref, WorkerError> {
     let bad = |m: String| WorkerError::Config(format!("worker.device = {setting:?}: {m}"));
     let pref: DevicePref = setting.parse().map_err(|e: CudaError| bad(e.to_string()))?;
     match pref {
-        DevicePref::Cpu => Ok(true),
-        DevicePref::Auto => Ok(false),
+        DevicePref::Cpu | DevicePref::Auto => Ok(pref),
         DevicePref::Cuda | DevicePref::CudaOrdinal(_) => {
             let device = select_device(pref).map_err(|e| bad(e.to_string()))?;
             if cfg!(feature = "cuda") {
-                Ok(false)
+                Ok(pref)
             } else {
                 Err(bad(format!(
                     "{device} is usable, but this worker library was built without its `cuda` \
@@ -354,8 +353,8 @@ mod tests {
 
     #[test]
     fn worker_device_is_resolved_or_refused_by_name() {
-        assert!(device_setting("cpu").unwrap());
-        assert!(!device_setting("auto").unwrap());
+        assert_eq!(device_setting("cpu").unwrap(), DevicePref::Cpu);
+        assert_eq!(device_setting("auto").unwrap(), DevicePref::Auto);
         for setting in ["cuda", "cuda:1"] {
             if cfg!(feature = "cuda") && device_setting(setting).is_ok() {
                 continue; // a GPU, and the feature: accepted

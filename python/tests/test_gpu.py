@@ -1,0 +1,70 @@
+"""CUDA tensors through pushpull.torch on a real GPU: two workers sharing GPU 0 give the host
+path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor,
+float16 narrowed back), the round waits for the stream that produced the gradient and the
+result is there for work queued right after synchronize, and a non-contiguous CUDA tensor is
+refused by name.
+
+Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
+missing GPU fails instead."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_job
+from pushpull import Reference
+
+SMALL = Path(__file__).resolve().parent / "small.toml"
+
+if not torch.cuda.is_available():
+    if os.environ.get("PUSHPULL_REQUIRE_GPU") == "1":
+        raise RuntimeError("PUSHPULL_REQUIRE_GPU=1, but torch sees no CUDA GPU")
+    pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+
+def rank_order_sum(xs):
+    acc = np.array(xs[0], dtype=np.float32)
+    for x in xs[1:]:
+        acc = acc + np.asarray(x, dtype=np.float32)
+    return acc
+
+
+def same_bits(a, b) -> bool:
+    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
+    p = run_job(pushpull, "gpu.py", tmp_path, seed, config=SMALL, timeout=300)
+    assert p.returncode == 0, p.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+    for i, _ in enumerate(ranks[0]["inputs"]):
+        want = rank_order_sum([s["inputs"][i].numpy() for s in ranks]) / np.float32(2)
+        for s in ranks:
+            assert same_bits(s["outputs"][i].numpy(), want), f"tensor t{i}, rank {s['rank']}"
+
+    ref = Reference(2, ranks[0]["job_seed"], str(SMALL))
+    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
+    for step in range(3):
+        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
+        for s in ranks:
+            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
+
+    f16 = rank_order_sum([s["f16_in"].float().numpy() for s in ranks])
+    want16 = torch.from_numpy(f16).to(torch.float16)
+    for s in ranks:
+        assert torch.equal(s["f16_out"], want16), "float16 narrowed back as the host path does"
+
+    for s in ranks:
+        assert torch.equal(s["race_out"], torch.full((50_000,), 3.0)), "the round raced its stream"
+        assert "non-contiguous" in (s["noncontiguous"] or ""), s["noncontiguous"]
+        m = s["metrics"]
+        for name in ["t0", "t4", "onebit", "f16", "race"]:
+            assert m["tensors"][name]["device"] == "cuda:0", (name, m["tensors"][name])
+        assert m["driver_calls"] > 0 and m["device_bytes"] > 0, m
