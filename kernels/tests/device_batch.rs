@@ -150,7 +150,7 @@ fn run_batch<D: Device>(
     let mut tally = Tally::default();
     let batch = {
         let refs: Vec<&DeviceTensor<D>> = tensors.iter().map(|t| &t.dev).collect();
-        Batch::new(device, &refs).unwrap()
+        Arc::new(Batch::new(device, &refs).unwrap())
     };
     for round in 0..rounds {
         let lr = 0.05 + r.unit() * 0.1;
@@ -453,7 +453,7 @@ fn corrupted_payloads_are_refused_as_on_the_cpu() {
                 continue;
             }
             let out = device.alloc_zeros(n).unwrap();
-            let batch = Batch::new(&device, &[&t.dev]).unwrap();
+            let batch = Arc::new(Batch::new(&device, &[&t.dev]).unwrap());
             let round = BatchRound {
                 input: device.mem_addr(&out),
                 output: device.mem_addr(&out),
@@ -554,7 +554,7 @@ fn non_finite_gradients_fail_their_chunk_alone() {
             lr: None,
             average_over: None,
         };
-        let batch = Batch::new(&device, &[&ts[0].dev, &ts[1].dev]).unwrap();
+        let batch = Arc::new(Batch::new(&device, &[&ts[0].dev, &ts[1].dev]).unwrap());
         // SAFETY: the buffers outlive the round.
         let started =
             unsafe { batch.start(&[&ts[0].dev, &ts[1].dev], &[round(a1), round(a2)]) }.unwrap();
@@ -637,7 +637,7 @@ fn an_abandoned_round_changes_nothing() {
     let a = device.mem_addr(&m);
     // SAFETY: the buffer holds 677 elements and outlives the round.
     unsafe { device.upload(&g, a).unwrap() };
-    let batch = Batch::new(&device, &[&ts[0].dev]).unwrap();
+    let batch = Arc::new(Batch::new(&device, &[&ts[0].dev]).unwrap());
     let round = BatchRound {
         input: a,
         output: a,
@@ -663,6 +663,64 @@ fn an_abandoned_round_changes_nothing() {
     assert_eq!(tally.same, 6);
 }
 
+/// A round keeps its batch alive: a batch dropped by its owner (a worker's cache evicting it)
+/// while a round of it is in flight still finishes and decodes that round.
+#[test]
+fn a_round_keeps_its_batch_alive() {
+    let mut r = Rng::new(seed("a_round_keeps_its_batch_alive"));
+    let device = Arc::new(EmulatedDevice::new());
+    let params = map(&[("compressor", "minmax"), ("bits", "4"), ("ef", "vanilla")]);
+    let mut t = under(
+        &mut r,
+        &device,
+        &params,
+        &[1000, 1000, 7],
+        Node::Worker { rank: 1 },
+        0,
+    )
+    .unwrap();
+    let g: Vec<f32> = (0..2007).map(|_| r.grad()).collect();
+    let m = device.alloc_zeros(2007).unwrap();
+    let a = device.mem_addr(&m);
+    // SAFETY: the buffer holds 2007 elements and outlives the round.
+    unsafe { device.upload(&g, a).unwrap() };
+    let batch = Arc::new(Batch::new(&device, &[&t.dev]).unwrap());
+    let round = BatchRound {
+        input: a,
+        output: a,
+        round: 0,
+        lr: None,
+        average_over: Some(2.0),
+    };
+    // SAFETY: as above.
+    let started = unsafe { batch.start(&[&t.dev], &[round]) }.unwrap();
+    drop(batch);
+    let ctx = RoundCtx::new(0);
+    let mut want_out = vec![0.0; 2007];
+    for c in 0..3 {
+        let range = t.chunks[c].clone();
+        let mut want = Vec::new();
+        t.cpu[c]
+            .compress(&g[range.clone()], &ctx, &mut want)
+            .unwrap();
+        let got = started.finish(0, &mut t.dev, c).unwrap();
+        assert_same_bytes(&format!("chunk {c}"), &got, &want);
+        started.receive(0, &t.dev, c, &got).unwrap();
+        t.cpu[c]
+            .decompress(&want, &ctx, &mut want_out[range])
+            .unwrap();
+    }
+    started.decode().unwrap();
+    drop(started);
+    for v in &mut want_out {
+        *v /= 2.0;
+    }
+    let mut got = vec![0.0; 2007];
+    // SAFETY: the buffer holds 2007 elements.
+    unsafe { device.download(a, &mut got).unwrap() };
+    assert_same_bits("decoded after the batch was dropped", &got, &want_out);
+}
+
 /// A round of a batch costs the same driver calls whatever its number of chunks: one table
 /// copy, a launch per step, one staging copy and its wait; one copy and the decode launches.
 #[test]
@@ -685,7 +743,7 @@ fn driver_calls_per_round_do_not_grow_with_chunks() {
             let device = Arc::new(EmulatedDevice::new());
             let node = Node::Worker { rank: 0 };
             let mut t = under(&mut r, &device, &params, &vec![40; chunks], node, 0).unwrap();
-            let batch = Batch::new(&device, &[&t.dev]).unwrap();
+            let batch = Arc::new(Batch::new(&device, &[&t.dev]).unwrap());
             let m = device.alloc_zeros(40 * chunks).unwrap();
             let a = device.mem_addr(&m);
             let mut calls = Vec::new();

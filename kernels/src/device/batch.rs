@@ -59,7 +59,7 @@ pub struct Batch<D: Device> {
     table_host: Mutex<D::Staging>,
     /// Pulled payloads in the arena's layout, on their way to the device (page-locked; busy
     /// until its copy ran).
-    decode: Arc<Mutex<D::Staging>>,
+    decode: Mutex<D::Staging>,
     staging: Arc<Pool<StagingBuf<D>>>,
     bytes: u64,
 }
@@ -114,7 +114,7 @@ impl<D: Device> Batch<D> {
             _table: table,
             table: table_at,
             table_host: Mutex::new(table_host),
-            decode: Arc::new(Mutex::new(decode)),
+            decode: Mutex::new(decode),
             // Room for two rounds' staging (QUIC may still hold a round's payloads when the
             // next starts): steady-state rounds allocate none.
             staging: Pool::new(2 * arena_bytes),
@@ -160,7 +160,7 @@ impl<D: Device> Batch<D> {
     /// device's work on them has completed (later work on the device's stream is ordered
     /// after it).
     pub unsafe fn start(
-        &self,
+        self: &Arc<Self>,
         tensors: &[&DeviceTensor<D>],
         rounds: &[BatchRound],
     ) -> Result<Started<D>, KernelError> {
@@ -228,14 +228,8 @@ impl<D: Device> Batch<D> {
             return Err(self.device_error(e));
         }
         Ok(Started {
-            device: self.device.clone(),
-            pool: self.staging.clone(),
-            decode: self.decode.clone(),
+            batch: self.clone(),
             received: Mutex::new(vec![false; entries.len()]),
-            arena_bytes: self.arena_bytes,
-            parts: self.parts.clone(),
-            table,
-            arena,
             entries,
             refused,
             lr_used,
@@ -246,18 +240,13 @@ impl<D: Device> Batch<D> {
 }
 
 /// One round of a [`Batch`] in flight: the entries it launched and the staging its payloads
-/// land in. Shared by the rounds of its tensors (`Sync`); dropped without being waited for,
-/// it waits for its copy and gives the staging back.
+/// land in. It keeps its batch (the table, arena and staging its device work uses) alive.
+/// Shared by the rounds of its tensors (`Sync`); dropped without being waited for, it waits
+/// for its copy and gives the staging back.
 pub struct Started<D: Device> {
-    device: Arc<D>,
-    pool: Arc<Pool<StagingBuf<D>>>,
-    /// The batch's decode staging, and which chunks' results are in it.
-    decode: Arc<Mutex<D::Staging>>,
+    batch: Arc<Batch<D>>,
+    /// Which chunks' results are in the batch's decode staging.
     received: Mutex<Vec<bool>>,
-    arena_bytes: usize,
-    parts: Vec<Part>,
-    table: u64,
-    arena: u64,
     entries: Vec<Entry>,
     refused: Vec<Option<KernelError>>,
     lr_used: Vec<Option<f32>>,
@@ -281,8 +270,8 @@ impl<D: Device> Drop for Started<D> {
         let staging = self.staging.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(mut s) = staging.take() {
             // Never hand out staging a copy is still writing into.
-            if self.device.wait_staged(&mut s).is_ok() {
-                self.pool.give_back(StagingBuf(s));
+            if self.batch.device.wait_staged(&mut s).is_ok() {
+                self.batch.staging.give_back(StagingBuf(s));
             }
         }
     }
@@ -299,10 +288,13 @@ impl<D: Device> Started<D> {
                     .unwrap_or_else(|p| p.into_inner())
                     .take();
                 let mut s = taken.ok_or("the batch's staging is gone")?;
-                self.device.wait_staged(&mut s).map_err(|e| {
-                    format!("waiting for the payloads on {}: {e}", self.device.place())
+                self.batch.device.wait_staged(&mut s).map_err(|e| {
+                    format!(
+                        "waiting for the payloads on {}: {e}",
+                        self.batch.device.place()
+                    )
                 })?;
-                Ok(self.pool.freeze(StagingBuf(s)))
+                Ok(self.batch.staging.freeze(StagingBuf(s)))
             })
             .as_ref()
             .map_err(Clone::clone)
@@ -319,18 +311,18 @@ impl<D: Device> Started<D> {
         tensor: &mut DeviceTensor<D>,
         chunk: usize,
     ) -> Result<Bytes, KernelError> {
-        let i = self.parts[part].first + chunk;
+        let i = self.batch.parts[part].first + chunk;
         if let Some(e) = &self.refused[i] {
             return Err(e.clone());
         }
         let staged = self.staged().map_err(|detail| KernelError::Device {
             compressor: tensor.name(chunk).to_string(),
-            device: self.device.place().to_string(),
+            device: self.batch.device.place().to_string(),
             detail,
         })?;
         let entry = &self.entries[i];
         let (slot, payload) = (tensor.chunks[chunk].slot, tensor.chunks[chunk].payload);
-        let at = self.parts[part].region + slot;
+        let at = self.batch.parts[part].region + slot;
         self.judge(
             tensor,
             chunk,
@@ -402,15 +394,15 @@ impl<D: Device> Started<D> {
         payload: &[u8],
     ) -> Result<(), KernelError> {
         tensor.check_payload(chunk, payload)?;
-        let at = self.parts[part].region + tensor.chunks[chunk].slot;
-        let mut staging = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        let at = self.batch.parts[part].region + tensor.chunks[chunk].slot;
+        let mut staging = self.batch.decode.lock().unwrap_or_else(|p| p.into_inner());
         // The staging may still be on its way to the device from the last round.
-        if let Err(e) = self.device.wait_staged(&mut staging) {
+        if let Err(e) = self.batch.device.wait_staged(&mut staging) {
             return Err(tensor.device_error(chunk, e));
         }
         staging.as_mut()[at..at + payload.len()].copy_from_slice(payload);
-        self.received.lock().unwrap_or_else(|p| p.into_inner())[self.parts[part].first + chunk] =
-            true;
+        self.received.lock().unwrap_or_else(|p| p.into_inner())
+            [self.batch.parts[part].first + chunk] = true;
         Ok(())
     }
 
@@ -427,26 +419,28 @@ impl<D: Device> Started<D> {
         }
         let error = |e: CudaError| KernelError::Device {
             compressor: format!("a batch of {} chunks", self.entries.len()),
-            device: self.device.place().to_string(),
+            device: self.batch.device.place().to_string(),
             detail: e.to_string(),
         };
-        let mut staging = self.decode.lock().unwrap_or_else(|p| p.into_inner());
+        let mut staging = self.batch.decode.lock().unwrap_or_else(|p| p.into_inner());
         // Receiving waited for the staging's last copy: it is free to write.
         for (e, got) in self.entries.iter().zip(&received) {
-            let at = (e.flags - self.arena) as usize + 4 * flag::PRESENT;
+            let at = (e.flags - self.batch.arena) as usize + 4 * flag::PRESENT;
             staging.as_mut()[at..at + 4].copy_from_slice(&u32::from(*got).to_le_bytes());
         }
         // SAFETY: the arena holds arena_bytes, which the staging mirrors; the entries'
         // addresses are those `start` was given.
         unsafe {
-            self.device
-                .upload_staged(&mut staging, 0..self.arena_bytes, self.arena)
+            self.batch
+                .device
+                .upload_staged(&mut staging, 0..self.batch.arena_bytes, self.batch.arena)
                 .map_err(error)?;
             drop(staging);
             for step in Step::DECODE {
                 if let Some(launch) = Launch::of(step, &self.entries) {
-                    self.device
-                        .launch(&launch, self.table, self.entries.len())
+                    self.batch
+                        .device
+                        .launch(&launch, self.batch.table, self.entries.len())
                         .map_err(error)?;
                 }
             }

@@ -73,12 +73,14 @@ enum Launched<D: Device> {
 #[derive(Default)]
 pub(crate) struct Batches(Mutex<Vec<Kept>>);
 
-/// A kept batch (a `Batch<D>`) and its set of tensors.
-type Kept = (Vec<usize>, Arc<dyn Any + Send + Sync>);
+/// A kept batch (a `Batch<D>`), its set of tensors and the bytes it holds.
+type Kept = (Vec<usize>, Arc<dyn Any + Send + Sync>, u64);
 
 impl Batches {
-    /// Sets of tensors kept (a training step launches a few: one per group call).
-    const KEEP: usize = 64;
+    /// Sets of tensors kept: a training step launches a few (one per group call or bucket),
+    /// or one per tensor with separate calls (ResNet-50 has 161). A round keeps its batch
+    /// alive, so evicting one in use only stops its reuse.
+    const KEEP: usize = 1024;
 
     /// The batch of `key`'s tensors, made by `make` when there is none (or it no longer fits).
     fn get<D: Device>(
@@ -88,11 +90,11 @@ impl Batches {
         make: impl FnOnce() -> Result<Batch<D>, String>,
     ) -> Result<Arc<Batch<D>>, String> {
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(at) = kept.iter().position(|(k, _)| *k == key) {
-            let (k, b) = kept.remove(at);
+        if let Some(at) = kept.iter().position(|(k, ..)| *k == key) {
+            let (k, b, bytes) = kept.remove(at);
             if let Ok(batch) = b.downcast::<Batch<D>>() {
                 if fits(&batch) {
-                    kept.push((k, batch.clone()));
+                    kept.push((k, batch.clone(), bytes));
                     return Ok(batch);
                 }
             }
@@ -101,28 +103,15 @@ impl Batches {
         if kept.len() >= Self::KEEP {
             kept.remove(0);
         }
-        kept.push((key, batch.clone()));
+        kept.push((key, batch.clone(), batch.bytes()));
         Ok(batch)
     }
 
     /// Device and page-locked bytes the kept batches hold.
     pub(crate) fn bytes(&self) -> u64 {
         let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        kept.iter().map(|(_, b)| batch_bytes(b.as_ref())).sum()
+        kept.iter().map(|(.., bytes)| bytes).sum()
     }
-}
-
-/// The bytes of a kept batch, whatever its device (a batch of an unknown device type counts
-/// 0; the worker's devices are the emulated one and CUDA).
-fn batch_bytes(b: &(dyn Any + Send + Sync)) -> u64 {
-    if let Some(b) = b.downcast_ref::<Batch<pushpull_kernels::device::EmulatedDevice>>() {
-        return b.bytes();
-    }
-    #[cfg(feature = "cuda")]
-    if let Some(b) = b.downcast_ref::<Batch<pushpull_kernels::cuda::CudaDevice>>() {
-        return b.bytes();
-    }
-    0
 }
 
 /// A tensor in device memory: `len` f32 at device address `addr`, kept alive by `keep` (the
