@@ -141,6 +141,10 @@ pub struct JobReport {
     /// cpu (13)` (a compressor without a device kernel compresses on the CPU).
     #[serde(default)]
     pub compressed_on: String,
+    /// Device driver calls per timed round (allocations, copies, launches, event records and
+    /// waits; 0 for host buffers), counted by the device: the cost a batch keeps flat.
+    #[serde(default)]
+    pub driver_calls_per_round: f64,
 }
 
 impl JobReport {
@@ -154,7 +158,7 @@ impl JobReport {
              gradient GB/s per worker: {:.3}\n  \
              push+pull payload GB/s: {:.3} ({} bytes pushed, {} pulled)\n  \
              check: {} ({} rounds + broadcast, bit-exact against rank-order f32 sums)\n  \
-             buffers: {}; compressed on {}\n  \
+             buffers: {}; compressed on {}; {:.1} device driver calls per round\n  \
              codec seconds per round, summed over tensors: compress {:.4}, decompress {:.4}\n  \
              CPU seconds: {:.2} total, {:.2} during push_pull",
             self.rank,
@@ -176,6 +180,7 @@ impl JobReport {
             self.checked_rounds,
             self.buffers,
             self.compressed_on,
+            self.driver_calls_per_round,
             self.compress_seconds / f64::from(self.rounds.max(1)),
             self.decompress_seconds / f64::from(self.rounds.max(1)),
             self.cpu_seconds,
@@ -308,6 +313,7 @@ pub async fn run_benchmark(
         cpu_push_pull,
         timed_start_metrics,
         checked,
+        driver_calls,
     } = timed;
     let m1 = worker.metrics();
     let push = m1
@@ -345,6 +351,7 @@ pub async fn run_benchmark(
         decompress_seconds: m1.decompress_seconds - timed_start_metrics.decompress_seconds,
         buffers: job.buffers.clone(),
         compressed_on: compressed_where(&tensors),
+        driver_calls_per_round: driver_calls as f64 / f64::from(job.rounds.max(1)),
     })
 }
 
@@ -366,6 +373,8 @@ struct Timed {
     cpu_push_pull: f64,
     timed_start_metrics: pushpull_worker::Metrics,
     checked: u32,
+    /// Device driver calls in the timed rounds' push_pulls.
+    driver_calls: u64,
 }
 
 /// `job.warmup` + `job.rounds` rounds over `rounds`' buffers, each result checked (with
@@ -393,6 +402,7 @@ async fn timed_rounds<R: Rounds>(
         cpu_push_pull: 0.0,
         timed_start_metrics: worker.metrics(),
         checked: 0,
+        driver_calls: 0,
     };
     // `group` and `backward` list the last layer first, as a backward pass produces the
     // gradients; a group call sends in priority order whatever the list's order.
@@ -407,6 +417,7 @@ async fn timed_rounds<R: Rounds>(
         }
         rounds.prepare()?;
         let cpu0 = process_cpu_seconds();
+        let calls0 = rounds.driver_calls();
         let start = Instant::now();
         let plan = RoundPlan {
             tensors,
@@ -429,6 +440,7 @@ async fn timed_rounds<R: Rounds>(
             t.round_seconds.push(elapsed);
             t.first_tensor_seconds.push(first_tensor);
             t.cpu_push_pull += process_cpu_seconds() - cpu0;
+            t.driver_calls += rounds.driver_calls() - calls0;
         }
         if job.check {
             for (i, spec) in specs.iter().enumerate() {
@@ -498,11 +510,6 @@ pub fn gpu_ordinal(config: &Config) -> CliResult<usize> {
         Place::Cuda { ordinal } => ordinal,
         other => return Err(no_gpu(format!("{other} was chosen"))),
     };
-    if !pushpull_kernels::cuda::nvrtc_available() {
-        return Err(no_gpu(
-            pushpull_kernels::cuda::CudaError::NvrtcMissing.to_string(),
-        ));
-    }
     Ok(ordinal)
 }
 

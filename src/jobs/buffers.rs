@@ -71,6 +71,11 @@ pub trait Rounds {
 
     /// Tensor `i`'s latest result, on the host.
     fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>>;
+
+    /// Driver calls the buffers' device made so far (0 on the host).
+    fn driver_calls(&self) -> u64 {
+        0
+    }
 }
 
 /// Host memory: the inputs are reduced out of place every round (no copy per round).
@@ -231,6 +236,10 @@ impl<D: Device> Rounds for DeviceRounds<D> {
             self.work[i] = tally.record(i, r, at);
         }
         tally.outcome()
+    }
+
+    fn driver_calls(&self) -> u64 {
+        self.device.driver_calls()
     }
 
     fn result(&mut self, i: usize) -> CliResult<std::borrow::Cow<'_, [f32]>> {

@@ -102,7 +102,7 @@ impl LocalSummary {
         for w in &self.workers {
             s.push_str(&format!(
                 "  worker {}: {:.3} rounds/s, gradient {:.3} GB/s, push+pull payload {:.3} GB/s, \
-                 check {}; {} buffers, compressed on {}; codec s/round: compress {:.4}, \
+                 check {}; {} buffers, compressed on {}{}; codec s/round: compress {:.4}, \
                  decompress {:.4}\n",
                 w.rank,
                 w.rounds_per_second,
@@ -111,6 +111,11 @@ impl LocalSummary {
                 w.check,
                 w.buffers,
                 w.compressed_on,
+                if w.buffers == "host" {
+                    String::new()
+                } else {
+                    format!(", {:.0} driver calls/round", w.driver_calls_per_round)
+                },
                 w.compress_seconds / f64::from(w.rounds.max(1)),
                 w.decompress_seconds / f64::from(w.rounds.max(1)),
             ));
