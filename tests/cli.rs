@@ -288,7 +288,7 @@ fn certs_command_writes_a_usable_set() {
 #[test]
 fn local_device_cuda_without_a_gpu_or_the_feature_exits_2() {
     let (code, _, err) = run_bin(PUSHPULL, &["local", "--device", "cuda"], T);
-    let gpu = pushpull_kernels::cuda::gpu_available() && pushpull_kernels::cuda::nvrtc_available();
+    let gpu = pushpull_kernels::cuda::gpu_available();
     if gpu && cfg!(feature = "cuda") {
         println!("a GPU and the cuda feature: --device cuda is accepted here, not checked");
         return;

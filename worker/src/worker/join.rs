@@ -322,11 +322,11 @@ impl Worker {
     }
 }
 
-/// Checks the `worker.device` setting and says whether device buffers are reduced on the host
-/// (`cpu`). `auto` compresses device buffers on their device and host buffers on the CPU.
-/// `cuda` and `cuda:N` ask for a GPU: refused, naming what is missing, when there is no usable
-/// one (no libcuda, no device, no NVRTC) or when this library was built without its `cuda`
-/// feature, rather than ignored. Host buffers are always compressed on the CPU.
+/// Checks the `worker.device` setting: `cpu` (device buffers reduced on the host), `auto`
+/// (device buffers compressed on their device, host buffers on the CPU), `cuda` and `cuda:N`
+/// (a GPU: refused, naming what is missing, when there is no usable one (no libcuda, no
+/// device) or when this library was built without its `cuda` feature, rather than ignored).
+/// Host buffers are always compressed on the CPU.
 fn device_setting(setting: &str) -> Result<DevicePref, WorkerError> {
     let bad = |m: String| WorkerError::Config(format!("worker.device = {setting:?}: {m}"));
     let pref: DevicePref = setting.parse().map_err(|e: CudaError| bad(e.to_string()))?;
