@@ -14,7 +14,8 @@
 //! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
 //! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) behind `pushpull bench compress` |
-//! | [`cuda`] | the CUDA kernels (same bytes as the CPU for the fixed-width formats) |
+//! | [`cuda`] | the CUDA kernels (same bytes as the CPU for the fixed-width formats), shipped as PTX |
+//! | [`device`] | tensors in device memory: the [`device::Device`] trait, a tensor's chains on a device ([`device::DeviceTensor`]), batches of chunks launched together ([`device::Batch`]), the [`device::EmulatedDevice`] of CI |
 //! | `codecs` (private) | one module per wire format |
 //!
 //! # The trait and the chain
