@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU checks, on a lent GPU machine, over the kit scripts/gpu-kit.sh built here (carry
+# ./gpu-kit). Each stage has its own time limit and its own log in $OUT (the `device` tool's
+# folder that comes back; /tmp/gpu-out elsewhere); a failed stage does not stop the next, and
+# the script exits non-zero if any failed. Run the correctness stages first: a lease is 15
+# minutes of device time.
+#
+# Usage: scripts/gpu-check.sh STAGE...      (stages in the order given)
+#   tests   the ignored GPU tests of the kernels (shipped PTX loads; kernels and batches against
+#           the CPU) and of the worker (device buffers, single and grouped, the reference's bits)
+#   pytest  python/tests/test_gpu.py: torch CUDA tensors through pushpull.torch (two workers on
+#           GPU 0), the stream race, float16, refusals (PUSHPULL_REQUIRE_GPU=1: no silent skip)
+#   bench   bench_gpu: kernels against a device-to-device copy, a batch's GB/s and driver calls
+#   job     the ResNet-50-set benchmark job, 2 workers x 2 servers at the default partition,
+#           host against device buffers, onebit, fp16 and none (group calls: one batch per round
+#           on each worker)
+#   torch   bench/torch_vs_ddp.py: ResNet-50 b32, two ranks on the GPU, pushpull.torch (none,
+#           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-/tmp/gpu-out}"
+mkdir -p "$out"
+kit=gpu-kit
+failed=()
+
+# Unpack the kit (once per machine) and install the wheel where python3 finds it.
+for f in "$kit"/bin/*.xz; do
+    [ -e "$f" ] || continue
+    xz -dkf "$f" && chmod +x "${f%.xz}"
+done
+site=/tmp/pushpull-site
+if [ ! -d "$site/pushpull" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$kit"/*.whl
+fi
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PUSHPULL_BIN="$PWD/$kit/bin/pushpull"
+nvidia-smi -L || true
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+
+# stage NAME LIMIT COMMAND...: runs COMMAND with a time limit, its output in $out/NAME.log.
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local t0=$SECONDS
+    timeout "$limit" "$@" >>"$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$out/$name.log"
+    echo "== $name: exit $rc after $((SECONDS - t0)) s"
+    [ "$rc" = 0 ] || failed+=("$name")
+}
+
+job() {
+    local cfg="$out/job.toml"
+    # The repository's local cluster at its default partition (128 KB), rounds unchecked (the
+    # `tests` stage checks the bits; the CPU reference would dominate the time).
+    sed -e 's/^check = true/check = false/' configs/local.toml >"$cfg"
+    for compressor in onebit fp16 none; do
+        for buffers in host device; do
+            "$PUSHPULL_BIN" local --config "$cfg" --job benchmark --buffers "$buffers" \
+                --compressor "$compressor" --scale 1 --rounds 5 || return 1
+        done
+    done
+}
+
+for s in "$@"; do
+    case "$s" in
+        tests)
+            stage kernels-lib 120 "$kit/bin/kernels-lib" --ignored shipped_ptx
+            stage kernels-cuda_gpu 240 "$kit/bin/kernels-cuda_gpu" --ignored
+            stage kernels-device_batch 240 "$kit/bin/kernels-device_batch" --ignored --nocapture
+            stage worker-device 240 "$kit/bin/worker-device" --ignored --nocapture
+            ;;
+        pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py -q -x ;;
+        bench) stage bench 240 "$kit/bin/bench_gpu" --reps 10 ;;
+        job) stage job 540 job ;;
+        torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ;;
+        *) echo "unknown stage $s (tests, pytest, bench, job, torch)"; failed+=("$s") ;;
+    esac
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "== failed: ${failed[*]}"
+    exit 1
+fi
+echo "== all stages passed"
