@@ -286,8 +286,8 @@ class _Round:
         self.native: Optional[_native.Handle] = None
         # Where it is compressed: None (the host path), "cuda:N" or "emulated".
         self.device: Optional[str] = None
-        # The worker's stream the round runs on (CUDA).
-        self.stream = None
+        # The ordering shared by the rounds of one call on a GPU (_Ordering), if any.
+        self.ordering = None
         if not host_only and tensor.device.type == "cuda":
             self.device = _w().cuda_route(tensor.device.index)
             if self.device is not None and not tensor.is_contiguous():
@@ -319,14 +319,30 @@ class _Round:
     def finish(self) -> torch.Tensor:
         assert self.native is not None
         self.native.wait()
-        if self.stream is not None:
-            # Later work on the current stream waits for the worker's (the decode).
-            torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
+        if self.ordering is not None:
+            self.ordering.after()
         if self.target is not None:
             with torch.no_grad():
                 self.target.copy_(self.work)
             return self.target
         return self.work
+
+
+class _Ordering:
+    """The rounds of one call on a GPU, ordered with torch's streams: they run on the worker's
+    stream, and once they are done (their handles resolved: the decode is queued there) later
+    work on the stream current then waits for it; once per call and stream, not per tensor
+    (each wait is two driver calls)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.ordered = set()  # the streams already made to wait
+
+    def after(self) -> None:
+        current = torch.cuda.current_stream(self.stream.device)
+        if current.cuda_stream not in self.ordered:
+            current.wait_stream(self.stream)
+            self.ordered.add(current.cuda_stream)
 
 
 def _worker_stream(device: str):
@@ -353,7 +369,7 @@ def _start_sums(rounds: Sequence[_Round], average: bool) -> None:
             else:
                 natives = _w().push_pull_group(entries, average)
         else:
-            stream = None
+            ordering = None
             if device.startswith("cuda"):
                 # The round's work follows what is queued on the tensors' current stream, and
                 # torch's allocator keeps their memory until the worker's stream is done.
@@ -361,9 +377,10 @@ def _start_sums(rounds: Sequence[_Round], average: bool) -> None:
                 stream.wait_stream(torch.cuda.current_stream(torch.device(device)))
                 for r in rs:
                     r.work.record_stream(stream)
+                ordering = _Ordering(stream)
             natives = _w().push_pull_group_device(entries, average, device)
             for r in rs:
-                r.stream = stream
+                r.ordering = ordering
         for r, native in zip(rs, natives):
             r.native = native
 
