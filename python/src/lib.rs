@@ -70,6 +70,15 @@ fn to_py(e: WorkerError) -> PyErr {
     }
 }
 
+/// The reduce op of a call's `average` flag.
+fn reduce(average: bool) -> Reduce {
+    if average {
+        Reduce::Average
+    } else {
+        Reduce::Sum
+    }
+}
+
 /// A caller's float32 buffer, lent to a round: address, length, and a reference to the Python
 /// object that owns the memory, held until the round drops the buffer.
 struct PyBuf {
@@ -237,6 +246,21 @@ impl Worker {
             len,
             _owner: owner,
         })
+    }
+
+    /// The tensors and buffers of a group call's `(name, owner, address, length)` entries, or
+    /// the error of the first undeclared name or bad address.
+    fn calls(
+        w: &pushpull_worker::Worker,
+        entries: Vec<(String, Py<PyAny>, usize, usize)>,
+    ) -> PyResult<Vec<(pushpull_worker::Tensor, PyBuf)>> {
+        entries
+            .into_iter()
+            .map(|(name, owner, ptr, len)| {
+                let t = w.tensor(&name).map_err(to_py)?;
+                Ok((t, Self::buffer(&name, owner, ptr, len)?))
+            })
+            .collect()
     }
 
     /// A handle of a round running as `task` in the worker's runtime.
@@ -423,12 +447,7 @@ impl Worker {
         length: usize,
         average: bool,
     ) -> PyResult<Handle> {
-        let op = if average {
-            Reduce::Average
-        } else {
-            Reduce::Sum
-        };
-        self.start(name, owner, ptr, length, Kind::Sum(op))
+        self.start(name, owner, ptr, length, Kind::Sum(reduce(average)))
     }
 
     /// Starts one round of every `(name, owner, ptr, length)` of `entries` together, each
@@ -442,17 +461,9 @@ impl Worker {
         entries: Vec<(String, Py<PyAny>, usize, usize)>,
         average: bool,
     ) -> PyResult<Vec<Handle>> {
-        let op = if average {
-            Reduce::Average
-        } else {
-            Reduce::Sum
-        };
+        let op = reduce(average);
         let w = self.get()?;
-        let mut calls = Vec::with_capacity(entries.len());
-        for (name, owner, ptr, len) in entries {
-            let t = w.tensor(&name).map_err(to_py)?;
-            calls.push((t, Self::buffer(&name, owner, ptr, len)?));
-        }
+        let calls = Self::calls(&w, entries)?;
         let names: Vec<String> = calls.iter().map(|(t, _)| t.name().to_string()).collect();
         Ok(self.group_handles(names, async move { w.push_pull_group(calls, op).await }))
     }
@@ -473,19 +484,13 @@ impl Worker {
         average: bool,
         device: &str,
     ) -> PyResult<Vec<Handle>> {
-        let op = if average {
-            Reduce::Average
-        } else {
-            Reduce::Sum
-        };
+        let op = reduce(average);
         let w = self.get()?;
         let route = self.devices.get(device).map_err(to_py)?;
-        let mut calls = Vec::with_capacity(entries.len());
-        for (name, owner, ptr, len) in entries {
-            let t = w.tensor(&name).map_err(to_py)?;
-            let buf = Self::buffer(&name, owner, ptr, len)?;
-            calls.push((t, buf.ptr as u64, len, buf));
-        }
+        let calls: Vec<_> = Self::calls(&w, entries)?
+            .into_iter()
+            .map(|(t, buf)| (t, buf.ptr as u64, buf.len, buf))
+            .collect();
         let names: Vec<String> = calls.iter().map(|c| c.0.name().to_string()).collect();
         Ok(match route {
             // SAFETY: each address is the start of `len` f32 of the device's memory (a CPU
@@ -759,11 +764,7 @@ impl Reference {
                     .collect::<Vec<f32>>(),
             );
         }
-        let op = if average {
-            Reduce::Average
-        } else {
-            Reduce::Sum
-        };
+        let op = reduce(average);
         let out = self
             .job
             .get_mut()

@@ -52,3 +52,22 @@ def run_job(pushpull: Path, script: str, *args, workers: int = 2, servers: int =
     print(p.stdout)
     print(p.stderr, file=sys.stderr)
     return p
+
+
+def rank_order_sum(xs):
+    """The servers' sum: float32, rank 0 first, then rank 1, ..."""
+    import numpy as np
+
+    acc = np.array(xs[0], dtype=np.float32)
+    for x in xs[1:]:
+        acc = acc + np.asarray(x, dtype=np.float32)
+    return acc
+
+
+def same_bits(a, b) -> bool:
+    """Whether two arrays hold the same float32 bits (and shape)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
+    b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_job
+from conftest import rank_order_sum, run_job, same_bits
 from pushpull import Reference
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
@@ -23,19 +23,6 @@ if not torch.cuda.is_available():
     if os.environ.get("PUSHPULL_REQUIRE_GPU") == "1":
         raise RuntimeError("PUSHPULL_REQUIRE_GPU=1, but torch sees no CUDA GPU")
     pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
-
-
-def rank_order_sum(xs):
-    acc = np.array(xs[0], dtype=np.float32)
-    for x in xs[1:]:
-        acc = acc + np.asarray(x, dtype=np.float32)
-    return acc
-
-
-def same_bits(a, b) -> bool:
-    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
-    b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):

@@ -7,27 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_job
+from conftest import rank_order_sum, run_job, same_bits
 from pushpull import Reference
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
 
-def rank_order_sum(xs):
-    """The servers' sum: float32, rank 0 first, then rank 1, ..."""
-    acc = np.array(xs[0], dtype=np.float32)
-    for x in xs[1:]:
-        acc = acc + np.asarray(x, dtype=np.float32)
-    return acc
-
-
-def same_bits(a, b) -> bool:
-    a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
-    b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-@pytest.mark.parametrize("route", ["host", "emulated"])
 def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path, monkeypatch, route):
     """On the host path, and on the device path (the emulated device: what a CUDA tensor goes
     through, minus the GPU): the same bits."""

@@ -110,8 +110,8 @@ pub use codec::{GpuCodec, GpuContext};
 #[cfg(feature = "cuda")]
 pub use device::{CudaDevice, PinnedStaging};
 pub use ptx::{
-    compile_shipped_ptx, nvrtc_requested, nvrtc_version, NVRTC_ENV, SHIPPED_PTX, SHIPPED_PTX_FILE,
-    SHIPPED_PTX_NVRTC,
+    compile_shipped_ptx, inexact_instruction, nvrtc_requested, nvrtc_version, NVRTC_ENV,
+    SHIPPED_PTX, SHIPPED_PTX_FILE, SHIPPED_PTX_NVRTC,
 };
 pub use scheme::{GpuScheme, RoundStreams};
 
