@@ -13,6 +13,7 @@ from pushpull import Reference
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
 
+@pytest.mark.parametrize("route", ["host", "emulated"])
 def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path, monkeypatch, route):
     """On the host path, and on the device path (the emulated device: what a CUDA tensor goes
     through, minus the GPU): the same bits."""
