@@ -75,6 +75,13 @@ pub(crate) trait RoundData: Send + 'static {
     {
     }
 
+    /// Why the round cannot start, after [`RoundData::launch`] (a device that could not
+    /// allocate or launch the call's batch): the round is then given up before it uses a
+    /// round number, as a refusal in `begin` is.
+    fn refused(&mut self) -> Option<String> {
+        None
+    }
+
     /// Encodes chunk `index` of this worker's data: the payload to push, in a buffer of
     /// `pool` (or of the data's own pool).
     fn encode(

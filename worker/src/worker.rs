@@ -485,7 +485,7 @@ impl Worker {
     ) -> Result<R, WorkerError> {
         let mut prepared = self.prepare(tensor, data, kind).await?;
         self.launch(&mut [&mut prepared]);
-        join_round(prepared.spawn(None), tensor.name()).await
+        join_round(prepared.unless_refused()?.spawn(None), tensor.name()).await
     }
 
     /// Starts what the prepared rounds of one call can run ahead together
@@ -665,6 +665,22 @@ struct Prepared<R: RoundData> {
 }
 
 impl<R: RoundData> Prepared<R> {
+    /// The round, or the error of a launch that refused it ([`RoundData::refused`]): then
+    /// it is given up before it uses a round number (its state goes back to the tensor, its
+    /// lock is released), so this worker's next call on the tensor takes the round the others
+    /// are waiting in.
+    fn unless_refused(mut self) -> Result<Prepared<R>, WorkerError> {
+        let Some(message) = self.data.refused() else {
+            return Ok(self);
+        };
+        // A refused round decodes nothing: there is nothing to wait for.
+        let _ = self.data.end(&self.tensor);
+        Err(WorkerError::Device {
+            name: self.tensor.placement.name.clone(),
+            message: format!("{message}; nothing was sent and no round was used"),
+        })
+    }
+
     /// Runs the round in a task of its own. `hold` (a group's, see [`Worker::push_pull_group_into`])
     /// is released once every chunk of the round is queued for sending.
     fn spawn(self, hold: Option<SendHold>) -> JoinHandle<Result<R, WorkerError>> {

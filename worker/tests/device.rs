@@ -361,3 +361,97 @@ async fn worker_device_cpu_reduces_device_buffers_on_the_host() {
     .await
     .expect("timed out");
 }
+
+/// A device out of memory: a tensor whose state does not fit is refused by name (the bytes
+/// asked for) before its round, and so is a call whose batch does not fit; neither uses a
+/// round number nor disturbs the other worker, which waits, and the next call (on a device
+/// with room) completes the round with the same bits as the host path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_out_of_memory_is_named_and_costs_no_round() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack(2, 1, 64 * 1024).await;
+        let p = map(&[
+            ("compressor", "onebit"),
+            ("ef", "vanilla"),
+            ("momentum", "nesterov"),
+        ]);
+        let ts = declare_all_with(&s, "g", 50_000, p).await;
+        let xs: Vec<Vec<f32>> = (0..2).map(|r| data(300 + r, 50_000)).collect();
+        let roomy = Arc::new(EmulatedDevice::new());
+        // Worker 1 pushes round 0 from the host and waits for worker 0.
+        let (w1, t1, x1) = (s.workers[1].clone(), ts[1].clone(), xs[1].clone());
+        let other = tokio::spawn(async move {
+            let a = w1.push_pull(&t1, x1.clone(), Reduce::Sum).await.unwrap();
+            let b = w1.push_pull(&t1, x1, Reduce::Sum).await.unwrap();
+            (a, b)
+        });
+        // The tensor's state (residual, momentum: 1.2 MB) does not fit beside the 200 kB
+        // buffer on a device of 300 kB.
+        let tiny = Arc::new(EmulatedDevice::with_limit(300_000));
+        let e = call(
+            &s.workers[0],
+            &ts[0],
+            Some(&tiny),
+            xs[0].clone(),
+            Reduce::Sum,
+        )
+        .await
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, WorkerError::Device { .. }), "{text}");
+        assert!(
+            text.contains("\"g\"") && text.contains("out of memory") && text.contains("bytes"),
+            "{text}"
+        );
+        assert_eq!(ts[0].rounds_started(), 0);
+        // With room: round 0.
+        let a = call(
+            &s.workers[0],
+            &ts[0],
+            Some(&roomy),
+            xs[0].clone(),
+            Reduce::Sum,
+        )
+        .await
+        .unwrap();
+        // The state exists now, but a new batch (arena, table, staging: some 15 kB) does not
+        // fit beside the buffer on a device of 210 kB.
+        let tiny = Arc::new(EmulatedDevice::with_limit(210_000));
+        let e = call(
+            &s.workers[0],
+            &ts[0],
+            Some(&tiny),
+            xs[0].clone(),
+            Reduce::Sum,
+        )
+        .await
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("\"g\"")
+                && text.contains("out of memory")
+                && text.contains("no round was used"),
+            "{text}"
+        );
+        assert_eq!(ts[0].rounds_started(), 1);
+        // Round 1 on the device with room: the other worker was only kept waiting.
+        let b = call(
+            &s.workers[0],
+            &ts[0],
+            Some(&roomy),
+            xs[0].clone(),
+            Reduce::Sum,
+        )
+        .await
+        .unwrap();
+        let (a1, b1) = other.await.unwrap();
+        assert!(
+            same_bits(&a, &a1) && same_bits(&b, &b1),
+            "both workers got the same sums"
+        );
+        assert_eq!(ts[0].rounds_started(), 2);
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}

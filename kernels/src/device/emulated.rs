@@ -21,6 +21,10 @@ use crate::cuda::{host, CudaError, Device as Place};
 #[derive(Debug, Default)]
 pub struct EmulatedDevice {
     calls: AtomicU64,
+    /// Bytes handed out by its allocations so far, and the most it hands out (a test's "out
+    /// of memory").
+    allocated: AtomicU64,
+    limit: Option<u64>,
 }
 
 impl EmulatedDevice {
@@ -29,8 +33,36 @@ impl EmulatedDevice {
         EmulatedDevice::default()
     }
 
+    /// An emulated device whose allocations fail, as a GPU out of memory does, once they would
+    /// hand out more than `bytes` in total (freed memory is not given back to the count): how
+    /// tests run out of device memory.
+    pub fn with_limit(bytes: u64) -> EmulatedDevice {
+        EmulatedDevice {
+            limit: Some(bytes),
+            ..EmulatedDevice::default()
+        }
+    }
+
     fn count(&self, calls: u64) {
         self.calls.fetch_add(calls, Ordering::Relaxed);
+    }
+
+    /// Takes `bytes` from the limit (a failed allocation takes nothing), or the driver's
+    /// out-of-memory error.
+    fn take(&self, bytes: usize) -> Result<(), CudaError> {
+        self.count(1);
+        let limit = self.limit.unwrap_or(u64::MAX);
+        self.allocated
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |had| {
+                had.checked_add(bytes as u64).filter(|&now| now <= limit)
+            })
+            .map(drop)
+            .map_err(|_| CudaError::Driver {
+                what: format!("allocating {bytes} bytes"),
+                detail: format!(
+                    "out of memory (the emulated device's limit of {limit} bytes is reached)"
+                ),
+            })
     }
 }
 
@@ -67,7 +99,7 @@ impl Device for EmulatedDevice {
     }
 
     fn alloc_zeros(&self, len: usize) -> Result<Vec<f32>, CudaError> {
-        self.count(1);
+        self.take(4 * len)?;
         Ok(vec![0.0; len])
     }
 
@@ -80,7 +112,7 @@ impl Device for EmulatedDevice {
     }
 
     fn alloc_bytes(&self, bytes: usize) -> Result<Vec<u64>, CudaError> {
-        self.count(1);
+        self.take(bytes)?;
         Ok(vec![0; bytes.div_ceil(8)])
     }
 
@@ -89,7 +121,7 @@ impl Device for EmulatedDevice {
     }
 
     fn alloc_staging(&self, bytes: usize) -> Result<EmulatedStaging, CudaError> {
-        self.count(1);
+        self.take(bytes)?;
         Ok(EmulatedStaging {
             bytes: vec![0; bytes],
             pending: Vec::new(),

@@ -342,6 +342,13 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         }
     }
 
+    fn refused(&mut self) -> Option<String> {
+        match &self.launched {
+            Launched::Failed(e) => Some(e.clone()),
+            _ => None,
+        }
+    }
+
     fn encode(
         &mut self,
         tensor: &TensorInner,

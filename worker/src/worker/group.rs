@@ -177,6 +177,13 @@ impl Worker {
         let mut handles: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
         for ((i, p), hold) in prepared.into_iter().zip(holds) {
             let name = p.tensor.placement.name.clone();
+            let p = match p.unless_refused() {
+                Ok(p) => p,
+                Err(e) => {
+                    handles[i] = Some(RoundHandle(Box::pin(async move { Err(e) })));
+                    continue;
+                }
+            };
             let task = p.spawn(Some(hold));
             handles[i] = Some(RoundHandle(Box::pin(async move {
                 join_round(task, &name).await
