@@ -71,3 +71,20 @@ def same_bits(a, b) -> bool:
     a = np.ascontiguousarray(np.asarray(a, dtype=np.float32))
     b = np.ascontiguousarray(np.asarray(b, dtype=np.float32))
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def assert_onebit_matches_the_reference(ranks, config: Path) -> None:
+    """The jobs' compressed tensor "onebit" (20,000 elements, onebit with error feedback,
+    averaged, three rounds of each rank's saved inputs and outputs) against the Rust
+    single-process reference with the job's seed and cluster file."""
+    import numpy as np
+
+    from pushpull import Reference
+
+    ref = Reference(len(ranks), ranks[0]["job_seed"], str(config))
+    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
+    for step in range(3):
+        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
+        for s in ranks:
+            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"

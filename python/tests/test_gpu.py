@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import rank_order_sum, run_job, same_bits
-from pushpull import Reference
+from conftest import assert_onebit_matches_the_reference, rank_order_sum, run_job, same_bits
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
@@ -35,13 +34,7 @@ def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
         for s in ranks:
             assert same_bits(s["outputs"][i].numpy(), want), f"tensor t{i}, rank {s['rank']}"
 
-    ref = Reference(2, ranks[0]["job_seed"], str(SMALL))
-    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
-    for step in range(3):
-        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
-        for s in ranks:
-            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
-            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
+    assert_onebit_matches_the_reference(ranks, SMALL)
 
     f16 = rank_order_sum([s["f16_in"].float().numpy() for s in ranks])
     want16 = torch.from_numpy(f16).to(torch.float16)

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import rank_order_sum, run_job, same_bits
-from pushpull import Reference
+from conftest import assert_onebit_matches_the_reference, rank_order_sum, run_job, same_bits
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
@@ -54,14 +53,7 @@ def test_push_pull_and_broadcast_are_bit_exact(pushpull, seed, tmp_path, monkeyp
         assert same_bits(s["f64_out"].numpy().astype(np.float32), f64)
         assert same_bits(s["view_out"].numpy().T, view)
 
-    # The compressed tensor: the single-process reference, with the job's seed and file.
-    ref = Reference(n, ranks[0]["job_seed"], str(SMALL))
-    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
-    for step in range(3):
-        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
-        for s in ranks:
-            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
-            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
+    assert_onebit_matches_the_reference(ranks, SMALL)
     m = ranks[0]["metrics"]["tensors"]["onebit"]
     assert m["bytes_pushed"] < m["raw_bytes"] / 10, m
     # Where each tensor was compressed: broadcasts always through the host.

@@ -192,29 +192,30 @@ fn check_against_reference(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn device_buffers_give_the_reference_bits() {
+/// A job on the emulated device for the ranks `on_device` (with separate or group calls)
+/// against the reference.
+async fn emulated_job_gives_the_reference_bits(on_device: &[usize], grouped: bool) {
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
-        // Ranks 0 and 2 on the device, rank 1 on the host.
-        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice::new()), &[0, 2], false).await;
+        let device = Arc::new(EmulatedDevice::new());
+        let (got, metrics) = run_mixed(seed, device, on_device, grouped).await;
         check_against_reference(seed, &got, &metrics, Place::Emulated);
     })
     .await
     .expect("timed out");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_buffers_give_the_reference_bits() {
+    // Ranks 0 and 2 on the device, rank 1 on the host.
+    emulated_job_gives_the_reference_bits(&[0, 2], false).await;
+}
+
 /// The same with group calls: a device rank's tensors of one call are one batch (top-k's
 /// chunks, which have no kernel, compressed on the host beside it), decoded together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_device_buffers_give_the_reference_bits() {
-    tokio::time::timeout(TIMEOUT * 2, async {
-        let seed = seed();
-        let (got, metrics) = run_mixed(seed, Arc::new(EmulatedDevice::new()), &[0, 1], true).await;
-        check_against_reference(seed, &got, &metrics, Place::Emulated);
-    })
-    .await
-    .expect("timed out");
+    emulated_job_gives_the_reference_bits(&[0, 1], true).await;
 }
 
 /// A group call's tensors cost one batch's driver calls a round (a dozen or so, and the same
