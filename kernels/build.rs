@@ -10,6 +10,7 @@
 fn main() {
     let sources = [
         "cuda/pushpull_elem.cuh",
+        "cuda/pushpull_table.cuh",
         "cuda/pushpull_kernels.cu",
         "cuda/host_shim.cpp",
     ];

@@ -16,6 +16,7 @@
 // return false, so the Rust tests fail instead of corrupting memory.
 
 #include "pushpull_elem.cuh"
+#include "pushpull_table.cuh"
 
 #include <stddef.h>
 #include <stdint.h>

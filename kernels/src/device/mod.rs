@@ -43,7 +43,7 @@
 //! however many chunks and tensors it holds ([`Device::driver_calls`] counts them).
 //!
 //! The element formulas are those of [`crate::decorators`], written once more in
-//! `kernels/cuda/pushpull_elem.cuh` (`pp_prepare_elem`, `pp_residual_group`, ...) with FMA
+//! `kernels/cuda/pushpull_table.cuh` (`pp_prepare_elem`, `pp_residual_group`, ...) with FMA
 //! contraction off, so the bits agree: `tests/device_batch.rs` checks batches on the
 //! [`EmulatedDevice`] against the CPU chains, bytes and state, round after round.
 //!

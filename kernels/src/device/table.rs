@@ -1,5 +1,5 @@
 //! The chunk table of a device batch: [`Entry`] is `PPChunk` of
-//! `kernels/cuda/pushpull_elem.cuh`, field for field (a test compares the layouts through the
+//! `kernels/cuda/pushpull_table.cuh`, field for field (a test compares the layouts through the
 //! host twin), and [`Step`] names the table kernels (`pp_t_*` of `pushpull_kernels.cu`), one
 //! launch each over every chunk of a table. [`Launch::of`] sizes a step's grid from the
 //! entries: the x-dimension covers the largest chunk's work units (capped by the device), the
