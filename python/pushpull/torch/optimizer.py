@@ -1,0 +1,261 @@
+"""``DistributedOptimizer`` and ``Compression`` of :mod:`pushpull.torch`: an optimizer whose
+``step()`` uses gradients averaged over every worker, reduced in DDP-style buckets (each a group
+call: one batch on a GPU) started by hooks as the backward pass produces them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import ParamMap, PushPullError, _Round, _start_sums, _w, declare
+
+class _Compressor:
+    """A BytePS compression choice, as the parameter map it stands for."""
+
+    def __init__(self, name: str, params: Mapping[str, str]):
+        self.name = name
+        self.params = dict(params)
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+
+class Compression:
+    """BytePS's compression choices for :class:`DistributedOptimizer`. ``fp16`` is pushpull's
+    fp16 compressor (workers send float16, servers sum in float32). For every other compressor,
+    error feedback or momentum, use ``compression_params``."""
+
+    none = _Compressor("none", {})
+    fp16 = _Compressor("fp16", {"byteps_compressor_type": "fp16"})
+
+
+_MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")
+_EF_KEYS = ("ef", "byteps_ef_type", "byteps_error_feedback_type")
+
+
+def _value(params: Mapping[str, str], keys) -> Optional[Tuple[str, str]]:
+    for k in keys:
+        if k in params:
+            return k, params[k]
+    return None
+
+
+def _own_momentum(group: Mapping) -> Optional[str]:
+    """What makes an optimizer's parameter group carry momentum of its own, if anything."""
+    m = group.get("momentum", 0)
+    if isinstance(m, (int, float)) and m > 0:
+        return f"momentum={m}"
+    if "betas" in group:
+        return f"betas={tuple(group['betas'])}"
+    return None
+
+
+def _buckets(sizes: Sequence[int], groups: Sequence[int], cap_bytes: int) -> List[List[int]]:
+    """Entries ``0..n`` cut into buckets in backward order (the last entry first, as a backward
+    pass produces gradients): a bucket closes once it holds ``cap_bytes`` of float32, and at a
+    change of parameter group (one learning rate per bucket)."""
+    buckets: List[List[int]] = []
+    current: List[int] = []
+    held = 0
+    for k in reversed(range(len(sizes))):
+        if current and (held >= cap_bytes or groups[k] != groups[current[-1]]):
+            buckets.append(current)
+            current, held = [], 0
+        current.append(k)
+        held += 4 * sizes[k]
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        compression_params,
+        bucket_cap_mb,
+    ):
+        super(self.__class__, self).__init__(params)
+        if named_parameters is not None:
+            named = list(named_parameters)
+        else:
+            named = [
+                (f"param.{g}.{i}", p)
+                for g, group in enumerate(self.param_groups)
+                for i, p in enumerate(group["params"])
+            ]
+        names = [n for n, _ in named]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"named_parameters has duplicate names: {sorted(dup)}")
+        in_groups = {id(p) for group in self.param_groups for p in group["params"]}
+        named_ids = {id(p) for _, p in named}
+        if in_groups - named_ids:
+            raise ValueError(
+                "named_parameters does not name every parameter of the optimizer: pass "
+                "model.named_parameters() for the model whose parameters the optimizer holds"
+            )
+        group_of = {id(p): group for group in self.param_groups for p in group["params"]}
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step = {backward_passes_per_step}: must be >= 1")
+        self.backward_passes_per_step = backward_passes_per_step
+        self._entries = []  # (tensor name, parameter, group, corrected ef)
+        self._index = {}
+        for i, (name, p) in enumerate(named):
+            if not p.requires_grad or id(p) not in in_groups:
+                continue
+            if callable(compression_params):
+                cmap = compression_params(name)
+            elif compression_params is not None:
+                cmap = compression_params
+            else:
+                cmap = compression.params
+            cmap = dict(cmap or {})
+            tname = f"Gradient.{name}"
+            group = group_of[id(p)]
+            mom = _value(cmap, _MOMENTUM_KEYS)
+            if mom and mom[1] == "nesterov":
+                own = _own_momentum(group)
+                if own:
+                    raise ValueError(
+                        f"tensor {tname!r}: {mom[0]} = 'nesterov' adds momentum on the worker, but "
+                        f"the optimizer {type(self).__name__} has its own ({own}); use one of them"
+                    )
+            ef = _value(cmap, _EF_KEYS)
+            corrected = bool(ef and ef[1] == "corrected")
+            declare(tname, p, cmap, priority=-i)
+            self._index[id(p)] = len(self._entries)
+            self._entries.append((tname, p, group, corrected))
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be > 0")
+        group_ids = [id(group) for _, _, group, _ in self._entries]
+        self._buckets = _buckets(
+            [p.numel() for _, p, _, _ in self._entries], group_ids, int(bucket_cap_mb * 2**20)
+        )
+        self._bucket_of = [0] * len(self._entries)
+        for b, bucket in enumerate(self._buckets):
+            for k in bucket:
+                self._bucket_of[k] = b
+        self._passes = [0] * len(self._entries)
+        self._ready = [False] * len(self._entries)
+        self._waiting = [len(b) for b in self._buckets]  # entries not ready yet, per bucket
+        self._inflight: Dict[int, List[_Round]] = {}  # by bucket
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
+        ]
+
+    def _start(self, b: int) -> None:
+        """Starts bucket ``b``'s gradients together (one batch on a GPU)."""
+        rounds = []
+        for k in self._buckets[b]:
+            tname, p, group, corrected = self._entries[k]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if corrected:
+                _w().set_learning_rate(float(group["lr"]))
+            rounds.append(_Round(tname, p.grad))
+        _start_sums(rounds, average=True)
+        self._inflight[b] = rounds
+
+    def _hook(self, p: torch.Tensor) -> None:
+        k = self._index[id(p)]
+        self._passes[k] += 1
+        if self._passes[k] < self.backward_passes_per_step:
+            return
+        if self._ready[k]:
+            raise PushPullError(
+                f"tensor {self._entries[k][0]!r}: gradient computed again before step(); call "
+                "step() (or synchronize()) after each backward pass, or set backward_passes_per_step"
+            )
+        self._ready[k] = True
+        b = self._bucket_of[k]
+        self._waiting[b] -= 1
+        if self._waiting[b] == 0:
+            self._start(b)
+
+    def synchronize(self) -> None:
+        """Waits for every gradient's push_pull; buckets whose gradients are not all ready
+        start now, gradients that no backward pass produced this step as zeros, so every
+        worker runs the same rounds."""
+        for b in range(len(self._buckets)):
+            if b not in self._inflight:
+                self._start(b)
+        inflight, self._inflight = self._inflight, {}
+        try:
+            for rounds in inflight.values():
+                for r in rounds:
+                    r.finish()
+        finally:
+            self._passes = [0] * len(self._entries)
+            self._ready = [False] * len(self._entries)
+            self._waiting = [len(b) for b in self._buckets]
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within this context, ``step()`` does not call :meth:`synchronize` (call it yourself
+        first, e.g. to clip the averaged gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    compression: _Compressor = Compression.none,
+    backward_passes_per_step: int = 1,
+    compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
+    bucket_cap_mb: float = 25,
+) -> torch.optim.Optimizer:
+    """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
+
+    Every parameter is declared up front (a collective), in ``named_parameters`` order, as
+    ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first.
+    The gradients are reduced in buckets, as DDP's: the parameters in reverse order (the order
+    a backward pass produces their gradients), a bucket closing at ``bucket_cap_mb`` MiB of
+    float32 (DDP's default, 25) and at a change of parameter group. A hook marks each gradient
+    ready once the backward pass has accumulated it (after ``backward_passes_per_step``
+    passes), and a bucket's gradients are push_pulled together (one group call: one batch on a
+    GPU) as soon as all of them are ready, overlapping communication with the rest of the
+    backward pass; ``step()`` starts what is left, waits for all of them and then runs the
+    wrapped optimizer's step. The result is an instance of a subclass of the optimizer's
+    class, made from its ``param_groups``.
+
+    ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
+    map for every tensor, or a function of the parameter name returning its map (keys as in
+    the Rust API: ``byteps_compressor_type``, ``byteps_compressor_k``, ``byteps_ef_type``,
+    ``byteps_momentum_type``, ...). When given, it replaces ``compression``. A map with
+    ``momentum = nesterov`` is refused (``ValueError``) for an optimizer that has momentum of its
+    own; with ``ef = corrected`` the learning rate of the parameter's group is read from
+    ``param_groups`` at every step.
+    """
+    cls = type(
+        optimizer.__class__.__name__,
+        (optimizer.__class__,),
+        dict(_DistributedOptimizer.__dict__),
+    )
+    return cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        compression_params,
+        bucket_cap_mb,
+    )
