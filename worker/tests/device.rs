@@ -357,6 +357,21 @@ async fn worker_device_cpu_reduces_device_buffers_on_the_host() {
         assert!(same_bits(&a, &b));
         let m = ts[0].metrics();
         assert_eq!((m.device, m.buffer_device), (Place::Cpu, Place::Emulated));
+        // Memory lent by address is refused by name (the caller copies to the host).
+        let x = vec![0f32; 30_000];
+        let lent = vec![(ts[0].clone(), x.as_ptr() as u64, x.len(), ())];
+        // SAFETY: `x` outlives the call, which refuses without touching it.
+        let handles = unsafe {
+            s.workers[0]
+                .push_pull_group_borrowed(lent, &device, Reduce::Sum)
+                .await
+        };
+        let e = handles.into_iter().next().unwrap().await.unwrap_err();
+        assert!(
+            e.to_string().contains("\"t\"") && e.to_string().contains("worker.device"),
+            "{e}"
+        );
+        assert_eq!(ts[0].rounds_started(), 1);
         s.finish_all().await;
     })
     .await

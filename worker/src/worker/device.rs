@@ -86,7 +86,8 @@ impl Worker {
 
     /// [`Worker::push_pull_group_device`] over memory borrowed by address: `(tensor, address,
     /// elements, keep)`, `keep` holding the memory alive and handed back (e.g. a framework's
-    /// tensor object).
+    /// tensor object). Under `worker.device = "cpu"` every entry is refused (the caller copies
+    /// to the host instead: see [`Worker::cuda_route`]).
     ///
     /// # Safety
     /// Each address addresses that many f32 of `device`'s memory, which its `keep` keeps alive
@@ -99,6 +100,19 @@ impl Worker {
         device: &Arc<D>,
         op: Reduce,
     ) -> Vec<RoundHandle<K>> {
+        if self.host_only() {
+            return calls
+                .into_iter()
+                .map(|(t, ..)| {
+                    let e = WorkerError::Config(format!(
+                        "tensor {:?}: worker.device = \"cpu\" reduces device memory on the host, \
+                         so it cannot be lent by address: copy it to the host",
+                        t.name()
+                    ));
+                    RoundHandle::new(async move { Err(e) })
+                })
+                .collect();
+        }
         let setup = self.chain_setup();
         let calls = calls
             .into_iter()
