@@ -394,6 +394,11 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
         let ts = declare_all_with(&s, "g", 50_000, p).await;
         let xs: Vec<Vec<f32>> = (0..2).map(|r| data(300 + r, 50_000)).collect();
         let roomy = Arc::new(EmulatedDevice::new());
+        // Worker 0's round of "g" on a device.
+        let worker0 = |d: Arc<EmulatedDevice>| {
+            let (w, t, x) = (&s.workers[0], &ts[0], xs[0].clone());
+            async move { call(w, t, Some(&d), x, Reduce::Sum).await }
+        };
         // Worker 1 pushes round 0 from the host and waits for worker 0.
         let (w1, t1, x1) = (s.workers[1].clone(), ts[1].clone(), xs[1].clone());
         let other = tokio::spawn(async move {
@@ -404,15 +409,7 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
         // The tensor's state (residual, momentum: 1.2 MB) does not fit beside the 200 kB
         // buffer on a device of 300 kB.
         let tiny = Arc::new(EmulatedDevice::with_limit(300_000));
-        let e = call(
-            &s.workers[0],
-            &ts[0],
-            Some(&tiny),
-            xs[0].clone(),
-            Reduce::Sum,
-        )
-        .await
-        .unwrap_err();
+        let e = worker0(tiny.clone()).await.unwrap_err();
         let text = e.to_string();
         assert!(matches!(e, WorkerError::Device { .. }), "{text}");
         assert!(
@@ -421,27 +418,11 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
         );
         assert_eq!(ts[0].rounds_started(), 0);
         // With room: round 0.
-        let a = call(
-            &s.workers[0],
-            &ts[0],
-            Some(&roomy),
-            xs[0].clone(),
-            Reduce::Sum,
-        )
-        .await
-        .unwrap();
+        let a = worker0(roomy.clone()).await.unwrap();
         // The state exists now, but a new batch (arena, table, staging: some 15 kB) does not
         // fit beside the buffer on a device of 210 kB.
         let tiny = Arc::new(EmulatedDevice::with_limit(210_000));
-        let e = call(
-            &s.workers[0],
-            &ts[0],
-            Some(&tiny),
-            xs[0].clone(),
-            Reduce::Sum,
-        )
-        .await
-        .unwrap_err();
+        let e = worker0(tiny.clone()).await.unwrap_err();
         let text = e.to_string();
         assert!(
             text.contains("\"g\"")
@@ -451,15 +432,7 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
         );
         assert_eq!(ts[0].rounds_started(), 1);
         // Round 1 on the device with room: the other worker was only kept waiting.
-        let b = call(
-            &s.workers[0],
-            &ts[0],
-            Some(&roomy),
-            xs[0].clone(),
-            Reduce::Sum,
-        )
-        .await
-        .unwrap();
+        let b = worker0(roomy.clone()).await.unwrap();
         let (a1, b1) = other.await.unwrap();
         assert!(
             same_bits(&a, &a1) && same_bits(&b, &b1),

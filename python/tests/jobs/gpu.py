@@ -7,6 +7,7 @@ import sys
 import torch
 
 import pushpull.torch as bps
+from job_common import onebit_rounds
 
 out, seed = sys.argv[1], int(sys.argv[2])
 bps.init()
@@ -25,13 +26,7 @@ got = bps.push_pull_group_inplace(gpu, average=True, names=[f"t{i}" for i in ran
 saved["outputs"] = [g.cpu() for g in got]
 
 # A compressed tensor, three rounds, for the single-process reference.
-params = {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"}
-bps.declare("onebit", 20_000, params)
-saved["onebit_in"], saved["onebit_out"] = [], []
-for _ in range(3):
-    g = torch.randn(20_000, generator=gen)
-    saved["onebit_in"].append(g.clone())
-    saved["onebit_out"].append(bps.push_pull(g.to(dev), average=True, name="onebit").cpu())
+onebit_rounds(saved, gen, dev)
 
 # float16 on the GPU: widened and narrowed on the device, the host path's bits.
 h = torch.randn(3000, generator=gen).to(torch.float16)

@@ -7,6 +7,7 @@ import sys
 import torch
 
 import pushpull.torch as bps
+from job_common import onebit_rounds
 
 out, seed = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(1)
@@ -60,13 +61,7 @@ bps.push_pull_inplace(m.t(), average=False, name="view")
 saved["view_out"] = m.clone()
 
 # A compressed tensor, for the comparison with the single-process reference.
-params = {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"}
-bps.declare("onebit", 20_000, params)
-saved["onebit_in"], saved["onebit_out"] = [], []
-for _ in range(3):
-    g = torch.randn(20_000, generator=gen)
-    saved["onebit_in"].append(g.clone())
-    saved["onebit_out"].append(bps.push_pull(g, average=True, name="onebit"))
+onebit_rounds(saved, gen, torch.device("cpu"))
 
 # Broadcasts: a tensor, parameters, an object (random bytes).
 b = torch.randn(777, generator=gen)
