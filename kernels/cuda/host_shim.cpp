@@ -657,12 +657,12 @@ bool emu_table_chunk(pp_u32 step, const PPChunk& c) {
             for (pp_u64 i0 = 0; i0 < c.n; i0 += PP_GROUP) {
                 pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, c.n - i0);
                 float vals[PP_GROUP];
-                pp_decode_values(c, i0, count, vals);
+                pp_decode_or_nan(c, flags[PP_FLAG_PRESENT], i0, count, vals);
                 pp_store_group(pp_f32m(c.y), i0, count, vals, false);
             }
             return true;
         case 8: {  // pp_t_decode_scatter
-            if (c.scheme != PP_SCHEME_RANDOMK || flags[PP_FLAG_PRESENT] == 0) {
+            if (c.scheme != PP_SCHEME_RANDOMK || flags[PP_FLAG_PRESENT] != 1u) {
                 return true;
             }
             PPPerm perm = pp_perm_new(c.n, c.indices);

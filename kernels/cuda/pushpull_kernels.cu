@@ -611,10 +611,12 @@ extern "C" __global__ void pp_t_residual_scatter(const PPChunk* table) {
     }
 }
 
-// Pulled payloads (the chunks whose PRESENT word is set) decoded into y: one thread per group.
+// Pulled payloads (the chunks whose PRESENT word is set) decoded into y, or NaN where the sum
+// was not finite: one thread per group.
 extern "C" __global__ void pp_t_decode(const PPChunk* table) {
     const PPChunk& c = PP_CHUNK();
-    if (pp_u32m(c.flags)[PP_FLAG_PRESENT] == 0) {
+    pp_u32 present = pp_u32m(c.flags)[PP_FLAG_PRESENT];
+    if (present == 0) {
         return;
     }
     pp_u64 groups = pp_div_ceil(c.n, PP_GROUP);
@@ -622,7 +624,7 @@ extern "C" __global__ void pp_t_decode(const PPChunk* table) {
         pp_u64 i0 = gi * PP_GROUP;
         pp_u32 count = (pp_u32)pp_min_u64(PP_GROUP, c.n - i0);
         float vals[PP_GROUP];
-        pp_decode_values(c, i0, count, vals);
+        pp_decode_or_nan(c, present, i0, count, vals);
         pp_store_group_dev(pp_f32m(c.y), i0, count, vals, false);
     }
 }
@@ -630,7 +632,7 @@ extern "C" __global__ void pp_t_decode(const PPChunk* table) {
 // Random-k's pulled values scattered into y (after pp_t_decode zeroed it).
 extern "C" __global__ void pp_t_decode_scatter(const PPChunk* table) {
     const PPChunk& c = PP_CHUNK();
-    if (c.scheme != PP_SCHEME_RANDOMK || pp_u32m(c.flags)[PP_FLAG_PRESENT] == 0) {
+    if (c.scheme != PP_SCHEME_RANDOMK || pp_u32m(c.flags)[PP_FLAG_PRESENT] != 1u) {
         return;
     }
     PPPerm perm = pp_perm_new(c.n, c.indices);

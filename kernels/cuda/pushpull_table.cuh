@@ -39,9 +39,10 @@
 #define PP_FLAG_NESTEROV 0u     // momentum's input or new momentum not finite
 #define PP_FLAG_EF_INPUT 1u     // gradient + residual not finite
 #define PP_FLAG_EF_RESIDUAL 2u  // the new residual not finite
-#define PP_FLAG_PRESENT 3u      // decoding: the chunk's pulled payload is in the arena
+#define PP_FLAG_PRESENT 3u      // decoding: 1 the chunk's pulled payload is in the arena, 2 its sum is not finite (decoded as NaN)
 #define PP_FLAG_FIRST_BAD 4u    // two words: the codec input's first non-finite index, or ~0
 #define PP_FLAG_WORDS 6u
+#define PP_PRESENT_NON_FINITE 2u
 
 // One chunk of a batch. Addresses are device addresses (host addresses on the emulated device);
 // 0 means absent (no momentum, no error feedback).
@@ -224,6 +225,20 @@ PP_HD void pp_decode_values(const PPChunk& c, pp_u64 i0, pp_u32 count, float* va
     for (pp_u32 k = 0; k < count; ++k) {
         vals[k] = pp_chunk_out(c, vals[k]);
     }
+}
+
+// What decoding stores for the group [i0, i0 + count) of a chunk whose PRESENT word is
+// `present`: its decoded values, or NaN where the sum was not finite (a NaN the training
+// loop's loss scaler finds, as it would in an all-reduce of the non-finite gradients).
+PP_HD void pp_decode_or_nan(const PPChunk& c, pp_u32 present, pp_u64 i0, pp_u32 count,
+                            float* vals) {
+    if (present == PP_PRESENT_NON_FINITE) {
+        for (pp_u32 k = 0; k < count; ++k) {
+            vals[k] = pp_f32_from_bits(0x7fc00000u);
+        }
+        return;
+    }
+    pp_decode_values(c, i0, count, vals);
 }
 
 // Random-k's pulled value j: y[permute(j)] = value j (averaged when asked).

@@ -2,7 +2,9 @@
 //!
 //! The registry builds `Momentum(ErrorFeedback(codec))` (momentum on workers only). Both keep
 //! one state vector per chunk and change it only when the whole round succeeds: a round that
-//! fails (non-finite input, an overflow, a bad context) leaves the state as it was.
+//! fails (non-finite input, an overflow, a bad context) leaves the state as it was. A
+//! successful round computes the new state into a second buffer and swaps it in, so the state
+//! before it stays there until the next round and [`Compressor::undo`] swaps it back.
 //! `decompress` and `decompress_add` go straight to the wrapped compressor.
 
 use crate::error::KernelError;
@@ -25,6 +27,16 @@ pub struct ErrorFeedback {
     p: Vec<f32>,
     d: Vec<f32>,
     prev_lr: Option<f32>,
+    /// The last round committed and not undone, and what undoing it restores.
+    undo: Option<EfUndo>,
+}
+
+/// What [`ErrorFeedback`] needs to undo its last round.
+struct EfUndo {
+    round: u64,
+    /// The residual before the round is in `p` (`true`) or `d` (`false`).
+    in_p: bool,
+    prev_lr: Option<f32>,
 }
 
 impl ErrorFeedback {
@@ -43,6 +55,7 @@ impl ErrorFeedback {
             p: vec![0.0; n],
             d: vec![0.0; n],
             prev_lr: None,
+            undo: None,
         }
     }
 }
@@ -107,6 +120,8 @@ impl Compressor for ErrorFeedback {
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
         let n = self.e.len();
+        // Whatever happens below may overwrite the state before the last round.
+        self.undo = None;
         if input.len() != n {
             return Err(KernelError::len(&self.name, "input", n, input.len()));
         }
@@ -153,12 +168,12 @@ impl Compressor for ErrorFeedback {
         // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
         // random-k) subtracted in place on its support, which is the same bits and saves
         // decoding a whole chunk and subtracting it; otherwise computed in `d`.
-        let (new_e, finite) = match self.inner.subtract_decoded(out, ctx, &mut self.p) {
-            Some(res) => (&mut self.p, res?),
+        let (new_e, finite, in_p) = match self.inner.subtract_decoded(out, ctx, &mut self.p) {
+            Some(res) => (&mut self.p, res?, true),
             None => {
                 self.inner.decompress(out, ctx, &mut self.d)?;
                 let finite = sub_into(&self.p, &mut self.d);
-                (&mut self.d, finite)
+                (&mut self.d, finite, false)
             }
         };
         if !finite {
@@ -170,6 +185,11 @@ impl Compressor for ErrorFeedback {
             ));
         }
         std::mem::swap(&mut self.e, new_e);
+        self.undo = Some(EfUndo {
+            round: ctx.round,
+            in_p,
+            prev_lr: self.prev_lr,
+        });
         if lr.is_some() {
             self.prev_lr = lr;
         }
@@ -200,7 +220,16 @@ impl Compressor for ErrorFeedback {
     fn reset(&mut self) {
         self.e.fill(0.0);
         self.prev_lr = None;
+        self.undo = None;
         self.inner.reset();
+    }
+    fn undo(&mut self, round: u64) {
+        if let Some(u) = self.undo.take_if(|u| u.round == round) {
+            let old = if u.in_p { &mut self.p } else { &mut self.d };
+            std::mem::swap(&mut self.e, old);
+            self.prev_lr = u.prev_lr;
+        }
+        self.inner.undo(round);
     }
 }
 
@@ -213,7 +242,12 @@ pub struct Momentum {
     mu: f32,
     name: String,
     m: Vec<f32>,
+    /// The next round's `m`, computed with `p` and swapped in when the round succeeds (then
+    /// the momentum before the round, until the next one).
+    next: Vec<f32>,
     p: Vec<f32>,
+    /// The last round committed and not undone.
+    undo: Option<u64>,
 }
 
 impl Momentum {
@@ -225,37 +259,30 @@ impl Momentum {
             inner,
             mu,
             m: vec![0.0; n],
+            next: vec![0.0; n],
             p: vec![0.0; n],
+            undo: None,
         }
     }
 }
 
+/// `next = μ·m + g; p = g + μ·next`; whether every value is finite.
 #[inline(always)]
-fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool {
+fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool {
     let mut bad = 0u32;
-    for ((pi, gi), mi) in p.iter_mut().zip(g).zip(m) {
+    for (((pi, ni), gi), mi) in p.iter_mut().zip(next.iter_mut()).zip(g).zip(m) {
         let mn = mu * *mi + *gi;
         let v = *gi + mu * mn;
         bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
             | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        *ni = mn;
         *pi = v;
     }
     bad == 0
 }
 
 multiversion! {
-    fn nesterov(g: &[f32], m: &[f32], mu: f32, p: &mut [f32]) -> bool = nesterov_impl;
-}
-
-#[inline(always)]
-fn momentum_update_impl(g: &[f32], m: &mut [f32], mu: f32) {
-    for (mi, gi) in m.iter_mut().zip(g) {
-        *mi = mu * *mi + *gi;
-    }
-}
-
-multiversion! {
-    fn momentum_update(g: &[f32], m: &mut [f32], mu: f32) = momentum_update_impl;
+    fn nesterov(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool = nesterov_impl;
 }
 
 impl Compressor for Momentum {
@@ -278,10 +305,12 @@ impl Compressor for Momentum {
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
         let n = self.m.len();
+        // Whatever happens below overwrites the momentum before the last round.
+        self.undo = None;
         if input.len() != n {
             return Err(KernelError::len(&self.name, "input", n, input.len()));
         }
-        if !nesterov(input, &self.m, self.mu, &mut self.p) {
+        if !nesterov(input, &self.m, self.mu, &mut self.next, &mut self.p) {
             if let Some(err) = first_bad(&self.name, "input", input) {
                 return Err(err);
             }
@@ -291,8 +320,9 @@ impl Compressor for Momentum {
             ));
         }
         self.inner.compress(&self.p, ctx, out)?;
-        // Commit the new momentum only once the round succeeded (same expression, same bits).
-        momentum_update(input, &mut self.m, self.mu);
+        // Commit the new momentum only once the round succeeded.
+        std::mem::swap(&mut self.m, &mut self.next);
+        self.undo = Some(ctx.round);
         Ok(())
     }
     fn decompress(
@@ -319,6 +349,15 @@ impl Compressor for Momentum {
     }
     fn reset(&mut self) {
         self.m.fill(0.0);
+        self.undo = None;
         self.inner.reset();
+    }
+    fn undo(&mut self, round: u64) {
+        // The inner chain committed with this one: undone with it, or not at all (a round
+        // that failed here before reaching it must not undo its earlier one).
+        if self.undo.take_if(|r| *r == round).is_some() {
+            std::mem::swap(&mut self.m, &mut self.next);
+            self.inner.undo(round);
+        }
     }
 }

@@ -143,6 +143,18 @@ pub enum KernelError {
 }
 
 impl KernelError {
+    /// Whether the error says the data is too large or not a number (a NaN or infinity in
+    /// the input, or finite input whose compression overflows f32), as opposed to a bad
+    /// context, parameter or payload. A round that fails this way leaves the state as it was,
+    /// and a cluster answers it with a non-finite sum (see `pushpull_proto::protocol`'s
+    /// `FrameFlags::NON_FINITE`) instead of failing.
+    pub fn is_non_finite(&self) -> bool {
+        matches!(
+            self,
+            KernelError::NonFinite { .. } | KernelError::Overflow { .. }
+        )
+    }
+
     pub(crate) fn bad(key: &str, value: &str, allowed: impl Into<String>) -> KernelError {
         KernelError::BadValue {
             key: key.to_string(),

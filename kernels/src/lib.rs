@@ -306,4 +306,10 @@ pub trait Compressor: Send {
     }
     /// Zeroes the decorators' state (residual, momentum, previous learning rate).
     fn reset(&mut self) {}
+    /// Undoes round `round`'s change of the decorators' state (residual, momentum, previous
+    /// learning rate), if `round` is the last round compressed successfully and it was not
+    /// undone yet; otherwise (that round failed, was never compressed here, or a later one
+    /// was) does nothing. For a round whose result is discarded: a non-finite sum, or an
+    /// optimizer step that was skipped (mixed precision's loss scaler found inf/NaN).
+    fn undo(&mut self, _round: u64) {}
 }

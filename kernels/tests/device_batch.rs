@@ -3,8 +3,9 @@
 //! chunk for chunk: over several rounds with fresh random gradients, the payload bytes, the
 //! decoded (and averaged) values, the error-feedback residual and the momentum must agree bit
 //! for bit, both must refuse the same chunks (a refused chunk changes neither's state, and
-//! leaves its neighbours in the batch alone), and a chunk whose result did not arrive leaves
-//! its part of the output untouched. Every fixed-width encoding and raw fp32, with and without
+//! leaves its neighbours in the batch alone), a chunk whose result did not arrive leaves
+//! its part of the output untouched, a non-finite sum decodes as NaN and undoes the chunk's
+//! round, and an undone round leaves both chains as if it never ran. Every fixed-width encoding and raw fp32, with and without
 //! error feedback (vanilla and corrected) and Nesterov momentum, tensors of one tiny chunk, of
 //! odd chunks, of exactly full chunks and of full chunks with a shorter last one, batches of
 //! one to five tensors, in place and into another buffer.
@@ -136,6 +137,8 @@ struct Tally {
     same: u32,
     refused: u32,
     untouched: u32,
+    non_finite: u32,
+    undone: u32,
 }
 
 /// Runs `rounds` rounds of `tensors` as one batch on `device`: compress on both, compare,
@@ -230,6 +233,12 @@ fn run_batch<D: Device>(
                     (Ok(()), Ok(got)) => got,
                     (Err(_), Err(_)) => {
                         tally.refused += 1;
+                        // Its sum comes back non-finite (or not at all): nothing to undo.
+                        if r.bool() {
+                            started.receive_non_finite(part, &mut t.dev, c);
+                            t.cpu[c].undo(round);
+                            want_out[range].fill(f32::NAN);
+                        }
                         continue;
                     }
                     (cpu, dev) => panic!("{what}: cpu {cpu:?}, device {dev:?}"),
@@ -237,6 +246,15 @@ fn run_batch<D: Device>(
                 assert_same_bytes(&format!("{what}: payload"), &got, &want);
                 if r.below(5) == 0 {
                     tally.untouched += 1;
+                    continue;
+                }
+                // Another worker's chunk (or the sum) was not finite: this round is undone
+                // and the chunk decodes as NaN.
+                if r.below(6) == 0 {
+                    tally.non_finite += 1;
+                    started.receive_non_finite(part, &mut t.dev, c);
+                    t.cpu[c].undo(round);
+                    want_out[range].fill(f32::NAN);
                     continue;
                 }
                 started.receive(part, &t.dev, c, &got).unwrap();
@@ -252,6 +270,12 @@ fn run_batch<D: Device>(
         }
         // One decode for every tensor of the batch.
         started.decode().unwrap();
+        // Now and then a tensor's step is discarded (a loss scaler skipped it).
+        for t in tensors.iter_mut().filter(|_| r.below(4) == 0) {
+            tally.undone += 1;
+            t.dev.undo(round);
+            t.cpu.iter_mut().for_each(|c| c.undo(round));
+        }
         for ((t, b), want_out) in tensors.iter().zip(&bufs).zip(wants) {
             let output = &b.4;
             let n = t.len();
@@ -314,6 +338,8 @@ fn compare_batches<D: Device>(r: &mut Rng, device: &Arc<D>, fulls: &[usize]) {
                     total.same += t.same;
                     total.refused += t.refused;
                     total.untouched += t.untouched;
+                    total.non_finite += t.non_finite;
+                    total.undone += t.undone;
                     batches += 1;
                 }
             }
@@ -325,11 +351,13 @@ fn compare_batches<D: Device>(r: &mut Rng, device: &Arc<D>, fulls: &[usize]) {
     }
     println!(
         "{batches} batches: {} chunk rounds identical, {} refused by both, {} results not \
-         received left their output alone",
-        total.same, total.refused, total.untouched
+         received left their output alone, {} non-finite sums decoded as NaN, {} tensor \
+         rounds undone",
+        total.same, total.refused, total.untouched, total.non_finite, total.undone
     );
     assert!(total.same > 1000, "too few comparisons: {}", total.same);
     assert!(total.refused > 0 && total.untouched > 0);
+    assert!(total.non_finite > 0 && total.undone > 0);
 }
 
 #[test]

@@ -184,7 +184,7 @@ impl<D: Device> Batch<D> {
                     Err(e) => (1.0, None, Some(e)),
                 };
                 refused.push(refuse);
-                lr_used.push(lr);
+                lr_used.push((round.round, lr));
                 entries.push(t.entry(c, round, factor, arena + part.region as u64));
             }
         }
@@ -229,7 +229,7 @@ impl<D: Device> Batch<D> {
         }
         Ok(Started {
             batch: self.clone(),
-            received: Mutex::new(vec![false; entries.len()]),
+            received: Mutex::new(vec![0; entries.len()]),
             entries,
             refused,
             lr_used,
@@ -245,11 +245,13 @@ impl<D: Device> Batch<D> {
 /// for its copy and gives the staging back.
 pub struct Started<D: Device> {
     batch: Arc<Batch<D>>,
-    /// Which chunks' results are in the batch's decode staging.
-    received: Mutex<Vec<bool>>,
+    /// Each chunk's [`flag::PRESENT`] word: whether its result is in the batch's decode
+    /// staging (or its sum was not finite).
+    received: Mutex<Vec<u32>>,
     entries: Vec<Entry>,
     refused: Vec<Option<KernelError>>,
-    lr_used: Vec<Option<f32>>,
+    /// Each chunk's round and the learning rate its error feedback used.
+    lr_used: Vec<(u64, Option<f32>)>,
     /// The staging until the first [`Started::finish`] waits for it.
     staging: Mutex<Option<D::Staging>>,
     /// The staging once waited for, as `Bytes` (or why the wait failed).
@@ -329,7 +331,8 @@ impl<D: Device> Started<D> {
             entry,
             &staged[at..at + super::slot_bytes(payload)],
         )?;
-        tensor.commit(chunk, self.lr_used[i]);
+        let (round, lr) = self.lr_used[i];
+        tensor.commit(chunk, round, lr);
         Ok(staged.slice(at..at + payload))
     }
 
@@ -402,8 +405,17 @@ impl<D: Device> Started<D> {
         }
         staging.as_mut()[at..at + payload.len()].copy_from_slice(payload);
         self.received.lock().unwrap_or_else(|p| p.into_inner())
-            [self.batch.parts[part].first + chunk] = true;
+            [self.batch.parts[part].first + chunk] = 1;
         Ok(())
+    }
+
+    /// Chunk `chunk` of tensor `part` (`tensor`) has a non-finite sum (some worker's chunk,
+    /// or the sum itself, held inf or NaN): undoes the chunk's round if this worker committed
+    /// it, and [`Started::decode`] writes NaN over the chunk's output.
+    pub fn receive_non_finite(&self, part: usize, tensor: &mut DeviceTensor<D>, chunk: usize) {
+        let i = self.batch.parts[part].first + chunk;
+        tensor.undo_chunk(chunk, self.lr_used[i].0);
+        self.received.lock().unwrap_or_else(|p| p.into_inner())[i] = flag::NON_FINITE;
     }
 
     /// Decodes every result received this round ([`Started::receive`]), of every tensor of the
@@ -414,7 +426,7 @@ impl<D: Device> Started<D> {
     pub fn decode(&self) -> Result<(), KernelError> {
         let received =
             std::mem::take(&mut *self.received.lock().unwrap_or_else(|p| p.into_inner()));
-        if !received.contains(&true) {
+        if received.iter().all(|&r| r == 0) {
             return Ok(());
         }
         let error = |e: CudaError| KernelError::Device {
@@ -426,7 +438,7 @@ impl<D: Device> Started<D> {
         // Receiving waited for the staging's last copy: it is free to write.
         for (e, got) in self.entries.iter().zip(&received) {
             let at = (e.flags - self.batch.arena) as usize + 4 * flag::PRESENT;
-            staging.as_mut()[at..at + 4].copy_from_slice(&u32::from(*got).to_le_bytes());
+            staging.as_mut()[at..at + 4].copy_from_slice(&got.to_le_bytes());
         }
         // SAFETY: the arena holds arena_bytes, which the staging mirrors; the entries'
         // addresses are those `start` was given.

@@ -72,8 +72,11 @@ pub mod flag {
     pub const EF_INPUT: usize = 1;
     /// The new residual `p - D(C(p))` was not finite.
     pub const EF_RESIDUAL: usize = 2;
-    /// Decoding: the chunk's pulled payload is there (1) or not (0).
+    /// Decoding: the chunk's pulled payload is there (1), or not (0), or its sum was not
+    /// finite ([`NON_FINITE`]: the chunk decodes as NaN).
     pub const PRESENT: usize = 3;
+    /// [`PRESENT`]'s value for a chunk whose sum was not finite.
+    pub const NON_FINITE: u32 = 2;
     /// Two words (low, high) of the index of the codec input's first non-finite element;
     /// all ones when there is none.
     pub const FIRST_BAD: usize = 4;

@@ -39,6 +39,8 @@ pub(super) struct ChunkPlan {
     /// Which half of the residual / momentum buffers holds the current state.
     pub(super) ef_half: usize,
     pub(super) m_half: usize,
+    /// The last round committed and not undone, and the learning rate before it.
+    committed: Option<(u64, Option<f32>)>,
 }
 
 impl ChunkPlan {
@@ -193,6 +195,7 @@ impl<D: Device> DeviceTensor<D> {
                 prev_lr: None,
                 ef_half: 0,
                 m_half: 0,
+                committed: None,
             });
             offset += len;
             slot += slot_bytes(payload);
@@ -381,9 +384,11 @@ impl<D: Device> DeviceTensor<D> {
         e
     }
 
-    /// Commits chunk `chunk`'s round: the new residual and momentum become the state.
-    pub(super) fn commit(&mut self, chunk: usize, lr_used: Option<f32>) {
+    /// Commits chunk `chunk`'s round `round`: the new residual and momentum become the state
+    /// (the old stay in the other halves until the next launch).
+    pub(super) fn commit(&mut self, chunk: usize, round: u64, lr_used: Option<f32>) {
         let c = &mut self.chunks[chunk];
+        c.committed = Some((round, c.prev_lr));
         if self.ef.is_some() {
             c.ef_half = 1 - c.ef_half;
             if lr_used.is_some() {
@@ -392,6 +397,33 @@ impl<D: Device> DeviceTensor<D> {
         }
         if self.momentum.is_some() {
             c.m_half = 1 - c.m_half;
+        }
+    }
+
+    /// Undoes round `round` of chunk `chunk` if it committed it (as `Compressor::undo` does
+    /// on the CPU): the residual and momentum before it become the state again. `round` must
+    /// be the tensor's last launched round (a later launch overwrites the other halves).
+    pub(super) fn undo_chunk(&mut self, chunk: usize, round: u64) {
+        let c = &mut self.chunks[chunk];
+        let Some((_, prev_lr)) = c.committed.take_if(|(r, _)| *r == round) else {
+            return;
+        };
+        c.prev_lr = prev_lr;
+        if self.ef.is_some() {
+            c.ef_half = 1 - c.ef_half;
+        }
+        if self.momentum.is_some() {
+            c.m_half = 1 - c.m_half;
+        }
+    }
+
+    /// Undoes round `round` of every chunk that committed it (see
+    /// [`pushpull_kernels::Compressor::undo`](crate::Compressor::undo)): for a round whose
+    /// step was discarded. `round` must be the tensor's last launched round; any other does
+    /// nothing useful and may do harm, so callers undo only the round they just ran.
+    pub fn undo(&mut self, round: u64) {
+        for chunk in 0..self.chunks.len() {
+            self.undo_chunk(chunk, round);
         }
     }
 
