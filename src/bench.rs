@@ -29,7 +29,7 @@ use bytes::Bytes;
 use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{read_frame, Endpoint};
-use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::protocol::{max_payload_len, FrameFlags, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::sendq::Flow;
 use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
@@ -507,6 +507,7 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
             let header = FrameHeader {
                 kind: FrameKind::Push,
                 op: ReduceOp::Sum,
+                flags: FrameFlags::default(),
                 rank: 0,
                 aux: 0,
                 key,

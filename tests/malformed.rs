@@ -15,8 +15,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use common::*;
 use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
 use pushpull_proto::protocol::{
-    max_payload_len, ClusterMap, FrameHeader, FrameKind, FromScheduler, ReduceOp, ToScheduler,
-    PROTOCOL_VERSION,
+    max_payload_len, ClusterMap, FrameFlags, FrameHeader, FrameKind, FromScheduler, ReduceOp,
+    ToScheduler, PROTOCOL_VERSION,
 };
 use pushpull_proto::{Config, NodeRole, ParamMap};
 use pushpull_worker::{Reduce, WorkerError};
@@ -142,6 +142,7 @@ fn push_header(key: u64, round: u64, payload_len: u64) -> FrameHeader {
     FrameHeader {
         kind: FrameKind::Push,
         op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
         rank: 1,
         aux: 0,
         key,
@@ -194,6 +195,7 @@ fn bad_frames_are_rejected_and_other_keys_keep_working() {
         let hello = FrameHeader {
             kind: FrameKind::Hello,
             op: ReduceOp::Sum,
+            flags: FrameFlags::default(),
             rank: 1,
             aux: 0,
             key: 0,

@@ -9,7 +9,7 @@ use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_net::transport::{read_frame, send_frame, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::Config;
 use pushpull_proto::protocol::{
-    FrameHeader, FrameKind, FromScheduler, ProtocolError, ReduceOp, ToScheduler,
+    FrameFlags, FrameHeader, FrameKind, FromScheduler, ProtocolError, ReduceOp, ToScheduler,
 };
 
 fn identities(dir: &std::path::Path, n: usize) -> Vec<TlsIdentity> {
@@ -89,6 +89,7 @@ async fn control_stream_and_data_frames_round_trip() {
     let header = |len: u64| FrameHeader {
         kind: FrameKind::Push,
         op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
         rank: 0,
         aux: 0,
         key: 42,
@@ -229,6 +230,7 @@ async fn largest_cwnd_under(cap: Option<u64>) -> u64 {
     let header = FrameHeader {
         kind: FrameKind::Push,
         op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
         rank: 0,
         aux: 0,
         key: 1,

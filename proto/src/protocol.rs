@@ -25,7 +25,7 @@
 //! | 0 | 4 | magic `b"PPF1"` |
 //! | 4 | 1 | kind ([`FrameKind`]) |
 //! | 5 | 1 | op ([`ReduceOp`]; 0 for frames that aren't pushes) |
-//! | 6 | 2 | reserved, 0 |
+//! | 6 | 2 | flags ([`FrameFlags`]): bit 0 non-finite, bit 1 undo the previous round; other bits 0 |
 //! | 8 | 4 | rank of the worker (sender of a push/hello; receiver of a result/abort) |
 //! | 12 | 4 | aux: the root rank of a broadcast; for a sum, the learning rate the worker set for the round as f32 bits (0: none; every push of a round must carry the same) |
 //! | 16 | 8 | key |
@@ -34,6 +34,18 @@
 //!
 //! The payload of a push or result is the chunk's encoded bytes; of an abort, a UTF-8 error
 //! message; of a hello, empty.
+//!
+//! # Non-finite rounds (mixed precision)
+//! A worker whose chunk holds inf or NaN (or whose compression of it overflows f32) pushes it
+//! flagged [`FrameFlags::non_finite`] with an empty payload, its compressor state unchanged.
+//! A sum round with such a push, or whose sum cannot be encoded for the same reason, completes
+//! with a `Result` flagged non-finite and empty for every worker: the server's state is
+//! unchanged, every worker undoes the round's change of its own state and fills the chunk with
+//! NaN, so that every worker's loss scaler skips the step, as it would after an all-reduce of
+//! the non-finite gradients. A worker that discards a round whose sum was finite (its
+//! optimizer skipped the step) undoes its state and flags its next push of the key
+//! [`FrameFlags::undo_previous`]; the server then undoes its state's change of the key's
+//! previous sum round before summing (every push of a round must agree).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -53,7 +65,9 @@ use crate::config::{ClusterDigest, ParamMap};
 ///   other's payloads fine but would no longer be bit-identical to the single-process reference.
 /// * Version 4: the registration's digest carries `cluster.max_chunk_payload_bytes` (fp32 and
 ///   fp16 tensors are cut into chunks of at most that payload, so the placement changed).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// * Version 5: data frames carry [`FrameFlags`] in the formerly reserved bytes 6..8
+///   (non-finite pushes and results, undoing the previous round).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.
@@ -93,6 +107,14 @@ pub enum ProtocolError {
     /// Unknown op byte.
     #[error("unknown reduce op {0}")]
     BadOp(u8),
+    /// Flags that are unknown or do not fit the frame.
+    #[error("bad frame flags {flags:#06x}: {why}")]
+    BadFlags {
+        /// The flags field.
+        flags: u16,
+        /// What is wrong.
+        why: &'static str,
+    },
     /// Payload larger than allowed.
     #[error("frame payload of {len} bytes exceeds the limit of {max} bytes")]
     Oversized {
@@ -145,6 +167,56 @@ pub enum ReduceOp {
     Broadcast = 1,
 }
 
+/// The flags of a data frame (see the [module docs](self) on non-finite rounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FrameFlags {
+    /// A sum push or result whose chunk was not finite (bit 0); its payload is empty.
+    pub non_finite: bool,
+    /// A sum push whose sender discarded the key's previous sum round (bit 1).
+    pub undo_previous: bool,
+}
+
+impl FrameFlags {
+    const NON_FINITE: u16 = 1;
+    const UNDO_PREVIOUS: u16 = 2;
+
+    /// The flags as the header's u16.
+    pub fn bits(self) -> u16 {
+        let bit = |set: bool, bit: u16| if set { bit } else { 0 };
+        bit(self.non_finite, Self::NON_FINITE) | bit(self.undo_previous, Self::UNDO_PREVIOUS)
+    }
+
+    /// The flags of a frame of `kind` and `op` with `payload_len` bytes, checked.
+    fn decode(
+        bits: u16,
+        kind: FrameKind,
+        op: ReduceOp,
+        payload_len: u64,
+    ) -> Result<FrameFlags, ProtocolError> {
+        let bad = |why| Err(ProtocolError::BadFlags { flags: bits, why });
+        if bits & !(Self::NON_FINITE | Self::UNDO_PREVIOUS) != 0 {
+            return bad("unknown bits (known: 0x0001 non-finite, 0x0002 undo previous)");
+        }
+        let flags = FrameFlags {
+            non_finite: bits & Self::NON_FINITE != 0,
+            undo_previous: bits & Self::UNDO_PREVIOUS != 0,
+        };
+        let sum_push = kind == FrameKind::Push && op == ReduceOp::Sum;
+        if flags.non_finite {
+            if !(sum_push || kind == FrameKind::Result) {
+                return bad("only a sum push or a result can be non-finite");
+            }
+            if payload_len != 0 {
+                return bad("a non-finite frame carries no payload");
+            }
+        }
+        if flags.undo_previous && !sum_push {
+            return bad("only a sum push can undo the previous round");
+        }
+        Ok(flags)
+    }
+}
+
 /// The fixed header of a data frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
@@ -152,6 +224,8 @@ pub struct FrameHeader {
     pub kind: FrameKind,
     /// How the round combines pushes (pushes only).
     pub op: ReduceOp,
+    /// Non-finite, undo previous (see the [module docs](self)).
+    pub flags: FrameFlags,
     /// The worker's rank.
     pub rank: u32,
     /// The broadcast root; for a sum, the round's learning rate as f32 bits (0: none set).
@@ -171,7 +245,7 @@ impl FrameHeader {
         out.put_slice(&FRAME_MAGIC);
         out.put_u8(self.kind as u8);
         out.put_u8(self.op as u8);
-        out.put_u16_le(0);
+        out.put_u16_le(self.flags.bits());
         out.put_u32_le(self.rank);
         out.put_u32_le(self.aux);
         out.put_u64_le(self.key);
@@ -186,8 +260,8 @@ impl FrameHeader {
         b.freeze()
     }
 
-    /// Decodes a header, checking the magic, the kind, the op and that the payload length is at
-    /// most `max_payload`.
+    /// Decodes a header, checking the magic, the kind, the op, the flags and that the payload
+    /// length is at most `max_payload`.
     pub fn decode(mut buf: &[u8], max_payload: u64) -> Result<FrameHeader, ProtocolError> {
         if buf.len() < FRAME_HEADER_LEN {
             return Err(ProtocolError::TruncatedHeader { got: buf.len() });
@@ -209,7 +283,7 @@ impl FrameHeader {
             1 => ReduceOp::Broadcast,
             o => return Err(ProtocolError::BadOp(o)),
         };
-        let _reserved = buf.get_u16_le();
+        let flag_bits = buf.get_u16_le();
         let rank = buf.get_u32_le();
         let aux = buf.get_u32_le();
         let key = buf.get_u64_le();
@@ -221,9 +295,11 @@ impl FrameHeader {
                 max: max_payload,
             });
         }
+        let flags = FrameFlags::decode(flag_bits, kind, op, payload_len)?;
         Ok(FrameHeader {
             kind,
             op,
+            flags,
             rank,
             aux,
             key,
@@ -502,6 +578,7 @@ mod tests {
         FrameHeader {
             kind: FrameKind::Push,
             op: ReduceOp::Broadcast,
+            flags: FrameFlags::default(),
             rank: 3,
             aux: 1,
             key: 0xdead_beef_0123_4567,
@@ -545,6 +622,74 @@ mod tests {
         );
         let e = FrameHeader::decode(&b, 1000).unwrap_err();
         assert!(e.to_string().contains("exceeds the limit of 1000"), "{e}");
+    }
+
+    #[test]
+    fn flags_round_trip_and_are_checked_against_the_frame() {
+        let sum_push = |flags, payload_len| FrameHeader {
+            op: ReduceOp::Sum,
+            flags,
+            payload_len,
+            ..header()
+        };
+        for (non_finite, undo_previous) in [(false, true), (true, false), (true, true)] {
+            let flags = FrameFlags {
+                non_finite,
+                undo_previous,
+            };
+            let h = sum_push(flags, if non_finite { 0 } else { 12 });
+            assert_eq!(FrameHeader::decode(&h.to_bytes(), u64::MAX).unwrap(), h);
+        }
+        let result = FrameHeader {
+            kind: FrameKind::Result,
+            ..sum_push(
+                FrameFlags {
+                    non_finite: true,
+                    undo_previous: false,
+                },
+                0,
+            )
+        };
+        assert_eq!(
+            FrameHeader::decode(&result.to_bytes(), u64::MAX).unwrap(),
+            result
+        );
+        let refused = |h: FrameHeader, bits: Option<u16>, why: &str| {
+            let mut b = h.to_bytes().to_vec();
+            if let Some(bits) = bits {
+                b[6..8].copy_from_slice(&bits.to_le_bytes());
+            }
+            let e = FrameHeader::decode(&b, u64::MAX).unwrap_err();
+            assert!(matches!(e, ProtocolError::BadFlags { .. }), "{e}");
+            assert!(e.to_string().contains(why), "{e}");
+        };
+        refused(sum_push(FrameFlags::default(), 0), Some(4), "unknown bits");
+        let nf = FrameFlags {
+            non_finite: true,
+            undo_previous: false,
+        };
+        refused(sum_push(nf, 8), None, "carries no payload");
+        refused(
+            FrameHeader {
+                flags: nf,
+                payload_len: 0,
+                ..header()
+            },
+            None,
+            "can be non-finite",
+        );
+        let undo = FrameFlags {
+            non_finite: false,
+            undo_previous: true,
+        };
+        refused(
+            FrameHeader {
+                kind: FrameKind::Result,
+                ..sum_push(undo, 0)
+            },
+            None,
+            "only a sum push can undo",
+        );
     }
 
     #[test]

@@ -18,8 +18,8 @@ use proptest::test_runner::{Config, RngSeed};
 use pushpull_proto::config::ClusterDigest;
 use pushpull_proto::departure::Departure;
 use pushpull_proto::protocol::{
-    check_control_len, decode_control, encode_control, ChunkPlacement, ClusterMap, FrameHeader,
-    FrameKind, FromScheduler, ProtocolError, ReduceOp, TensorPlacement, ToScheduler,
+    check_control_len, decode_control, encode_control, ChunkPlacement, ClusterMap, FrameFlags,
+    FrameHeader, FrameKind, FromScheduler, ProtocolError, ReduceOp, TensorPlacement, ToScheduler,
     FRAME_HEADER_LEN, MAX_CONTROL_FRAME,
 };
 use pushpull_proto::{NodeName, NodeRole};
@@ -275,9 +275,30 @@ fn reference_header(b: &[u8], max: u64) -> Result<FrameHeader, ProtocolError> {
             max,
         });
     }
+    let bits = u16::from_le_bytes([b[6], b[7]]);
+    let sum_push = kind == FrameKind::Push && op == ReduceOp::Sum;
+    let (non_finite, undo_previous) = (bits & 1 != 0, bits & 2 != 0);
+    let why = if bits > 3 {
+        Some("unknown bits (known: 0x0001 non-finite, 0x0002 undo previous)")
+    } else if non_finite && !(sum_push || kind == FrameKind::Result) {
+        Some("only a sum push or a result can be non-finite")
+    } else if non_finite && payload_len != 0 {
+        Some("a non-finite frame carries no payload")
+    } else if undo_previous && !sum_push {
+        Some("only a sum push can undo the previous round")
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(ProtocolError::BadFlags { flags: bits, why });
+    }
     Ok(FrameHeader {
         kind,
         op,
+        flags: FrameFlags {
+            non_finite,
+            undo_previous,
+        },
         rank: u32_at(8),
         aux: u32_at(12),
         key: u64_at(16),
@@ -297,15 +318,23 @@ fn frame_headers_decode_as_the_layout_says_and_refusals_name_the_field() {
             arbitrary
         } else {
             // A valid header (kind and op drawn past the valid ones now and then), mutated.
-            let h = FrameHeader {
+            let mut h = FrameHeader {
                 kind: [FrameKind::Hello, FrameKind::Push, FrameKind::Result, FrameKind::Abort][r.below(4) as usize],
                 op: [ReduceOp::Sum, ReduceOp::Broadcast][r.below(2) as usize],
+                flags: FrameFlags::default(),
                 rank: r.next() as u32,
                 aux: r.next() as u32,
                 key: r.next(),
                 round: r.next(),
                 payload_len: r.next() >> r.below(64),
             };
+            // Flags where the frame allows them.
+            let sum_push = h.kind == FrameKind::Push && h.op == ReduceOp::Sum;
+            if (sum_push || h.kind == FrameKind::Result) && r.below(4) == 0 {
+                h.flags.non_finite = true;
+                h.payload_len = 0;
+            }
+            h.flags.undo_previous = sum_push && r.below(4) == 0;
             let mut b = h.to_bytes().to_vec();
             prop_assert_eq!(FrameHeader::decode(&b, u64::MAX), Ok(h));
             for _ in 0..r.below(3) {
@@ -326,6 +355,7 @@ fn frame_headers_decode_as_the_layout_says_and_refusals_name_the_field() {
                 ProtocolError::BadMagic { .. } => "magic",
                 ProtocolError::BadKind(_) => "frame kind",
                 ProtocolError::BadOp(_) => "reduce op",
+                ProtocolError::BadFlags { .. } => "frame flags",
                 ProtocolError::Oversized { .. } => "payload",
                 ref other => panic!("unexpected {other:?}"),
             };

@@ -12,7 +12,7 @@ use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::transport::{Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{
-    max_payload_len, FrameHeader, FrameKind, ReduceOp, FRAME_HEADER_LEN,
+    max_payload_len, FrameFlags, FrameHeader, FrameKind, ReduceOp, FRAME_HEADER_LEN,
 };
 use pushpull_proto::sendq::Flow;
 use pushpull_proto::Config;
@@ -24,8 +24,8 @@ use pushpull_net::certs::peer_grant;
 use pushpull_proto::departure::Departure;
 use pushpull_proto::protocol::NodeRole;
 
-/// A frame to send: kind, key, round, payload.
-pub(crate) type OutFrame = (FrameKind, u64, u64, Bytes);
+/// A frame to send: kind and flags, key, round, payload.
+pub(crate) type OutFrame = ((FrameKind, FrameFlags), u64, u64, Bytes);
 
 /// Priority of abort frames: before any result.
 pub(crate) const ABORT_PRIORITY: i32 = i32::MAX;
@@ -41,10 +41,16 @@ pub(crate) struct WorkerConn {
 
 impl WorkerConn {
     /// Queues one frame for worker `rank`.
-    pub(crate) fn send(&self, rank: u32, (kind, key, round, payload): OutFrame, priority: i32) {
+    pub(crate) fn send(
+        &self,
+        rank: u32,
+        ((kind, flags), key, round, payload): OutFrame,
+        priority: i32,
+    ) {
         let header = FrameHeader {
             kind,
             op: ReduceOp::Sum,
+            flags,
             rank,
             aux: 0,
             key,
@@ -53,6 +59,20 @@ impl WorkerConn {
         };
         self.sender.send(&self.peer, header, payload, priority);
     }
+}
+
+/// A result frame's kind and flags (non-finite or not).
+fn result(non_finite: bool) -> (FrameKind, FrameFlags) {
+    let flags = FrameFlags {
+        non_finite,
+        ..FrameFlags::default()
+    };
+    (FrameKind::Result, flags)
+}
+
+/// An abort frame's kind and flags.
+fn abort() -> (FrameKind, FrameFlags) {
+    (FrameKind::Abort, FrameFlags::default())
 }
 
 /// State shared by every task of a running server.
@@ -160,8 +180,14 @@ impl Shared {
             match action {
                 Action::SendResult { round, payload } => {
                     for rank in 0..self.num_workers {
-                        let frame = (FrameKind::Result, key, round, payload.clone());
+                        let frame = (result(false), key, round, payload.clone());
                         self.send_to_rank(rank, frame, priority);
+                    }
+                }
+                Action::SendNonFinite { round } => {
+                    debug!(key, round, "non-finite sum");
+                    for rank in 0..self.num_workers {
+                        self.send_to_rank(rank, (result(true), key, round, Bytes::new()), priority);
                     }
                 }
                 Action::SendAbort {
@@ -172,7 +198,7 @@ impl Shared {
                     debug!(key, round, ?ranks, "abort: {message}");
                     let payload = Bytes::from(message);
                     for rank in ranks {
-                        let frame = (FrameKind::Abort, key, round, payload.clone());
+                        let frame = (abort(), key, round, payload.clone());
                         self.send_to_rank(rank, frame, ABORT_PRIORITY);
                     }
                 }
@@ -187,7 +213,7 @@ impl Shared {
                 rank,
                 key = frame.1,
                 round = frame.2,
-                kind = ?frame.0,
+                kind = ?frame.0 .0,
                 "worker not connected; frame dropped"
             ),
         }
@@ -427,7 +453,7 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
         );
         warn!(key, round, "{why}");
         if header.kind != FrameKind::Hello {
-            let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+            let frame = (abort(), key, round, Bytes::from(why));
             w.send(rank, frame, ABORT_PRIORITY);
         }
         return;
@@ -441,7 +467,7 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             bad.as_deref().map(|b| format!("; also: {b}")).unwrap_or_default()
         );
         warn!("{why}");
-        let frame = (FrameKind::Abort, key, round, Bytes::from(why));
+        let frame = (abort(), key, round, Bytes::from(why));
         w.send(rank, frame, ABORT_PRIORITY);
         return;
     };
@@ -456,7 +482,7 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             );
             k.reject(rank, round, &why)
         } else {
-            k.push(rank, round, header.op, header.aux, payload)
+            k.push_flagged(rank, round, header.op, header.aux, header.flags, payload)
         };
         (k.info().priority, actions)
     };

@@ -16,6 +16,14 @@
 //!   result is bit-identical whatever order pushes arrive in. When all ranks are in, the sum is
 //!   encoded once and the same payload goes to every worker ([`Action::SendResult`]); the
 //!   round's memory is freed and the key moves to the next round.
+//! * A **non-finite** push (flagged, empty: the worker's chunk held inf or NaN, see
+//!   `pushpull_proto::protocol`'s module docs) makes its sum round non-finite: nothing more is
+//!   decoded, and when every rank is in the round completes with
+//!   [`Action::SendNonFinite`], the key's codec untouched. So does a sum whose encoding fails
+//!   because it is not finite or overflows.
+//! * A push flagged **undo previous** (every push of its round must agree) undoes the key's
+//!   codec state change of its previous sum round ([`Compressor::undo`]) when the round opens:
+//!   its workers discarded that round (their optimizer skipped the step).
 //! * **Broadcast** rounds (`aux` = root rank): non-root ranks push an empty payload, the root
 //!   pushes the encoded chunk (checked by decoding it once); the result is the root's payload,
 //!   unchanged.
@@ -53,7 +61,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use pushpull_kernels::{fp32_codec, Compressor, RoundCtx};
 use pushpull_proto::pool::BufPool;
-use pushpull_proto::protocol::ReduceOp;
+use pushpull_proto::protocol::{FrameFlags, ReduceOp};
 
 /// How many aborted rounds (or skipped ranges of rounds) a key remembers, so that late pushes
 /// for them are answered with the same abort.
@@ -105,6 +113,12 @@ pub enum Action {
         /// The encoded sum (or the broadcast root's payload).
         payload: Bytes,
     },
+    /// Send an empty `Result` frame for `round` flagged non-finite to every worker rank: a
+    /// push or the sum was not finite (see the module docs).
+    SendNonFinite {
+        /// The completed round.
+        round: u64,
+    },
     /// Send an `Abort` frame for `round` whose payload is `message` (UTF-8) to each of `ranks`.
     SendAbort {
         /// The aborted round.
@@ -130,8 +144,13 @@ struct OpenRound {
     /// Payloads of ranks that arrived before their turn (Sum), or the root's payload
     /// (Broadcast, at index `aux`).
     held: Vec<Option<Bytes>>,
-    /// Sum: ranks `0..next_rank` are in the key's accumulator.
+    /// Sum: ranks `0..next_rank` are in the key's accumulator (or, once `non_finite`,
+    /// counted without decoding).
     next_rank: u32,
+    /// Flags of the round's first push (`undo_previous` every push must share) and whether
+    /// any push was non-finite.
+    undo_previous: bool,
+    non_finite: bool,
 }
 
 /// A remembered abort: rounds `first..=last` and the message they are answered with.
@@ -162,6 +181,8 @@ pub struct KeyRounds {
     failed: Option<String>,
     /// Set once a worker left: every push except to the open round is answered with this.
     departed: Option<String>,
+    /// The last sum round that completed: what a push flagged undo-previous undoes.
+    last_sum: Option<u64>,
 }
 
 impl fmt::Debug for KeyRounds {
@@ -189,6 +210,7 @@ impl KeyRounds {
             aborted: VecDeque::new(),
             failed: None,
             departed: None,
+            last_sum: None,
         }
     }
 
@@ -338,6 +360,20 @@ impl KeyRounds {
         aux: u32,
         payload: Bytes,
     ) -> Vec<Action> {
+        self.push_flagged(rank, round, op, aux, FrameFlags::default(), payload)
+    }
+
+    /// [`KeyRounds::push`] of a frame with `flags` (non-finite, undo previous; the frame
+    /// header's decoder checked that they fit the frame).
+    pub fn push_flagged(
+        &mut self,
+        rank: u32,
+        round: u64,
+        op: ReduceOp,
+        aux: u32,
+        flags: FrameFlags,
+        payload: Bytes,
+    ) -> Vec<Action> {
         let mut out = Vec::new();
         let w = self.info.num_workers;
         if let Some(a) = self.answer_without_round(rank, round) {
@@ -367,7 +403,7 @@ impl KeyRounds {
             self.reject_into(rank, round, &what, &mut out);
             return out;
         }
-        if let Err((bad_rank, what)) = self.accept(rank, op, aux, payload) {
+        if let Err((bad_rank, what)) = self.accept(rank, op, aux, flags, payload) {
             self.reject_into(bad_rank, self.current, &what, &mut out);
             return out;
         }
@@ -408,10 +444,23 @@ impl KeyRounds {
         rank: u32,
         op: ReduceOp,
         aux: u32,
+        flags: FrameFlags,
         payload: Bytes,
     ) -> Result<(), Rejection> {
         let w = self.info.num_workers;
         if let Some(o) = &self.open {
+            if o.undo_previous != flags.undo_previous {
+                let says = |undo: bool| if undo { "undoes" } else { "keeps" };
+                return Err((
+                    rank,
+                    format!(
+                        "it {} the previous round but rank {} {} it",
+                        says(flags.undo_previous),
+                        o.first_rank,
+                        says(o.undo_previous)
+                    ),
+                ));
+            }
             if o.op != op || o.aux != aux {
                 return Err((
                     rank,
@@ -474,6 +523,11 @@ impl KeyRounds {
                 }
             }
         }
+        if self.open.is_none() && flags.undo_previous {
+            if let Some(previous) = self.last_sum {
+                self.codec.undo(previous);
+            }
+        }
         let o = self.open.get_or_insert_with(|| OpenRound {
             op,
             aux,
@@ -482,9 +536,12 @@ impl KeyRounds {
             count: 0,
             held: vec![None; w as usize],
             next_rank: 0,
+            undo_previous: flags.undo_previous,
+            non_finite: false,
         });
         o.received[rank as usize] = true;
         o.count += 1;
+        o.non_finite |= flags.non_finite;
         o.held[rank as usize] = Some(payload);
         if op == ReduceOp::Sum {
             self.sum_prefix()?;
@@ -504,6 +561,11 @@ impl KeyRounds {
             let Some(payload) = o.held[r].take() else {
                 break;
             };
+            if o.non_finite {
+                // The round's sum is not finite whatever the others pushed.
+                o.next_rank += 1;
+                continue;
+            }
             let res = if r == 0 {
                 // Every element is overwritten by the decode: no need to zero.
                 self.acc.resize(len, 0.0);
@@ -536,8 +598,15 @@ impl KeyRounds {
         };
         let payload = match o.op {
             ReduceOp::Broadcast => o.held[o.aux as usize].take().unwrap_or_default(),
+            ReduceOp::Sum if o.non_finite => {
+                self.last_sum = Some(round);
+                self.current = self.current.wrapping_add(1);
+                out.push(Action::SendNonFinite { round });
+                return;
+            }
             ReduceOp::Sum => {
                 debug_assert_eq!(o.next_rank, w);
+                self.last_sum = Some(round);
                 // Sum pushes carry the round's learning rate (f32 bits; 0 = none set),
                 // which corrected error feedback on the sum needs.
                 let ctx = RoundCtx {
@@ -546,11 +615,17 @@ impl KeyRounds {
                 };
                 let mut bytes = self.pool.take();
                 if let Err(e) = self.codec.compress(&self.acc, &ctx, &mut bytes) {
+                    self.pool.give_back(bytes);
+                    if e.is_non_finite() {
+                        // Finite pushes whose sum overflows: as if one was not finite.
+                        self.current = self.current.wrapping_add(1);
+                        out.push(Action::SendNonFinite { round });
+                        return;
+                    }
                     let message = format!(
                         "{}: encoding the sum failed: {e}; the round is aborted for every worker",
                         self.context(round)
                     );
-                    self.pool.give_back(bytes);
                     self.abort_current(message, out);
                     return;
                 }

@@ -13,7 +13,7 @@ use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStre
 use pushpull_proto::config::ParamMap;
 use pushpull_proto::placement::Placer;
 use pushpull_proto::protocol::{
-    ClusterMap, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
+    ClusterMap, FrameFlags, FrameHeader, FrameKind, FromScheduler, NodeName, NodeRole, ReduceOp,
     TensorPlacement, ToScheduler,
 };
 use pushpull_proto::Config;
@@ -168,6 +168,7 @@ impl FakeWorker {
         let hello = FrameHeader {
             kind: FrameKind::Hello,
             op: ReduceOp::Sum,
+            flags: FrameFlags::default(),
             rank,
             aux: 0,
             key: 0,
@@ -201,6 +202,7 @@ impl FakeWorker {
         let h = FrameHeader {
             kind: FrameKind::Push,
             op,
+            flags: FrameFlags::default(),
             rank: self.rank,
             aux,
             key,
@@ -440,6 +442,7 @@ async fn sums_aborts_and_clean_shutdown() {
     let h = FrameHeader {
         kind: FrameKind::Push,
         op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
         rank: 0,
         aux: 0,
         key: bk,
@@ -502,6 +505,7 @@ async fn opposite_key_orders_beyond_stream_limits_never_deadlock() {
             let h = FrameHeader {
                 kind: FrameKind::Push,
                 op: ReduceOp::Sum,
+                flags: FrameFlags::default(),
                 rank,
                 aux: 0,
                 key,
@@ -707,6 +711,7 @@ async fn throughput_baseline_bare_quinn() {
         let h = FrameHeader {
             kind: FrameKind::Push,
             op: ReduceOp::Sum,
+            flags: FrameFlags::default(),
             rank: 0,
             aux: 0,
             key: i,

@@ -618,3 +618,154 @@ fn an_encode_failure_aborts_the_round() {
     );
     assert_eq!(k.current_round(), 1);
 }
+
+/// Non-finite rounds (mixed precision): a non-finite push, or finite pushes whose sum
+/// overflows, complete with `SendNonFinite` whatever the arrival order, leaving the key's
+/// error-feedback state as it was; a round flagged undo-previous undoes the previous sum
+/// round's state change first. Checked against a plain chain driven by hand.
+#[test]
+fn non_finite_rounds_and_undo_leave_the_codec_as_a_plain_chain_says() {
+    use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, Node};
+    let s = seed();
+    let mut rng = Rng(s);
+    let (w, len) = (3usize, 37usize);
+    let params: std::collections::BTreeMap<String, String> =
+        [("compressor", "topk"), ("k", "0.5"), ("ef", "vanilla")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let chain = |node| {
+        chunk_codec(&ChunkInfo {
+            params: &params,
+            tensor_len: len as u64,
+            chunk_len: len as u64,
+            full_chunk_len: len as u64,
+            key: 77,
+            job_seed: 5,
+            node,
+            min_compress_bytes: 0,
+        })
+        .unwrap()
+    };
+    let info = KeyInfo {
+        tensor: "t".into(),
+        chunk: 0,
+        key: 77,
+        len,
+        num_workers: w as u32,
+        priority: 0,
+    };
+    let mut k = KeyRounds::new(info, chain(Node::Server { id: 0 }));
+    let mut plain = chain(Node::Server { id: 0 });
+    let mut workers: Vec<_> = (0..w as u32)
+        .map(|rank| chain(Node::Worker { rank }))
+        .collect();
+    let flags = |non_finite, undo_previous| FrameFlags {
+        non_finite,
+        undo_previous,
+    };
+    // One round: rank `bad` (if any) pushes non-finite; every push carries `undo`. Returns
+    // the actions of the last push.
+    let mut round_of = |k: &mut KeyRounds,
+                        workers: &mut [Box<dyn Compressor>],
+                        round: u64,
+                        scale: f32,
+                        bad: Option<usize>,
+                        undo| {
+        let ctx = RoundCtx::new(round);
+        let mut order: Vec<usize> = (0..w).collect();
+        for i in (1..w).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        let mut pushes = vec![Bytes::new(); w];
+        for r in 0..w {
+            // Huge scales push the same value everywhere: finite, but where two ranks pick
+            // the same index (18 of 37 each: some do) their sum is not.
+            let x: Vec<f32> = (0..len)
+                .map(|_| {
+                    if scale > 1e30 {
+                        scale
+                    } else {
+                        rng.f32() * scale
+                    }
+                })
+                .collect();
+            let mut out = Vec::new();
+            workers[r].compress(&x, &ctx, &mut out).unwrap();
+            pushes[r] = Bytes::from(out);
+        }
+        let mut acts = Vec::new();
+        for (i, &r) in order.iter().enumerate() {
+            let nf = bad == Some(r);
+            let payload = if nf { Bytes::new() } else { pushes[r].clone() };
+            acts = k.push_flagged(r as u32, round, ReduceOp::Sum, 0, flags(nf, undo), payload);
+            assert!(i + 1 == w || acts.is_empty(), "seed {s}: early {acts:?}");
+        }
+        (pushes, acts)
+    };
+    // The plain chain's result for pushes: the rank-order sum, compressed.
+    let sum_of = |pushes: &[Bytes], round: u64, plain: &mut Box<dyn Compressor>| {
+        let ctx = RoundCtx::new(round);
+        let mut acc = vec![0.0f32; len];
+        plain.decompress(&pushes[0], &ctx, &mut acc).unwrap();
+        for p in &pushes[1..] {
+            plain.decompress_add(p, &ctx, &mut acc).unwrap();
+        }
+        let mut out = Vec::new();
+        plain.compress(&acc, &ctx, &mut out).map(|()| out)
+    };
+    let result = |acts: &[Action]| match acts {
+        [Action::SendResult { payload, .. }] => payload.to_vec(),
+        other => panic!("seed {s}: expected a result, got {other:?}"),
+    };
+    let non_finite = |acts: &[Action], round: u64| {
+        assert_eq!(acts, [Action::SendNonFinite { round }], "seed {s}");
+    };
+    // Round 0 finite; round 1 has a non-finite push; round 2 matches a chain that never saw
+    // round 1.
+    let (p, a) = round_of(&mut k, &mut workers, 0, 1.0, None, false);
+    assert_eq!(result(&a), sum_of(&p, 0, &mut plain).unwrap());
+    let bad = (s % w as u64) as usize;
+    let (_, a) = round_of(&mut k, &mut workers, 1, 1.0, Some(bad), false);
+    non_finite(&a, 1);
+    // As a worker does on a non-finite result.
+    workers.iter_mut().for_each(|c| c.undo(1));
+    let (p, a) = round_of(&mut k, &mut workers, 2, 1.0, None, false);
+    assert_eq!(result(&a), sum_of(&p, 2, &mut plain).unwrap());
+    // Round 3: finite pushes whose sum overflows f32 (the plain chain refuses it too).
+    let (p, a) = round_of(&mut k, &mut workers, 3, 2e38, None, false);
+    non_finite(&a, 3);
+    workers.iter_mut().for_each(|c| c.undo(3));
+    assert!(sum_of(&p, 3, &mut plain).unwrap_err().is_non_finite());
+    // Round 4 finite, then round 5 undoes it: the chain undoes round 4 too.
+    let (p, a) = round_of(&mut k, &mut workers, 4, 1.0, None, false);
+    assert_eq!(result(&a), sum_of(&p, 4, &mut plain).unwrap());
+    plain.undo(4);
+    workers.iter_mut().for_each(|c| c.undo(4));
+    let (p, a) = round_of(&mut k, &mut workers, 5, 1.0, None, true);
+    assert_eq!(result(&a), sum_of(&p, 5, &mut plain).unwrap());
+    // Pushes that disagree on undoing abort the round, naming the rank.
+    let mut payload = {
+        let mut r = 0;
+        move || {
+            let mut out = Vec::new();
+            workers[r]
+                .compress(&vec![1.0; len], &RoundCtx::new(6), &mut out)
+                .unwrap();
+            r += 2;
+            Bytes::from(out)
+        }
+    };
+    assert!(k
+        .push_flagged(0, 6, ReduceOp::Sum, 0, flags(false, true), payload())
+        .is_empty());
+    let msg = expect_abort(
+        &k.push_flagged(2, 6, ReduceOp::Sum, 0, flags(false, false), payload()),
+        6,
+        &[0, 1, 2],
+    );
+    assert!(
+        msg.contains("rank 2") && msg.contains("keeps the previous round but rank 0 undoes"),
+        "{msg}"
+    );
+}
