@@ -142,6 +142,12 @@ impl BlockingWorker {
             .map(drop)
     }
 
+    /// Blocking [`Worker::discard_last_round`].
+    pub fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
+        self.runtime
+            .block_on(self.worker().discard_last_round(tensors))
+    }
+
     /// Blocking [`Worker::barrier`].
     pub fn barrier(&self) -> Result<(), WorkerError> {
         self.runtime.block_on(self.worker().barrier())

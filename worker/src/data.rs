@@ -49,6 +49,16 @@ pub(crate) struct Launch<'a> {
     pub(crate) batches: &'a Batches,
 }
 
+/// What encoding a chunk gave: its payload, or the news that it is not finite.
+pub(crate) enum Encoded {
+    /// The chunk's payload.
+    Payload(Bytes),
+    /// The chunk holds inf or NaN, or its compression overflows f32 (the kernels' message):
+    /// the worker pushes it flagged non-finite, its compressor state unchanged (see
+    /// `pushpull_proto::protocol`'s module docs).
+    NonFinite(String),
+}
+
 /// The caller's buffer during one round (see the module docs).
 pub(crate) trait RoundData: Send + 'static {
     /// Elements.
@@ -83,7 +93,8 @@ pub(crate) trait RoundData: Send + 'static {
     }
 
     /// Encodes chunk `index` of this worker's data: the payload to push, in a buffer of
-    /// `pool` (or of the data's own pool).
+    /// `pool` (or of the data's own pool), or [`Encoded::NonFinite`] for a sum's chunk that
+    /// is not finite.
     fn encode(
         &mut self,
         tensor: &TensorInner,
@@ -92,7 +103,7 @@ pub(crate) trait RoundData: Send + 'static {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Bytes, String>;
+    ) -> Result<Encoded, String>;
 
     /// Decodes chunk `index`'s result into the buffer (and divides by `num_workers` for an
     /// average).
@@ -105,6 +116,15 @@ pub(crate) trait RoundData: Send + 'static {
         num_workers: u32,
         payload: &[u8],
     ) -> Result<(), String>;
+
+    /// Chunk `index`'s sum in `round` was not finite: undoes this worker's round of the
+    /// chunk (if it committed one) and fills the chunk of the buffer with NaN.
+    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String>;
+
+    /// Undoes `round` of every chunk of the tensor (a discarded round: see
+    /// [`crate::Worker::discard_last_round`]), wherever the tensor's state lives; called
+    /// after [`RoundData::begin`] of the next push_pull round, before anything is launched.
+    fn undo(&mut self, tensor: &TensorInner, round: u64);
 
     /// Called after the round, whatever its outcome: gives back what `begin` took, and
     /// finishes the decoding. What it returns, if anything, resolves once the results are in
@@ -142,7 +162,8 @@ pub(crate) fn check_home(
 }
 
 /// Encodes `slice` (chunk `index`) on the host into a buffer of `pool`: the tensor's CPU
-/// codec, or raw fp32 for a broadcast.
+/// codec, or raw fp32 for a broadcast. A sum's chunk that is not finite is
+/// [`Encoded::NonFinite`].
 pub(crate) fn encode_host(
     tensor: &TensorInner,
     index: usize,
@@ -151,7 +172,7 @@ pub(crate) fn encode_host(
     kind: RoundKind,
     lr: Option<f32>,
     pool: &Arc<BufPool>,
-) -> Result<Bytes, String> {
+) -> Result<Encoded, String> {
     let ctx = CodecRound {
         lr,
         ..CodecRound::new(round)
@@ -164,11 +185,21 @@ pub(crate) fn encode_host(
         RoundKind::Sum { .. } => tensor.codec(index).compress(slice, &ctx, &mut out),
     };
     match encoded {
-        Ok(()) => Ok(pool.freeze(out)),
+        Ok(()) => Ok(Encoded::Payload(pool.freeze(out))),
         Err(e) => {
             pool.give_back(out);
-            Err(e.to_string())
+            match kind {
+                RoundKind::Sum { .. } if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
+                _ => Err(e.to_string()),
+            }
         }
+    }
+}
+
+/// Undoes `round` of every chunk's CPU codec (see [`RoundData::undo`]).
+pub(crate) fn undo_host(tensor: &TensorInner, round: u64) {
+    for index in 0..tensor.codecs.len() {
+        tensor.codec(index).undo(round);
     }
 }
 
@@ -264,9 +295,19 @@ impl<H: HostBuffers> RoundData for H {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Bytes, String> {
+    ) -> Result<Encoded, String> {
         let slice = &self.input()[tensor.ranges[index].clone()];
         encode_host(tensor, index, slice, round, kind, lr, pool)
+    }
+
+    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
+        tensor.codec(index).undo(round);
+        self.output()[tensor.ranges[index].clone()].fill(f32::NAN);
+        Ok(())
+    }
+
+    fn undo(&mut self, tensor: &TensorInner, round: u64) {
+        undo_host(tensor, round);
     }
 
     fn decode(

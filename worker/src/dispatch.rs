@@ -26,6 +26,8 @@ pub(crate) const MAX_EARLY: usize = 1 << 16;
 pub(crate) enum Outcome {
     /// The aggregated, encoded chunk.
     Result(Bytes),
+    /// The sum was not finite (some worker's chunk, or the sum, held inf or NaN).
+    NonFinite,
     /// The round was aborted; the server's message.
     Abort(String),
 }

@@ -7,7 +7,10 @@
 //! codec), the "server" decompresses rank 0's payload into zeros and adds ranks 1, 2, … in
 //! order, compresses the sum with its own chain (server role), and every rank decompresses
 //! that payload with its own chain (then divides by the number of workers for
-//! [`Reduce::Average`]). Chunking, keys, parameter maps (config defaults overlaid with the
+//! [`Reduce::Average`]). A chunk that some rank's chain refuses as not finite, or whose sum the
+//! server's chain refuses so, comes back as NaN to every rank, every chain's round of it
+//! undone, as a cluster's non-finite rounds do; [`Reference::discard_last_round`] undoes a
+//! tensor's last round everywhere. Chunking, keys, parameter maps (config defaults overlaid with the
 //! declared map) and the `min_compress_bytes` rule are the cluster's own
 //! ([`pushpull_proto::placement`], [`pushpull_kernels::chunk::chunk_codec`]); nothing else is
 //! shared with the worker's data path.
@@ -33,6 +36,8 @@ struct RefState {
     /// `[chunk]`.
     servers: Vec<Box<dyn Compressor>>,
     round: u64,
+    /// The last push_pull round.
+    last_sum: Option<u64>,
 }
 
 /// Every worker and server of a job in one process (see the module docs).
@@ -94,6 +99,7 @@ impl Reference {
             workers,
             servers,
             round: 0,
+            last_sum: None,
         });
         Ok(RefTensor(self.tensors.len() - 1))
     }
@@ -104,6 +110,17 @@ impl Reference {
     /// matches its reference only if the reference counts the broadcast too.
     pub fn broadcast(&mut self, t: RefTensor) {
         self.tensors[t.0].round += 1;
+    }
+
+    /// Discards `t`'s last push_pull round ([`crate::Worker::discard_last_round`] on every
+    /// worker): every chain, workers' and servers', undoes it.
+    pub fn discard_last_round(&mut self, t: RefTensor) {
+        let state = &mut self.tensors[t.0];
+        let Some(round) = state.last_sum else { return };
+        let chains = state.workers.iter_mut().flatten();
+        for chain in chains.chain(&mut state.servers) {
+            chain.undo(round);
+        }
     }
 
     /// Sets the learning rate of the next rounds (see [`crate::Worker::set_learning_rate`]).
@@ -120,8 +137,8 @@ impl Reference {
     ///
     /// # Errors
     /// A wrong number of inputs or a wrong length, or the kernels' message when a chain
-    /// refuses the data (e.g. non-finite input); the tensor's round counter still advances,
-    /// as in a cluster.
+    /// refuses the data for another reason than its not being finite; the tensor's round
+    /// counter still advances, as in a cluster.
     pub fn push_pull(
         &mut self,
         t: RefTensor,
@@ -143,6 +160,7 @@ impl Reference {
         }
         let round = state.round;
         state.round += 1;
+        state.last_sum = Some(round);
         let mut outputs = vec![vec![0.0f32; len]; w];
         let mut payload = Vec::new();
         let mut sum = Vec::new();
@@ -160,10 +178,16 @@ impl Reference {
             };
             sum.clear();
             sum.resize(range.len(), 0.0f32);
+            let mut finite = true;
             for (r, input) in inputs.iter().enumerate() {
-                state.workers[r][c]
-                    .compress(&input[range.clone()], &ctx, &mut payload)
-                    .map_err(|e| what(format!("rank {r} compress"), e))?;
+                match state.workers[r][c].compress(&input[range.clone()], &ctx, &mut payload) {
+                    Ok(()) => {}
+                    Err(e) if e.is_non_finite() => finite = false,
+                    Err(e) => return Err(what(format!("rank {r} compress"), e)),
+                }
+                if !finite {
+                    continue;
+                }
                 let server = &state.servers[c];
                 let added = if r == 0 {
                     server.decompress(&payload, &ctx, &mut sum)
@@ -172,9 +196,20 @@ impl Reference {
                 };
                 added.map_err(|e| what(format!("server decompress of rank {r}"), e))?;
             }
-            state.servers[c]
-                .compress(&sum, &ctx, &mut payload)
-                .map_err(|e| what("server compress".into(), e))?;
+            if finite {
+                match state.servers[c].compress(&sum, &ctx, &mut payload) {
+                    Ok(()) => {}
+                    Err(e) if e.is_non_finite() => finite = false,
+                    Err(e) => return Err(what("server compress".into(), e)),
+                }
+            }
+            if !finite {
+                for (r, out) in outputs.iter_mut().enumerate() {
+                    state.workers[r][c].undo(round);
+                    out[range.clone()].fill(f32::NAN);
+                }
+                continue;
+            }
             for (r, out) in outputs.iter_mut().enumerate() {
                 state.workers[r][c]
                     .decompress(&payload, &ctx, &mut out[range.clone()])

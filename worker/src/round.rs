@@ -21,10 +21,10 @@ use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pushpull_net::sender::{FrameSender, Peer, SendHold};
 use pushpull_proto::pool::BufPool;
-use pushpull_proto::protocol::{FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::NodeName;
 
-use crate::data::RoundData;
+use crate::data::{Encoded, RoundData};
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
@@ -49,6 +49,9 @@ pub(crate) struct RoundCtx {
     pub(crate) pool: Arc<BufPool>,
     /// The round's learning rate as f32 bits (0: none), pushed in the header's `aux`.
     pub(crate) learning_rate: u32,
+    /// The tensor's previous sum round, discarded and undone here (see
+    /// [`crate::Worker::discard_last_round`]): the pushes ask the servers to undo it too.
+    pub(crate) undone: Option<u64>,
 }
 
 /// What kind of round.
@@ -111,19 +114,25 @@ pub(crate) async fn run_round<R: RoundData>(
         tensor.decompress_nanos.load(Ordering::Relaxed),
     );
     let mut first_error: Option<WorkerError> = None;
+    let mut non_finite = false;
     {
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
             .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data, &queued))
             .collect();
         while let Some(result) = running.next().await {
-            if let Err(e) = result {
-                if e.is_fatal() {
-                    return Err(e);
+            match result {
+                Ok(Pulled::Sum) => {}
+                Ok(Pulled::NonFinite) => non_finite = true,
+                Err(e) if e.is_fatal() => return Err(e),
+                Err(e) => {
+                    tracing::debug!("worker {}: {e}", ctx.rank);
+                    first_error.get_or_insert(e);
                 }
-                tracing::debug!("worker {}: {e}", ctx.rank);
-                first_error.get_or_insert(e);
             }
         }
+    }
+    if non_finite {
+        tensor.rounds_non_finite.fetch_add(1, Ordering::Relaxed);
     }
     // Wait = the round's wall time minus this round's compress and decompress time (chunks
     // run as futures of this one task, so their codec work does not overlap).
@@ -184,6 +193,14 @@ impl Drop for QueuedMark<'_> {
     }
 }
 
+/// What a chunk's round pulled.
+enum Pulled {
+    /// Its sum (or the broadcast root's data), decoded into the buffer.
+    Sum,
+    /// A non-finite sum: the buffer's chunk holds NaN.
+    NonFinite,
+}
+
 /// One chunk of one round: encode, push, await the result, decode into the buffer. `data` is
 /// locked only for encoding and decoding, never across an await.
 async fn chunk_round<R: RoundData>(
@@ -194,7 +211,7 @@ async fn chunk_round<R: RoundData>(
     kind: RoundKind,
     data: &Mutex<R>,
     queued: &Queued,
-) -> Result<(), WorkerError> {
+) -> Result<Pulled, WorkerError> {
     let mark = QueuedMark(queued);
     let chunk = tensor.placement.chunks[index];
     let link = &ctx.links[chunk.server as usize];
@@ -214,8 +231,13 @@ async fn chunk_round<R: RoundData>(
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
 
     // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
-    // the round for every worker, instead of leaving the others waiting for this push.
+    // the round for every worker, instead of leaving the others waiting for this push. A
+    // chunk that is not finite is pushed flagged so, and the round's sum will be too.
     let mut encode_error = None;
+    let mut flags = FrameFlags {
+        non_finite: false,
+        undo_previous: ctx.undone.is_some() && matches!(kind, RoundKind::Sum { .. }),
+    };
     let payload = if encode {
         let t0 = std::time::Instant::now();
         let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
@@ -223,7 +245,16 @@ async fn chunk_round<R: RoundData>(
             add_nanos(&tensor.compress_nanos, t0);
         }
         match encoded {
-            Ok(payload) => payload,
+            Ok(Encoded::Payload(payload)) => payload,
+            Ok(Encoded::NonFinite(why)) => {
+                tracing::debug!(
+                    "worker {}: tensor {:?} chunk {index} round {round} is not finite: {why}",
+                    ctx.rank,
+                    tensor.placement.name
+                );
+                flags.non_finite = true;
+                Bytes::new()
+            }
             Err(e) => {
                 encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
                 Bytes::new()
@@ -240,6 +271,7 @@ async fn chunk_round<R: RoundData>(
             let header = FrameHeader {
                 kind: FrameKind::Push,
                 op,
+                flags,
                 rank: ctx.rank,
                 aux,
                 key: chunk.key,
@@ -278,8 +310,18 @@ async fn chunk_round<R: RoundData>(
             let t0 = std::time::Instant::now();
             let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
             add_nanos(&tensor.decompress_nanos, t0);
-            decoded.map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
+            decoded
+                .map(|()| Pulled::Sum)
+                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
         }
+        Outcome::NonFinite if matches!(kind, RoundKind::Sum { .. }) => lock()
+            .non_finite(tensor, index, round)
+            .map(|()| Pulled::NonFinite)
+            .map_err(|e| codec_error(format!("filling the chunk with NaN: {e}"))),
+        Outcome::NonFinite => Err(codec_error(format!(
+            "{} sent a non-finite result for a broadcast",
+            link.name
+        ))),
         Outcome::Abort(message) => Err(WorkerError::Aborted {
             op: kind.op_name(),
             name: tensor.placement.name.clone(),

@@ -404,6 +404,7 @@ impl Shared {
             return;
         };
         let outcome = match h.kind {
+            FrameKind::Result if h.rank == rank && h.flags.non_finite => Outcome::NonFinite,
             FrameKind::Result if h.rank == rank => Outcome::Result(payload),
             FrameKind::Abort => Outcome::Abort(String::from_utf8_lossy(&payload).into_owned()),
             FrameKind::Result => Outcome::Abort(format!(

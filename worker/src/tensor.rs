@@ -51,6 +51,8 @@ pub(crate) struct TensorInner {
     pub(crate) bytes_pulled: AtomicU64,
     /// Rounds (push_pull and broadcast calls) that completed without error.
     pub(crate) rounds_done: AtomicU64,
+    /// push_pull rounds whose sum was not finite in some chunk.
+    pub(crate) rounds_non_finite: AtomicU64,
     pub(crate) compress_nanos: AtomicU64,
     pub(crate) wait_nanos: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
@@ -68,6 +70,12 @@ pub(crate) struct Residence {
     pub(crate) buffer_on: Device,
     /// Device and page-locked bytes its device state holds.
     pub(crate) device_bytes: u64,
+    /// The last push_pull round started: what [`crate::Worker::discard_last_round`]
+    /// discards.
+    pub(crate) last_sum: Option<u64>,
+    /// A discarded round, undone when the next push_pull round begins (where the state is
+    /// at hand), whose pushes ask the servers to undo it too.
+    pub(crate) discarded: Option<u64>,
 }
 
 impl Residence {
@@ -78,6 +86,8 @@ impl Residence {
             compressed_on: Device::Cpu,
             buffer_on: Device::Cpu,
             device_bytes: 0,
+            last_sum: None,
+            discarded: None,
         }
     }
 
@@ -166,6 +176,7 @@ impl Tensor {
             chunks: self.num_chunks(),
             rounds: self.rounds_started(),
             rounds_done: done,
+            rounds_non_finite: self.inner.rounds_non_finite.load(Ordering::Relaxed),
             raw_bytes: done.saturating_mul(self.len()).saturating_mul(4),
             bytes_pushed: self.inner.bytes_pushed.load(Ordering::Relaxed),
             bytes_pulled: self.inner.bytes_pulled.load(Ordering::Relaxed),
@@ -205,6 +216,11 @@ pub struct TensorMetrics {
     pub rounds: u64,
     /// Rounds completed without error.
     pub rounds_done: u64,
+    /// push_pull rounds whose sum was not finite in some chunk (some worker's gradient held
+    /// inf or NaN there, or the sum overflowed): their result holds NaN in those chunks, as
+    /// an all-reduce of the gradients would hold inf or NaN, and their state change was
+    /// undone (see [`crate::Worker::discard_last_round`]).
+    pub rounds_non_finite: u64,
     /// What the completed rounds would have pushed as raw fp32: `4 · len · rounds_done`
     /// (also what they would have pulled).
     pub raw_bytes: u64,
@@ -257,6 +273,8 @@ pub struct Metrics {
     pub bytes_pulled: u64,
     /// Rounds started, all tensors.
     pub rounds: u64,
+    /// Rounds with a non-finite sum, all tensors.
+    pub rounds_non_finite: u64,
     /// Seconds compressing, all tensors.
     pub compress_seconds: f64,
     /// Seconds waiting, all tensors (rounds of different tensors may overlap, so this can
@@ -281,6 +299,7 @@ impl Metrics {
             m.bytes_pushed += tm.bytes_pushed;
             m.bytes_pulled += tm.bytes_pulled;
             m.rounds += tm.rounds;
+            m.rounds_non_finite += tm.rounds_non_finite;
             m.compress_seconds += tm.compress_seconds;
             m.wait_seconds += tm.wait_seconds;
             m.decompress_seconds += tm.decompress_seconds;

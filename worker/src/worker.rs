@@ -2,6 +2,7 @@
 //! [`join`].
 
 mod device;
+mod discard;
 mod group;
 mod join;
 
@@ -326,6 +327,7 @@ impl Worker {
                 bytes_pushed: AtomicU64::new(0),
                 bytes_pulled: AtomicU64::new(0),
                 rounds_done: AtomicU64::new(0),
+                rounds_non_finite: AtomicU64::new(0),
                 compress_nanos: AtomicU64::new(0),
                 wait_nanos: AtomicU64::new(0),
                 decompress_nanos: AtomicU64::new(0),
@@ -551,8 +553,18 @@ impl Worker {
         if let Some(e) = shared.state().fatal {
             return Err(e);
         }
-        // Holding the tensor: claim its home and take its state, before a round is used.
+        // Holding the tensor: claim its home and take its state, before a round is used; undo
+        // a discarded round there, before anything is launched (again, should a round that
+        // was prepared not run: undoing twice does nothing). It stays discarded until a round
+        // carries the news to the servers.
         data.begin(&tensor.inner, kind)?;
+        let undone = match kind {
+            RoundKind::Sum { .. } => tensor.inner.residence().discarded,
+            RoundKind::Broadcast { .. } => None,
+        };
+        if let Some(round) = undone {
+            data.undo(&tensor.inner, round);
+        }
         let ctx = RoundCtx {
             shared: shared.clone(),
             links: self.inner.links.clone(),
@@ -561,6 +573,7 @@ impl Worker {
             num_workers: self.num_workers(),
             pool: self.inner.pool.clone(),
             learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
+            undone,
         };
         Ok(Prepared {
             ctx,
@@ -697,6 +710,12 @@ impl<R: RoundData> Prepared<R> {
             let round = *next_round;
             *next_round += 1;
             t.rounds_started.store(*next_round, Ordering::Relaxed);
+            if let RoundKind::Sum { .. } = kind {
+                let mut res = t.residence();
+                res.last_sum = Some(round);
+                // This round's pushes tell the servers.
+                res.discarded = None;
+            }
             let data = std::sync::Mutex::new(data);
             let mut result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
             let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());

@@ -26,7 +26,11 @@ async fn run_cluster(seed: u64, into: bool) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u6
     assert!(tensors[i][0].num_chunks() > by_partition);
     let mut out = Vec::new();
     for round in 0..ROUNDS {
-        for w in &s.workers {
+        for (r, w) in s.workers.iter().enumerate() {
+            if round > 0 && discarded(round - 1) {
+                let mine: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
+                w.discard_last_round(&mine).await.unwrap();
+            }
             w.set_learning_rate(lr(round));
         }
         // Every tensor of every worker at once: the rounds interleave on the wire.
@@ -34,7 +38,7 @@ async fn run_cluster(seed: u64, into: bool) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u6
         for (i, (_, len, _, reduce)) in set.iter().enumerate() {
             for (r, w) in s.workers.iter().enumerate() {
                 let (w, t, reduce) = (w.clone(), tensors[i][r].clone(), *reduce);
-                let buf = input(seed, round, r as u32, i, *len as usize);
+                let buf = step_input(seed, round, r as u32, i, *len as usize);
                 if into && (r as u64 + round) % 2 == 1 {
                     let output = vec![f32::NAN; buf.len()];
                     calls.push(tokio::spawn(async move {

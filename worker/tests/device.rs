@@ -106,13 +106,17 @@ async fn run_mixed<D: Device>(
     let dev = |r: usize| on_device.contains(&r).then_some(&device);
     let mut out = Vec::new();
     for round in 0..ROUNDS {
-        for w in &s.workers {
+        for (r, w) in s.workers.iter().enumerate() {
+            if round > 0 && discarded(round - 1) {
+                let mine: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
+                w.discard_last_round(&mine).await.unwrap();
+            }
             w.set_learning_rate(lr(round));
         }
         if grouped {
             let rounds = s.workers.iter().enumerate().map(|(r, w)| {
                 let xs = (0..set.len())
-                    .map(|i| input(seed, round, r as u32, i, set[i].1 as usize))
+                    .map(|i| step_input(seed, round, r as u32, i, set[i].1 as usize))
                     .collect();
                 let ts: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
                 let set = &set;
@@ -129,7 +133,7 @@ async fn run_mixed<D: Device>(
         let mut per_tensor = Vec::new();
         for (i, (_, len, _, reduce)) in set.iter().enumerate() {
             let calls = s.workers.iter().enumerate().map(|(r, w)| {
-                let x = input(seed, round, r as u32, i, *len as usize);
+                let x = step_input(seed, round, r as u32, i, *len as usize);
                 call(w, &tensors[i][r], dev(r), x, *reduce)
             });
             let ranks: Vec<Vec<f32>> = futures_util::future::join_all(calls)
@@ -184,11 +188,16 @@ fn check_against_reference(
     }
     // Where each tensor was compressed: top-k has no device kernel (the CPU fallback); the
     // others ran on the device, the small raw tensor included.
-    for ((name, ..), m) in tensor_set().iter().zip(metrics) {
+    for (i, ((name, ..), m)) in tensor_set().iter().zip(metrics).enumerate() {
         let want = if *name == "topk" { Place::Cpu } else { place };
         assert_eq!(m.device, want, "{name}: compressed on");
         assert_eq!(m.buffer_device, place, "{name}: buffer on");
         assert_eq!(m.rounds_done, ROUNDS + 1, "{name}: rounds");
+        assert_eq!(
+            m.rounds_non_finite,
+            non_finite_rounds(i),
+            "{name}: non-finite rounds"
+        );
     }
 }
 

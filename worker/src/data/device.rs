@@ -11,13 +11,14 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use pushpull_kernels::chunk::{ChunkInfo, Node};
 use pushpull_kernels::cuda::Device as Place;
 use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started};
 use pushpull_proto::pool::BufPool;
 
-use super::{check_home, decode_host, encode_host, Launch, RoundData, Settling, Starting};
+use super::{
+    check_home, decode_host, encode_host, undo_host, Encoded, Launch, RoundData, Settling, Starting,
+};
 use crate::error::WorkerError;
 use crate::round::RoundKind;
 use crate::tensor::TensorInner;
@@ -357,17 +358,18 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Bytes, String> {
+    ) -> Result<Encoded, String> {
         if let RoundKind::Sum { .. } = kind {
             match &self.launched {
                 Launched::Failed(e) => return Err(e.clone()),
                 Launched::Yes { run, part } => {
                     let (run, part) = (run.clone(), *part);
                     let chains = self.chains().ok_or("no device chains")?;
-                    return run
-                        .started
-                        .finish(part, chains, index)
-                        .map_err(|e| e.to_string());
+                    return match run.started.finish(part, chains, index) {
+                        Ok(payload) => Ok(Encoded::Payload(payload)),
+                        Err(e) if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
+                        Err(e) => Err(e.to_string()),
+                    };
                 }
                 // Chains that were not launched would fall behind the other workers' state.
                 Launched::No if self.state.as_ref().is_some_and(|s| s.chains.is_some()) => {
@@ -403,6 +405,26 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         self.host = host;
         res?;
         self.unstage(tensor, index)
+    }
+
+    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
+        if let Launched::Yes { run, part } = &self.launched {
+            let (run, part) = (run.clone(), *part);
+            let chains = self.chains().ok_or("no device chains")?;
+            run.started.receive_non_finite(part, chains, index);
+            return Ok(());
+        }
+        tensor.codec(index).undo(round);
+        self.host.clear();
+        self.host.resize(tensor.ranges[index].len(), f32::NAN);
+        self.unstage(tensor, index)
+    }
+
+    fn undo(&mut self, tensor: &TensorInner, round: u64) {
+        match self.chains() {
+            Some(chains) => chains.undo(round),
+            None => undo_host(tensor, round),
+        }
     }
 
     fn end(&mut self, tensor: &TensorInner) -> Option<Settling> {

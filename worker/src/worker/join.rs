@@ -15,7 +15,7 @@ use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{send_frame, Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
-use pushpull_proto::protocol::{max_payload_len, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::protocol::{max_payload_len, FrameFlags, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::sendq::Flow;
 use pushpull_proto::session::Registration;
 use pushpull_proto::{Config, NodeName, NodeRole};
@@ -220,6 +220,7 @@ impl Worker {
                 let hello = FrameHeader {
                     kind: FrameKind::Hello,
                     op: ReduceOp::Sum,
+                    flags: FrameFlags::default(),
                     rank,
                     aux: 0,
                     key: 0,

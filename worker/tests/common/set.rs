@@ -1,8 +1,9 @@
 //! The tensor set of the compressed-reproducibility tests (`compressed.rs` with host buffers,
 //! `device.rs` with device buffers): several compressors (stochastic ones included), error
 //! feedback of both kinds, momentum, a tensor below `min_compress_bytes`, tensors spanning
-//! several chunks with a shorter last one; their seeded inputs, the learning-rate schedule, and
-//! the single-process [`Reference`] run of the set.
+//! several chunks with a shorter last one; their seeded inputs (with mixed precision's
+//! overflows now and then, and their steps discarded), the learning-rate schedule, and the
+//! single-process [`Reference`] run of the set.
 
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{ParamMap, Reduce};
@@ -107,6 +108,37 @@ pub fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: usize) -> Vec
     )
 }
 
+/// Mixed precision in the set's runs: `(round, rank, tensor, value)`, an input holding a
+/// non-finite value (as a loss scaler's overflow does): onebit with momentum (a device kernel),
+/// top-k (the CPU fallback on a device), minmax with corrected error feedback. Their rounds are
+/// discarded on every worker afterwards, every tensor, as a skipped optimizer step is.
+const POISONED: &[(u64, u32, usize, f32)] = &[
+    (3, 1, 0, f32::INFINITY),
+    (3, 2, 1, f32::NAN),
+    (6, 0, 4, f32::NEG_INFINITY),
+];
+
+/// [`input`], with [`POISONED`]'s non-finite values.
+pub fn step_input(seed: u64, round: u64, rank: u32, tensor: usize, len: usize) -> Vec<f32> {
+    let mut x = input(seed, round, rank, tensor, len);
+    for &(r, k, t, v) in POISONED {
+        if (r, k, t) == (round, rank, tensor) && len > 0 {
+            x[(seed ^ round) as usize % len] = v;
+        }
+    }
+    x
+}
+
+/// Whether `round`'s step is discarded ([`POISONED`]).
+pub fn discarded(round: u64) -> bool {
+    POISONED.iter().any(|p| p.0 == round)
+}
+
+/// How many rounds of tensor `tensor` have a non-finite sum.
+pub fn non_finite_rounds(tensor: usize) -> u64 {
+    POISONED.iter().filter(|p| p.2 == tensor).count() as u64
+}
+
 pub fn lr(round: u64) -> f32 {
     0.1 * 0.8f32.powi(round as i32)
 }
@@ -123,11 +155,16 @@ pub fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
         .collect();
     let mut out = Vec::new();
     for round in 0..ROUNDS {
+        if round > 0 && discarded(round - 1) {
+            handles
+                .iter()
+                .for_each(|&h| reference.discard_last_round(h));
+        }
         reference.set_learning_rate(lr(round));
         let mut per_tensor = Vec::new();
         for (i, (_, len, _, reduce)) in set.iter().enumerate() {
             let inputs: Vec<Vec<f32>> = (0..WORKERS)
-                .map(|r| input(seed, round, r, i, *len as usize))
+                .map(|r| step_input(seed, round, r, i, *len as usize))
                 .collect();
             per_tensor.push(reference.push_pull(handles[i], &inputs, *reduce).unwrap());
         }

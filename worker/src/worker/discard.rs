@@ -1,0 +1,43 @@
+//! [`Worker::discard_last_round`]: mixed precision's skipped steps.
+//!
+//! With a loss scaler (`torch.amp.GradScaler`), a step whose gradients hold inf or NaN is
+//! skipped and the scale lowered. Through pushpull, a chunk that is not finite on any worker
+//! makes that chunk's sum non-finite on every worker (NaN in the result, so every worker's
+//! scaler skips the same step, as after an all-reduce) and leaves the chunk's compressor state
+//! as it was everywhere (see `pushpull_proto::protocol`'s module docs). The step's other
+//! chunks and tensors had finite sums, and their error feedback and momentum took in
+//! gradients that were never applied; discarding the step's rounds undoes that too.
+
+use super::Worker;
+use crate::error::WorkerError;
+use crate::tensor::Tensor;
+
+impl Worker {
+    /// Discards the last push_pull round of each of `tensors`: their compressor state (error
+    /// feedback's residual, momentum, the previous learning rate), on this worker and on the
+    /// servers, returns to what it was before that round, as if the round had never run. Call
+    /// it, on every worker alike, for the tensors of an optimizer step that was skipped (a
+    /// loss scaler found inf or NaN), before their next push_pull. Round numbers still count
+    /// the discarded round.
+    ///
+    /// The worker's state is undone when the tensor's next push_pull round begins, and that
+    /// round's pushes tell the servers, which undo their own before summing it; every worker
+    /// must discard the same rounds, or that round is aborted naming the ranks that disagree.
+    /// A round whose sum was not finite changed no state ([`crate::TensorMetrics::rounds_non_finite`]),
+    /// so discarding it does nothing, as does discarding twice or a tensor that has not run a
+    /// push_pull round. Waits for each tensor's round in flight, if any.
+    ///
+    /// # Errors
+    /// [`WorkerError::Undeclared`] for a tensor this worker did not declare (the tensors before
+    /// it are discarded); the job's fatal error, if it failed.
+    pub async fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
+        for tensor in tensors {
+            self.check_tensor(tensor)?;
+            let _round = tensor.inner.round.lock().await;
+            self.inner.shared.check()?;
+            let mut res = tensor.inner.residence();
+            res.discarded = res.last_sum;
+        }
+        Ok(())
+    }
+}
