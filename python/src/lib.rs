@@ -537,6 +537,30 @@ impl Worker {
         self.start(name, owner, ptr, length, Kind::Broadcast(root))
     }
 
+    /// Discards the last push_pull round of each tensor of `names` (`Worker::discard_last_round`:
+    /// their compressor state, here and on the servers, returns to what it was before it), for
+    /// an optimizer step a loss scaler skipped. Every worker must discard the same rounds.
+    fn discard_last_round(&self, py: Python<'_>, names: Vec<String>) -> PyResult<()> {
+        let w = self.get()?;
+        let tensors = names
+            .iter()
+            .map(|n| w.tensor(n))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_py)?;
+        py.detach(|| self.runtime.block_on(w.discard_last_round(&tensors)))
+            .map_err(to_py)
+    }
+
+    /// How many push_pull rounds of the tensors of `names` had a sum that was not finite in
+    /// some chunk (`metrics()`'s `rounds_non_finite`, without building the whole dict).
+    fn rounds_non_finite(&self, names: Vec<String>) -> PyResult<u64> {
+        let mut n = 0;
+        for name in &names {
+            n += self.tensor(name)?.1.metrics().rounds_non_finite;
+        }
+        Ok(n)
+    }
+
     /// Waits until every worker has entered the same barrier.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         let w = self.get()?;
@@ -551,7 +575,7 @@ impl Worker {
         Ok(())
     }
 
-    /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "compress_seconds",
+    /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "rounds_non_finite", "compress_seconds",
     /// "wait_seconds", "decompress_seconds", "device_bytes", "driver_calls", "tensors": {name:
     /// {... "device", "buffer_device", "device_bytes", "codecs"}}}`: `device` says where the
     /// tensor was compressed (`"cpu"`, `"cuda:N"`, `"emulated"`), `buffer_device` where its
@@ -565,6 +589,7 @@ impl Worker {
         d.set_item("bytes_pushed", m.bytes_pushed)?;
         d.set_item("bytes_pulled", m.bytes_pulled)?;
         d.set_item("rounds", m.rounds)?;
+        d.set_item("rounds_non_finite", m.rounds_non_finite)?;
         d.set_item("compress_seconds", m.compress_seconds)?;
         d.set_item("wait_seconds", m.wait_seconds)?;
         d.set_item("decompress_seconds", m.decompress_seconds)?;
@@ -577,6 +602,7 @@ impl Worker {
             e.set_item("len", t.len)?;
             e.set_item("chunks", t.chunks)?;
             e.set_item("rounds", t.rounds_done)?;
+            e.set_item("rounds_non_finite", t.rounds_non_finite)?;
             e.set_item("raw_bytes", t.raw_bytes)?;
             e.set_item("bytes_pushed", t.bytes_pushed)?;
             e.set_item("bytes_pulled", t.bytes_pulled)?;

@@ -59,6 +59,19 @@ impl Reference {
         Ok(())
     }
 
+    /// Discards `name`'s last push_pull round everywhere (see `Worker.discard_last_round`).
+    fn discard_last_round(&mut self, name: &str) -> PyResult<()> {
+        let t = *self
+            .tensors
+            .get(name)
+            .ok_or_else(|| PyValueError::new_err(format!("tensor {name:?} is not declared")))?;
+        self.job
+            .get_mut()
+            .expect("not poisoned")
+            .discard_last_round(t);
+        Ok(())
+    }
+
     /// See `Worker.set_learning_rate`.
     fn set_learning_rate(&mut self, lr: f32) {
         self.job
@@ -68,7 +81,7 @@ impl Reference {
     }
 
     /// One round of `name`: `inputs[r]` is rank r's buffer as little-endian float32 bytes;
-    /// returns every rank's result the same way.
+    /// returns every rank's result the same way (NaN in a chunk whose sum is not finite).
     fn push_pull<'py>(
         &mut self,
         py: Python<'py>,

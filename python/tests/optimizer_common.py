@@ -15,8 +15,14 @@ MAPS = {
     "fp16": {"byteps_compressor_type": "fp16"},
     # Two backward passes per step, gradients accumulated locally before the push_pull.
     "accumulate": None,
+    # Mixed precision: a loss scaler, and rank 1's gradients overflowing at one step (AMP).
+    "amp": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla",
+            "byteps_momentum_type": "nesterov"},
 }
 PASSES = {"accumulate": 2}
+# AMP: the loss scaler's first scale, and the (step, rank) whose input holds inf.
+AMP_SCALE = 2.0**12
+AMP_OVERFLOW = (2, 1)
 
 
 def lr_at(step: int) -> float:
@@ -32,3 +38,12 @@ def make_model(seed: int) -> torch.nn.Module:
 def batch(seed: int, step: int, rank: int, micro: int = 0):
     g = torch.Generator().manual_seed(seed * 7919 + step * 31 + rank + 100_003 * micro)
     return torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+
+def overflow(model: torch.nn.Module, mode: str, step: int, rank: int):
+    """In AMP mode at AMP_OVERFLOW, makes one row of the first layer's weight gradient inf
+    (one chunk of one tensor overflows; the step's other gradients stay finite, so their
+    rounds change state that the skipped step must discard). Returns the hook's handle."""
+    if mode != "amp" or (step, rank) != AMP_OVERFLOW:
+        return None
+    return model[0].weight.register_hook(lambda g: g.index_fill(0, torch.tensor([3]), float("inf")))

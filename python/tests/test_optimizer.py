@@ -1,6 +1,7 @@
 """DistributedOptimizer on 2 workers gives exactly the parameters of a single-process run that
 averages the same gradients: in float32, rank order, uncompressed; through the Rust
-single-process reference with a compressor."""
+single-process reference with a compressor; with a loss scaler whose step overflows on one
+worker (mixed precision), skipped on every worker and discarded in the reference."""
 
 from pathlib import Path
 
@@ -8,16 +9,20 @@ import pytest
 import torch
 
 from conftest import run_job
-from optimizer_common import MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model
+from optimizer_common import (
+    AMP_SCALE, MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model, overflow,
+)
 from pushpull import Reference
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
 
 def single_process(seed: int, mode: str, job_seed: int):
+    """The final parameters and the loss scaler's final scale (None without one)."""
     torch.set_num_threads(1)
     model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
     ref = None
     if MAPS[mode] is not None:
         ref = Reference(WORKERS, job_seed, str(SMALL))
@@ -31,9 +36,13 @@ def single_process(seed: int, mode: str, job_seed: int):
         grads = []
         for r in range(WORKERS):
             model.zero_grad()
+            hook = overflow(model, mode, step, r)
             for micro in range(PASSES.get(mode, 1)):
                 x, y = batch(seed, step, r, micro)
-                torch.nn.functional.cross_entropy(model(x), y).backward()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                (scaler.scale(loss) if scaler else loss).backward()
+            if hook:
+                hook.remove()
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         for name, p in model.named_parameters():
             if ref is None:
@@ -44,8 +53,16 @@ def single_process(seed: int, mode: str, job_seed: int):
             else:
                 got = ref.push_pull(f"Gradient.{name}", [g[name].numpy().tobytes() for g in grads], True)
                 p.grad = torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p)
-        opt.step()
-    return model.state_dict()
+        if scaler is None:
+            opt.step()
+            continue
+        # An overflow anywhere: the scaler skips the step, whose rounds are discarded.
+        if not all(torch.isfinite(p.grad).all() for p in model.parameters()):
+            for name, _ in model.named_parameters():
+                ref.discard_last_round(f"Gradient.{name}")
+        scaler.step(opt)
+        scaler.update()
+    return model.state_dict(), scaler.get_scale() if scaler else None
 
 
 @pytest.mark.parametrize("route", ["host", "emulated"])
@@ -60,11 +77,18 @@ def test_distributed_optimizer_matches_the_single_process_run(
     p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, workers=WORKERS, config=SMALL)
     assert p.returncode == 0, p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
-    want = single_process(seed, mode, ranks[0]["job_seed"])
+    want, scale = single_process(seed, mode, ranks[0]["job_seed"])
     for r, got in enumerate(ranks):
         for k, v in want.items():
             assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
+        assert got["scale"] == scale, f"rank {r}: loss scale"
     m = ranks[0]["metrics"]
+    if mode == "amp":
+        # One step overflowed on rank 1 only, and every rank skipped it.
+        assert scale == AMP_SCALE / 2, scale
+        assert m["rounds_non_finite"] >= 1, m
+    else:
+        assert m["rounds_non_finite"] == 0, m
     if MAPS[mode] is not None:
         codec = MAPS[mode]["byteps_compressor_type"]
         assert m["bytes_pushed"] < m["raw_bytes"] / (1.5 if codec == "fp16" else 4), m

@@ -58,6 +58,25 @@ Priorities
     together through :func:`push_pull_group_inplace` (or its async form) leave in priority
     order on every worker.
 
+Mixed precision
+    A gradient chunk holding inf or NaN (a loss scaler's overflow) on any worker comes back as
+    NaN on every worker, its compressor state unchanged, so that every worker's
+    ``torch.amp.GradScaler`` finds the overflow and skips the same step, as it would after an
+    all-reduce. :class:`DistributedOptimizer` then discards the step's rounds on its own
+    (:func:`discard_last_round`: error feedback and momentum return to what they were before
+    the step, here and on the servers). Use the optimizer as with Horovod::
+
+        scaler.scale(loss).backward()
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)   # optional, e.g. to clip
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+
+    (``scaler.step(optimizer)`` alone would check each worker's own gradients before they are
+    averaged.) Error feedback and momentum hold scaled gradients: when the scale changes, the
+    state carried over is off by that factor for a step, as in BytePS.
+
 Failures
     Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
     when a node is lost every waiting and later call raises :class:`pushpull.NodeLostError`
@@ -89,6 +108,7 @@ __all__ = [
     "broadcast_optimizer_state",
     "broadcast_parameters",
     "declare",
+    "discard_last_round",
     "init",
     "local_rank",
     "local_size",
@@ -447,6 +467,14 @@ def push_pull_group_inplace(
     the tensors, which now hold their sums (or averages)."""
     handles = push_pull_group_async_inplace(tensors, average, names, priorities)
     return [synchronize(h) for h in handles]
+
+
+def discard_last_round(names: Sequence[str]) -> None:
+    """Discards the last push_pull round of every tensor of ``names``: its compressor state
+    (error feedback, momentum), on this worker and on the servers, returns to what it was before
+    that round. For a step a loss scaler skipped; every worker must discard the same rounds
+    (:class:`DistributedOptimizer` does it on its own when a step's result is not finite)."""
+    _w().discard_last_round(list(names))
 
 
 def poll(handle: int) -> bool:

@@ -148,6 +148,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._inflight: Dict[int, List[_Round]] = {}  # by bucket
         self._synchronized = False
         self._should_synchronize = True
+        self._names = [tname for tname, _, _, _ in self._entries]
+        self._non_finite = _w().rounds_non_finite(self._names)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
         ]
@@ -197,6 +199,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._passes = [0] * len(self._entries)
             self._ready = [False] * len(self._entries)
             self._waiting = [len(b) for b in self._buckets]
+        # A chunk that was not finite on some worker came back as NaN on every worker: a loss
+        # scaler skips this step everywhere, so its rounds are discarded everywhere.
+        non_finite = _w().rounds_non_finite(self._names)
+        if non_finite != self._non_finite:
+            self._non_finite = non_finite
+            _w().discard_last_round(self._names)
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -245,6 +253,10 @@ def DistributedOptimizer(
     ``momentum = nesterov`` is refused (``ValueError``) for an optimizer that has momentum of its
     own; with ``ef = corrected`` the learning rate of the parameter's group is read from
     ``param_groups`` at every step.
+
+    With mixed precision (``torch.amp.GradScaler``), call :meth:`synchronize` before the
+    scaler's ``step`` (see "Mixed precision" in :mod:`pushpull.torch`): a step whose averaged
+    gradients hold NaN (some worker's overflowed) has its rounds discarded on every worker.
     """
     cls = type(
         optimizer.__class__.__name__,

@@ -10,7 +10,9 @@ import torch
 import pushpull.torch as bps
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from optimizer_common import MAPS, PASSES, STEPS, batch, lr_at, make_model  # noqa: E402
+from optimizer_common import (  # noqa: E402
+    AMP_SCALE, MAPS, PASSES, STEPS, batch, lr_at, make_model, overflow,
+)
 
 out, seed, mode, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 torch.set_num_threads(1)
@@ -26,15 +28,28 @@ if mode == "fp16":
 else:
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression_params=MAPS[mode],
                                    backward_passes_per_step=passes, bucket_cap_mb=cap)
+# Mixed precision as with Horovod: synchronize, then the scaler's step without synchronizing.
+scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
 for step in range(STEPS):
     for group in opt.param_groups:
         group["lr"] = lr_at(step)
     opt.zero_grad()
+    hook = overflow(model, mode, step, r)
     for micro in range(passes):
         x, y = batch(seed, step, r, micro)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+    if hook:
+        hook.remove()
+    if scaler:
+        opt.synchronize()
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
 torch.save({"state": model.state_dict(), "job_seed": bps._w().job_seed,
+            "scale": scaler.get_scale() if scaler else None,
             "metrics": bps.metrics()}, os.path.join(out, f"rank{r}.pt"))
 bps.shutdown()
 print("done")
