@@ -95,6 +95,15 @@ pub fn default_cases() -> Vec<BenchCase> {
                 ("ef", "vanilla"),
             ],
         ),
+        BenchCase::new(
+            "nesterov + ef + onebit",
+            &[
+                ("compressor", "onebit"),
+                ("scaling", "true"),
+                ("ef", "vanilla"),
+                ("momentum", "nesterov"),
+            ],
+        ),
     ]
 }
 

@@ -17,7 +17,7 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`]; [`Worker::push_pull_device`], [`Worker::push_pull_group_device`] (a step's tensors as one batch on the device: a dozen driver calls), [`Worker::push_pull_group_borrowed`] (device memory lent by address, e.g. torch's), [`Worker::broadcast_device`] and [`Worker::cuda_route`] for tensors in device memory |
+//! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`], [`Worker::discard_last_round`] (a step a loss scaler skipped); [`Worker::push_pull_device`], [`Worker::push_pull_group_device`] (a step's tensors as one batch on the device: a dozen driver calls), [`Worker::push_pull_group_borrowed`] (device memory lent by address, e.g. torch's), [`Worker::broadcast_device`] and [`Worker::cuda_route`] for tensors in device memory |
 //! | [`Device`], [`EmulatedDevice`], `CudaDevice` and `GpuContext` (feature `cuda`), [`Place`] | re-exported from `pushpull_kernels`: where device buffers live and are compressed |
 //! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
@@ -53,6 +53,13 @@
 //! [`Worker::set_learning_rate`] feeds corrected error feedback; [`Worker::metrics`] reports
 //! raw and compressed bytes and the time spent compressing, waiting and decompressing; and
 //! [`reference::Reference`] computes what a job must produce, bit for bit.
+//!
+//! # Mixed precision
+//! A chunk that holds inf or NaN on some worker is pushed flagged non-finite (its compressor
+//! state unchanged), and its sum comes back to every worker as NaN, every chain's round of it
+//! undone: every worker's loss scaler then skips the same step, as after an all-reduce. The
+//! step's finite chunks changed state; [`Worker::discard_last_round`] undoes that, here and on
+//! the servers ([`TensorMetrics::rounds_non_finite`] counts such rounds).
 //!
 //! # Failures
 //! Every wait is bounded by failure detection: when the scheduler reports a lost node, when a
