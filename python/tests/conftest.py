@@ -74,17 +74,30 @@ def same_bits(a, b) -> bool:
 
 
 def assert_onebit_matches_the_reference(ranks, config: Path) -> None:
-    """The jobs' compressed tensor "onebit" (20,000 elements, onebit with error feedback,
-    averaged, three rounds of each rank's saved inputs and outputs) against the Rust
-    single-process reference with the job's seed and cluster file."""
+    """The jobs' compressed tensors (jobs/job_common.py: onebit with error feedback, averaged,
+    each rank's saved inputs and outputs by round, one round overflowing on rank 1 and
+    discarded) against the Rust single-process reference with the job's seed and cluster
+    file."""
     import numpy as np
 
     from pushpull import Reference
 
+    sys.path.insert(0, str(JOBS))
+    from job_common import ONEBIT, ONEBIT_ROUNDS, ONEBIT_TENSORS, OVERFLOW_ROUND
+
     ref = Reference(len(ranks), ranks[0]["job_seed"], str(config))
-    ref.declare("onebit", 20_000, {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"})
-    for step in range(3):
-        got = ref.push_pull("onebit", [s["onebit_in"][step].numpy().tobytes() for s in ranks], True)
-        for s in ranks:
-            want = np.frombuffer(got[s["rank"]], dtype=np.float32)
-            assert same_bits(s["onebit_out"][step].numpy(), want), f"onebit round {step}"
+    for name, n in ONEBIT_TENSORS.items():
+        ref.declare(name, n, ONEBIT)
+    for step in range(ONEBIT_ROUNDS):
+        for i, name in enumerate(ONEBIT_TENSORS):
+            got = ref.push_pull(name, [s["onebit_in"][step][i].numpy().tobytes() for s in ranks], True)
+            for s in ranks:
+                want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+                out = s["onebit_out"][step][i].numpy()
+                assert same_bits(out, want), f"{name} round {step}, rank {s['rank']}"
+                # The overflowing chunk of "onebit" is NaN, "onebit_b" finite.
+                if step == OVERFLOW_ROUND:
+                    assert np.isnan(out[5]) if i == 0 else np.isfinite(out).all(), (name, step)
+        if step == OVERFLOW_ROUND:
+            for name in ONEBIT_TENSORS:
+                ref.discard_last_round(name)

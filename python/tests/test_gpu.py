@@ -1,6 +1,6 @@
 """CUDA tensors through pushpull.torch on a real GPU: two workers sharing GPU 0 give the host
-path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor,
-float16 narrowed back), the round waits for the stream that produced the gradient and the
+path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor
+through a round that overflows on one worker and is discarded, float16 narrowed back), the round waits for the stream that produced the gradient and the
 result is there for work queued right after synchronize, and a non-contiguous CUDA tensor is
 refused by name.
 
