@@ -10,6 +10,7 @@
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
 //! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
+//! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
 //! | [`error`] | [`KernelError`] |
 //! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
@@ -153,6 +154,7 @@ pub mod elem;
 pub mod error;
 mod par;
 pub mod params;
+pub mod reduce;
 pub mod registry;
 pub mod rng;
 mod simd;
@@ -167,6 +169,7 @@ pub use params::{
     overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
     Normalize, Partition, Rounding, KEYS,
 };
+pub use reduce::{average, RankOrderSum};
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;
 pub use simd::{set_max_simd_level, simd_level, stream_bytes, SimdLevel};

@@ -158,7 +158,12 @@ fn run_batch<D: Device>(
     for round in 0..rounds {
         let lr = 0.05 + r.unit() * 0.1;
         let ctx = RoundCtx::new(round).with_lr(lr);
-        let average = if r.bool() { Some(3.0f32) } else { None };
+        // An average over 1 to 5 workers: the device's formula against `reduce::average`.
+        let average = if r.bool() {
+            Some(1 + r.below(5) as u32)
+        } else {
+            None
+        };
         // Each tensor sits at an offset of a larger device buffer; its result goes back in
         // place, or into another buffer holding a sentinel.
         let mut bufs = Vec::new();
@@ -199,7 +204,7 @@ fn run_batch<D: Device>(
                 output: b.4,
                 round,
                 lr: Some(lr),
-                average_over: average,
+                average_over: average.map(|w| w as f32),
             })
             .collect();
         let started = {
@@ -261,9 +266,7 @@ fn run_batch<D: Device>(
                 let out = &mut want_out[range];
                 t.cpu[c].decompress(&want, &ctx, out).unwrap();
                 if let Some(w) = average {
-                    for v in out.iter_mut() {
-                        *v /= w;
-                    }
+                    pushpull_kernels::average(out, w);
                 }
             }
             wants.push(want_out);

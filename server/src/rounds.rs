@@ -10,12 +10,14 @@
 //! # Rules
 //! * Rounds are numbered from 0 and run one at a time. A round collects exactly one push per
 //!   worker rank `0..num_workers`.
-//! * **Sum** rounds are summed in rank order: rank 0's payload is decoded into a fresh
-//!   accumulator, then ranks 1, 2, … are `decode_add`ed in turn. A payload that arrives before
-//!   its turn is held (as the received `Bytes`, no copy) until every lower rank is in, so the
-//!   result is bit-identical whatever order pushes arrive in. When all ranks are in, the sum is
-//!   encoded once and the same payload goes to every worker ([`Action::SendResult`]); the
-//!   round's memory is freed and the key moves to the next round.
+//! * **Sum** rounds are summed in rank order ([`RankOrderSum`], the one definition the
+//!   single-process reference shares): rank 0's payload is decoded into the key's accumulator
+//!   (kept between rounds), then ranks 1, 2, … are added (`decompress_add`) in turn. A payload
+//!   that arrives before its turn is held (as the received `Bytes`, no copy) until every lower
+//!   rank is in, so the result is bit-identical whatever order pushes arrive in. When all ranks
+//!   are in, the sum is encoded once and the same payload goes to every worker
+//!   ([`Action::SendResult`]); the held payloads are gone by then and the key moves to the
+//!   next round.
 //! * A **non-finite** push (flagged, empty: the worker's chunk held inf or NaN, see
 //!   `pushpull_proto::protocol`'s module docs) makes its sum round non-finite: nothing more is
 //!   decoded, and when every rank is in the round completes with
@@ -59,7 +61,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pushpull_kernels::{fp32_codec, Compressor, RoundCtx};
+use pushpull_kernels::{fp32_codec, Compressor, RankOrderSum, RoundCtx};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{FrameFlags, ReduceOp};
 
@@ -144,9 +146,8 @@ struct OpenRound {
     /// Payloads of ranks that arrived before their turn (Sum), or the root's payload
     /// (Broadcast, at index `aux`).
     held: Vec<Option<Bytes>>,
-    /// Sum: ranks `0..next_rank` are in the key's accumulator (or, once `non_finite`,
-    /// counted without decoding).
-    next_rank: u32,
+    /// Sum: the ranks in the key's accumulator (none once `non_finite`).
+    sum: RankOrderSum,
     /// Flags of the round's first push (`undo_previous` every push must share) and whether
     /// any push was non-finite.
     undo_previous: bool,
@@ -535,7 +536,7 @@ impl KeyRounds {
             received: vec![false; w as usize],
             count: 0,
             held: vec![None; w as usize],
-            next_rank: 0,
+            sum: RankOrderSum::new(),
             undo_previous: flags.undo_previous,
             non_finite: false,
         });
@@ -556,32 +557,29 @@ impl KeyRounds {
         let Some(o) = self.open.as_mut() else {
             return Ok(());
         };
-        while (o.next_rank as usize) < o.held.len() {
-            let r = o.next_rank as usize;
-            let Some(payload) = o.held[r].take() else {
-                break;
-            };
-            if o.non_finite {
-                // The round's sum is not finite whatever the others pushed.
-                o.next_rank += 1;
-                continue;
-            }
-            let res = if r == 0 {
-                // Every element is overwritten by the decode: no need to zero.
-                self.acc.resize(len, 0.0);
-                self.codec
-                    .decompress(&payload, &RoundCtx::new(round), &mut self.acc)
-            } else {
-                self.codec
-                    .decompress_add(&payload, &RoundCtx::new(round), &mut self.acc)
-            };
-            if let Err(e) = res {
+        if o.non_finite {
+            // The round's sum is not finite whatever the others pushed: nothing to decode.
+            o.held.iter_mut().for_each(|h| *h = None);
+            return Ok(());
+        }
+        // Rank 0's decode overwrites every element: no need to zero.
+        self.acc.resize(len, 0.0);
+        while let Some(payload) = o
+            .held
+            .get_mut(o.sum.next_rank() as usize)
+            .and_then(Option::take)
+        {
+            let r = o.sum.next_rank();
+            let ctx = RoundCtx::new(round);
+            if let Err(e) = o
+                .sum
+                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc)
+            {
                 return Err((
-                    r as u32,
+                    r,
                     format!("undecodable payload of {} bytes: {e}", payload.len()),
                 ));
             }
-            o.next_rank += 1;
         }
         Ok(())
     }
@@ -605,7 +603,7 @@ impl KeyRounds {
                 return;
             }
             ReduceOp::Sum => {
-                debug_assert_eq!(o.next_rank, w);
+                debug_assert_eq!(o.sum.next_rank(), w);
                 self.last_sum = Some(round);
                 // Sum pushes carry the round's learning rate (f32 bits; 0 = none set),
                 // which corrected error feedback on the sum needs.

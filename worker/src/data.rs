@@ -220,10 +220,7 @@ pub(crate) fn decode_host(
     }
     .map_err(|e| e.to_string())?;
     if let RoundKind::Sum { average: true } = kind {
-        let w = num_workers as f32;
-        for x in slice.iter_mut() {
-            *x /= w;
-        }
+        pushpull_kernels::average(slice, num_workers);
     }
     Ok(())
 }

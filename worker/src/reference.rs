@@ -4,8 +4,8 @@
 //! [`Reference`] plays every worker and every server of a job in one loop, with the same
 //! kernels in the same order and the same seeds as the real nodes: per chunk, each rank
 //! compresses its slice with its own chain (worker role, its rank: momentum, error feedback,
-//! codec), the "server" decompresses rank 0's payload into zeros and adds ranks 1, 2, … in
-//! order, compresses the sum with its own chain (server role), and every rank decompresses
+//! codec), the "server" sums the payloads in rank order (the servers' [`RankOrderSum`]),
+//! compresses the sum with its own chain (server role), and every rank decompresses
 //! that payload with its own chain (then divides by the number of workers for
 //! [`Reduce::Average`]). A chunk that some rank's chain refuses as not finite, or whose sum the
 //! server's chain refuses so, comes back as NaN to every rank, every chain's round of it
@@ -18,7 +18,9 @@
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
 
-use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node, RoundCtx};
+use pushpull_kernels::{
+    average, CodecContext, CodecFactory, Compressor, KernelsFactory, Node, RankOrderSum, RoundCtx,
+};
 use pushpull_proto::placement::Placer;
 use pushpull_proto::protocol::TensorPlacement;
 use pushpull_proto::{Config, ParamMap};
@@ -179,6 +181,7 @@ impl Reference {
             sum.clear();
             sum.resize(range.len(), 0.0f32);
             let mut finite = true;
+            let mut fold = RankOrderSum::new();
             for (r, input) in inputs.iter().enumerate() {
                 match state.workers[r][c].compress(&input[range.clone()], &ctx, &mut payload) {
                     Ok(()) => {}
@@ -188,13 +191,8 @@ impl Reference {
                 if !finite {
                     continue;
                 }
-                let server = &state.servers[c];
-                let added = if r == 0 {
-                    server.decompress(&payload, &ctx, &mut sum)
-                } else {
-                    server.decompress_add(&payload, &ctx, &mut sum)
-                };
-                added.map_err(|e| what(format!("server decompress of rank {r}"), e))?;
+                fold.add(state.servers[c].as_ref(), &payload, &ctx, &mut sum)
+                    .map_err(|e| what(format!("server decompress of rank {r}"), e))?;
             }
             if finite {
                 match state.servers[c].compress(&sum, &ctx, &mut payload) {
@@ -217,11 +215,8 @@ impl Reference {
             }
         }
         if reduce == Reduce::Average {
-            let wf = w as f32;
             for out in &mut outputs {
-                for x in out.iter_mut() {
-                    *x /= wf;
-                }
+                average(out, self.num_workers);
             }
         }
         Ok(outputs)
