@@ -19,10 +19,12 @@ use pushpull_proto::Config;
 use tracing::{debug, info, warn};
 
 use crate::rounds::{Action, KeyRounds};
-use crate::service::RESULT_POOL_BYTES;
 use pushpull_net::certs::peer_grant;
 use pushpull_proto::departure::Departure;
 use pushpull_proto::protocol::NodeRole;
+
+/// Idle capacity the pool of result payload buffers keeps.
+pub(crate) const RESULT_POOL_BYTES: usize = 128 << 20;
 
 /// A frame to send: kind and flags, key, round, payload.
 pub(crate) type OutFrame = ((FrameKind, FrameFlags), u64, u64, Bytes);

@@ -48,9 +48,6 @@ use crate::rounds::{KeyInfo, KeyRounds};
 /// results) before it closes its endpoint.
 const SEND_DRAIN: Duration = Duration::from_secs(2);
 
-/// Idle capacity the pool of result payload buffers keeps.
-pub(crate) const RESULT_POOL_BYTES: usize = 128 << 20;
-
 /// After `NodeLost`, how long the server waits for the scheduler's `Shutdown` before it exits
 /// on its own.
 const LOST_GRACE: Duration = Duration::from_secs(5);

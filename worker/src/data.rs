@@ -23,7 +23,7 @@ use pushpull_kernels::{fp32_codec, RoundCtx as CodecRound};
 use pushpull_proto::pool::BufPool;
 
 use crate::error::WorkerError;
-use crate::round::RoundKind;
+use crate::tensor::RoundKind;
 use crate::tensor::TensorInner;
 
 mod device;

@@ -10,6 +10,15 @@ use pushpull_net::transport::TransportError;
 use pushpull_proto::departure::Departure;
 use pushpull_proto::NodeName;
 
+/// A transport error as the reason a node was lost (without repeating the peer's name).
+pub(crate) fn transport_reason(e: &TransportError) -> String {
+    match e {
+        TransportError::Connection { source, .. } => format!("connection lost ({source})"),
+        TransportError::Stream { message, .. } => format!("stream failed ({message})"),
+        other => other.to_string(),
+    }
+}
+
 /// An error from a [`crate::Worker`] call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerError {
@@ -210,7 +219,7 @@ impl WorkerError {
             other => {
                 return WorkerError::NodeLost {
                     node: server.clone(),
-                    reason: crate::shared::transport_reason(other),
+                    reason: transport_reason(other),
                 }
             }
         };

@@ -28,7 +28,7 @@ use crate::data::{Encoded, RoundData};
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
-use crate::tensor::TensorInner;
+use crate::tensor::{RoundKind, TensorInner};
 
 /// A worker's connection to one server.
 pub(crate) struct ServerLink {
@@ -54,21 +54,6 @@ pub(crate) struct RoundCtx {
     pub(crate) undone: Option<u64>,
 }
 
-/// What kind of round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RoundKind {
-    /// Sum over workers, optionally divided by the number of workers.
-    Sum {
-        /// Divide by `num_workers` after decoding.
-        average: bool,
-    },
-    /// Everyone gets the root's data.
-    Broadcast {
-        /// The root rank.
-        root: u32,
-    },
-}
-
 impl RoundCtx {
     /// The round's learning rate (it travels as f32 bits, 0 when the training loop set none).
     pub(crate) fn lr(&self) -> Option<f32> {
@@ -82,15 +67,6 @@ fn encodes(kind: RoundKind, rank: u32) -> bool {
     match kind {
         RoundKind::Sum { .. } => true,
         RoundKind::Broadcast { root } => root == rank,
-    }
-}
-
-impl RoundKind {
-    fn op_name(self) -> &'static str {
-        match self {
-            RoundKind::Sum { .. } => "push_pull",
-            RoundKind::Broadcast { .. } => "broadcast",
-        }
     }
 }
 

@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::control::ControlPending;
 use crate::dispatch::{Delivered, Dispatch, Outcome};
-use crate::error::WorkerError;
+use crate::error::{transport_reason, WorkerError};
 
 /// Where the worker is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -106,15 +106,6 @@ impl Drop for OpGuard {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A transport error as the reason a node was lost (without repeating the peer's name).
-pub(crate) fn transport_reason(e: &TransportError) -> String {
-    match e {
-        TransportError::Connection { source, .. } => format!("connection lost ({source})"),
-        TransportError::Stream { message, .. } => format!("stream failed ({message})"),
-        other => other.to_string(),
-    }
 }
 
 impl Shared {

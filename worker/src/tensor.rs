@@ -1,4 +1,4 @@
-//! Declared tensors, reduce operations and byte counters.
+//! Declared tensors, reduce operations and round kinds, and byte counters.
 
 use pushpull_kernels::cuda::Device;
 use std::collections::BTreeMap;
@@ -21,6 +21,31 @@ pub enum Reduce {
     /// `sum / num_workers as f32` (an IEEE division, not a multiplication by the reciprocal),
     /// so every worker still gets the same bits.
     Average,
+}
+
+/// What kind of round a call runs (a [`Reduce`] of a push_pull, or a broadcast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoundKind {
+    /// Sum over workers, optionally divided by the number of workers.
+    Sum {
+        /// Divide by `num_workers` after decoding.
+        average: bool,
+    },
+    /// Everyone gets the root's data.
+    Broadcast {
+        /// The root rank.
+        root: u32,
+    },
+}
+
+impl RoundKind {
+    /// The call's name in error messages.
+    pub(crate) fn op_name(self) -> &'static str {
+        match self {
+            RoundKind::Sum { .. } => "push_pull",
+            RoundKind::Broadcast { .. } => "broadcast",
+        }
+    }
 }
 
 /// A declared tensor: a cheap `Clone` handle (an `Arc`) to its name, length, placement, codecs

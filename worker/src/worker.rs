@@ -26,9 +26,9 @@ use tokio::task::JoinHandle;
 use crate::chunks::chunk_ranges;
 use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
-use crate::round::{run_round, RoundCtx, RoundKind, ServerLink};
+use crate::round::{run_round, RoundCtx, ServerLink};
 use crate::shared::{Phase, Shared};
-use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
+use crate::tensor::{Metrics, Reduce, RoundKind, Tensor, TensorInner};
 use pushpull_kernels::{CodecContext, CodecFactory, Node};
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by

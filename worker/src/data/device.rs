@@ -20,7 +20,7 @@ use super::{
     check_home, decode_host, encode_host, undo_host, Encoded, Launch, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
-use crate::round::RoundKind;
+use crate::tensor::RoundKind;
 use crate::tensor::TensorInner;
 
 /// What [`DeviceData`] needs to build a tensor's device chains at its first device round.

@@ -11,7 +11,7 @@ use pushpull_kernels::device::Device;
 use super::{RoundHandle, Worker};
 use crate::data::{ChainSetup, DeviceData, HostData};
 use crate::error::WorkerError;
-use crate::round::RoundKind;
+use crate::tensor::RoundKind;
 use crate::tensor::{Reduce, Tensor};
 
 impl Worker {

@@ -23,7 +23,7 @@ use pushpull_net::sender::SendHold;
 use super::{join_round, Prepared, Worker};
 use crate::data::{HostData, HostInto, RoundData};
 use crate::error::WorkerError;
-use crate::round::RoundKind;
+use crate::tensor::RoundKind;
 use crate::tensor::{Reduce, Tensor};
 
 /// One call of a [`Worker::push_pull_group_into`]: a future of its result. Its round runs in
