@@ -35,7 +35,7 @@ use pushpull_proto::Config;
 use crate::codecs::cast::{Cast, CastCodec};
 use crate::codecs::Base;
 use crate::params::{parse_params, CodecSpec, CompressorSpec};
-use crate::registry::{build_from_spec, BuildOptions, Purpose};
+use crate::registry::{build_codec, build_from_spec, BuildOptions, Purpose};
 use crate::rng::Role;
 use crate::{Compressor, NodeIdentity};
 
@@ -222,6 +222,15 @@ impl<'a> ChunkInfo<'a> {
 
 /// Builds the codec of one chunk (see the module docs for the rules).
 pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> {
+    let (spec, len, who, opts) = chunk_spec(info)?;
+    build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
+}
+
+/// What [`chunk_codec`] builds from: the effective spec, the chunk's length, who builds it
+/// and the build options.
+fn chunk_spec(
+    info: &ChunkInfo<'_>,
+) -> Result<(CompressorSpec, usize, NodeIdentity, BuildOptions), String> {
     let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?;
     let len = usize::try_from(info.chunk_len)
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
@@ -237,7 +246,7 @@ pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> 
         purpose: Purpose::Gradient,
         full_chunk_len: (full != len).then_some(full),
     };
-    build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
+    Ok((spec, len, who, opts))
 }
 
 /// The chunk size, in fp32 bytes, that a tensor of `len` elements with map `params` is cut
@@ -258,7 +267,9 @@ pub fn partition_bytes(
 
 /// The largest payload one push of a chunk of `chunk_len` elements carries (its codec's
 /// largest encoding; `4 · chunk_len` for a tensor below `min_compress_bytes`): what the
-/// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk.
+/// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk. Only the
+/// codec is built, which holds nothing of the chunk's length (error feedback and momentum,
+/// which would, do not change the payload).
 pub fn payload_bytes(
     params: &BTreeMap<String, String>,
     (tensor_len, chunk_len, full_chunk_len): (u64, u64, u64),
@@ -274,7 +285,9 @@ pub fn payload_bytes(
         node: Node::Server { id: 0 },
         min_compress_bytes,
     };
-    Ok(chunk_codec(&info)?.max_compressed_len() as u64)
+    let (spec, len, who, opts) = chunk_spec(&info)?;
+    let codec = build_codec(&spec, len, &who, opts).map_err(|e| e.to_string())?;
+    Ok(codec.max_compressed_len() as u64)
 }
 
 #[cfg(test)]
@@ -372,6 +385,28 @@ mod tests {
             built
         );
         assert!(built < 20000 * 4 / 10, "{built}");
+        // Only the codec is built: the full chain (decorators, a shorter last chunk) agrees.
+        for kv in [
+            &[("compressor", "dithering"), ("k", "5"), ("encoding", "elias")][..],
+            &[("compressor", "minmax"), ("bucket", "300"), ("ef", "corrected")],
+            &[("compressor", "onebit"), ("columns", "7"), ("momentum", "nesterov")],
+            &[("compressor", "randomk"), ("k", "0.1"), ("ef", "vanilla")],
+            &[("compressor", "bf16"), ("momentum", "nesterov")],
+        ] {
+            let params = map(kv);
+            let (len, full) = (70_001, 90_000);
+            let chain = chunk_codec(&ChunkInfo {
+                chunk_len: len,
+                full_chunk_len: full,
+                ..info(&params, 250_001)
+            })
+            .unwrap();
+            assert_eq!(
+                payload_bytes(&params, (250_001, len, full), 65536).unwrap(),
+                chain.max_compressed_len() as u64,
+                "{kv:?}"
+            );
+        }
     }
 
     #[test]

@@ -75,8 +75,9 @@ pub fn build_from_spec(
     Ok(c)
 }
 
-/// Builds the codec alone (no decorators).
-fn build_codec(
+/// Builds the codec alone (no decorators): the payload sizes of a chain, without the state
+/// buffers of its decorators.
+pub(crate) fn build_codec(
     spec: &CompressorSpec,
     len: usize,
     who: &NodeIdentity,
