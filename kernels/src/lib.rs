@@ -18,6 +18,7 @@
 //! | [`cuda`] | the CUDA kernels (same bytes as the CPU for the fixed-width formats), shipped as PTX |
 //! | [`device`] | tensors in device memory: the [`device::Device`] trait, a tensor's chains on a device ([`device::DeviceTensor`]), batches of chunks launched together ([`device::Batch`]), the [`device::EmulatedDevice`] of CI |
 //! | `codecs` (private) | one module per wire format |
+//! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
 //! # The trait and the chain
 //! A [`Compressor`] is bound to one chunk (one key) of `len` elements; each call to

@@ -2,7 +2,9 @@
 //! each other, where each chunk lives and in which order frames leave. Nothing here opens a
 //! socket, reads a clock or spawns a task, so every rule is tested without a network (the
 //! networking shell is the `pushpull-net` crate; the compression plug-in is in
-//! `pushpull-kernels`).
+//! `pushpull-kernels`). The one exception is a convenience: [`Config::from_file`] reads the
+//! cluster file it is given, and hands the text to [`Config::from_toml_str`], which every
+//! rule goes through.
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -16,7 +18,8 @@
 //! | [`pool`] | [`pool::Pool`] (and [`pool::BufPool`] of `Vec<u8>`s): reused buffers for encoded payloads, returned when the last `Bytes` handle drops |
 //!
 //! The crate graph: `pushpull-proto` ← `pushpull-kernels` (compression), `pushpull-net` (TLS,
-//! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI).
+//! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI)
+//! and `pushpull-python` (the Python package's binding, on the worker).
 
 pub mod config;
 pub mod departure;
