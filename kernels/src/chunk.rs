@@ -387,9 +387,21 @@ mod tests {
         assert!(built < 20000 * 4 / 10, "{built}");
         // Only the codec is built: the full chain (decorators, a shorter last chunk) agrees.
         for kv in [
-            &[("compressor", "dithering"), ("k", "5"), ("encoding", "elias")][..],
-            &[("compressor", "minmax"), ("bucket", "300"), ("ef", "corrected")],
-            &[("compressor", "onebit"), ("columns", "7"), ("momentum", "nesterov")],
+            &[
+                ("compressor", "dithering"),
+                ("k", "5"),
+                ("encoding", "elias"),
+            ][..],
+            &[
+                ("compressor", "minmax"),
+                ("bucket", "300"),
+                ("ef", "corrected"),
+            ],
+            &[
+                ("compressor", "onebit"),
+                ("columns", "7"),
+                ("momentum", "nesterov"),
+            ],
             &[("compressor", "randomk"), ("k", "0.1"), ("ef", "vanilla")],
             &[("compressor", "bf16"), ("momentum", "nesterov")],
         ] {

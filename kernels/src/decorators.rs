@@ -5,12 +5,13 @@
 //! fails (non-finite input, an overflow, a bad context) leaves the state as it was. A
 //! successful round computes the new state into a second buffer and swaps it in, so the state
 //! before it stays there until the next round and [`Compressor::undo`] swaps it back.
-//! `decompress` and `decompress_add` go straight to the wrapped compressor.
+//! They implement compression and their state; everything else (the length, payload sizes,
+//! decoding) is the codec's, reached through [`Compressor::codec`].
 
 use crate::error::KernelError;
 use crate::params::EfKind;
 use crate::simd::multiversion;
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, Compressor, RoundCtx};
 
 /// Error feedback: `p = g + e` (vanilla) or `p = g + (η_{t−1}/η_t)·e` (corrected), send
 /// `C(p)`, keep `e ← p − D(C(p))`.
@@ -101,17 +102,11 @@ fn first_bad(name: &str, what: &'static str, g: &[f32]) -> Option<KernelError> {
 }
 
 impl Compressor for ErrorFeedback {
+    fn codec(&self) -> &dyn Codec {
+        self.inner.codec()
+    }
     fn name(&self) -> &str {
         &self.name
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.inner.max_compressed_len()
-    }
-    fn is_stochastic(&self) -> bool {
-        self.inner.is_stochastic()
     }
     fn compress(
         &mut self,
@@ -168,7 +163,8 @@ impl Compressor for ErrorFeedback {
         // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
         // random-k) subtracted in place on its support, which is the same bits and saves
         // decoding a whole chunk and subtracting it; otherwise computed in `d`.
-        let (new_e, finite, in_p) = match self.inner.subtract_decoded(out, ctx, &mut self.p) {
+        let (new_e, finite, in_p) = match self.inner.codec().subtract_decoded(out, ctx, &mut self.p)
+        {
             Some(res) => (&mut self.p, res?, true),
             None => {
                 self.inner.decompress(out, ctx, &mut self.d)?;
@@ -194,22 +190,6 @@ impl Compressor for ErrorFeedback {
             self.prev_lr = lr;
         }
         Ok(())
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress(payload, ctx, out)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress_add(payload, ctx, acc)
     }
     fn residual(&self) -> Option<&[f32]> {
         Some(&self.e)
@@ -286,17 +266,11 @@ multiversion! {
 }
 
 impl Compressor for Momentum {
+    fn codec(&self) -> &dyn Codec {
+        self.inner.codec()
+    }
     fn name(&self) -> &str {
         &self.name
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.inner.max_compressed_len()
-    }
-    fn is_stochastic(&self) -> bool {
-        self.inner.is_stochastic()
     }
     fn compress(
         &mut self,
@@ -324,22 +298,6 @@ impl Compressor for Momentum {
         std::mem::swap(&mut self.m, &mut self.next);
         self.undo = Some(ctx.round);
         Ok(())
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress(payload, ctx, out)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress_add(payload, ctx, acc)
     }
     fn residual(&self) -> Option<&[f32]> {
         self.inner.residual()

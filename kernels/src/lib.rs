@@ -5,7 +5,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | (root) | the [`Compressor`] trait, [`NodeIdentity`], [`RoundCtx`], re-exports |
+//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], re-exports |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
@@ -20,11 +20,14 @@
 //! | `codecs` (private) | one module per wire format |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
-//! # The trait and the chain
-//! A [`Compressor`] is bound to one chunk (one key) of `len` elements; each call to
-//! [`Compressor::compress`] is one round. [`Compressor::decompress`] writes a payload's values,
-//! [`Compressor::decompress_add`] adds them to an accumulator (bit for bit what decompress
-//! followed by `acc[i] += v[i]` gives, so a server can sum pushes without a temporary).
+//! # The traits and the chain
+//! A [`Codec`] is a wire format bound to one chunk (one key) of `len` elements: it encodes
+//! ([`Codec::compress`], one round per call), writes a payload's values
+//! ([`Codec::decompress`]) or adds them to an accumulator ([`Codec::decompress_add`], bit for
+//! bit what decompress followed by `acc[i] += v[i]` gives, so a server can sum pushes without
+//! a temporary). A [`Compressor`] is a chain: decorators that implement compression and keep
+//! state, around a codec that does the rest ([`Compressor::codec`]); every codec is a chain of
+//! itself. Nodes hold `Box<dyn Compressor>`.
 //!
 //! The registry builds `Momentum(ErrorFeedback(codec))`: momentum on workers only (a server
 //! built from the same map skips it), error feedback wherever configured. A worker compresses
@@ -246,38 +249,37 @@ impl<'a> RoundCtx<'a> {
     }
 }
 
-/// A compressor bound to one chunk (one key): the codec, possibly wrapped in decorators.
-///
-/// Object-safe; one instance per chunk; each call to [`Compressor::compress`] is one round.
-pub trait Compressor: Send {
-    /// The chain's name, e.g. `ef(vanilla, topk(k=3))`.
+/// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
+/// payloads. Every codec of `codecs` implements it; through the blanket implementation each is
+/// also a [`Compressor`] (a chain of just the codec).
+// `is_empty` is the chain's (`Compressor::is_empty`): a second one here would make the call
+// ambiguous on every codec.
+#[allow(clippy::len_without_is_empty)]
+pub trait Codec: Send {
+    /// The codec's name, e.g. `topk(k=3)`.
     fn name(&self) -> &str;
     /// The chunk length it is bound to.
     fn len(&self) -> usize;
-    /// Whether the chunk is empty.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// The largest payload compress can produce for this chunk length (the exact size for
     /// fixed-width formats).
     fn max_compressed_len(&self) -> usize;
     /// Whether the output depends on random draws (rounding noise or random indices).
     fn is_stochastic(&self) -> bool;
-    /// Compresses `input` (`len` elements) into `out` (replacing its content); one round.
+    /// Encodes `input` (`len` elements) into `out` (replacing its content); one round.
     fn compress(
         &mut self,
         input: &[f32],
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError>;
-    /// Decompresses `payload` into `out` (`len` elements).
+    /// Decodes `payload` into `out` (`len` elements).
     fn decompress(
         &self,
         payload: &[u8],
         ctx: &RoundCtx,
         out: &mut [f32],
     ) -> Result<(), KernelError>;
-    /// Decompresses `payload` and adds it to `acc` (`len` elements): bit for bit the same as
+    /// Decodes `payload` and adds it to `acc` (`len` elements): bit for bit the same as
     /// decompress into a temporary followed by `acc[i] += tmp[i]`.
     fn decompress_add(
         &self,
@@ -286,12 +288,12 @@ pub trait Compressor: Send {
         acc: &mut [f32],
     ) -> Result<(), KernelError>;
     /// `acc = acc - decompress(payload)` in place, bit for bit, and whether every element of
-    /// `acc` is finite afterwards, for compressors that can do it without decoding into a
-    /// buffer: top-k and random-k subtract on their support only (off it `a - 0.0 == a` for
-    /// every `a`, `-0.0` included); onebit adds its decoding with the scale negated
-    /// (`a - v == a + (-v)` exactly, signed zeros included). `None` when the compressor has no
-    /// such shortcut; error feedback then decompresses into a buffer and subtracts it. On
-    /// `Err`, `acc` may be partly changed.
+    /// `acc` is finite afterwards, for codecs that can do it without decoding into a buffer:
+    /// top-k and random-k subtract on their support only (off it `a - 0.0 == a` for every
+    /// `a`, `-0.0` included); onebit adds its decoding with the scale negated (`a - v == a +
+    /// (-v)` exactly, signed zeros included). `None` when the codec has no such shortcut;
+    /// error feedback then decompresses into a buffer and subtracts it. On `Err`, `acc` may be
+    /// partly changed.
     fn subtract_decoded(
         &self,
         _payload: &[u8],
@@ -299,6 +301,59 @@ pub trait Compressor: Send {
         _acc: &mut [f32],
     ) -> Option<Result<bool, KernelError>> {
         None
+    }
+}
+
+/// A compressor bound to one chunk (one key): a [`Codec`], possibly wrapped in decorators
+/// (error feedback, momentum), which implement [`Compressor::compress`] and their state and
+/// take everything else from the codec underneath ([`Compressor::codec`]).
+///
+/// Object-safe; one instance per chunk; each call to [`Compressor::compress`] is one round.
+pub trait Compressor: Send {
+    /// The codec at the bottom of the chain: what every payload is decoded with.
+    fn codec(&self) -> &dyn Codec;
+    /// The chain's name, e.g. `ef(vanilla, topk(k=3))`.
+    fn name(&self) -> &str;
+    /// Compresses `input` (`len` elements) into `out` (replacing its content); one round.
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError>;
+    /// The chunk length it is bound to.
+    fn len(&self) -> usize {
+        self.codec().len()
+    }
+    /// Whether the chunk is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The codec's [`Codec::max_compressed_len`].
+    fn max_compressed_len(&self) -> usize {
+        self.codec().max_compressed_len()
+    }
+    /// The codec's [`Codec::is_stochastic`].
+    fn is_stochastic(&self) -> bool {
+        self.codec().is_stochastic()
+    }
+    /// Decompresses `payload` into `out` (`len` elements): the codec's decoding.
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.codec().decompress(payload, ctx, out)
+    }
+    /// Decompresses `payload` and adds it to `acc` ([`Codec::decompress_add`]).
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.codec().decompress_add(payload, ctx, acc)
     }
     /// The error-feedback residual, if the chain has error feedback.
     fn residual(&self) -> Option<&[f32]> {
@@ -316,4 +371,22 @@ pub trait Compressor: Send {
     /// was) does nothing. For a round whose result is discarded: a non-finite sum, or an
     /// optimizer step that was skipped (mixed precision's loss scaler found inf/NaN).
     fn undo(&mut self, _round: u64) {}
+}
+
+/// A codec alone is a chain: it compresses with its encoding and has no state.
+impl<C: Codec> Compressor for C {
+    fn codec(&self) -> &dyn Codec {
+        self
+    }
+    fn name(&self) -> &str {
+        Codec::name(self)
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        Codec::compress(self, input, ctx, out)
+    }
 }

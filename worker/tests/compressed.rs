@@ -2,7 +2,7 @@
 //! single-process [`Reference`] bit for bit; mismatched maps, corrupted payloads, the
 //! `min_compress_bytes` boundary, lossless broadcast.
 
-use pushpull_kernels::{Compressor, KernelError, RoundCtx};
+use pushpull_kernels::{Codec, Compressor, KernelError, RoundCtx};
 use pushpull_worker::{CodecContext, CodecFactory, KernelsFactory, Reduce, Tensor, WorkerError};
 
 mod common;
@@ -186,17 +186,11 @@ struct Corrupt {
 }
 
 impl Compressor for Corrupt {
+    fn codec(&self) -> &dyn Codec {
+        self.inner.codec()
+    }
     fn name(&self) -> &str {
         "corrupt"
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.inner.max_compressed_len()
-    }
-    fn is_stochastic(&self) -> bool {
-        self.inner.is_stochastic()
     }
     fn compress(
         &mut self,
@@ -215,22 +209,6 @@ impl Compressor for Corrupt {
             }
         }
         Ok(())
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress(payload, ctx, out)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.inner.decompress_add(payload, ctx, acc)
     }
 }
 

@@ -8,7 +8,7 @@ use super::{prepare, Base};
 use crate::elem;
 use crate::error::KernelError;
 use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 use rayon::prelude::*;
 
 /// Which cast.
@@ -299,7 +299,7 @@ impl CastCodec {
     }
 }
 
-impl Compressor for CastCodec {
+impl Codec for CastCodec {
     fn name(&self) -> &str {
         &self.base.name
     }

@@ -50,7 +50,7 @@ use crate::params::{Encoding, Normalize, Partition};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 use rayon::prelude::*;
 
 /// The dithering compressor.
@@ -702,7 +702,7 @@ impl Dithering {
     }
 }
 
-impl Compressor for Dithering {
+impl Codec for Dithering {
     fn name(&self) -> &str {
         &self.base.name
     }

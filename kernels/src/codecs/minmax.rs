@@ -25,7 +25,7 @@ use crate::error::KernelError;
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_min_max, Buckets};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 
 /// The minmax compressor.
 pub(crate) struct MinMax {
@@ -174,7 +174,7 @@ impl MinMax {
     }
 }
 
-impl Compressor for MinMax {
+impl Codec for MinMax {
     fn name(&self) -> &str {
         &self.base.name
     }

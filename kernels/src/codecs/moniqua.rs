@@ -27,7 +27,7 @@ use super::{par_segments, prepare, Base, GroupDecoder, GroupEncoder};
 use crate::error::KernelError;
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 
 /// Moniqua's rounding (the `rounding` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,7 +242,7 @@ impl Moniqua {
     }
 }
 
-impl Compressor for Moniqua {
+impl Codec for Moniqua {
     fn name(&self) -> &str {
         &self.base.name
     }

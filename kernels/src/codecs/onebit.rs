@@ -9,7 +9,7 @@ use crate::elem;
 use crate::elem::REDUCE_BLOCK;
 use crate::error::KernelError;
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 use rayon::prelude::*;
 
 /// The onebit compressor.
@@ -137,7 +137,7 @@ enum Mode {
     Subtract,
 }
 
-impl Compressor for OneBit {
+impl Codec for OneBit {
     fn name(&self) -> &str {
         &self.base.name
     }

@@ -17,7 +17,7 @@ use super::{prepare, Base};
 use crate::elem;
 use crate::error::KernelError;
 use crate::simd::{put_words, stream_bytes};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 
 /// The column-wise onebit compressor.
 pub(crate) struct OneBitColumns {
@@ -88,7 +88,7 @@ impl OneBitColumns {
     }
 }
 
-impl Compressor for OneBitColumns {
+impl Codec for OneBitColumns {
     fn name(&self) -> &str {
         &self.base.name
     }

@@ -24,7 +24,7 @@
 use super::{prepare, Base};
 use crate::error::KernelError;
 use crate::rng::{Permutation, Role, Stream};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -99,7 +99,7 @@ impl RandomK {
     }
 }
 
-impl Compressor for RandomK {
+impl Codec for RandomK {
     fn name(&self) -> &str {
         &self.base.name
     }

@@ -22,7 +22,7 @@
 use super::{prepare, Base};
 use crate::error::KernelError;
 use crate::simd::{multiversion, EXP};
-use crate::{Compressor, RoundCtx};
+use crate::{Codec, RoundCtx};
 use rayon::prelude::*;
 
 /// The top-k compressor.
@@ -340,7 +340,7 @@ fn pairs<'a>(ib: &'a [u8], vb: &'a [u8]) -> impl Iterator<Item = (usize, f32)> +
     })
 }
 
-impl Compressor for TopK {
+impl Codec for TopK {
     fn name(&self) -> &str {
         &self.base.name
     }

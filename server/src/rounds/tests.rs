@@ -2,7 +2,7 @@
 //! arrival orders (with a printed seed), aborts and their messages.
 
 use super::*;
-use pushpull_kernels::KernelError;
+use pushpull_kernels::{Codec, KernelError};
 use pushpull_proto::placement::mix64;
 
 /// SplitMix64: a tiny deterministic generator, so tests need no extra crate.
@@ -574,29 +574,17 @@ fn shell_rejections_abort_like_bad_pushes() {
 /// A codec whose compress fails: the round is aborted, not lost.
 struct FailingEncode(Box<dyn Compressor>);
 impl Compressor for FailingEncode {
+    fn codec(&self) -> &dyn Codec {
+        self.0.codec()
+    }
     fn name(&self) -> &str {
         "failing"
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.0.max_compressed_len()
-    }
-    fn is_stochastic(&self) -> bool {
-        false
     }
     fn compress(&mut self, _: &[f32], _: &RoundCtx, _: &mut Vec<u8>) -> Result<(), KernelError> {
         Err(KernelError::Context {
             compressor: "failing".into(),
             detail: "out of ideas".into(),
         })
-    }
-    fn decompress(&self, p: &[u8], c: &RoundCtx, o: &mut [f32]) -> Result<(), KernelError> {
-        self.0.decompress(p, c, o)
-    }
-    fn decompress_add(&self, p: &[u8], c: &RoundCtx, a: &mut [f32]) -> Result<(), KernelError> {
-        self.0.decompress_add(p, c, a)
     }
 }
 
