@@ -4,13 +4,13 @@
 #
 #   scripts/many-seeds.sh [-n SEEDS] CARGO_TEST_ARGS... [-- TEST_FILTERS...]
 #
-# e.g.  scripts/many-seeds.sh -n 200 -p pushpull-kernels --test properties
+# e.g.  scripts/many-seeds.sh -n 200 -p pushpull-codecs --test properties
 #       scripts/many-seeds.sh -n 200 -p pushpull-proto --lib -- protocol:: sendq::
 #
 # CARGO_TEST_ARGS select the test binaries (built once with `cargo test --no-run`); each seed
 # runs every selected binary once, with TEST_FILTERS (libtest name filters) after it. A seed
 # is a fresh u64 from /dev/urandom, given as both PUSHPULL_TEST_SEED (read by the tests'
-# `seed()` helpers: kernels/tests/common, kernels/tests/cuda_common, worker/tests/common,
+# `seed()` helpers: codecs/tests/common, kernels/tests/cuda_common, worker/tests/common,
 # tests/common) and PROPTEST_RNG_SEED (read by proptest's default config, which proto's
 # `proptest!` blocks use). Replay a failure with the printed variables.
 #

@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use pushpull_kernels::chunk::ChunkInfo;
-use pushpull_kernels::{
+use pushpull_codecs::chunk::ChunkInfo;
+use pushpull_codecs::{
     build_from_spec, chunk_codec, parse_params, BuildOptions, Compressor, Node, NodeIdentity,
     Purpose, RoundCtx,
 };

@@ -2,7 +2,7 @@
 //! each other, where each chunk lives and in which order frames leave. Nothing here opens a
 //! socket, reads a clock or spawns a task, so every rule is tested without a network (the
 //! networking shell is the `pushpull-net` crate; the compression plug-in is in
-//! `pushpull-kernels`). The one exception is a convenience: [`Config::from_file`] reads the
+//! `pushpull-codecs`). The one exception is a convenience: [`Config::from_file`] reads the
 //! cluster file it is given, and hands the text to [`Config::from_toml_str`], which every
 //! rule goes through.
 //!
@@ -17,8 +17,9 @@
 //! | [`departure`] | [`departure::Departure`]: why a node closed its connections (the QUIC close code and reason), so peers name the node really at fault |
 //! | [`pool`] | [`pool::Pool`] (and [`pool::BufPool`] of `Vec<u8>`s): reused buffers for encoded payloads, returned when the last `Bytes` handle drops |
 //!
-//! The crate graph: `pushpull-proto` ← `pushpull-kernels` (compression), `pushpull-net` (TLS,
-//! quinn) ← `pushpull-scheduler`, `pushpull-server`, `pushpull-worker` ← `pushpull` (the CLI)
+//! The crate graph: `pushpull-proto` ← `pushpull-codecs` (compression on the CPU) ←
+//! `pushpull-kernels` (on a device), and `pushpull-net` (TLS, quinn); the scheduler and the
+//! server use the codecs, the worker the kernels ← `pushpull` (the CLI)
 //! and `pushpull-python` (the Python package's binding, on the worker).
 
 pub mod config;

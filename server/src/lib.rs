@@ -14,7 +14,7 @@
 //!    waits for `Welcome` (or fails with the scheduler's `Refused` reason).
 //! 3. For each `Placement`, it builds a [`rounds::KeyRounds`] per chunk placed on it and answers
 //!    `PlacementAck`. Each key's codec comes from a [`CodecFactory`], the codec plug-in that
-//!    workers use too (`pushpull_kernels::chunk`, re-exported here): by default
+//!    workers use too (`pushpull_codecs::chunk`, re-exported here): by default
 //!    [`KernelsFactory`], the tensor's compressor chain in the server role; another plugs in
 //!    with [`Server::with_codec_factory`]. A factory error goes back to the scheduler in
 //!    `PlacementAck { error }` and fails every worker's declare of that tensor.
@@ -31,5 +31,5 @@ mod data;
 pub mod rounds;
 pub mod service;
 
-pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
+pub use pushpull_codecs::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
 pub use service::{Server, ServerError};

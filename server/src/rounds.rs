@@ -61,7 +61,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pushpull_kernels::{fp32_codec, Compressor, RankOrderSum, RoundCtx};
+use pushpull_codecs::{fp32_codec, Compressor, RankOrderSum, RoundCtx};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{FrameFlags, ReduceOp};
 

@@ -29,7 +29,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pushpull_kernels::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
+use pushpull_codecs::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
 use pushpull_net::certs::peer_grant;
 use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
@@ -160,7 +160,7 @@ impl Server {
     }
 
     /// Uses `factory` to build each key's codec instead of [`KernelsFactory`] (see
-    /// `pushpull_kernels::chunk`): the plug-in point for compressors.
+    /// `pushpull_codecs::chunk`): the plug-in point for compressors.
     pub fn with_codec_factory(mut self, factory: impl CodecFactory + 'static) -> Server {
         self.factory = Arc::new(factory);
         self

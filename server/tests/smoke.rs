@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use pushpull_kernels::{fp32_codec, Compressor, RoundCtx};
+use pushpull_codecs::{fp32_codec, Compressor, RoundCtx};
 use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
 use pushpull_proto::config::ParamMap;

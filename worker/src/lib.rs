@@ -24,7 +24,7 @@
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
 //! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
 //! | [`Metrics`], [`TensorMetrics`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing; per tensor and in total |
-//! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | re-exported from `pushpull_kernels::chunk`, the one codec plug-in of workers and servers: what builds each chunk's [`Compressor`] (by default the chain of the tensor's parameter map, worker role) |
+//! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | re-exported from `pushpull_codecs::chunk` (through `pushpull_kernels`), the one codec plug-in of workers and servers: what builds each chunk's [`Compressor`] (by default the chain of the tensor's parameter map, worker role) |
 //! | [`reference`](mod@reference) | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
 //!
 //! Internals: `shared` (state shared with the background tasks: the control writer and

@@ -226,9 +226,9 @@ impl GpuScheme {
             ));
         }
         let nb = num_buckets(len, self.bucket_len(len));
-        let f = |i: usize| crate::simd::get_f32(payload, i);
+        let f = |i: usize| pushpull_codecs::payload::f32_at(payload, i);
         let tail = |header_words: usize, w: u32| {
-            (!crate::codecs::tail_bits_zero(&payload[4 * header_words..], len, w))
+            (!pushpull_codecs::payload::tail_bits_zero(&payload[4 * header_words..], len, w))
                 .then(|| "padding bits after the last code are not zero".to_string())
         };
         match *self {
@@ -272,7 +272,7 @@ impl GpuScheme {
                 }
                 let codes = &payload[4 * nb..];
                 ((levels + 1).count_ones() != 1
-                    && !crate::codecs::dithering::packed_levels_ok(codes, len, levels))
+                    && !pushpull_codecs::payload::packed_levels_ok(codes, len, levels))
                 .then(|| format!("a code has a level above s = {levels}"))
             }
             GpuScheme::RandomK { k, .. } => (0..k)

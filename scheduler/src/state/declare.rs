@@ -2,7 +2,7 @@
 //! collecting the servers' acknowledgements (step 2 in the [parent module](super)).
 
 use super::*;
-use pushpull_kernels::chunk::{partition_bytes, payload_bytes};
+use pushpull_codecs::chunk::{partition_bytes, payload_bytes};
 use pushpull_proto::placement::longest_chunk;
 
 impl SchedulerState {

@@ -2,7 +2,7 @@
 //! arrival orders (with a printed seed), aborts and their messages.
 
 use super::*;
-use pushpull_kernels::{Codec, KernelError};
+use pushpull_codecs::{Codec, KernelError};
 use pushpull_proto::placement::mix64;
 
 /// SplitMix64: a tiny deterministic generator, so tests need no extra crate.
@@ -613,7 +613,7 @@ fn an_encode_failure_aborts_the_round() {
 /// round's state change first. Checked against a plain chain driven by hand.
 #[test]
 fn non_finite_rounds_and_undo_leave_the_codec_as_a_plain_chain_says() {
-    use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, Node};
+    use pushpull_codecs::chunk::{chunk_codec, ChunkInfo, Node};
     let s = seed();
     let mut rng = Rng(s);
     let (w, len) = (3usize, 37usize);

@@ -9,7 +9,7 @@ fn recording_factory(seen: Arc<Mutex<Vec<String>>>) -> impl CodecFactory {
     move |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
         let k = ctx.tensor.params.get("k").cloned().unwrap_or_default();
         seen.lock().unwrap().push(k);
-        Ok(pushpull_kernels::fp32_codec(ctx.chunk.len as usize))
+        Ok(pushpull_codecs::fp32_codec(ctx.chunk.len as usize))
     }
 }
 

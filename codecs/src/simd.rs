@@ -8,7 +8,7 @@
 //! with AVX2, and for the baseline, and the widest the CPU has is picked at run time
 //! ([`SimdLevel`]). All compile the *same* source with IEEE semantics (Rust never contracts
 //! `a * b + c` into an FMA, and none of these enables FMA), so all produce the same bits;
-//! `kernels/tests/simd_levels.rs` checks it for every compressor, capping the level with
+//! `codecs/tests/simd_levels.rs` checks it for every compressor, capping the level with
 //! [`set_max_simd_level`].
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use pushpull_kernels::elem;
-use pushpull_kernels::rng::{Permutation, Role, Stream};
-use pushpull_kernels::{stream_bytes, NodeIdentity, RoundCtx};
+use pushpull_codecs::elem;
+use pushpull_codecs::rng::{Permutation, Role, Stream};
+use pushpull_codecs::{stream_bytes, NodeIdentity, RoundCtx};
 
 const LENGTHS: &[usize] = &[0, 1, 7, 8, 31, 32, 33, 1000, 1001];
 

@@ -3,17 +3,17 @@
 //! throughput of fp32 input (criterion's "thrpt", in GiB/s).
 //!
 //! ```text
-//! cargo bench -p pushpull-kernels --bench compress              # rayon's default threads
-//! RAYON_NUM_THREADS=1 cargo bench -p pushpull-kernels --bench compress   # one core
-//! cargo bench -p pushpull-kernels --bench compress -- 'onebit'   # a filter
+//! cargo bench -p pushpull-codecs --bench compress              # rayon's default threads
+//! RAYON_NUM_THREADS=1 cargo bench -p pushpull-codecs --bench compress   # one core
+//! cargo bench -p pushpull-codecs --bench compress -- 'onebit'   # a filter
 //! ```
 //!
 //! For the ratio-to-memcpy table use `pushpull bench compress` or
-//! `cargo run --release -p pushpull-kernels --example bench_compress`.
+//! `cargo run --release -p pushpull-codecs --example bench_compress`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pushpull_kernels::bench::{default_cases, test_data};
-use pushpull_kernels::{
+use pushpull_codecs::bench::{default_cases, test_data};
+use pushpull_codecs::{
     build_from_spec, parse_params, BuildOptions, NodeIdentity, Purpose, RoundCtx,
 };
 use std::hint::black_box;

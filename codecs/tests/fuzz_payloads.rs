@@ -23,8 +23,8 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use pushpull_kernels::chunk::{effective_spec, ChunkInfo};
-use pushpull_kernels::{chunk_codec, Compressor, KernelError, Node, NodeIdentity, RoundCtx};
+use pushpull_codecs::chunk::{effective_spec, ChunkInfo};
+use pushpull_codecs::{chunk_codec, Compressor, KernelError, Node, NodeIdentity, RoundCtx};
 
 /// The maps fuzzed through `chunk_codec`: every gradient compressor, alone, with error
 /// feedback, with momentum.
@@ -71,7 +71,7 @@ fn target(ci: usize, n: usize, server: bool, rng: &mut TestRng) -> Option<Target
             NodeIdentity::worker(rng.next_u64(), rng.next_u64(), rng.below(8) as u32)
         };
         let c = build_as(kv, n, who);
-        let codec = pushpull_kernels::parse_params(&map(kv))
+        let codec = pushpull_codecs::parse_params(&map(kv))
             .unwrap()
             .codec
             .display_name();

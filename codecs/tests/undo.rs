@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pushpull_kernels::{Compressor, RoundCtx};
+use pushpull_codecs::{Compressor, RoundCtx};
 
 /// Every compressor under every decorator: vanilla and corrected error feedback, and Nesterov
 /// momentum over error feedback (Moniqua has no error feedback).

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use pushpull_kernels::{
+use pushpull_codecs::{
     build_compressor, build_from_spec, parse_params, BuildOptions, CodecSpec, KSpec, KernelError,
     NodeIdentity, Purpose,
 };
@@ -432,7 +432,7 @@ fn no_map_panics() {
                 // A built chain works on this length.
                 let x: Vec<f32> = (0..len).map(|i| i as f32 - 20.0).collect();
                 let mut out = Vec::new();
-                let ctx = pushpull_kernels::RoundCtx::new(1).with_lr(0.1);
+                let ctx = pushpull_codecs::RoundCtx::new(1).with_lr(0.1);
                 c.compress(&x, &ctx, &mut out).unwrap();
                 prop_assert!(out.len() <= c.max_compressed_len());
                 let mut y = vec![0f32; len];

@@ -10,8 +10,8 @@
 mod common;
 
 use common::*;
-use pushpull_kernels::elem;
-use pushpull_kernels::RoundCtx;
+use pushpull_codecs::elem;
+use pushpull_codecs::RoundCtx;
 
 /// Total false-alarm probability of all bounds in this file.
 const ALPHA: f64 = 1e-6;
@@ -52,7 +52,7 @@ impl Neighbours {
 /// Runs `rounds` rounds and checks unbiasedness and the error against `bound`.
 fn check(kv: &[(&str, &str)], x: &[f32], nb: &[Neighbours], bound: f64, rounds: usize, seed: u64) {
     let n = x.len();
-    let mut c = build_as(kv, n, pushpull_kernels::NodeIdentity::worker(seed, 11, 2));
+    let mut c = build_as(kv, n, pushpull_codecs::NodeIdentity::worker(seed, 11, 2));
     let mut sum = vec![0f64; n];
     let mut err_sum = 0.0;
     let mut y = vec![0f32; n];

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use pushpull_kernels::rng::{Permutation, Stream};
-use pushpull_kernels::{Compressor, KernelError, NodeIdentity, RoundCtx};
+use pushpull_codecs::rng::{Permutation, Stream};
+use pushpull_codecs::{Compressor, KernelError, NodeIdentity, RoundCtx};
 
 /// Lengths around the interesting boundaries plus random ones.
 fn len_strategy() -> impl Strategy<Value = usize> {

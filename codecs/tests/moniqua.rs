@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use pushpull_kernels::{build_compressor, KernelError, NodeIdentity, RoundCtx};
+use pushpull_codecs::{build_compressor, KernelError, NodeIdentity, RoundCtx};
 
 fn delta(bits: u32, nearest: bool) -> f64 {
     if nearest {
@@ -73,7 +73,7 @@ fn moniqua_is_refused_for_gradients_and_delta_must_stay_below_half() {
     assert!(matches!(e, KernelError::Refused { .. }), "{e}");
     assert!(e.to_string().contains("gradients"), "{e}");
     // One bit with stochastic rounding: delta = 1/2.
-    let e = pushpull_kernels::parse_params(&map(&[
+    let e = pushpull_codecs::parse_params(&map(&[
         ("compressor", "moniqua"),
         ("theta", "1"),
         ("bits", "1"),
@@ -82,7 +82,7 @@ fn moniqua_is_refused_for_gradients_and_delta_must_stay_below_half() {
     assert!(e.to_string().contains("\"bits\" = \"1\""), "{e}");
     assert!(e.to_string().contains("delta"), "{e}");
     // With nearest rounding it is fine (delta = 1/4).
-    pushpull_kernels::parse_params(&map(&[
+    pushpull_codecs::parse_params(&map(&[
         ("compressor", "moniqua"),
         ("theta", "1"),
         ("bits", "1"),

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use pushpull_kernels::{KernelError, RoundCtx};
+use pushpull_codecs::{KernelError, RoundCtx};
 
 fn configs() -> Vec<Vec<(&'static str, &'static str)>> {
     let mut v = all_configs();

@@ -177,7 +177,9 @@ impl KernelError {
         }
     }
 
-    pub(crate) fn payload_exact(compressor: &str, expected: usize, actual: usize) -> KernelError {
+    /// A payload of `actual` bytes where the format has exactly `expected` (also what the
+    /// device's decoders say).
+    pub fn payload_exact(compressor: &str, expected: usize, actual: usize) -> KernelError {
         KernelError::PayloadLength {
             compressor: compressor.to_string(),
             expected: format!("{expected} bytes"),

@@ -1,7 +1,7 @@
 //! Prints the compressor throughput table (GB/s of fp32 input and ratio to memcpy).
 //!
 //! ```text
-//! cargo run --release -p pushpull-kernels --example bench_compress -- [--threads N]
+//! cargo run --release -p pushpull-codecs --example bench_compress -- [--threads N]
 //!     [--sizes 1048576,26843546] [--min-ms 500] [--filter SUBSTRING]
 //!     [--simd baseline|avx2|avx512]
 //! ```
@@ -9,8 +9,8 @@
 //! `--simd` caps the kernels' instruction set (the default is the widest the CPU has), to
 //! compare the levels in one sitting; every level gives the same bytes.
 
-use pushpull_kernels::bench::{bench_table, format_table, BenchConfig};
-use pushpull_kernels::{set_max_simd_level, simd_level, SimdLevel};
+use pushpull_codecs::bench::{bench_table, format_table, BenchConfig};
+use pushpull_codecs::{set_max_simd_level, simd_level, SimdLevel};
 use std::time::Duration;
 
 const USAGE: &str = "usage: bench_compress [--threads N] [--sizes N,N,...] [--min-ms N] \

@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 
-use pushpull_kernels::bench::{default_cases, BenchCase};
-use pushpull_kernels::{
+use pushpull_codecs::bench::{default_cases, BenchCase};
+use pushpull_codecs::{
     build_from_spec, parse_params, set_max_simd_level, simd_level, BuildOptions, Compressor,
     NodeIdentity, Purpose, RoundCtx, SimdLevel,
 };

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 use proptest::test_runner::{Config, RngSeed};
-use pushpull_kernels::rng::{Role, Stream};
-use pushpull_kernels::{
+use pushpull_codecs::rng::{Role, Stream};
+use pushpull_codecs::{
     build_from_spec, parse_params, BuildOptions, Compressor, NodeIdentity, Purpose, RoundCtx,
 };
 use std::collections::BTreeMap;
@@ -51,7 +51,7 @@ impl TestRng {
     }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        pushpull_kernels::rng::mix64(self.0)
+        pushpull_codecs::rng::mix64(self.0)
     }
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {

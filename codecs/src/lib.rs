@@ -1,0 +1,393 @@
+//! Gradient compression for pushpull, on the CPU: every compressor of the seeds, the
+//! error-feedback and momentum decorators, the registry that builds them from a tensor's string
+//! map, and the reduction. Nothing here touches a GPU or a socket: the scheduler and the
+//! servers depend on this crate alone; `pushpull-kernels` adds the device (CUDA, and its
+//! host-compiled twin) on top, with the same bytes.
+//!
+//! # Map of the crate
+//!
+//! | module | what |
+//! |---|---|
+//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], re-exports |
+//! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
+//! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
+//! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
+//! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
+//! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
+//! | [`error`] | [`KernelError`] |
+//! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
+//! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
+//! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) behind `pushpull bench compress` |
+//! | [`payload`] | the payload checks the device's decoders share with the codecs' |
+//! | `codecs` (private) | one module per wire format |
+//! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
+//!
+//! # The traits and the chain
+//! A [`Codec`] is a wire format bound to one chunk (one key) of `len` elements: it encodes
+//! ([`Codec::compress`], one round per call), writes a payload's values
+//! ([`Codec::decompress`]) or adds them to an accumulator ([`Codec::decompress_add`], bit for
+//! bit what decompress followed by `acc[i] += v[i]` gives, so a server can sum pushes without
+//! a temporary). A [`Compressor`] is a chain: decorators that implement compression and keep
+//! state, around a codec that does the rest ([`Compressor::codec`]); every codec is a chain of
+//! itself. Nodes hold `Box<dyn Compressor>`.
+//!
+//! The registry builds `Momentum(ErrorFeedback(codec))`: momentum on workers only (a server
+//! built from the same map skips it), error feedback wherever configured. A worker compresses
+//! its gradient and decompresses the pulled sum with the same instance; a server
+//! decompress-adds every push (in rank order) and compresses the sum with its own instance
+//! (built with [`Role::Server`]).
+//!
+//! ```
+//! use pushpull_codecs::{build_compressor, NodeIdentity, RoundCtx};
+//! let params = [("byteps_compressor_type", "topk"), ("byteps_compressor_k", "3"),
+//!               ("byteps_error_feedback_type", "vanilla")]
+//!     .iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+//! let mut c = build_compressor(&params, 8, &NodeIdentity::worker(42, 7, 0)).unwrap();
+//! assert_eq!(c.name(), "ef(vanilla, topk(k=3))");
+//! let mut payload = Vec::new();
+//! c.compress(&[0.1, -5.0, 0.2, 3.0, 0.0, 4.0, -0.3, 0.05], &RoundCtx::new(0), &mut payload).unwrap();
+//! let mut sum = vec![0.0; 8];
+//! c.decompress_add(&payload, &RoundCtx::new(0), &mut sum).unwrap();
+//! assert_eq!(sum, [0.0, -5.0, 0.0, 3.0, 0.0, 4.0, 0.0, 0.0]);
+//! ```
+//!
+//! # Parameter keys
+//! Keys and values are matched exactly (case-sensitive). Every problem is a [`KernelError`]
+//! naming the key as spelled, the value and what is allowed; keys that do not apply to the
+//! chosen compressor and two spellings of one key with different values are errors too.
+//!
+//! | key | aliases (BytePS) | applies to | values | default |
+//! |---|---|---|---|---|
+//! | `compressor` | `byteps_compressor_type` | all | `none`, `fp16`, `bf16`, `onebit`, `topk`, `randomk`, `dithering`, `minmax`, `moniqua` | `none` |
+//! | `k` | `byteps_compressor_k` | topk, randomk | a fraction in (0, 1) of the chunk (topk: ≤ 0.5) or a whole count ≥ 1 per chunk (topk: ≤ len/2, randomk: ≤ len) | required |
+//! | `k` | `byteps_compressor_k` | dithering | the number of levels s: 1..=32767 (linear), 1..=32 (natural) | required |
+//! | `scaling` | `byteps_compressor_onebit_scaling` | onebit | `true`, `false` | `false` |
+//! | `columns` | | onebit | a whole number ≥ 1: column count of the row-major 2-D shape; selects the column-wise variant | absent |
+//! | `unbiased` | | randomk | `true`, `false` (scale by n/k on workers) | `false` |
+//! | `partition` | `byteps_dithering_partition` | dithering | `linear` or `0`, `natural` or `1` | `linear` |
+//! | `normalize` | `byteps_dithering_normalize` | dithering | `max` or `0`, `l2` or `1` | `max` |
+//! | `encoding` | | dithering | `packed`, `elias` | `packed` |
+//! | `bucket` | | dithering, minmax | elements per bucket, ≥ 1 (QSGD uses 512) | the whole chunk |
+//! | `bits` | | minmax, moniqua | 1..=8 (moniqua with stochastic rounding: 2..=8, δ < ½) | `8` |
+//! | `theta` | | moniqua | θ, a finite number > 0 | required |
+//! | `rounding` | | moniqua | `stochastic` (δ = 2^-bits), `nearest` (δ = 2^-(bits+1)) | `stochastic` |
+//! | `ef` | `byteps_error_feedback_type`, `byteps_ef_type` | all | `none`, `vanilla`, `corrected` | `none` |
+//! | `momentum` | `byteps_momentum_type` | all (workers only) | `none`, `nesterov` | `none` |
+//! | `mu` | `byteps_momentum_mu` | momentum=nesterov | a number in [0, 1) | `0.9` |
+//! | `seed` | `byteps_seed` | all | a u64 replacing the job seed for this tensor | the job seed |
+//!
+//! Booleans are `true`/`false` only. With `momentum=nesterov` the training code's own optimizer
+//! momentum must be 0 (dist-EF-SGDM adds momentum before compression).
+//!
+//! ## k when a tensor spans several chunks
+//! Each chunk is compressed on its own. A fraction `k < 1` gives `max(1, floor(k·len))` for every
+//! chunk. A count `k >= 1` is per chunk: it is validated against the tensor's full chunk length
+//! (topk: `k <= len/2`, randomk: `k <= len`) and every full-size chunk keeps `k`; a shorter last
+//! chunk keeps the same proportion, `ceil(k · len_last / len_full)` (see
+//! [`CompressorSpec::chunk_k`] and [`BuildOptions::full_chunk_len`]). [`build_compressor`]
+//! treats the chunk it is given as full-size.
+//!
+//! # Wire formats
+//! Little-endian everywhere. A *bit stream of n codes of w bits* puts code `i` at stream bits
+//! `[i·w, i·w + w)`, stream bit `j` being bit `j % 32` of u32 word `j / 32`, padded with zero
+//! bits to whole words: `4·ceil(n·w/32)` bytes ([`stream_bytes`]). Buckets start at multiples
+//! of `bucket`; `nb = ceil(n / bucket)` (0 when n = 0); reductions restart at each bucket.
+//! Element `i` rounds with `Stream::rounding(seed, key, round, role, rank).uniform(i)`: a 16-bit
+//! uniform, lane `i % 4` of draw `i / 4` (protocol version 3; [`rng`] states the `2^-16`-of-a-step
+//! bias bound), and minmax/dithering multiply by per-bucket reciprocals ([`elem::bucket_factor`]).
+//!
+//! | compressor | payload | size (bytes) |
+//! |---|---|---|
+//! | `none` | n f32 | `4n` |
+//! | `fp16`, `bf16` | n u16 from [`elem::f32_to_f16_sat`] / [`elem::f32_to_bf16_sat`] | `2n` |
+//! | `onebit` | f32 scale (`elem::mean_abs` if scaling, else 1), bit stream of n sign bits (set for x < 0) | `4 + 4·ceil(n/32)` |
+//! | `onebit` + `columns=C` | min(C, n) × (f32 mean of the column's x ≥ 0, f32 mean of its x < 0), n sign bits | `8·min(C,n) + 4·ceil(n/32)` |
+//! | `topk` | k u32 indices (strictly increasing), then k f32 values | `8k` |
+//! | `randomk` | k f32 values `x[idx_j]·scale`, `idx_j = Permutation(n, Stream::indices(seed, key, round)).permute(j)` | `4k` |
+//! | `dithering`, packed | nb f32 norms, bit stream of n codes `(level << 1) \| sign`, `w = 1 + bitlen(s)` | `4·nb + 4·ceil(n·w/32)` |
+//! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, Elias-gamma coded (gap, sign, level) triples | at most `4 + 4·nb + 4·ceil(n·(3 + 2·floor(log2 s))/32)` |
+//! | `minmax` | nb × (f32 min, f32 max), bit stream of n codes of b bits | `8·nb + 4·ceil(n·b/32)` |
+//! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1` | `4·ceil(n·b/32)` |
+//!
+//! The exact definitions (which `elem` function computes what) are in each format's module
+//! docs; the fixed-width ones (`none`, `fp16`, `bf16`, `onebit`, `randomk`, packed
+//! `dithering`, `minmax`) are produced byte for byte by the CUDA kernels too. `topk`, Elias
+//! `dithering`, column-wise `onebit` and `moniqua` are CPU only.
+//! [`Compressor::max_compressed_len`] is the exact size for every fixed-size format and the
+//! bound above for Elias (whose header carries its count). Notes:
+//! * random-k draws **without replacement** (a keyed permutation), so no index repeats; the wire
+//!   carries values only. A server ([`Role::Server`]) draws the same indices and never
+//!   rescales, so the pulled sum equals the workers' `Σ D(C(g))` on the common support.
+//! * minmax writes a zero min or max as `+0.0` ([`elem::canonical_zero`]).
+//! * dithering: a level-0 element with its sign set decodes to `-0.0` (packed) or `+0.0` (Elias).
+//!
+//! # Randomness
+//! [`rng`]: every draw is a pure function of its coordinates. Rounding uses
+//! `(job seed, key, round, role, rank, element)`, so workers and the server round with
+//! independent noise; random-k indices use `(seed, key, round, j)` only, identical everywhere.
+//! One 64-bit draw feeds two elements. A run is reproducible from its seed.
+//!
+//! # Moniqua and its reference
+//! [`RoundCtx::reference`] carries the reference on both sides: compress ignores it (checking
+//! its length when given); decompress and decompress-add require it (the receiver's own copy,
+//! within θ of the sender's values). Building Moniqua for gradient push_pull is refused
+//! ([`Purpose::Gradient`], what [`build_compressor`] uses); the kernel is available through
+//! [`build_from_spec`] with [`Purpose::ModelAveraging`] until the model-averaging mode exists.
+//!
+//! # Errors, non-finite input, overflow
+//! No map, payload or length panics. NaN or ±Inf input is refused with the index of the first
+//! one ([`KernelError::NonFinite`]) before any state changes; finite input whose statistics
+//! overflow f32 (minmax `max - min`, an l2 norm, a linear dithering `norm·s`, a random-k
+//! `x·n/k`, error feedback's `g + e`) is refused with [`KernelError::Overflow`]; fp16/bf16
+//! saturate. Payloads are validated (length, header, indices, levels, padding bits) before
+//! anything is written, so a failed decompress leaves `out`/`acc` untouched.
+//!
+//! # Speed and threads
+//! The hot loops are written over fixed-size groups so that they vectorise, and compiled three
+//! times (baseline, AVX2, AVX-512; the widest the CPU has is picked at run time, [`SimdLevel`],
+//! and all give the same bits). Long chunks are split across rayon's *current*
+//! pool at fixed offsets with fixed-order combination, so the bytes never depend on the thread
+//! count; run inside `ThreadPool::install` to bound the threads. See [`bench`](mod@bench) and the crate
+//! README for measured throughput.
+
+pub mod bench;
+pub mod chunk;
+mod codecs;
+pub mod decorators;
+pub mod elem;
+pub mod error;
+mod par;
+pub mod params;
+pub mod payload;
+pub mod reduce;
+pub mod registry;
+pub mod rng;
+mod simd;
+mod stats;
+
+pub use chunk::{
+    chunk_codec, fp32_codec, CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node,
+};
+pub use decorators::{ErrorFeedback, Momentum};
+pub use error::KernelError;
+pub use params::{
+    overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
+    Normalize, Partition, Rounding, KEYS,
+};
+pub use reduce::{average, RankOrderSum};
+pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
+pub use rng::Role;
+pub use simd::{set_max_simd_level, simd_level, stream_bytes, SimdLevel};
+
+/// Who is compressing: the coordinates of every random draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeIdentity {
+    /// The job seed (the configured one, or the scheduler's pick); a tensor's `seed` key
+    /// replaces it for that tensor.
+    pub job_seed: u64,
+    /// The chunk's key.
+    pub key: u64,
+    /// Worker or server.
+    pub role: Role,
+    /// The worker's rank, or the server's id.
+    pub rank: u32,
+}
+
+impl NodeIdentity {
+    /// A worker's identity.
+    pub fn worker(job_seed: u64, key: u64, rank: u32) -> NodeIdentity {
+        NodeIdentity {
+            job_seed,
+            key,
+            role: Role::Worker,
+            rank,
+        }
+    }
+
+    /// A server's identity.
+    pub fn server(job_seed: u64, key: u64, server_id: u32) -> NodeIdentity {
+        NodeIdentity {
+            job_seed,
+            key,
+            role: Role::Server,
+            rank: server_id,
+        }
+    }
+}
+
+/// What one round of compress or decompress needs besides the data.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundCtx<'a> {
+    /// The round number (push_pull count of this key); part of every random draw.
+    pub round: u64,
+    /// This round's learning rate η_t; required by `ef=corrected`, ignored otherwise.
+    pub lr: Option<f32>,
+    /// Moniqua's reference values (the receiver's own copy, `len` elements): required by its
+    /// decompress and decompress-add, ignored by every other compressor.
+    pub reference: Option<&'a [f32]>,
+}
+
+impl<'a> RoundCtx<'a> {
+    /// The context of round `round`, with no learning rate and no reference.
+    pub fn new(round: u64) -> RoundCtx<'a> {
+        RoundCtx {
+            round,
+            lr: None,
+            reference: None,
+        }
+    }
+
+    /// With a learning rate.
+    pub fn with_lr(mut self, lr: f32) -> RoundCtx<'a> {
+        self.lr = Some(lr);
+        self
+    }
+
+    /// With a reference.
+    pub fn with_reference(mut self, reference: &'a [f32]) -> RoundCtx<'a> {
+        self.reference = Some(reference);
+        self
+    }
+}
+
+/// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
+/// payloads. Every codec of `codecs` implements it; through the blanket implementation each is
+/// also a [`Compressor`] (a chain of just the codec).
+// `is_empty` is the chain's (`Compressor::is_empty`): a second one here would make the call
+// ambiguous on every codec.
+#[allow(clippy::len_without_is_empty)]
+pub trait Codec: Send {
+    /// The codec's name, e.g. `topk(k=3)`.
+    fn name(&self) -> &str;
+    /// The chunk length it is bound to.
+    fn len(&self) -> usize;
+    /// The largest payload compress can produce for this chunk length (the exact size for
+    /// fixed-width formats).
+    fn max_compressed_len(&self) -> usize;
+    /// Whether the output depends on random draws (rounding noise or random indices).
+    fn is_stochastic(&self) -> bool;
+    /// Encodes `input` (`len` elements) into `out` (replacing its content); one round.
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError>;
+    /// Decodes `payload` into `out` (`len` elements).
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError>;
+    /// Decodes `payload` and adds it to `acc` (`len` elements): bit for bit the same as
+    /// decompress into a temporary followed by `acc[i] += tmp[i]`.
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError>;
+    /// `acc = acc - decompress(payload)` in place, bit for bit, and whether every element of
+    /// `acc` is finite afterwards, for codecs that can do it without decoding into a buffer:
+    /// top-k and random-k subtract on their support only (off it `a - 0.0 == a` for every
+    /// `a`, `-0.0` included); onebit adds its decoding with the scale negated (`a - v == a +
+    /// (-v)` exactly, signed zeros included). `None` when the codec has no such shortcut;
+    /// error feedback then decompresses into a buffer and subtracts it. On `Err`, `acc` may be
+    /// partly changed.
+    fn subtract_decoded(
+        &self,
+        _payload: &[u8],
+        _ctx: &RoundCtx,
+        _acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        None
+    }
+}
+
+/// A compressor bound to one chunk (one key): a [`Codec`], possibly wrapped in decorators
+/// (error feedback, momentum), which implement [`Compressor::compress`] and their state and
+/// take everything else from the codec underneath ([`Compressor::codec`]).
+///
+/// Object-safe; one instance per chunk; each call to [`Compressor::compress`] is one round.
+pub trait Compressor: Send {
+    /// The codec at the bottom of the chain: what every payload is decoded with.
+    fn codec(&self) -> &dyn Codec;
+    /// The chain's name, e.g. `ef(vanilla, topk(k=3))`.
+    fn name(&self) -> &str;
+    /// Compresses `input` (`len` elements) into `out` (replacing its content); one round.
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError>;
+    /// The chunk length it is bound to.
+    fn len(&self) -> usize {
+        self.codec().len()
+    }
+    /// Whether the chunk is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The codec's [`Codec::max_compressed_len`].
+    fn max_compressed_len(&self) -> usize {
+        self.codec().max_compressed_len()
+    }
+    /// The codec's [`Codec::is_stochastic`].
+    fn is_stochastic(&self) -> bool {
+        self.codec().is_stochastic()
+    }
+    /// Decompresses `payload` into `out` (`len` elements): the codec's decoding.
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.codec().decompress(payload, ctx, out)
+    }
+    /// Decompresses `payload` and adds it to `acc` ([`Codec::decompress_add`]).
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.codec().decompress_add(payload, ctx, acc)
+    }
+    /// The error-feedback residual, if the chain has error feedback.
+    fn residual(&self) -> Option<&[f32]> {
+        None
+    }
+    /// The momentum buffer, if the chain has momentum.
+    fn momentum(&self) -> Option<&[f32]> {
+        None
+    }
+    /// Zeroes the decorators' state (residual, momentum, previous learning rate).
+    fn reset(&mut self) {}
+    /// Undoes round `round`'s change of the decorators' state (residual, momentum, previous
+    /// learning rate), if `round` is the last round compressed successfully and it was not
+    /// undone yet; otherwise (that round failed, was never compressed here, or a later one
+    /// was) does nothing. For a round whose result is discarded: a non-finite sum, or an
+    /// optimizer step that was skipped (mixed precision's loss scaler found inf/NaN).
+    fn undo(&mut self, _round: u64) {}
+}
+
+/// A codec alone is a chain: it compresses with its encoding and has no state.
+impl<C: Codec> Compressor for C {
+    fn codec(&self) -> &dyn Codec {
+        self
+    }
+    fn name(&self) -> &str {
+        Codec::name(self)
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        Codec::compress(self, input, ctx, out)
+    }
+}
