@@ -1,7 +1,7 @@
 //! The reduction, defined once: the rank-order sum of the workers' payloads and the average,
 //! which the servers (`pushpull_server`'s `KeyRounds`), the workers, the single-process
 //! reference and the device's decode (`pp_chunk_out` in `cuda/pushpull_table.cuh`, bound to
-//! [`average`] by `tests/device_batch.rs`) all follow, so that a distributed result is the
+//! [`average`] by `pushpull-kernels`'s `tests/device_batch.rs`) all follow, so that a distributed result is the
 //! reference's bits.
 
 use crate::error::KernelError;
