@@ -261,7 +261,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
         let idx = group.spawn(&format!("sink {s}"), &prog, &a)?;
         sink_addrs.push(
             group
-                .wait_line(idx, SINK_LISTENING, crate::launch::local::STARTUP_TIMEOUT)
+                .wait_line(idx, SINK_LISTENING, crate::report::STARTUP_TIMEOUT)
                 .await?,
         );
     }

@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`cli`] | clap definitions of `pushpull`, `pushpull-scheduler`, `pushpull-server`, `pushpull-worker`; entry points; exit codes (0 ok, 1 failed run, 2 bad input) |
 //! | [`node`] | the scheduler, server and worker commands: config + overrides, TLS identity, bind, the `listening on` lines, run |
+//! | [`report`] | what a parent and the processes it starts tell each other on stdout: the `listening on` lines, the benchmark's progress lines and [`report::JobReport`], the startup timeout (depends on nothing else here) |
 //! | [`launch`] | a cluster of this machine's binaries: certificates and cluster file ([`launch::ClusterFiles`]), child processes, `pushpull local` |
 //! | [`jobs`] | the built-in jobs: the benchmark (ResNet-50 tensor set) and MLP training, their data |
 //! | [`bench`](mod@bench) | `pushpull bench transport`: raw quinn throughput with the cluster's settings, and the comparison with the cluster |
@@ -30,5 +31,6 @@ pub mod launch;
 pub mod logging;
 pub mod netbench;
 pub mod node;
+pub mod report;
 
 pub use error::{CliError, CliResult};

@@ -26,13 +26,9 @@ use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
 use crate::cpu::cpu_line;
 use crate::error::{CliError, CliResult};
-use crate::jobs::benchmark::{self, PROGRESS_PREFIX};
+use crate::jobs::benchmark;
 use crate::jobs::train::{self, InRuntime, TrainOptions};
-
-/// The line prefix a scheduler prints once bound: `pushpull-scheduler listening on ADDR`.
-pub const SCHEDULER_LISTENING: &str = "pushpull-scheduler listening on ";
-/// The line prefix a server prints once bound: `pushpull-server listening on ADDR`.
-pub const SERVER_LISTENING: &str = "pushpull-server listening on ";
+use crate::report::{PROGRESS_PREFIX, SCHEDULER_LISTENING, SERVER_LISTENING};
 
 /// Flags every node takes: the cluster file and the overrides of its `[cluster] scheduler` and
 /// `[tls]` settings.
@@ -139,7 +135,7 @@ pub struct WorkerOptions {
 
 /// `pushpull-worker`: joins the cluster, runs the built-in job (`job.kind`: the benchmark of
 /// [`crate::jobs::benchmark`] or the training of [`crate::jobs::train`]), says it is finished and prints the
-/// report ([`crate::jobs::benchmark::JobReport`] or [`crate::jobs::train::TrainReport`]).
+/// report ([`crate::report::JobReport`] or [`crate::jobs::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;

@@ -2,7 +2,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`benchmark`] | the benchmark job: ResNet-50 tensor set, broadcast, timed push_pull rounds, bit-exact checks, [`benchmark::JobReport`] |
+//! | [`benchmark`] | the benchmark job: ResNet-50 tensor set, broadcast, timed push_pull rounds, bit-exact checks; its report is [`crate::report::JobReport`] |
 //! | [`buffers`] | where the benchmark's tensors live (`job.buffers`: host memory, a GPU, the emulated device) and how a round reduces them |
 //! | [`train`] | the training job: an MLP in candle on a synthetic task, its gradients through push_pull, the comparison table of `pushpull local --compare` |
 //! | [`data`] | reproducible per-(seed, round, rank, tensor) data and the rank-order sums to check against |

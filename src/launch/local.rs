@@ -17,7 +17,6 @@
 //! outlive the launcher.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,17 +25,13 @@ use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, CliResult};
-use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
 use crate::jobs::train::compare::{self, CompareReport, RunRow};
 use crate::jobs::train::TrainReport;
 use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::node::SERVER_LISTENING;
+use crate::report::{JobReport, PROGRESS_PREFIX, SERVER_LISTENING};
 
 /// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
 pub const LOCAL_TOML: &str = include_str!("../../configs/local.toml");
-
-/// How long a process may take to print its `listening on` line.
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -143,20 +138,6 @@ impl LocalSummary {
 pub fn default_config() -> Config {
     Config::from_toml_str(LOCAL_TOML, "configs/local.toml (built in)")
         .expect("configs/local.toml is a valid cluster file")
-}
-
-/// Writes `config` (without `[tls]`) to `dir/cluster.toml`.
-pub fn write_config(config: &Config, dir: &Path) -> CliResult<PathBuf> {
-    let mut c = config.clone();
-    c.tls.ca = None;
-    c.tls.cert = None;
-    c.tls.key = None;
-    let text = toml::to_string(&c)
-        .map_err(|e| CliError::failed(format!("cannot write the cluster file: {e}")))?;
-    let path = dir.join("cluster.toml");
-    std::fs::write(&path, text)
-        .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
-    Ok(path)
 }
 
 /// Runs the cluster to the end. Must be called on a runtime whose thread outlives the run
@@ -489,7 +470,7 @@ mod tests {
         let c = default_config();
         assert_eq!(c.cluster.scheduler, "127.0.0.1:0");
         let dir = tempfile::tempdir().unwrap();
-        let path = write_config(&c, dir.path()).unwrap();
+        let path = crate::launch::write_config(&c, dir.path()).unwrap();
         let back = Config::from_file(&path).unwrap();
         assert_eq!(back, c);
     }

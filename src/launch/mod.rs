@@ -43,7 +43,7 @@ impl ClusterFiles {
             .map_err(|e| CliError::failed(format!("cannot make a temporary folder: {e}")))?;
         let tls = generate_cluster(dir.path(), &config.tls.server_name, nodes)
             .map_err(|e| CliError::failed(format!("cannot make throw-away certificates: {e}")))?;
-        let config_path = local::write_config(config, dir.path())?;
+        let config_path = write_config(config, dir.path())?;
         Ok(ClusterFiles {
             dir,
             tls,
@@ -55,4 +55,18 @@ impl ClusterFiles {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// Writes `config` (without `[tls]`) to `dir/cluster.toml`.
+pub fn write_config(config: &Config, dir: &Path) -> CliResult<PathBuf> {
+    let mut c = config.clone();
+    c.tls.ca = None;
+    c.tls.cert = None;
+    c.tls.key = None;
+    let text = toml::to_string(&c)
+        .map_err(|e| CliError::failed(format!("cannot write the cluster file: {e}")))?;
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, text)
+        .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
+    Ok(path)
 }

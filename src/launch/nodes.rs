@@ -15,8 +15,7 @@ use pushpull_proto::config::TlsConfig;
 use super::procs::{ProcGroup, Programs};
 use super::ClusterFiles;
 use crate::error::CliResult;
-use crate::launch::local::STARTUP_TIMEOUT;
-use crate::node::SCHEDULER_LISTENING;
+use crate::report::{SCHEDULER_LISTENING, STARTUP_TIMEOUT};
 
 /// Where a node runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

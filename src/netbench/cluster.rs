@@ -15,12 +15,12 @@ use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
 use crate::error::{CliError, CliResult};
-use crate::jobs::benchmark::{JobReport, PROGRESS_PREFIX};
 use crate::jobs::train::TrainReport;
 use crate::launch::local::parse_kv;
 use crate::launch::nodes::{self, Place};
 use crate::launch::procs::{Event, ProcGroup, Programs};
 use crate::launch::ClusterFiles;
+use crate::report::{JobReport, PROGRESS_PREFIX};
 
 /// Counters read at one round boundary.
 #[derive(Debug, Clone)]

@@ -21,9 +21,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use super::report::{median, RunRow};
+use super::report::RunRow;
 use super::topo::Topology;
 use crate::error::{CliError, CliResult};
+use crate::report::median;
 
 /// The peers' script (see its docstring).
 const SCRIPT: &str = include_str!("../../bench/gloo_peers.py");

@@ -26,6 +26,7 @@ use super::baseline::per_gb;
 use super::cluster::ClusterRun;
 use super::probe::LinkRate;
 use crate::jobs::benchmark::tensor_set;
+use crate::report::{median, JobReport};
 
 /// Bytes of one host per timed round.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -130,21 +131,6 @@ pub fn server_shares(scale: f64, num_servers: u32, partition_bytes: u64) -> Vec<
         .iter()
         .map(|&b| b as f64 / total.max(1) as f64)
         .collect()
-}
-
-/// The median of `v` (0 when empty).
-pub fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
 }
 
 /// What a row needs besides the run.
@@ -319,7 +305,7 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
 }
 
 /// Per timed round, the latest any worker got the first tensor's result; their median.
-fn first_layer_seconds(reports: &[crate::jobs::benchmark::JobReport]) -> f64 {
+fn first_layer_seconds(reports: &[JobReport]) -> f64 {
     let rounds = reports
         .iter()
         .map(|r| r.first_tensor_seconds.len())

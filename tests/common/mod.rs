@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pushpull::launch::nodes;
-use pushpull::node::{SCHEDULER_LISTENING, SERVER_LISTENING};
+use pushpull::report::{SCHEDULER_LISTENING, SERVER_LISTENING};
 use pushpull_net::tls::{generate_cluster, TlsIdentity};
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
@@ -114,7 +114,7 @@ pub fn test_config(workers: u32, servers: u32) -> Config {
 
 /// Writes `config` to `dir/cluster.toml`.
 pub fn write_config(config: &Config, dir: &Path) -> PathBuf {
-    pushpull::launch::local::write_config(config, dir).unwrap()
+    pushpull::launch::write_config(config, dir).unwrap()
 }
 
 /// A child process of a real binary with its stdout lines in a channel and its stderr
