@@ -74,8 +74,8 @@ Mixed precision
         scaler.update()
 
     (``scaler.step(optimizer)`` alone would check each worker's own gradients before they are
-    averaged.) Error feedback and momentum hold scaled gradients: when the scale changes, the
-    state carried over is off by that factor for a step, as in BytePS.
+    averaged.) Error feedback and momentum hold scaled gradients, and pushpull does not rescale
+    them: when the scale changes, the state carried over is off by that factor.
 
 Failures
     Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
