@@ -16,6 +16,8 @@
 #           on each worker)
 #   torch   bench/torch_vs_ddp.py: ResNet-50 b32, two ranks on the GPU, pushpull.torch (none,
 #           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
+# Environment: TORCH_ARGS, more arguments of torch_vs_ddp.py (e.g. "--timeout 100");
+# JOB_COMPRESSORS, the job stage's compressors (default "onebit fp16 none").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp/gpu-out}"
@@ -55,7 +57,7 @@ job() {
     # The repository's local cluster at its default partition (128 KB), rounds unchecked (the
     # `tests` stage checks the bits; the CPU reference would dominate the time).
     sed -e 's/^check = true/check = false/' configs/local.toml >"$cfg"
-    for compressor in onebit fp16 none; do
+    for compressor in ${JOB_COMPRESSORS:-onebit fp16 none}; do
         for buffers in host device; do
             "$PUSHPULL_BIN" local --config "$cfg" --job benchmark --buffers "$buffers" \
                 --compressor "$compressor" --scale 1 --rounds 5 || return 1
@@ -73,8 +75,9 @@ for s in "$@"; do
             ;;
         pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py -q -x ;;
         bench) stage bench 240 "$kit/bin/bench_gpu" --reps 10 ;;
-        job) stage job 540 job ;;
-        torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ;;
+        # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
+        job) stage job 540 bash -c "$(declare -f job); out=$(printf %q "$out"); job" ;;
+        torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ${TORCH_ARGS:-} ;;
         *) echo "unknown stage $s (tests, pytest, bench, job, torch)"; failed+=("$s") ;;
     esac
 done

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::{Config, ParamMap};
-use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext};
+use pushpull_worker::{CudaDevice, CudaError, EmulatedDevice, GpuContext};
 use pushpull_worker::{Device, JoinOptions, Place, Reduce, RoundHandle, WorkerError};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
@@ -189,7 +189,7 @@ impl Devices {
         if let Some(d) = cuda.get(&ordinal) {
             return Ok(Route::Cuda(d.clone()));
         }
-        let gpu = GpuContext::new(ordinal)
+        let gpu = process_gpu(ordinal)
             .map_err(|e| WorkerError::Config(format!("opening {name} for device buffers: {e}")))?;
         let d = Arc::new(CudaDevice::new(gpu));
         cuda.insert(ordinal, d.clone());
@@ -201,6 +201,24 @@ impl Devices {
         let cuda = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
         self.emulated.driver_calls() + cuda.values().map(|d| d.driver_calls()).sum::<u64>()
     }
+}
+
+/// The process's context on GPU `ordinal` (its primary context, the worker stream, the
+/// kernels), opened on first use and never closed, whichever worker asked: torch's caching
+/// allocator records events on that stream for every tensor that crossed it
+/// (`record_stream` in `pushpull.torch`) when the tensor is freed, which can be during the
+/// interpreter's shutdown, after every worker is gone (torch keeps its own streams for the
+/// life of the process the same way). Closing it with the worker crashed such a process at
+/// exit ("context is destroyed", seen on an H100).
+fn process_gpu(ordinal: usize) -> Result<Arc<GpuContext>, CudaError> {
+    static GPUS: Mutex<BTreeMap<usize, Arc<GpuContext>>> = Mutex::new(BTreeMap::new());
+    let mut gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(gpu) = gpus.get(&ordinal) {
+        return Ok(gpu.clone());
+    }
+    let gpu = GpuContext::new(ordinal)?;
+    gpus.insert(ordinal, gpu.clone());
+    Ok(gpu)
 }
 
 /// A joined worker (`pushpull._native.Worker`).

@@ -93,7 +93,7 @@ pub use blocking::BlockingWorker;
 pub use error::WorkerError;
 pub use pushpull_kernels::cuda::Device as Place;
 #[cfg(feature = "cuda")]
-pub use pushpull_kernels::cuda::{CudaDevice, GpuContext};
+pub use pushpull_kernels::cuda::{CudaDevice, CudaError, GpuContext};
 pub use pushpull_kernels::device::{Device, EmulatedDevice};
 pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
 pub use tensor::{Metrics, Reduce, Tensor, TensorMetrics};
