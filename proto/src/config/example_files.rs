@@ -10,6 +10,10 @@ fn shipped_examples_parse() {
             include_str!("../../../configs/local.toml"),
         ),
         (
+            "configs/gpu-local.toml",
+            include_str!("../../../configs/gpu-local.toml"),
+        ),
+        (
             "configs/multi-host.toml",
             include_str!("../../../configs/multi-host.toml"),
         ),
