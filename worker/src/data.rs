@@ -92,6 +92,16 @@ pub(crate) trait RoundData: Send + 'static {
         None
     }
 
+    /// What the round waits for before its chunks are encoded, if anything: a device batch's
+    /// payloads on their way to host staging, which takes as long as the device is busy with
+    /// work queued before them (a training's kernels). Awaited before the round's sends are
+    /// held ([`crate::Worker::push_pull_group_into`]) and before its chunks are encoded, so
+    /// that a busy device holds back neither the runtime's threads nor the frames of other
+    /// tensors.
+    fn ready(&mut self) -> Option<Ready> {
+        None
+    }
+
     /// Encodes chunk `index` of this worker's data: the payload to push, in a buffer of
     /// `pool` (or of the data's own pool), or [`Encoded::NonFinite`] for a sum's chunk that
     /// is not finite.
@@ -134,6 +144,9 @@ pub(crate) trait RoundData: Send + 'static {
 }
 
 /// The rest of a round's decoding, after [`RoundData::end`].
+/// A round's wait before encoding ([`RoundData::ready`]).
+pub(crate) type Ready = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 pub(crate) type Settling =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), WorkerError>> + Send>>;
 

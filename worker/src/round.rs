@@ -85,6 +85,12 @@ pub(crate) async fn run_round<R: RoundData>(
         hold: Mutex::new(hold),
     };
     let started = std::time::Instant::now();
+    // A device's payloads may still be on their way to host staging: wait for them here, not
+    // in an encode under the data's lock (that would block a runtime thread on the device).
+    let ready = data.lock().unwrap_or_else(|p| p.into_inner()).ready();
+    if let Some(ready) = ready {
+        ready.await;
+    }
     let codec_nanos = (
         tensor.compress_nanos.load(Ordering::Relaxed),
         tensor.decompress_nanos.load(Ordering::Relaxed),

@@ -453,3 +453,95 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
     .await
     .expect("timed out");
 }
+
+/// A device still busy with work queued before a group call's batch (on a GPU: the training's
+/// kernels) holds up that call's rounds and nothing else: neither the runtime's threads (the
+/// group, and the single calls beside it, have more tensors than the runtime has threads, and
+/// a wait for the device blocks) nor the frames of a lower-priority tensor (the group's send
+/// holds wait for its payloads). A
+/// round of host buffers goes through while the device is held; a thread releases it after
+/// 20 s whatever happens, so that the old behaviour fails the test instead of hanging it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_device_holds_up_its_own_rounds_only() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack(1, 1, 64 * 1024).await;
+        let w = s.workers[0].clone();
+        let p = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
+        let mut ts = Vec::new();
+        for i in 0..6 {
+            ts.push(
+                w.declare_with_priority(&format!("d{i}"), 40_000, p.clone(), 10)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut single = Vec::new();
+        for i in 0..3 {
+            single.push(
+                w.declare(&format!("s{i}"), 40_000, p.clone())
+                    .await
+                    .unwrap(),
+            );
+        }
+        let host = w
+            .declare_with_priority("h", 5_000, map(&[]), -10)
+            .await
+            .unwrap();
+        let device = Arc::new(EmulatedDevice::new());
+        device.hold_staging();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let release = {
+            let device = device.clone();
+            std::thread::spawn(move || {
+                let _ = finished.recv_timeout(std::time::Duration::from_secs(20));
+                device.release_staging();
+            })
+        };
+        let group = {
+            let (w, device) = (w.clone(), device.clone());
+            let calls: Vec<_> = ts
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.clone(), to_device(&device, &data(i as u64, 40_000))))
+                .collect();
+            tokio::spawn(async move {
+                let handles = w.push_pull_group_device(calls, &device, Reduce::Sum).await;
+                for h in handles {
+                    h.await.unwrap();
+                }
+            })
+        };
+        let singles: Vec<_> = single
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (w, device, t) = (w.clone(), device.clone(), t.clone());
+                let mem = to_device(&device, &data(10 + i as u64, 40_000));
+                tokio::spawn(async move {
+                    w.push_pull_device(&t, &device, mem, Reduce::Sum)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        // Give the calls a moment to launch their batches and block whatever they block.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let x = data(99, 5_000);
+        let got = w.push_pull(&host, x.clone(), Reduce::Sum).await.unwrap();
+        assert!(
+            device.staging_held(),
+            "the host round finished only after the device was released"
+        );
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&x), "one worker's sum is its own data");
+        drop(done);
+        group.await.unwrap();
+        for call in singles {
+            call.await.unwrap();
+        }
+        release.join().unwrap();
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}

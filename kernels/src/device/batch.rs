@@ -280,6 +280,13 @@ impl<D: Device> Drop for Started<D> {
 }
 
 impl<D: Device> Started<D> {
+    /// Waits until the batch's payloads are in host staging (a blocking wait on the device:
+    /// an async caller runs it off its async threads); [`Started::finish`] then finds them
+    /// there. The error is the one every chunk's `finish` returns.
+    pub fn wait_staged(&self) -> Result<(), String> {
+        self.staged().map(drop)
+    }
+
     /// The staged arena, waited for by the first caller.
     fn staged(&self) -> Result<&Bytes, String> {
         self.staged

@@ -12,6 +12,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 
 use super::table::Launch;
 use super::{check_range, Device};
@@ -25,6 +26,9 @@ pub struct EmulatedDevice {
     /// of memory").
     allocated: AtomicU64,
     limit: Option<u64>,
+    /// While true, a wait for staged copies blocks ([`EmulatedDevice::hold_staging`]).
+    staging_held: Mutex<bool>,
+    staging_gate: Condvar,
 }
 
 impl EmulatedDevice {
@@ -41,6 +45,25 @@ impl EmulatedDevice {
             limit: Some(bytes),
             ..EmulatedDevice::default()
         }
+    }
+
+    /// Holds every copy into host staging until [`EmulatedDevice::release_staging`]: a wait
+    /// for one ([`Device::wait_staged`]) blocks meanwhile, as on a GPU still busy with work
+    /// queued before it (the training's kernels). How tests check that a busy device holds up
+    /// only the rounds that wait for it.
+    pub fn hold_staging(&self) {
+        *self.staging_held.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    /// Ends [`EmulatedDevice::hold_staging`]: the waits blocked on it return.
+    pub fn release_staging(&self) {
+        *self.staging_held.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.staging_gate.notify_all();
+    }
+
+    /// Whether [`EmulatedDevice::hold_staging`] holds the copies now.
+    pub fn staging_held(&self) -> bool {
+        *self.staging_held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn count(&self, calls: u64) {
@@ -192,6 +215,14 @@ impl Device for EmulatedDevice {
             return Ok(());
         }
         self.count(1);
+        let mut held = self.staging_held.lock().unwrap_or_else(|p| p.into_inner());
+        while *held {
+            held = self
+                .staging_gate
+                .wait(held)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        drop(held);
         for (at, bytes) in std::mem::take(&mut staging.pending) {
             staging.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
         }

@@ -17,7 +17,8 @@ use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started}
 use pushpull_proto::pool::BufPool;
 
 use super::{
-    check_home, decode_host, encode_host, undo_host, Encoded, Launch, RoundData, Settling, Starting,
+    check_home, decode_host, encode_host, undo_host, Encoded, Launch, Ready, RoundData, Settling,
+    Starting,
 };
 use crate::error::WorkerError;
 use crate::tensor::RoundKind;
@@ -47,9 +48,23 @@ struct BatchRun<D: Device> {
     left: AtomicUsize,
     /// The decode's outcome, once the last round ended.
     decoded: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+    /// Set once the batch's payloads are in host staging ([`BatchRun::staged`]).
+    staged: tokio::sync::OnceCell<()>,
 }
 
 impl<D: Device> BatchRun<D> {
+    /// Waits until the batch's payloads are in host staging: once per batch (its other rounds
+    /// find them there), on the blocking pool, since the wait blocks on the device's event.
+    /// A failed wait is reported by every chunk's encode ([`Started::finish`]).
+    async fn staged(self: Arc<Self>) {
+        let run = self.clone();
+        self.staged
+            .get_or_init(|| async move {
+                let _ = tokio::task::spawn_blocking(move || run.started.wait_staged()).await;
+            })
+            .await;
+    }
+
     /// One round of the batch has ended: the last to end decodes every round's results.
     fn leave(&self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -327,6 +342,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                     started,
                     left: AtomicUsize::new(on.len()),
                     decoded: tokio::sync::watch::Sender::new(None),
+                    staged: tokio::sync::OnceCell::new(),
                 });
                 for (part, &i) in on.iter().enumerate() {
                     rounds[i].data.launched = Launched::Yes {
@@ -348,6 +364,13 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             Launched::Failed(e) => Some(e.clone()),
             _ => None,
         }
+    }
+
+    fn ready(&mut self) -> Option<Ready> {
+        let Launched::Yes { run, .. } = &self.launched else {
+            return None;
+        };
+        Some(Box::pin(run.clone().staged()))
     }
 
     fn encode(

@@ -59,7 +59,9 @@ impl Worker {
     /// in the tensors' priority order), and compressed on the device as **one batch**: each
     /// step of the chains is one driver call for every chunk of every tensor, so a step's
     /// gradients cost a dozen driver calls, not a dozen per tensor. Hand in a step's
-    /// gradients (or DDP-sized buckets of them) this way.
+    /// gradients (or DDP-sized buckets of them) this way. Returns once the batch's payloads
+    /// are on the host and every round has started (a device still busy with work queued
+    /// before the batch delays this call, and these rounds, but no other tensor's).
     ///
     /// # Errors
     /// Per handle, those of [`Worker::push_pull_device`] and [`Worker::push_pull_group_into`].

@@ -7,8 +7,11 @@
 //! a round in different orders, and a chunk one of them sends first and another last has its
 //! sum ready only at the end (BENCHMARKS.md, "The order of simultaneous calls"). A group call
 //! knows all its tensors before any is encoded: it takes every tensor's round lock (highest
-//! priority first, then by name, one order for every group), then a [`SendHold`] of every
-//! tensor's priority, then starts the rounds highest priority first; each round releases its
+//! priority first, then by name, one order for every group), launches a device's batch and
+//! waits (off the async threads) until its payloads are on the host, then takes a
+//! [`SendHold`] of every tensor's priority, then starts the rounds highest priority first (a
+//! hold taken while the device is busy would stop an earlier call's lower-priority frames for
+//! as long as the device takes); each round releases its
 //! hold once its chunks are queued, so the sender lets a chunk go only when every
 //! higher-priority chunk of the group is queued. No hold
 //! is taken while a lock is awaited (a lock waits for the tensor's previous round, which needs
@@ -164,16 +167,24 @@ impl Worker {
                 Err(e) => failed[i] = Some(e),
             }
         }
-        // Every lock is held: hold every priority before any round is encoded, then start the
-        // rounds highest priority first, in the order of `calls` within a priority.
+        // Every lock is held. A device's rounds start as one batch; once its payloads are in
+        // host staging (the device may first finish work queued before them: a training's
+        // kernels), hold every priority before any round is encoded, then start the rounds
+        // highest priority first, in the order of `calls` within a priority. Holding the
+        // sender while the device is still busy would hold back lower-priority frames
+        // already queued (an earlier bucket's) for nothing.
         prepared.sort_by_key(|(i, p)| (std::cmp::Reverse(p.tensor.placement.priority), *i));
+        let mut all: Vec<&mut Prepared<R>> = prepared.iter_mut().map(|(_, p)| p).collect();
+        self.launch(&mut all);
+        for (_, p) in prepared.iter_mut() {
+            if let Some(ready) = p.data.ready() {
+                ready.await;
+            }
+        }
         let holds: Vec<SendHold> = prepared
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
             .collect();
-        // A device's rounds start as one batch.
-        let mut all: Vec<&mut Prepared<R>> = prepared.iter_mut().map(|(_, p)| p).collect();
-        self.launch(&mut all);
         let mut handles: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
         for ((i, p), hold) in prepared.into_iter().zip(holds) {
             let name = p.tensor.placement.name.clone();
