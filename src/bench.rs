@@ -38,7 +38,7 @@ use crate::cpu::process_cpu_seconds;
 use crate::error::{CliError, CliResult};
 use crate::launch::local::{run_local, LocalOptions, LocalSummary};
 use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::node::{load_config, load_identity, parse_addr_flag, NodeArgs};
+use pushpull_node::commands::{load_config, load_identity, parse_addr_flag, NodeArgs};
 
 /// The line prefix a sink prints once bound.
 pub const SINK_LISTENING: &str = "pushpull-bench-sink listening on ";

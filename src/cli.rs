@@ -1,14 +1,15 @@
-//! Command-line interfaces (clap derive) of the four binaries and their entry points.
-//!
-//! `pushpull-scheduler`, `pushpull-server` and `pushpull-worker` call [`scheduler_main`],
-//! [`server_main`] and [`worker_main`]; `pushpull` calls [`pushpull_main`], whose `scheduler`,
-//! `server` and `worker` subcommands take the same flags and run the same functions.
+//! Command-line interfaces (clap derive) of `pushpull` and `pushpull-worker` and their entry
+//! points: `pushpull-worker` calls [`worker_main`], `pushpull` calls [`pushpull_main`], whose
+//! `scheduler`, `server` and `worker` subcommands take the flags of `pushpull-scheduler`,
+//! `pushpull-server` (`pushpull_node::cli`) and `pushpull-worker` and run the same functions.
 //! Exit codes: 0 success, 1 a failed run, 2 bad input (clap's usage errors included).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use pushpull_node::cli::{exit, multi_thread, scheduler, server, SchedulerArgs, ServerArgs};
+use pushpull_node::commands::NodeArgs;
 use pushpull_proto::Config;
 
 use crate::error::{CliError, CliResult};
@@ -16,46 +17,8 @@ use crate::launch::local::{
     default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
 };
 use crate::launch::procs::Programs;
-use crate::node::{run_scheduler, run_server, run_worker, NodeArgs, WorkerOptions};
+use crate::node::{run_worker, WorkerOptions};
 use crate::{bench, certs, logging};
-
-/// `pushpull-scheduler`: the rendezvous point of a cluster.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "pushpull-scheduler",
-    version,
-    about = "The pushpull scheduler: registers servers and workers, assigns ranks and tensor \
-             placements, runs barriers and heartbeats, and ends the job.",
-    long_about = None,
-    after_help = "Prints `pushpull-scheduler listening on ADDR` once bound, and \
-                  `pushpull-scheduler cpu_seconds S` at exit. Exit code 0 when every worker \
-                  finished, 1 when a node was lost (the error names it), 2 for bad input."
-)]
-pub struct SchedulerArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub node: NodeArgs,
-}
-
-/// `pushpull-server`: holds a shard of the keys and sums pushes.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "pushpull-server",
-    version,
-    about = "A pushpull server: holds a shard of the keys, sums every round's pushes in rank \
-             order and answers each worker.",
-    after_help = "Prints `pushpull-server listening on ADDR` once bound, and \
-                  `pushpull-server cpu_seconds S` at exit. Exit code 0 on a clean shutdown, 1 \
-                  when the job failed (the error names the lost node), 2 for bad input."
-)]
-pub struct ServerArgs {
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub node: NodeArgs,
-    /// The address to bind, IP:PORT (overrides `server.listen`; port 0 picks a free port).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<String>,
-}
 
 /// `pushpull-worker`: runs the built-in benchmark job as one worker.
 #[derive(Debug, Clone, Parser)]
@@ -352,39 +315,11 @@ pub struct SendArgs {
     pub bytes: u64,
 }
 
-/// Turns a command's result into the process exit code, printing the error on stderr.
-pub fn exit(result: CliResult<()>) -> ExitCode {
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
-        }
-    }
-}
-
-fn multi_thread() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
 fn current_thread() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-/// Runs a scheduler (`pushpull-scheduler`, `pushpull scheduler`).
-pub fn scheduler(args: SchedulerArgs) -> CliResult<()> {
-    multi_thread().block_on(run_scheduler(&args.node))
-}
-
-/// Runs a server (`pushpull-server`, `pushpull server`).
-pub fn server(args: ServerArgs) -> CliResult<()> {
-    multi_thread().block_on(run_server(&args.node, args.listen.as_deref()))
 }
 
 /// Runs a worker (`pushpull-worker`, `pushpull worker`).
@@ -619,7 +554,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
             Ok(())
         }
         BenchCommand::Sink(s) => {
-            let listen = crate::node::parse_addr_flag("--listen", &s.listen)?;
+            let listen = pushpull_node::commands::parse_addr_flag("--listen", &s.listen)?;
             multi_thread().block_on(bench::run_sink(&s.node, listen, s.connections, s.bytes))
         }
         BenchCommand::Send(s) => {
@@ -627,20 +562,6 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
         }
         BenchCommand::Net(n) => crate::netbench::run(*n),
     }
-}
-
-/// Entry point of `pushpull-scheduler`.
-pub fn scheduler_main() -> ExitCode {
-    let args = SchedulerArgs::parse();
-    logging::init();
-    exit(scheduler(args))
-}
-
-/// Entry point of `pushpull-server`.
-pub fn server_main() -> ExitCode {
-    let args = ServerArgs::parse();
-    logging::init();
-    exit(server(args))
 }
 
 /// Entry point of `pushpull-worker`.

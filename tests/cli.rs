@@ -23,7 +23,7 @@ fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
 
 /// Runs `program --config FILE extra...` with valid certificates; returns (code, stderr).
 fn run_with_config(
-    program: &str,
+    program: &[&str],
     certs: &Certs,
     node: &str,
     text: &str,
@@ -185,7 +185,7 @@ fn usage_errors_and_help() {
         let (code, out, err) = run_bin(program, &["--help"], T);
         assert_eq!(code, Some(0), "{err}");
         for f in flags {
-            assert!(out.contains(f), "{program} --help lacks {f}:\n{out}");
+            assert!(out.contains(f), "{program:?} --help lacks {f}:\n{out}");
         }
     }
     let (code, out, _) = run_bin(PUSHPULL, &["--help"], T);

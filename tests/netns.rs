@@ -78,8 +78,6 @@ fn onebit_round_on_a_shaped_network() {
     .unwrap();
     let programs = Programs::explicit(
         env!("CARGO_BIN_EXE_pushpull").as_ref(),
-        env!("CARGO_BIN_EXE_pushpull-scheduler").as_ref(),
-        env!("CARGO_BIN_EXE_pushpull-server").as_ref(),
         env!("CARGO_BIN_EXE_pushpull-worker").as_ref(),
     );
     let limits = RunLimits {

@@ -67,11 +67,14 @@ impl Programs {
         })
     }
 
-    /// Explicit paths of the four binaries (tests use `CARGO_BIN_EXE_*`).
-    pub fn explicit(pushpull: &Path, scheduler: &Path, server: &Path, worker: &Path) -> Programs {
+    /// `pushpull` at `pushpull` running the scheduler and servers (`pushpull scheduler|server`)
+    /// and the workers at `worker` (tests use `CARGO_BIN_EXE_*`, which names only this
+    /// package's binaries).
+    pub fn explicit(pushpull: &Path, worker: &Path) -> Programs {
+        let sub = |role: &str| (pushpull.to_path_buf(), vec![role.to_string()]);
         Programs {
-            scheduler: (scheduler.to_path_buf(), Vec::new()),
-            server: (server.to_path_buf(), Vec::new()),
+            scheduler: sub("scheduler"),
+            server: sub("server"),
             worker: (worker.to_path_buf(), Vec::new()),
             pushpull: pushpull.to_path_buf(),
         }

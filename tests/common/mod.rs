@@ -20,10 +20,15 @@ use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 use pushpull_worker::{JoinOptions, Worker};
 
-pub const SCHEDULER: &str = env!("CARGO_BIN_EXE_pushpull-scheduler");
-pub const SERVER: &str = env!("CARGO_BIN_EXE_pushpull-server");
-pub const WORKER: &str = env!("CARGO_BIN_EXE_pushpull-worker");
-pub const PUSHPULL: &str = env!("CARGO_BIN_EXE_pushpull");
+/// The commands the tests run, each a program and its leading arguments. `pushpull-scheduler`
+/// and `pushpull-server` are the `pushpull-node` package's binaries, which this package's
+/// tests cannot name (`CARGO_BIN_EXE_*` names only this package's): `pushpull scheduler` and
+/// `pushpull server` take the same flags and run the same code (`node/tests/` runs the
+/// binaries themselves).
+pub const PUSHPULL: &[&str] = &[env!("CARGO_BIN_EXE_pushpull")];
+pub const SCHEDULER: &[&str] = &[env!("CARGO_BIN_EXE_pushpull"), "scheduler"];
+pub const SERVER: &[&str] = &[env!("CARGO_BIN_EXE_pushpull"), "server"];
+pub const WORKER: &[&str] = &[env!("CARGO_BIN_EXE_pushpull-worker")];
 
 /// Heartbeat settings of test clusters: short, but robust on a busy 2-core machine.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 200;
@@ -129,8 +134,10 @@ pub struct Proc {
 }
 
 impl Proc {
-    pub fn spawn(name: &str, program: &str, args: &[String]) -> Proc {
-        let mut child = Command::new(program)
+    pub fn spawn(name: &str, command: &[&str], args: &[String]) -> Proc {
+        let program = command.join(" ");
+        let mut child = Command::new(command[0])
+            .args(&command[1..])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -405,10 +412,14 @@ pub fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
-/// Runs a binary to completion with a timeout; returns (exit code, stdout, stderr).
-pub fn run_bin(program: &str, args: &[&str], timeout: Duration) -> (Option<i32>, String, String) {
+/// Runs a command to completion with a timeout; returns (exit code, stdout, stderr).
+pub fn run_bin(
+    command: &[&str],
+    args: &[&str],
+    timeout: Duration,
+) -> (Option<i32>, String, String) {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let mut p = Proc::spawn(program, program, &args);
+    let mut p = Proc::spawn(&command.join(" "), command, &args);
     let st = p.wait_exit(timeout);
     let out = p.stdout().join("\n");
     (st.code(), out, p.stderr())

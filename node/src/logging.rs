@@ -6,8 +6,9 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// The filter used when `RUST_LOG` is not set.
-pub const DEFAULT_FILTER: &str = "warn,pushpull=info,pushpull_proto=info,pushpull_net=info,\
-    pushpull_scheduler=info,pushpull_server=info,pushpull_worker=info,pushpull_kernels=info";
+pub const DEFAULT_FILTER: &str = "warn,pushpull=info,pushpull_node=info,pushpull_proto=info,\
+    pushpull_net=info,pushpull_scheduler=info,pushpull_server=info,pushpull_worker=info,\
+    pushpull_codecs=info,pushpull_kernels=info";
 
 /// Installs the stderr subscriber once (later calls do nothing).
 pub fn init() {

@@ -1,8 +1,8 @@
 //! What a parent process and the nodes and jobs it starts tell each other on their standard
 //! output: the lines a node prints once it listens, the progress lines of the benchmark job and
-//! its report, and how long a parent waits for a line. The launcher (`launch`), the shaped-network
-//! benchmark (`netbench`) and `bench transport` read them; the node commands (`node`) and the
-//! jobs (`jobs`) write them. It depends on nothing else of the package.
+//! its report, and how long a parent waits for a line. The root package's launcher (`launch`),
+//! shaped-network benchmark (`netbench`) and `bench transport` read them; the node commands
+//! (here and the root's worker) and the jobs write them. It depends on nothing else here.
 
 use std::time::Duration;
 

@@ -1,0 +1,117 @@
+//! The commands of the scheduler and server roles, and what every node command shares: the
+//! cluster-file and TLS flags ([`NodeArgs`]), loading them ([`load_config`],
+//! [`load_identity`]), and the machine-readable lines on stdout ([`print_line`]).
+//!
+//! Bad input (config, flag values, certificates, a port in use) is a [`CliError::Usage`] (exit
+//! code 2); a run that fails (a lost node, a refused registration) is a [`CliError::Failed`]
+//! (1). Machine-readable stdout lines (each flushed at once):
+//! * `pushpull-scheduler listening on ADDR` and `pushpull-server listening on ADDR` once bound;
+//! * `pushpull-scheduler cpu_seconds S` / `pushpull-server cpu_seconds S` just before exit.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use pushpull_net::tls::TlsIdentity;
+use pushpull_proto::config::parse_addr;
+use pushpull_proto::Config;
+use pushpull_scheduler::Scheduler;
+use pushpull_server::Server;
+
+use crate::cpu::cpu_line;
+use crate::error::{CliError, CliResult};
+use crate::report::{SCHEDULER_LISTENING, SERVER_LISTENING};
+
+/// Flags every node takes: the cluster file and the overrides of its `[cluster] scheduler` and
+/// `[tls]` settings.
+#[derive(Debug, Clone, Args)]
+pub struct NodeArgs {
+    /// The cluster file (TOML; see configs/local.toml and configs/multi-host.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// The scheduler's address, IP:PORT (overrides `cluster.scheduler`; the scheduler binds it,
+    /// port 0 picks a free port).
+    #[arg(long, value_name = "ADDR")]
+    pub scheduler: Option<String>,
+    /// The cluster CA certificate, PEM (overrides `tls.ca`).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// This node's certificate chain, PEM (overrides `tls.cert`).
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// This node's private key, PEM PKCS#8 (overrides `tls.key`).
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+/// Parses an `IP:PORT` flag value; the error names the flag and the value.
+pub fn parse_addr_flag(flag: &str, value: &str) -> CliResult<SocketAddr> {
+    parse_addr(value).map_err(|allowed| CliError::usage(format!("{flag} {value:?}: {allowed}")))
+}
+
+/// Reads the cluster file and applies the overrides. Errors name the file and the key.
+pub fn load_config(args: &NodeArgs) -> CliResult<Config> {
+    let mut config = Config::from_file(&args.config).map_err(CliError::usage)?;
+    if let Some(s) = &args.scheduler {
+        parse_addr_flag("--scheduler", s)?;
+        config.cluster.scheduler = s.clone();
+    }
+    if let Some(p) = &args.ca {
+        config.tls.ca = Some(p.clone());
+    }
+    if let Some(p) = &args.cert {
+        config.tls.cert = Some(p.clone());
+    }
+    if let Some(p) = &args.key {
+        config.tls.key = Some(p.clone());
+    }
+    Ok(config)
+}
+
+/// Loads the node's certificate, key and CA; errors name the file (exit code 2).
+pub fn load_identity(config: &Config) -> CliResult<TlsIdentity> {
+    TlsIdentity::load(&config.tls).map_err(CliError::usage)
+}
+
+/// Prints `line` on stdout and flushes it at once (the lines a parent reads).
+pub fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `pushpull-scheduler`: binds `cluster.scheduler`, prints `pushpull-scheduler listening on
+/// ADDR`, runs the job's rendezvous until every worker finished (Ok) or a node was lost (Err
+/// naming it).
+pub async fn run_scheduler(args: &NodeArgs) -> CliResult<()> {
+    let config = load_config(args)?;
+    let identity = load_identity(&config)?;
+    let addr = config.cluster.scheduler.clone();
+    let scheduler = Scheduler::bind(config, identity).await.map_err(|e| {
+        CliError::usage(format!("pushpull-scheduler: cannot listen on {addr}: {e}"))
+    })?;
+    print_line(&format!("{SCHEDULER_LISTENING}{}", scheduler.local_addr()));
+    let result = scheduler.run().await;
+    print_line(&cpu_line("pushpull-scheduler"));
+    result.map_err(|e| CliError::failed(format!("pushpull-scheduler: {e}")))
+}
+
+/// `pushpull-server`: binds `server.listen` (or `listen`), prints `pushpull-server listening on
+/// ADDR`, registers with the scheduler and serves until the job ends.
+pub async fn run_server(args: &NodeArgs, listen: Option<&str>) -> CliResult<()> {
+    let mut config = load_config(args)?;
+    if let Some(l) = listen {
+        parse_addr_flag("--listen", l)?;
+        config.server.listen = l.to_string();
+    }
+    let identity = load_identity(&config)?;
+    let addr = config.server.listen.clone();
+    let server = Server::bind(config, identity)
+        .await
+        .map_err(|e| CliError::usage(format!("pushpull-server: cannot listen on {addr}: {e}")))?;
+    print_line(&format!("{SERVER_LISTENING}{}", server.local_addr()));
+    let result = server.run().await;
+    print_line(&cpu_line("pushpull-server"));
+    result.map_err(|e| CliError::failed(format!("pushpull-server: {e}")))
+}
