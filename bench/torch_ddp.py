@@ -72,6 +72,7 @@ PRESETS = {
     "topk": {"compressor": "topk", "k": "0.01", "ef": "vanilla"},
     "randomk": {"compressor": "randomk", "k": "0.01", "ef": "vanilla"},
     "dithering": {"compressor": "dithering", "k": "15", "bucket": "512"},
+    "dithering-elias": {"compressor": "dithering", "k": "4", "bucket": "512", "encoding": "elias"},
     "minmax": {"compressor": "minmax", "bits": "8", "bucket": "512"},
 }
 MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")

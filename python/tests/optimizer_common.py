@@ -18,6 +18,10 @@ MAPS = {
     # Mixed precision: a loss scaler, and rank 1's gradients overflowing at one step (AMP).
     "amp": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla",
             "byteps_momentum_type": "nesterov"},
+    # QSGD's Elias code (the `dithering-elias` preset): no GPU kernel, so the emulated route
+    # compresses it on the CPU.
+    "elias": {"byteps_compressor_type": "dithering", "byteps_compressor_k": "4",
+              "bucket": "512", "encoding": "elias"},
 }
 PASSES = {"accumulate": 2}
 # AMP: the loss scaler's first scale, and the (step, rank) whose input holds inf.

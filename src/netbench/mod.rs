@@ -70,6 +70,14 @@ pub const PRESETS: &[(&str, &[(&str, &str)])] = &[
             ("encoding", "packed"),
         ],
     ),
+    (
+        "dithering-elias",
+        &[
+            ("compressor", "dithering"),
+            ("k", "4"),
+            ("encoding", "elias"),
+        ],
+    ),
     ("minmax", &[("compressor", "minmax"), ("bits", "8")]),
 ];
 
@@ -660,7 +668,7 @@ mod tests {
             assert_eq!(c.cluster.num_workers, 4);
             assert_eq!(
                 c.tensors.tables["default"]["compressor"].as_str(),
-                Some(if *name == "none" { "none" } else { name })
+                Some(name.split('-').next().unwrap())
             );
         }
         assert!(preset("zip").unwrap_err().to_string().contains("onebit"));

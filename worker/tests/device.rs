@@ -186,10 +186,14 @@ fn check_against_reference(
     if let Some(d) = first_difference(got, &reference) {
         panic!("device buffers vs reference (seed {seed}): {d}");
     }
-    // Where each tensor was compressed: top-k has no device kernel (the CPU fallback); the
-    // others ran on the device, the small raw tensor included.
+    // Where each tensor was compressed: top-k and Elias-coded dithering have no device kernel
+    // (the CPU fallback); the others ran on the device, the small raw tensor included.
     for (i, ((name, ..), m)) in tensor_set().iter().zip(metrics).enumerate() {
-        let want = if *name == "topk" { Place::Cpu } else { place };
+        let want = if matches!(*name, "topk" | "dithering elias") {
+            Place::Cpu
+        } else {
+            place
+        };
         assert_eq!(m.device, want, "{name}: compressed on");
         assert_eq!(m.buffer_device, place, "{name}: buffer on");
         assert_eq!(m.rounds_done, ROUNDS + 1, "{name}: rounds");

@@ -32,6 +32,7 @@ pub const PRESETS: &[&str] = &[
     "topk",
     "randomk",
     "dithering",
+    "dithering-elias",
     "minmax",
 ];
 
@@ -66,6 +67,14 @@ pub fn preset(name: &str) -> Result<BTreeMap<String, String>, String> {
             ("momentum", "nesterov"),
         ],
         "dithering" => &[("compressor", "dithering"), ("k", "15"), ("bucket", "512")],
+        // QSGD's Elias code (the paper's section 3.2) over few levels, where most values are 0
+        // or small integers the code spends few bits on (BENCHMARKS.md, "QSGD's Elias code").
+        "dithering-elias" => &[
+            ("compressor", "dithering"),
+            ("k", "4"),
+            ("bucket", "512"),
+            ("encoding", "elias"),
+        ],
         "minmax" => &[("compressor", "minmax"), ("bits", "8"), ("bucket", "512")],
         other => {
             return Err(format!(
@@ -424,8 +433,11 @@ mod tests {
     #[test]
     fn presets_and_params_parse() {
         for p in PRESETS {
-            assert_eq!(preset(p).unwrap()["compressor"], *p);
+            // A preset is named after its compressor (and, after a dash, its variant).
+            let codec = p.split('-').next().unwrap();
+            assert_eq!(preset(p).unwrap()["compressor"], codec);
         }
+        assert_eq!(preset("dithering-elias").unwrap()["encoding"], "elias");
         assert!(preset("zip").unwrap_err().contains("onebit"));
         assert_eq!(parse_param("k=0.1").unwrap(), ("k".into(), "0.1".into()));
         assert!(parse_param("k").is_err());

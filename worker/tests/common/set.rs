@@ -75,6 +75,17 @@ pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
             Reduce::Average,
         ),
         (
+            "dithering elias",
+            24_000,
+            map(&[
+                ("compressor", "dithering"),
+                ("k", "2"),
+                ("bucket", "512"),
+                ("encoding", "elias"),
+            ]),
+            Reduce::Sum,
+        ),
+        (
             "minmax",
             20_000,
             map(&[("compressor", "minmax"), ("bits", "8"), ("ef", "corrected")]),
