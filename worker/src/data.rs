@@ -143,10 +143,10 @@ pub(crate) trait RoundData: Send + 'static {
     fn end(&mut self, tensor: &TensorInner) -> Option<Settling>;
 }
 
-/// The rest of a round's decoding, after [`RoundData::end`].
 /// A round's wait before encoding ([`RoundData::ready`]).
 pub(crate) type Ready = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+/// The rest of a round's decoding, after [`RoundData::end`].
 pub(crate) type Settling =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), WorkerError>> + Send>>;
 
