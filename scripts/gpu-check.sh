@@ -6,6 +6,8 @@
 # minutes of device time.
 #
 # Usage: scripts/gpu-check.sh STAGE...      (stages in the order given)
+#   correct `tests` and `pytest` side by side (they check bits, not time): the first stage of a
+#           lease, about 30 s on an H100
 #   tests   the ignored GPU tests of the kernels (shipped PTX loads; kernels and batches against
 #           the CPU) and of the worker (device buffers, single and grouped, the reference's bits)
 #   pytest  python/tests/test_gpu.py: torch CUDA tensors through pushpull.torch (two workers on
@@ -18,17 +20,24 @@
 #           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
 # Environment: TORCH_ARGS, more arguments of torch_vs_ddp.py (e.g. "--timeout 100");
 # JOB_COMPRESSORS, the job stage's compressors (default "onebit fp16 none").
+#
+# Logs: one per stage (and one per torch run) in /tmp/gpu-out; with the `device` tool's $OUT
+# set, they come back packed as $OUT/gpu-logs.tgz (the tool returns at most 8 files), also when
+# the script is stopped by its time limit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/gpu-out}"
+out=/tmp/gpu-out
 mkdir -p "$out"
+if [ -n "${OUT:-}" ] && [ "$OUT" != "$out" ]; then
+    trap 'tar czf "$OUT/gpu-logs.tgz" -C "$out" .' EXIT
+fi
 kit=gpu-kit
 failed=()
 
 # Unpack the kit (once per machine) and install the wheel where python3 finds it.
 for f in "$kit"/bin/*.xz; do
-    [ -e "$f" ] || continue
-    xz -dkf "$f" && chmod +x "${f%.xz}"
+    [ -e "$f" ] && [ ! -e "${f%.xz}" ] || continue
+    xz -dk "$f" && chmod +x "${f%.xz}"
 done
 site=/tmp/pushpull-site
 if [ ! -d "$site/pushpull" ]; then
@@ -67,6 +76,17 @@ job() {
 
 for s in "$@"; do
     case "$s" in
+        correct)
+            # Each in a shell of its own (its failures array is its own): the exit codes say.
+            OUT= "$0" tests >"$out/correct-tests.txt" 2>&1 &
+            OUT= "$0" pytest >"$out/correct-pytest.txt" 2>&1 &
+            ok=1
+            for job in $(jobs -p); do
+                wait "$job" || ok=0
+            done
+            [ "$ok" = 1 ] || failed+=("correct")
+            grep -h "^== " "$out/correct-tests.txt" "$out/correct-pytest.txt"
+            ;;
         tests)
             stage kernels-lib 120 "$kit/bin/kernels-lib" --ignored shipped_ptx
             stage kernels-cuda_gpu 240 "$kit/bin/kernels-cuda_gpu" --ignored
@@ -78,7 +98,7 @@ for s in "$@"; do
         # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
         job) stage job 540 bash -c "$(declare -f job); out=$(printf %q "$out"); job" ;;
         torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ${TORCH_ARGS:-} ;;
-        *) echo "unknown stage $s (tests, pytest, bench, job, torch)"; failed+=("$s") ;;
+        *) echo "unknown stage $s (correct, tests, pytest, bench, job, torch)"; failed+=("$s") ;;
     esac
 done
 if [ "${#failed[@]}" -gt 0 ]; then
