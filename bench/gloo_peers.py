@@ -14,7 +14,7 @@ Every round starts after a barrier. Each worker prints one JSON line
 ``{"rank": r, "seconds": [per timed round]}``; `bench net` takes the slowest worker per round
 and the median over rounds.
 
-This file is embedded in the `pushpull` binary (src/netbench/peers.rs) and written to the run's
+This file is embedded in the `pushpull` binary (benchmarks/src/net/peers.rs) and written to the run's
 temporary folder; it needs only torch.
 """
 

@@ -12,13 +12,15 @@ use pushpull_node::cli::{exit, multi_thread, scheduler, server, SchedulerArgs, S
 use pushpull_node::commands::NodeArgs;
 use pushpull_proto::Config;
 
-use crate::error::{CliError, CliResult};
-use crate::launch::local::{
+use crate::node::{run_worker, WorkerOptions};
+use pushpull_bench::transport as bench;
+use pushpull_launch::certs;
+use pushpull_launch::local::{
     default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
 };
-use crate::launch::procs::Programs;
-use crate::node::{run_worker, WorkerOptions};
-use crate::{bench, certs, logging};
+use pushpull_launch::procs::Programs;
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::logging;
 
 /// `pushpull-worker`: runs the built-in benchmark job as one worker.
 #[derive(Debug, Clone, Parser)]
@@ -255,7 +257,7 @@ pub enum BenchCommand {
     Send(SendArgs),
     /// The cluster on a shaped network: every node in its own network namespace, links shaped
     /// with tc tbf (needs root); seconds per round against the wire floor, per compressor.
-    Net(Box<crate::netbench::NetArgs>),
+    Net(Box<pushpull_bench::net::NetArgs>),
 }
 
 /// `pushpull bench transport`.
@@ -393,7 +395,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     check_train_device(&args.device)?;
     if config.job.kind == "benchmark" && config.job.buffers == "device" {
         // Say a missing GPU before starting any process.
-        crate::jobs::benchmark::gpu_ordinal(&config)?;
+        pushpull_jobs::benchmark::gpu_ordinal(&config)?;
     }
     if !args.command.is_empty() {
         let job_flags = [
@@ -421,7 +423,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
             )));
         }
         let programs = Programs::from_current_exe()?;
-        return current_thread().block_on(crate::launch::script::run_script(
+        return current_thread().block_on(pushpull_launch::script::run_script(
             &config,
             &programs,
             &args.command,
@@ -431,7 +433,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
     let params = args
         .params
         .iter()
-        .map(|p| crate::jobs::train::compare::parse_param(p).map_err(CliError::usage))
+        .map(|p| pushpull_jobs::train::compare::parse_param(p).map_err(CliError::usage))
         .collect::<CliResult<Vec<_>>>()?;
     let mut opts = LocalOptions {
         config,
@@ -561,7 +563,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
         BenchCommand::Send(s) => {
             multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))
         }
-        BenchCommand::Net(n) => crate::netbench::run(*n),
+        BenchCommand::Net(n) => pushpull_bench::net::run(*n),
     }
 }
 

@@ -8,10 +8,10 @@
 use pushpull_node::commands::{load_config, load_identity, print_line, NodeArgs};
 use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
-use crate::error::{CliError, CliResult};
-use crate::jobs::benchmark;
-use crate::jobs::train::{self, InRuntime, TrainOptions};
-use crate::report::PROGRESS_PREFIX;
+use pushpull_jobs::benchmark;
+use pushpull_jobs::train::{self, InRuntime, TrainOptions};
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::report::progress_line;
 
 /// Options of `pushpull-worker` beyond the node flags.
 #[derive(Debug, Clone, Default)]
@@ -25,8 +25,8 @@ pub struct WorkerOptions {
 }
 
 /// `pushpull-worker`: joins the cluster, runs the built-in job (`job.kind`: the benchmark of
-/// [`crate::jobs::benchmark`] or the training of [`crate::jobs::train`]), says it is finished and prints the
-/// report ([`crate::report::JobReport`] or [`crate::jobs::train::TrainReport`]).
+/// [`pushpull_jobs::benchmark`] or the training of [`pushpull_jobs::train`]), says it is finished and prints the
+/// report ([`pushpull_node::report::JobReport`] or [`pushpull_jobs::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
     let config = load_config(args)?;
     let identity = load_identity(&config)?;
@@ -47,9 +47,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     let progress = opts.progress;
     let show = move |done: u32, total: u32| {
         if progress {
-            print_line(&format!(
-                "{PROGRESS_PREFIX}rank={rank} round={done} total={total}"
-            ));
+            print_line(&progress_line(rank, done, total));
         }
     };
     if config.job.kind == "train" {
@@ -60,7 +58,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
         };
         let report = tokio::task::block_in_place(|| train::run_train(&ex, &topts, show));
         let (text, json) = finish_report(worker, rank, report, |mut r| {
-            r.cpu_seconds = crate::cpu::process_cpu_seconds();
+            r.cpu_seconds = pushpull_node::cpu::process_cpu_seconds();
             (r.to_text(), serde_json::to_string(&r))
         })
         .await?;
@@ -69,7 +67,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     }
     let report = benchmark::run_benchmark(&worker, &config, show).await;
     let (text, json) = finish_report(worker, rank, report, |mut r| {
-        r.cpu_seconds = crate::cpu::process_cpu_seconds();
+        r.cpu_seconds = pushpull_node::cpu::process_cpu_seconds();
         (r.to_text(), serde_json::to_string(&r))
     })
     .await?;

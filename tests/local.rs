@@ -206,7 +206,7 @@ fn bench_transport_reports_throughput() {
         Duration::from_secs(240),
     );
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
-    let r: pushpull::bench::TransportReport = serde_json::from_str(out.trim()).unwrap();
+    let r: pushpull::bench::transport::TransportReport = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(r.connections, 4);
     assert_eq!(r.bytes, 4 * 8_000_000);
     assert!(r.gb_per_second > 0.0);

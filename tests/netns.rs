@@ -10,11 +10,11 @@
 
 use std::time::Duration;
 
+use pushpull::bench::net::cluster::{run_cluster, RunLimits};
+use pushpull::bench::net::probe::transfer;
+use pushpull::bench::net::topo::{list_namespaces, Shaping, Topology, DEFAULT_MTU};
+use pushpull::bench::net::{preset, run_config, scale_for_mb};
 use pushpull::launch::procs::Programs;
-use pushpull::netbench::cluster::{run_cluster, RunLimits};
-use pushpull::netbench::probe::transfer;
-use pushpull::netbench::topo::{list_namespaces, Shaping, Topology, DEFAULT_MTU};
-use pushpull::netbench::{preset, run_config, scale_for_mb};
 
 const RATE: u64 = 100_000_000;
 

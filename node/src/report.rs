@@ -20,6 +20,17 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// `pushpull-worker progress rank=R round=N total=T`.
 pub const PROGRESS_PREFIX: &str = "pushpull-worker progress ";
 
+/// The progress line of worker `rank` after round `done` of `total`.
+pub fn progress_line(rank: u32, done: u32, total: u32) -> String {
+    format!("{PROGRESS_PREFIX}rank={rank} round={done} total={total}")
+}
+
+/// The value of `key=N` in the rest of a progress line (after [`PROGRESS_PREFIX`]).
+pub fn progress_value(rest: &str, key: &str) -> Option<u64> {
+    rest.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
 /// What one worker measured; printed as text or (`--json`) as one JSON object.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JobReport {
@@ -145,5 +156,19 @@ pub fn median(v: &[f64]) -> f64 {
         s[n / 2]
     } else {
         (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_parse() {
+        let line = progress_line(0, 3, 12);
+        let rest = line.strip_prefix(PROGRESS_PREFIX).unwrap();
+        assert_eq!(progress_value(rest, "round"), Some(3));
+        assert_eq!(progress_value(rest, "total"), Some(12));
+        assert_eq!(progress_value("rank=0 total=12", "round"), None);
     }
 }

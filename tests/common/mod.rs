@@ -79,7 +79,7 @@ impl Certs {
 
     /// scheduler, server0.., worker0..
     pub fn cluster(servers: u32, workers: u32) -> Certs {
-        let names = pushpull::certs::default_node_names(servers, workers);
+        let names = pushpull::launch::certs::default_node_names(servers, workers);
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         Certs::new(&refs)
     }

@@ -41,13 +41,13 @@ use std::time::Duration;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{CliError, CliResult};
-use crate::launch::procs::Programs;
 use baseline::{quinn_cost, TransportCost};
 use cluster::RunLimits;
 use peers::{peer_table, PeerRow, PeerScript};
 use plan::setup;
 use probe::{measure_links, LinkRate};
+use pushpull_launch::procs::Programs;
+use pushpull_node::error::{CliError, CliResult};
 use report::{host_lines, table, RunRow};
 use series::{run_benchmarks, run_peers, run_training, NetCtx};
 use topo::{check_interrupted, Shaping, Topology};
@@ -662,7 +662,7 @@ mod tests {
 
     #[test]
     fn presets_make_valid_cluster_files() {
-        let base = crate::launch::local::default_config();
+        let base = pushpull_launch::local::default_config();
         for (name, _) in PRESETS {
             let c = run_config(&base, 4, 4, 1.0, (5, 1, false), &preset(name).unwrap()).unwrap();
             assert_eq!(c.cluster.num_workers, 4);

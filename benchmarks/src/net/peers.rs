@@ -23,11 +23,11 @@ use tokio::io::AsyncReadExt;
 
 use super::report::RunRow;
 use super::topo::Topology;
-use crate::error::{CliError, CliResult};
-use crate::report::median;
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::report::median;
 
 /// The peers' script (see its docstring).
-const SCRIPT: &str = include_str!("../../bench/gloo_peers.py");
+const SCRIPT: &str = include_str!("../../../bench/gloo_peers.py");
 
 /// Piece size of the naive parameter server (the issue's: 4 MB).
 const PS_PARTITION_BYTES: u64 = 4_000_000;

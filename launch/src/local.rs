@@ -8,12 +8,12 @@
 //! 3. Drives a progress bar from worker 0's `pushpull-worker progress ...` lines, collects every
 //!    worker's JSON report and every process's CPU seconds, and returns a [`LocalSummary`].
 //!
-//! With `job.kind = "train"` each worker trains ([`crate::jobs::train`]) and [`run_compare`] runs the
+//! With `job.kind = "train"` each worker trains ([`pushpull_jobs::train`]) and [`run_compare`] runs the
 //! same training once per compressor and seed, each on a fresh cluster, and tabulates the
 //! runs ([`CompareReport`]).
 //!
 //! If any process fails, the others are killed and the error names the failed process with its
-//! last stderr lines. Ctrl-C kills everything. See [`crate::launch::procs`] for why children cannot
+//! last stderr lines. Ctrl-C kills everything. See [`crate::procs`] for why children cannot
 //! outlive the launcher.
 
 use std::collections::BTreeMap;
@@ -24,11 +24,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{CliError, CliResult};
-use crate::jobs::train::compare::{self, CompareReport, RunRow};
-use crate::jobs::train::TrainReport;
-use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::report::{JobReport, PROGRESS_PREFIX, SERVER_LISTENING};
+use crate::procs::{Event, ProcGroup, Programs};
+use pushpull_jobs::train::compare::{self, CompareReport, RunRow};
+use pushpull_jobs::train::TrainReport;
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::report::{progress_value, JobReport, PROGRESS_PREFIX, SERVER_LISTENING};
 
 /// The default cluster file of `pushpull local` (configs/local.toml, embedded at build time).
 pub const LOCAL_TOML: &str = include_str!("../../configs/local.toml");
@@ -141,7 +141,7 @@ pub fn default_config() -> Config {
 }
 
 /// Runs the cluster to the end. Must be called on a runtime whose thread outlives the run
-/// (see [`crate::launch::procs`]); the CLI uses a current-thread runtime.
+/// (see [`crate::procs`]); the CLI uses a current-thread runtime.
 pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let config = &opts.config;
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
@@ -246,7 +246,7 @@ async fn run_group(
                     }
                 } else if let Some(rest) = line.strip_prefix(PROGRESS_PREFIX) {
                     if worker_idx.first() == Some(&proc) {
-                        if let Some(done) = parse_kv(rest, "round") {
+                        if let Some(done) = progress_value(rest, "round") {
                             bar.set_message("");
                             bar.set_position(done);
                         }
@@ -308,7 +308,7 @@ async fn run_group(
 /// One run of a training comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunSpec {
-    /// A compressor preset ([`crate::jobs::train::compare::preset`]) with the `--param` overrides.
+    /// A compressor preset ([`pushpull_jobs::train::compare::preset`]) with the `--param` overrides.
     Preset(String),
     /// The logistic-regression baseline, uncompressed.
     Baseline,
@@ -455,12 +455,6 @@ pub async fn run_compare(opts: &CompareOptions) -> CliResult<CompareReport> {
     ))
 }
 
-/// The value of `key=N` in a whitespace-separated line (the progress lines' format).
-pub(crate) fn parse_kv(s: &str, key: &str) -> Option<u64> {
-    s.split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,14 +464,8 @@ mod tests {
         let c = default_config();
         assert_eq!(c.cluster.scheduler, "127.0.0.1:0");
         let dir = tempfile::tempdir().unwrap();
-        let path = crate::launch::write_config(&c, dir.path()).unwrap();
+        let path = crate::write_config(&c, dir.path()).unwrap();
         let back = Config::from_file(&path).unwrap();
         assert_eq!(back, c);
-    }
-
-    #[test]
-    fn progress_lines_parse() {
-        assert_eq!(parse_kv("rank=0 round=3 total=12", "round"), Some(3));
-        assert_eq!(parse_kv("rank=0 total=12", "round"), None);
     }
 }

@@ -45,9 +45,9 @@ use serde::{Deserialize, Serialize};
 
 pub use exchange::{Exchange, InRuntime};
 
-use crate::error::{CliError, CliResult};
 use data::TaskSpec;
 use model::Model;
+use pushpull_node::error::{CliError, CliResult};
 
 /// At most this many rows of the worker's shard are used for the final training loss.
 pub const TRAIN_LOSS_ROWS: usize = 2048;
@@ -470,6 +470,6 @@ pub fn run_train(
         compute_seconds: compute,
         exchange_seconds: exchange,
         wall_seconds: start.elapsed().as_secs_f64(),
-        cpu_seconds: crate::cpu::process_cpu_seconds(),
+        cpu_seconds: pushpull_node::cpu::process_cpu_seconds(),
     })
 }

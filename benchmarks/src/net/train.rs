@@ -1,10 +1,10 @@
-//! `pushpull bench net --job train`: the training job ([`crate::jobs::train`]) on the shaped
+//! `pushpull bench net --job train`: the training job ([`pushpull_jobs::train`]) on the shaped
 //! network, per compressor and seed, next to the same job with every push_pull skipped (the
 //! compute alone), so a row says how much communication adds to a training step and what the
 //! compressor buys over uncompressed training.
 //!
 //! A run is one cluster ([`super::cluster::run_cluster`]) whose workers run `job.kind =
-//! "train"`; its [`TrainRow`] takes the workers' own reports ([`crate::jobs::train::TrainReport`]):
+//! "train"`; its [`TrainRow`] takes the workers' own reports ([`pushpull_jobs::train::TrainReport`]):
 //! seconds per step are their compute plus push_pull seconds over the steps (the mean over
 //! workers, which move in lockstep), without data generation and evaluation.
 
@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::cluster::{run_cluster, RunLimits};
 use super::topo::Topology;
-use crate::error::{CliError, CliResult};
-use crate::jobs::train::compare::preset;
-use crate::launch::procs::Programs;
+use pushpull_jobs::train::compare::preset;
+use pushpull_launch::procs::Programs;
+use pushpull_node::error::{CliError, CliResult};
 
 /// The row name of the runs without push_pull.
 pub const COMPUTE_ONLY: &str = "compute only";
@@ -25,7 +25,7 @@ pub const COMPUTE_ONLY: &str = "compute only";
 /// What the training series runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainPlan {
-    /// Training presets ([`crate::jobs::train::compare::PRESETS`]).
+    /// Training presets ([`pushpull_jobs::train::compare::PRESETS`]).
     pub compressors: Vec<String>,
     /// Job seeds, one run per compressor and seed.
     pub seeds: Vec<u64>,
@@ -97,7 +97,7 @@ pub fn train_config(
         compressor
     };
     let params = preset(name).map_err(|e| CliError::usage(format!("--compressors: {e}")))?;
-    crate::jobs::train::compare::set_default_map(&mut c, &params);
+    pushpull_jobs::train::compare::set_default_map(&mut c, &params);
     c.validate("the training benchmark's cluster file")
         .map_err(CliError::usage)?;
     Ok(c)
@@ -118,7 +118,7 @@ pub async fn run_one(
     };
     let n = reports.len() as f64;
     let steps = r0.steps.max(1) as f64;
-    let mean = |f: &dyn Fn(&crate::jobs::train::TrainReport) -> f64| {
+    let mean = |f: &dyn Fn(&pushpull_jobs::train::TrainReport) -> f64| {
         reports.iter().map(f).sum::<f64>() / n
     };
     let compute = mean(&|r| r.compute_seconds) / steps;
@@ -283,7 +283,7 @@ mod tests {
             batch_size: 32,
             steps: 5,
         };
-        let base = crate::launch::local::default_config();
+        let base = pushpull_launch::local::default_config();
         let c = train_config(&base, (4, 4), &plan, "onebit", 7).unwrap();
         assert_eq!(c.job.kind, "train");
         assert_eq!(c.cluster.seed, Some(7));

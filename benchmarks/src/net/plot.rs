@@ -13,7 +13,7 @@ use plotters::prelude::*;
 
 use super::report::RunRow;
 use super::train::{mean_sd, TrainRow, COMPUTE_ONLY};
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 const MEASURED: RGBColor = RGBColor(31, 119, 180);
 const FLOOR: RGBColor = RGBColor(214, 39, 40);

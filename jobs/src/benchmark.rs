@@ -1,15 +1,15 @@
 //! The built-in benchmark job (`[job] kind = "benchmark"`), run by every worker of
 //! `pushpull-worker` and `pushpull local`.
 //!
-//! 1. Declares the ResNet-50 parameter set ([`crate::jobs::resnet`]: 161 tensors, 25.6 M elements),
+//! 1. Declares the ResNet-50 parameter set ([`crate::resnet`]: 161 tensors, 25.6 M elements),
 //!    each tensor scaled by `job.scale` (at least one element), tensor i with priority -i
 //!    (`job.priority = "forward"`: the first layers first, as the next forward pass needs
 //!    them) or all with priority 0 (`"none"`).
 //! 2. Rank 0 broadcasts every tensor once (its data for the pseudo-round
 //!    [`BROADCAST_ROUND`]); everyone checks it received rank 0's bytes.
-//! 3. Every worker generates its data once ([`crate::jobs::data`], a pure function of the job seed,
+//! 3. Every worker generates its data once ([`crate::data`], a pure function of the job seed,
 //!    rank and tensor index: generating it is not pushpull's cost, so it stays out of every
-//!    round) and keeps it where `job.buffers` says ([`crate::jobs::buffers`]): in host memory,
+//!    round) and keeps it where `job.buffers` says ([`crate::buffers`]): in host memory,
 //!    reduced every round out of place (`push_pull_into`, no copy per round), or on a device
 //!    (a GPU, or the emulated device), copied there into a work buffer before each round and
 //!    reduced in place (`push_pull_device`).
@@ -38,12 +38,12 @@ use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};
 
-use crate::cpu::process_cpu_seconds;
-use crate::error::{CliError, CliResult};
-use crate::jobs::buffers::{DeviceRounds, HostRounds, RoundPlan, Rounds};
-use crate::jobs::data;
-use crate::jobs::resnet;
-use crate::report::JobReport;
+use crate::buffers::{DeviceRounds, HostRounds, RoundPlan, Rounds};
+use crate::data;
+use crate::resnet;
+use pushpull_node::cpu::process_cpu_seconds;
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::report::JobReport;
 
 /// The data round used for the initial broadcast (distinct from [`DATA_ROUND`]).
 pub const BROADCAST_ROUND: u64 = u64::MAX;

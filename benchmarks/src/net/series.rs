@@ -9,8 +9,8 @@ use super::report::{make_row, RowContext, RunRow};
 use super::topo::{check_interrupted, Topology};
 use super::train::{self, train_config, TrainPlan, TrainRow, COMPUTE_ONLY};
 use super::{load_average, mem_available, preset, run_config, NetArgs, RunFailure};
-use crate::error::CliResult;
-use crate::launch::procs::Programs;
+use pushpull_launch::procs::Programs;
+use pushpull_node::error::CliResult;
 
 /// What every run on one network shares.
 pub(super) struct NetCtx<'a> {
@@ -35,7 +35,7 @@ pub(super) fn run_benchmarks(
     for p in setup.plans.get(rate).into_iter().flatten() {
         check_interrupted()?;
         let params = preset(&p.compressor)?;
-        let mb_per_worker = p.scale * crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
+        let mb_per_worker = p.scale * pushpull_jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0 / 1e6;
         let fail = |e: String| RunFailure {
             series: p.series.to_string(),
             compressor: p.compressor.clone(),
@@ -180,7 +180,7 @@ pub(super) fn run_peers(
         .iter()
         .filter(|r| r.rate == rate && r.series == "compressors")
         .collect();
-    let bytes = (args.scale * crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0).round() as u64;
+    let bytes = (args.scale * pushpull_jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0).round() as u64;
     for peers::PeerPlan {
         job,
         compressor,

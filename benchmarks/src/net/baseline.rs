@@ -2,7 +2,7 @@
 //! of raw quinn with the cluster's exact transport settings (the fair baseline: same TLS, same
 //! streams, same [`pushpull_net::sender::FrameSender`]), and of plain TCP as context.
 //!
-//! * **Raw quinn**: `pushpull bench transport` ([`crate::bench::run_transport`]) with its sinks
+//! * **Raw quinn**: `pushpull bench transport` ([`crate::transport::run_transport`]) with its sinks
 //!   on the server hosts and its senders on the worker hosts, every worker connected to every
 //!   server as in the cluster, one direction only.
 //! * **TCP**: the link-rate probe's transfers ([`super::probe::measure_links`]), timed with the
@@ -16,9 +16,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::topo::Topology;
-use crate::bench::{run_transport, NetnsPlacement, TransportOptions};
-use crate::error::CliResult;
-use crate::launch::procs::Programs;
+use crate::transport::{run_transport, NetnsPlacement, TransportOptions};
+use pushpull_launch::procs::Programs;
+use pushpull_node::error::CliResult;
 use pushpull_proto::Config;
 
 /// What one transport cost.

@@ -1,6 +1,6 @@
 //! Where the benchmark job's tensors live (`job.buffers`) and how one round reduces them.
 //!
-//! [`Rounds`] is what [`crate::jobs::benchmark`]'s round loop needs: prepare the inputs (not
+//! [`Rounds`] is what [`crate::benchmark`]'s round loop needs: prepare the inputs (not
 //! timed), run one round of every tensor's push_pull with all calls in flight together, and
 //! show a result on the host for the checks. [`HostRounds`] keeps fp32 tensors in host memory
 //! and reduces them out of place (`push_pull_into`, or one `push_pull_group_into`);
@@ -14,7 +14,7 @@ use std::time::Instant;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pushpull_worker::{Device, Reduce, Tensor, Worker};
 
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 /// One round's calls, made all at once, in `order` (indices into the job's tensors).
 pub struct RoundPlan<'a> {

@@ -9,7 +9,7 @@ use pushpull_proto::Config;
 use super::topo::parse_rate;
 use super::train::{train_config, TrainPlan, COMPUTE_ONLY};
 use super::{preset, NetArgs, PRESETS};
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 /// One planned run.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub(crate) struct Plan {
 
 /// The job scale giving `mb` MB (1e6 bytes) of fp32 per worker per round.
 pub fn scale_for_mb(mb: f64) -> f64 {
-    mb * 1e6 / (crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0)
+    mb * 1e6 / (pushpull_jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0)
 }
 
 /// The cluster file of one run: `base` with the node counts, the job and the tensors' map.
@@ -42,7 +42,7 @@ pub fn run_config(
     c.job.rounds = rounds;
     c.job.warmup = warmup;
     c.job.check = check;
-    crate::jobs::train::compare::set_default_map(&mut c, params);
+    pushpull_jobs::train::compare::set_default_map(&mut c, params);
     c.validate("the benchmark's cluster file")
         .map_err(CliError::usage)?;
     Ok(c)
@@ -51,7 +51,7 @@ pub fn run_config(
 /// Rough memory a run needs: every worker holds its inputs, results and in-flight copies; the
 /// servers hold every worker's pushes of their keys.
 pub(crate) fn memory_needed(workers: u32, scale: f64) -> u64 {
-    let per_worker = scale * crate::jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0;
+    let per_worker = scale * pushpull_jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0;
     (per_worker * 7.0 * workers as f64) as u64
 }
 
@@ -114,7 +114,7 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
     }
     let base = match &args.config {
         Some(p) => Config::from_file(p).map_err(CliError::usage)?,
-        None => crate::launch::local::default_config(),
+        None => pushpull_launch::local::default_config(),
     };
     let job = (args.rounds, args.warmup, args.check);
     if args.job == "train" {

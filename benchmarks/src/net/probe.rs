@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::baseline::TransportCost;
 use super::topo::{check_interrupted, Topology};
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 /// Runs `f` on a new thread that first joins network namespace `ns` (only that thread moves).
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> CliResult<T> + Send) -> CliResult<T> {

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 use super::baseline::per_gb;
 use super::cluster::ClusterRun;
 use super::probe::LinkRate;
-use crate::jobs::benchmark::tensor_set;
-use crate::report::{median, JobReport};
+use pushpull_jobs::benchmark::tensor_set;
+use pushpull_node::report::{median, JobReport};
 
 /// Bytes of one host per timed round.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

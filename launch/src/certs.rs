@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use pushpull_net::certs::{generate_cluster_with, NodeCert, CA_CERT_FILE, CA_DIR, CA_KEY_FILE};
 
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 /// Node names for a cluster of one scheduler, `servers` servers and `workers` workers:
 /// `scheduler`, `server0`, …, `worker0`, ….

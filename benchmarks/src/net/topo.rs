@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 static SEQUENCE: AtomicU32 = AtomicU32::new(0);

@@ -14,7 +14,7 @@
 //! reports its own CPU seconds.
 //!
 //! With `--compare-cluster` the same run then starts the local cluster benchmark
-//! ([`crate::launch::local`]) and prints its push + pull payload throughput summed over workers and the
+//! ([`pushpull_launch::local`]) and prints its push + pull payload throughput summed over workers and the
 //! ratio to the raw number. Note the shapes differ: the cluster moves data both ways on each
 //! connection (pushes out, results back), the raw benchmark one way.
 
@@ -34,11 +34,11 @@ use pushpull_proto::sendq::Flow;
 use pushpull_proto::Config;
 use serde::{Deserialize, Serialize};
 
-use crate::cpu::process_cpu_seconds;
-use crate::error::{CliError, CliResult};
-use crate::launch::local::{run_local, LocalOptions, LocalSummary};
-use crate::launch::procs::{Event, ProcGroup, Programs};
+use pushpull_launch::local::{run_local, LocalOptions, LocalSummary};
+use pushpull_launch::procs::{Event, ProcGroup, Programs};
 use pushpull_node::commands::{load_config, load_identity, parse_addr_flag, NodeArgs};
+use pushpull_node::cpu::process_cpu_seconds;
+use pushpull_node::error::{CliError, CliResult};
 
 /// The line prefix a sink prints once bound.
 pub const SINK_LISTENING: &str = "pushpull-bench-sink listening on ";
@@ -232,7 +232,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
         .map(|i| format!("sink{i}"))
         .chain((0..senders).map(|i| format!("sender{i}")))
         .collect();
-    let files = crate::launch::ClusterFiles::new("pushpull-bench-", &opts.config, &names)?;
+    let files = pushpull_launch::ClusterFiles::new("pushpull-bench-", &opts.config, &names)?;
     let (tls, config_path) = (&files.tls, &files.config_path);
     let exe = &opts.programs.pushpull;
     let mut group = ProcGroup::new();
@@ -261,7 +261,7 @@ pub async fn run_transport(opts: &TransportOptions) -> CliResult<TransportReport
         let idx = group.spawn(&format!("sink {s}"), &prog, &a)?;
         sink_addrs.push(
             group
-                .wait_line(idx, SINK_LISTENING, crate::report::STARTUP_TIMEOUT)
+                .wait_line(idx, SINK_LISTENING, pushpull_node::report::STARTUP_TIMEOUT)
                 .await?,
         );
     }
@@ -460,7 +460,7 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
     let frame = config.cluster.partition_bytes;
     let payload = Bytes::from(
         (0..frame)
-            .map(|i| crate::jobs::data::mix64(i) as u8)
+            .map(|i| pushpull_jobs::data::mix64(i) as u8)
             .collect::<Vec<u8>>(),
     );
     let mut conns = Vec::new();

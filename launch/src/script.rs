@@ -13,8 +13,8 @@ use std::time::Duration;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 
-use crate::error::{CliError, CliResult};
-use crate::launch::procs::{Event, ProcGroup, Programs};
+use crate::procs::{Event, ProcGroup, Programs};
+use pushpull_node::error::{CliError, CliResult};
 
 /// How long the scheduler and servers may take to exit after the last worker exited 0.
 const WIND_DOWN: Duration = Duration::from_secs(30);

@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
-use crate::error::{CliError, CliResult};
-use crate::jobs::train::TrainReport;
-use crate::launch::local::parse_kv;
-use crate::launch::nodes::{self, Place};
-use crate::launch::procs::{Event, ProcGroup, Programs};
-use crate::launch::ClusterFiles;
-use crate::report::{JobReport, PROGRESS_PREFIX};
+use pushpull_jobs::train::TrainReport;
+use pushpull_launch::nodes::{self, Place};
+use pushpull_launch::procs::{Event, ProcGroup, Programs};
+use pushpull_launch::ClusterFiles;
+use pushpull_node::error::{CliError, CliResult};
+use pushpull_node::report::{progress_value, JobReport, PROGRESS_PREFIX};
 
 /// Counters read at one round boundary.
 #[derive(Debug, Clone)]
@@ -232,7 +231,7 @@ async fn drive(
             Event::Line { proc, line } => {
                 if let Some(rest) = line.strip_prefix(PROGRESS_PREFIX) {
                     if worker_idx.first() == Some(&proc) {
-                        let Some(done) = parse_kv(rest, "round") else {
+                        let Some(done) = progress_value(rest, "round") else {
                             continue;
                         };
                         progress_at.insert(done, Instant::now());
@@ -334,10 +333,5 @@ mod tests {
         let c = proc_cpu_seconds(std::process::id()).unwrap();
         assert!(c >= 0.0);
         assert_eq!(proc_cpu_seconds(u32::MAX), None);
-    }
-
-    #[test]
-    fn progress_lines_parse() {
-        assert_eq!(parse_kv("rank=0 round=3 total=12", "round"), Some(3));
     }
 }

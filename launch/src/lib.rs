@@ -1,14 +1,22 @@
-//! Launching a cluster of this machine's binaries: the files every node needs (a throw-away CA
-//! and certificates, the effective cluster file) and the child processes.
+//! pushpull's launcher: a cluster of this machine's binaries as child processes, and the files
+//! every node needs (a throw-away CA and certificates, the effective cluster file). The
+//! `pushpull local`, `pushpull certs` and the benchmarks' clusters start here.
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | here | [`ClusterFiles`]: a temporary folder with certificates for the given node names and the cluster file, used by `pushpull local`, `bench transport` and `bench net` |
+//! | here | [`ClusterFiles`]: a temporary folder with certificates for the given node names and the cluster file, used by `pushpull local`, `bench transport` and `bench net`; [`write_config`] |
 //! | [`nodes`] | the nodes of one cluster as child processes: each node's command line, the start order, where each runs (here or in a network namespace) |
-//! | [`local`] | `pushpull local`: a whole cluster as child processes on loopback |
+//! | [`local`] | `pushpull local`: a whole cluster as child processes on loopback, and `--compare` (the training job per compressor and seed) |
 //! | [`script`] | `pushpull local -- COMMAND`: a scheduler and servers, and the user's command as every worker, with the environment `pushpull.torch` reads |
 //! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
+//! | [`certs`] | `pushpull certs`: a cluster CA and node certificates, the default node names |
+//!
+//! What the children print is read through `pushpull_node::report` (the `listening on` lines,
+//! the benchmark's report) and `pushpull_jobs` (the training job's report).
 
+#![warn(missing_docs)]
+
+pub mod certs;
 pub mod local;
 pub mod nodes;
 pub mod procs;
@@ -20,7 +28,7 @@ use pushpull_net::tls::generate_cluster;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 
-use crate::error::{CliError, CliResult};
+use pushpull_node::error::{CliError, CliResult};
 
 /// What the nodes of one launched cluster read: certificates and the cluster file, in a
 /// temporary folder deleted on drop.

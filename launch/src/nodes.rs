@@ -14,8 +14,8 @@ use pushpull_proto::config::TlsConfig;
 
 use super::procs::{ProcGroup, Programs};
 use super::ClusterFiles;
-use crate::error::CliResult;
-use crate::report::{SCHEDULER_LISTENING, STARTUP_TIMEOUT};
+use pushpull_node::error::CliResult;
+use pushpull_node::report::{SCHEDULER_LISTENING, STARTUP_TIMEOUT};
 
 /// Where a node runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
