@@ -14,6 +14,7 @@ use pushpull_proto::Config;
 
 use crate::node::{run_worker, WorkerOptions};
 use pushpull_bench::transport as bench;
+use pushpull_jobs::JobConfig;
 use pushpull_launch::certs;
 use pushpull_launch::local::{
     default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
@@ -122,6 +123,7 @@ impl ClusterOverrides {
                 "configs/local.toml (built in)".to_string(),
             ),
         };
+        let mut job = JobConfig::from_config(&config, &origin).map_err(CliError::usage)?;
         if let Some(w) = self.workers {
             config.cluster.num_workers = w;
         }
@@ -129,19 +131,21 @@ impl ClusterOverrides {
             config.cluster.num_servers = s;
         }
         if let Some(r) = self.rounds {
-            config.job.rounds = r;
+            job.rounds = r;
         }
         if let Some(r) = self.warmup {
-            config.job.warmup = r;
+            job.warmup = r;
         }
         if let Some(s) = self.scale {
-            config.job.scale = s;
+            job.scale = s;
         }
         if let Some(b) = &self.buffers {
-            config.job.buffers = b.clone();
+            job.buffers = b.clone();
         }
-        config
-            .validate(&format!("{origin} with the command-line overrides"))
+        job.store(&mut config);
+        let origin = format!("{origin} with the command-line overrides");
+        JobConfig::from_config(&config, &origin).map_err(CliError::usage)?;
+        config.validate(&origin)
             .map_err(CliError::usage)?;
         Ok(config)
     }
@@ -374,26 +378,27 @@ fn check_train_device(device: &str) -> CliResult<()> {
 /// (a comparison table).
 pub fn local(args: LocalArgs) -> CliResult<()> {
     let mut config = args.cluster.load()?;
+    let mut job = JobConfig::of(&config).map_err(CliError::usage)?;
     if let Some(kind) = &args.job {
-        config.job.kind = kind.clone();
+        job.kind = kind.clone();
     }
     if let Some(s) = args.steps {
-        config.job.steps = s;
+        job.steps = s;
     }
     if let Some(m) = &args.model {
-        config.job.model = m.clone();
+        job.model = m.clone();
     }
     if let Some(lr) = args.lr {
-        config.job.lr = lr;
+        job.lr = lr;
     }
     if let Some(h) = &args.hidden {
-        config.job.hidden = h.clone();
+        job.hidden = h.clone();
     }
-    config
-        .validate("the cluster file with the command-line overrides")
+    job.store(&mut config);
+    let job = JobConfig::from_config(&config, "the cluster file with the command-line overrides")
         .map_err(CliError::usage)?;
     check_train_device(&args.device)?;
-    if config.job.kind == "benchmark" && config.job.buffers == "device" {
+    if job.kind == "benchmark" && job.buffers == "device" {
         // Say a missing GPU before starting any process.
         pushpull_jobs::benchmark::gpu_ordinal(&config)?;
     }
@@ -442,7 +447,7 @@ pub fn local(args: LocalArgs) -> CliResult<()> {
         logs: args.logs,
         label: None,
     };
-    if opts.config.job.kind != "train" {
+    if job.kind != "train" {
         // The benchmark job runs once, with --compressor's preset (or the file's maps) and the
         // --param overrides.
         if args.compare.is_some() || args.seeds != 1 {
@@ -532,7 +537,8 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
                 // The transport comparison measures push_pull throughput: the benchmark job,
                 // whatever the cluster file's job is.
                 let mut config = config;
-                config.job.kind = "benchmark".to_string();
+                JobConfig::edit(&mut config, |j| j.kind = "benchmark".to_string())
+                    .map_err(CliError::usage)?;
                 let lopts = LocalOptions {
                     config,
                     programs,

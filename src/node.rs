@@ -8,7 +8,7 @@
 use pushpull_node::commands::{load_config, load_identity, print_line, NodeArgs};
 use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
-use pushpull_jobs::benchmark;
+use pushpull_jobs::{benchmark, JobConfig};
 use pushpull_jobs::train::{self, InRuntime, TrainOptions};
 use pushpull_node::error::{CliError, CliResult};
 use pushpull_node::report::progress_line;
@@ -29,6 +29,9 @@ pub struct WorkerOptions {
 /// report ([`pushpull_node::report::JobReport`] or [`pushpull_jobs::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
     let config = load_config(args)?;
+    // The nodes leave `[job]` to the job: checked here, before joining, naming the file.
+    let job = JobConfig::from_config(&config, &args.config.display().to_string())
+        .map_err(CliError::usage)?;
     let identity = load_identity(&config)?;
     let worker = Worker::join(
         &config,
@@ -50,8 +53,8 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
             print_line(&progress_line(rank, done, total));
         }
     };
-    if config.job.kind == "train" {
-        let topts = TrainOptions::from_job(&config.job);
+    if job.kind == "train" {
+        let topts = TrainOptions::from_job(&job);
         let ex = InRuntime {
             worker: &worker,
             handle: tokio::runtime::Handle::current(),
@@ -65,7 +68,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
         print_line(if opts.json { &json } else { &text });
         return Ok(());
     }
-    let report = benchmark::run_benchmark(&worker, &config, show).await;
+    let report = benchmark::run_benchmark(&worker, &config, &job, show).await;
     let (text, json) = finish_report(worker, rank, report, |mut r| {
         r.cpu_seconds = pushpull_node::cpu::process_cpu_seconds();
         (r.to_text(), serde_json::to_string(&r))

@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
@@ -15,7 +16,7 @@ num_workers = 1
 num_servers = 1
 "#;
 
-fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
+fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p.display().to_string()
@@ -70,19 +71,6 @@ fn config_errors_name_the_key_for_every_binary() {
             format!("{GOOD}\n[server]\nlisten = \"10.0.0.300:1\"\n"),
             vec!["server.listen", "10.0.0.300:1"],
         ),
-        (format!("{GOOD}\n[job]\nrounds = -1\n"), vec!["rounds"]),
-        (
-            format!("{GOOD}\n[job]\nmodel = \"cnn\"\n"),
-            vec!["job.model", "cnn", "logistic"],
-        ),
-        (
-            format!("{GOOD}\n[job]\nlabel_noise = 1.5\n"),
-            vec!["job.label_noise", "1.5"],
-        ),
-        (
-            format!("{GOOD}\n[job]\nhidden = []\n"),
-            vec!["job.hidden", "[]"],
-        ),
     ];
     for (text, needles) in &cases {
         for (program, node) in [
@@ -98,6 +86,43 @@ fn config_errors_name_the_key_for_every_binary() {
             );
         }
     }
+}
+
+/// `[job]` is the job's: the worker, which runs it, refuses a bad table naming the key and the
+/// file; the scheduler and the servers, which run no job, start with it.
+#[test]
+fn job_errors_are_the_workers_and_the_other_nodes_leave_the_table_alone() {
+    let certs = Certs::cluster(1, 1);
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (format!("{GOOD}\n[job]\nrounds = -1\n"), vec!["rounds"]),
+        (
+            format!("{GOOD}\n[job]\nmodel = \"cnn\"\n"),
+            vec!["job.model", "cnn", "logistic"],
+        ),
+        (
+            format!("{GOOD}\n[job]\nlabel_noise = 1.5\n"),
+            vec!["job.label_noise", "1.5"],
+        ),
+        (
+            format!("{GOOD}\n[job]\nhidden = []\n"),
+            vec!["job.hidden", "[]"],
+        ),
+        (
+            format!("{GOOD}\n[job]\nrunds = 3\n"),
+            vec!["[job]", "runds"],
+        ),
+    ];
+    for (text, needles) in &cases {
+        let (code, err) = run_with_config(WORKER, &certs, "worker0", text, &[]);
+        expect_usage(code, &err, needles);
+        assert!(err.contains("worker0-test.toml"), "names the file:\n{err}");
+    }
+    let (text, _) = &cases[1];
+    let cfg = write(certs.path(), "nodes-test.toml", text);
+    let (mut scheduler, addr) = start_scheduler(Path::new(&cfg), &certs);
+    let (mut server, _) = start_server(Path::new(&cfg), &certs, 0, addr);
+    server.kill();
+    scheduler.kill();
 }
 
 #[test]

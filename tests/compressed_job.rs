@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use pushpull::jobs::JobConfig;
 
 #[test]
 fn compressed_benchmark_job_matches_the_reference_in_every_process() {
@@ -17,11 +18,14 @@ fn compressed_benchmark_job_matches_the_reference_in_every_process() {
     config.cluster.seed = Some(seed);
     // At scale 0.01 most ResNet tensors are small: compress everything from 1 KiB up.
     config.cluster.min_compress_bytes = 1024;
-    config.job.kind = "benchmark".into();
-    config.job.scale = 0.01;
-    config.job.rounds = 2;
-    config.job.warmup = 1;
-    config.job.check = true;
+    JobConfig::edit(&mut config, |j| {
+        j.kind = "benchmark".into();
+        j.scale = 0.01;
+        j.rounds = 2;
+        j.warmup = 1;
+        j.check = true;
+    })
+    .unwrap();
     let params = [
         ("compressor", "onebit"),
         ("scaling", "true"),

@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pushpull::jobs::JobConfig;
 
 /// Slack on top of two heartbeat timeouts for a busy 2-core machine (process scheduling,
 /// debug builds).
@@ -19,9 +20,12 @@ struct Running {
 /// 2 workers x 2 servers, all processes, running the built-in job for (practically) ever.
 fn start_running() -> Running {
     let mut config = test_config(2, 2);
-    config.job.scale = 0.001;
-    config.job.rounds = 1_000_000;
-    config.job.warmup = 0;
+    JobConfig::edit(&mut config, |j| {
+        j.scale = 0.001;
+        j.rounds = 1_000_000;
+        j.warmup = 0;
+    })
+    .unwrap();
     let cluster = ProcCluster::start(config);
     let mut workers: Vec<Proc> = (0..2)
         .map(|i| {

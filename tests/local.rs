@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use pushpull::jobs::JobConfig;
 
 #[test]
 fn pushpull_local_runs_a_tiny_job() {
@@ -123,8 +124,11 @@ fn pushpull_local_reports_a_failed_process() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = pushpull::launch::local::default_config();
     config.cluster.scheduler = taken.local_addr().unwrap().to_string();
-    config.job.kind = "benchmark".into();
-    config.job.scale = 0.001;
+    JobConfig::edit(&mut config, |j| {
+        j.kind = "benchmark".into();
+        j.scale = 0.001;
+    })
+    .unwrap();
     let path = write_config(&config, dir.path());
     let (code, out, err) = run_bin(
         PUSHPULL,

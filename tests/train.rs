@@ -11,6 +11,7 @@ use common::*;
 use pushpull::jobs::train::check::{check_converged, loss_threshold};
 use pushpull::jobs::train::compare::{preset, set_default_map};
 use pushpull::jobs::train::{run_train, Exchange, TrainOptions, TrainReport};
+use pushpull::jobs::JobConfig;
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
@@ -55,17 +56,19 @@ fn tiny_config(seed: u64) -> Config {
     c.cluster.seed = Some(seed);
     c.cluster.heartbeat_timeout_ms = 10_000;
     c.cluster.min_compress_bytes = 1024;
-    let j = &mut c.job;
-    j.kind = "train".into();
-    j.input_dim = 16;
-    j.hidden = vec![128, 64];
-    j.classes = 4;
-    j.teacher_hidden = 16;
-    j.train_samples = 4096;
-    j.test_samples = 1024;
-    j.label_noise = 0.05;
-    j.steps = 300;
-    j.batch_size = 32;
+    JobConfig::edit(&mut c, |j| {
+        j.kind = "train".into();
+        j.input_dim = 16;
+        j.hidden = vec![128, 64];
+        j.classes = 4;
+        j.teacher_hidden = 16;
+        j.train_samples = 4096;
+        j.test_samples = 1024;
+        j.label_noise = 0.05;
+        j.steps = 300;
+        j.batch_size = 32;
+    })
+    .unwrap();
     c
 }
 
@@ -95,7 +98,7 @@ fn train(mut config: Config, zero_results: bool) -> Vec<TrainReport> {
             rt.spawn(server.run())
         })
         .collect();
-    let opts = TrainOptions::from_job(&config.job);
+    let opts = TrainOptions::from_job(&JobConfig::of(&config).unwrap());
     let mut reports: Vec<TrainReport> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..nw)
             .map(|w| {
@@ -144,7 +147,7 @@ fn mean_train_loss(reports: &[TrainReport]) -> f64 {
 }
 
 fn initial_loss(c: &Config) -> f64 {
-    (c.job.classes as f64).ln()
+    (JobConfig::of(c).unwrap().classes as f64).ln()
 }
 
 #[test]
@@ -200,7 +203,7 @@ fn zeroed_results_fail_the_convergence_check() {
     let _g = cluster_lock();
     let seed = test_seed();
     let mut base = tiny_config(seed);
-    base.job.steps = 150;
+    JobConfig::edit(&mut base, |j| j.steps = 150).unwrap();
     let initial = initial_loss(&base);
     let ref_loss = mean_train_loss(&train(with_preset(base.clone(), "none"), false));
     let broken = train(with_preset(base.clone(), "onebit"), true);
@@ -220,13 +223,16 @@ fn logistic_baseline_stays_clearly_below_the_mlp_on_the_default_task() {
     let mut base = test_config(2, 1);
     base.cluster.seed = Some(seed);
     base.cluster.heartbeat_timeout_ms = 10_000;
-    base.job.kind = "train".into();
-    base.job.hidden = vec![256, 128];
-    base.job.train_samples = 16_384;
-    base.job.test_samples = 4096;
+    JobConfig::edit(&mut base, |j| {
+        j.kind = "train".into();
+        j.hidden = vec![256, 128];
+        j.train_samples = 16_384;
+        j.test_samples = 4096;
+    })
+    .unwrap();
     let mlp = train(base.clone(), false);
     let mut logistic = base.clone();
-    logistic.job.model = "logistic".into();
+    JobConfig::edit(&mut logistic, |j| j.model = "logistic".into()).unwrap();
     let lr = train(logistic, false);
     let (a_mlp, a_lr) = (mlp[0].test_accuracy, lr[0].test_accuracy);
     eprintln!(

@@ -34,6 +34,7 @@ use std::time::Instant;
 
 use pushpull_kernels::chunk::effective_spec;
 use pushpull_kernels::CodecSpec;
+use crate::JobConfig;
 use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};
@@ -82,9 +83,9 @@ fn op_err(what: &str, name: &str, e: impl std::fmt::Display) -> CliError {
 pub async fn run_benchmark(
     worker: &Worker,
     config: &Config,
+    job: &JobConfig,
     mut progress: impl FnMut(u32, u32),
 ) -> CliResult<JobReport> {
-    let job = &config.job;
     let rank = worker.rank();
     let num_workers = worker.num_workers();
     let seed = worker.job_seed();
@@ -173,7 +174,7 @@ pub async fn run_benchmark(
         .collect();
     let ctx = RoundCtx {
         worker,
-        config,
+        job,
         specs: &specs,
         tensors: &tensors,
         reference: &mut reference,
@@ -241,7 +242,7 @@ pub async fn run_benchmark(
 /// What the timed rounds need from the job.
 struct RoundCtx<'a> {
     worker: &'a Worker,
-    config: &'a Config,
+    job: &'a JobConfig,
     specs: &'a [JobTensor],
     tensors: &'a [Tensor],
     reference: &'a mut Reference,
@@ -269,13 +270,12 @@ async fn timed_rounds<R: Rounds>(
 ) -> CliResult<Timed> {
     let RoundCtx {
         worker,
-        config,
+        job,
         specs,
         tensors,
         reference,
         ref_tensors,
     } = ctx;
-    let job = &config.job;
     let (rank, num_workers, seed) = (worker.rank(), worker.num_workers(), worker.job_seed());
     let total = job.warmup + job.rounds;
     let mut t = Timed {

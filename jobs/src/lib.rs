@@ -4,6 +4,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
+//! | [`settings`] | [`JobConfig`]: the `[job]` table, read and checked here (the nodes leave it to the job), and [`settings::load`] of a cluster file with it |
 //! | [`benchmark`] | the benchmark job: ResNet-50 tensor set, broadcast, timed push_pull rounds, bit-exact checks; its report is [`pushpull_node::report::JobReport`] |
 //! | [`buffers`] | where the benchmark's tensors live (`job.buffers`: host memory, a GPU, the emulated device) and how a round reduces them |
 //! | [`train`] | the training job: an MLP in candle on a synthetic task, its gradients through push_pull, the comparison table of `pushpull local --compare` |
@@ -16,4 +17,7 @@ pub mod benchmark;
 pub mod buffers;
 pub mod data;
 pub mod resnet;
+pub mod settings;
 pub mod train;
+
+pub use settings::JobConfig;

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::procs::{Event, ProcGroup, Programs};
 use pushpull_jobs::train::compare::{self, CompareReport, RunRow};
 use pushpull_jobs::train::TrainReport;
+use pushpull_jobs::JobConfig;
 use pushpull_node::error::{CliError, CliResult};
 use pushpull_node::report::{progress_value, JobReport, PROGRESS_PREFIX, SERVER_LISTENING};
 
@@ -148,11 +149,12 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
     let names = crate::certs::default_node_names(ns, nw);
     let files = super::ClusterFiles::new("pushpull-local-", config, &names)?;
 
-    let training = config.job.kind == "train";
+    let job = JobConfig::of(config).map_err(CliError::usage)?;
+    let training = job.kind == "train";
     let total_rounds = if training {
-        config.job.steps
+        job.steps
     } else {
-        config.job.warmup + config.job.rounds
+        job.warmup + job.rounds
     };
     let bar = if opts.progress_bar {
         ProgressBar::new(total_rounds as u64)
@@ -178,7 +180,7 @@ pub async fn run_local(opts: &LocalOptions) -> CliResult<LocalSummary> {
         }));
     }
     let start = Instant::now();
-    let result = run_group(opts, &mut group, &bar, &files).await;
+    let result = run_group(opts, training, &mut group, &bar, &files).await;
     bar.finish_and_clear();
     let (scheduler, servers, (workers, train), cpu) = match result {
         Ok(r) => r,
@@ -208,6 +210,7 @@ type GroupResult = (
 
 async fn run_group(
     opts: &LocalOptions,
+    training: bool,
     group: &mut ProcGroup,
     bar: &ProgressBar,
     files: &super::ClusterFiles,
@@ -223,7 +226,6 @@ async fn run_group(
     ));
 
     let mut servers = vec![String::new(); ns as usize];
-    let training = config.job.kind == "train";
     let mut reports: Vec<Option<JobReport>> = vec![None; nw as usize];
     let mut train_reports: Vec<Option<TrainReport>> = vec![None; nw as usize];
     let mut cpu = BTreeMap::new();
@@ -360,7 +362,8 @@ impl RunSpec {
         let mut map: std::collections::BTreeMap<String, String> = match self {
             RunSpec::Preset(p) => compare::preset(p).map_err(CliError::usage)?,
             RunSpec::Baseline => {
-                c.job.model = "logistic".to_string();
+                JobConfig::edit(&mut c, |j| j.model = "logistic".to_string())
+                    .map_err(CliError::usage)?;
                 compare::preset("none").map_err(CliError::usage)?
             }
             RunSpec::AsConfigured => c

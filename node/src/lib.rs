@@ -1,7 +1,8 @@
 //! pushpull's node commands: the `pushpull-scheduler` and `pushpull-server` binaries, what
 //! every node command shares, and what a node tells the process that started it. It links
-//! neither the training job (candle) nor the benchmarks' plots (plotters): those, the worker
-//! command that runs the jobs, the launcher and `pushpull` itself are the root package's.
+//! neither the training job (candle, `pushpull_jobs`) nor the benchmarks' plots (plotters,
+//! `pushpull_bench`); the worker command that runs the jobs and `pushpull` itself are the root
+//! package's.
 //!
 //! | module | what it holds |
 //! |---|---|

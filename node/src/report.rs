@@ -1,8 +1,8 @@
 //! What a parent process and the nodes and jobs it starts tell each other on their standard
 //! output: the lines a node prints once it listens, the progress lines of the benchmark job and
-//! its report, and how long a parent waits for a line. The root package's launcher (`launch`),
-//! shaped-network benchmark (`netbench`) and `bench transport` read them; the node commands
-//! (here and the root's worker) and the jobs write them. It depends on nothing else here.
+//! its report, and how long a parent waits for a line. The launcher (`pushpull_launch`) and the
+//! benchmarks (`pushpull_bench`) read them; the node commands (here and the root package's
+//! worker) and the jobs (`pushpull_jobs`) write them. It depends on nothing else here.
 
 use std::time::Duration;
 

@@ -15,6 +15,7 @@ use pushpull_proto::Config;
 
 use super::topo::{interrupted, Host, Topology};
 use pushpull_jobs::train::TrainReport;
+use pushpull_jobs::JobConfig;
 use pushpull_launch::nodes::{self, Place};
 use pushpull_launch::procs::{Event, ProcGroup, Programs};
 use pushpull_launch::ClusterFiles;
@@ -208,11 +209,12 @@ async fn drive(
         .map(|i| group.pid(i))
         .collect();
 
-    let (warmup, total) = (config.job.warmup, config.job.warmup + config.job.rounds);
+    let job = JobConfig::of(config).map_err(CliError::usage)?;
+    let (warmup, total) = (job.warmup, job.warmup + job.rounds);
     let mut progress_at: BTreeMap<u64, Instant> = BTreeMap::new();
     let mut first: Option<Snapshot> = None;
     let mut window = None;
-    let train = config.job.kind == "train";
+    let train = job.kind == "train";
     let mut reports: Vec<Option<serde_json::Value>> = vec![None; nw as usize];
     let mut report_rounds: Vec<Option<Vec<f64>>> = vec![None; nw as usize];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -290,7 +292,7 @@ async fn drive(
             .collect::<CliResult<Vec<JobReport>>>()?;
         (Vec::new(), r)
     };
-    let rounds = config.job.rounds as usize;
+    let rounds = job.rounds as usize;
     let (round_seconds, source) = if report_rounds
         .iter()
         .all(|r| r.as_ref().is_some_and(|r| r.len() == rounds))

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use pushpull_jobs::JobConfig;
 use pushpull_proto::Config;
 
 use super::topo::parse_rate;
@@ -37,11 +38,14 @@ pub fn run_config(
     let mut c = base.clone();
     c.cluster.num_workers = workers;
     c.cluster.num_servers = servers;
-    c.job.kind = "benchmark".to_string();
-    c.job.scale = scale;
-    c.job.rounds = rounds;
-    c.job.warmup = warmup;
-    c.job.check = check;
+    JobConfig::edit(&mut c, |j| {
+        j.kind = "benchmark".to_string();
+        j.scale = scale;
+        j.rounds = rounds;
+        j.warmup = warmup;
+        j.check = check;
+    })
+    .map_err(CliError::usage)?;
     pushpull_jobs::train::compare::set_default_map(&mut c, params);
     c.validate("the benchmark's cluster file")
         .map_err(CliError::usage)?;

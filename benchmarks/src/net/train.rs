@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::cluster::{run_cluster, RunLimits};
 use super::topo::Topology;
 use pushpull_jobs::train::compare::preset;
+use pushpull_jobs::JobConfig;
 use pushpull_launch::procs::Programs;
 use pushpull_node::error::{CliError, CliResult};
 
@@ -86,12 +87,15 @@ pub fn train_config(
     c.cluster.num_workers = workers;
     c.cluster.num_servers = servers;
     c.cluster.seed = Some(seed);
-    c.job.kind = "train".to_string();
-    c.job.hidden = plan.hidden.clone();
-    c.job.batch_size = plan.batch_size;
-    c.job.steps = plan.steps;
-    c.job.skip_push_pull = compressor == COMPUTE_ONLY;
-    let name = if c.job.skip_push_pull {
+    let job = JobConfig::edit(&mut c, |j| {
+        j.kind = "train".to_string();
+        j.hidden = plan.hidden.clone();
+        j.batch_size = plan.batch_size;
+        j.steps = plan.steps;
+        j.skip_push_pull = compressor == COMPUTE_ONLY;
+    })
+    .map_err(CliError::usage)?;
+    let name = if job.skip_push_pull {
         "none"
     } else {
         compressor
@@ -285,12 +289,13 @@ mod tests {
         };
         let base = pushpull_launch::local::default_config();
         let c = train_config(&base, (4, 4), &plan, "onebit", 7).unwrap();
-        assert_eq!(c.job.kind, "train");
+        let job = JobConfig::of(&c).unwrap();
+        assert_eq!(job.kind, "train");
         assert_eq!(c.cluster.seed, Some(7));
-        assert!(!c.job.skip_push_pull);
+        assert!(!job.skip_push_pull);
         assert_eq!(c.tensor_params("x")["momentum"], "nesterov");
         let c = train_config(&base, (4, 4), &plan, COMPUTE_ONLY, 7).unwrap();
-        assert!(c.job.skip_push_pull);
+        assert!(JobConfig::of(&c).unwrap().skip_push_pull);
         let e = train_config(&base, (4, 4), &plan, "zip", 7).unwrap_err();
         assert!(e.to_string().contains("zip"), "{e}");
     }

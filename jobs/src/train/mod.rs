@@ -40,7 +40,7 @@ pub mod rng;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor};
-use pushpull_proto::config::JobConfig;
+use crate::JobConfig;
 use serde::{Deserialize, Serialize};
 
 pub use exchange::{Exchange, InRuntime};
@@ -82,7 +82,7 @@ pub struct TrainOptions {
 }
 
 impl TrainOptions {
-    /// The training keys of `[job]` (already validated by `Config::validate`).
+    /// The training keys of `[job]` (checked by [`JobConfig::from_config`]).
     pub fn from_job(job: &JobConfig) -> TrainOptions {
         TrainOptions {
             model: job.model.clone(),

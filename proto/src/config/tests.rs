@@ -23,7 +23,6 @@ fn minimal_file_gets_defaults() {
     big.cluster.partition_bytes = 400;
     assert_eq!(big.cluster.chunk_payload_bound(), 1024);
     assert_eq!(c.tls.server_name, "pushpull.cluster");
-    assert_eq!(c.job.kind, "benchmark");
 }
 
 #[test]
@@ -91,53 +90,6 @@ fn a_tiny_chunk_payload_bound_is_refused_naming_it() {
     d.cluster.max_chunk_payload_bytes = Some(2048);
     let (key, _, _) = c.digest().first_difference(&d.digest()).unwrap();
     assert_eq!(key, "cluster.max_chunk_payload_bytes");
-}
-
-#[test]
-fn job_buffers_values() {
-    assert_eq!(
-        Config::from_toml_str(MINIMAL, "t.toml")
-            .unwrap()
-            .job
-            .buffers,
-        "host"
-    );
-    for v in ["device", "emulated"] {
-        let text = format!("{MINIMAL}\n[job]\nbuffers = {v:?}\n");
-        assert_eq!(
-            Config::from_toml_str(&text, "t.toml").unwrap().job.buffers,
-            v
-        );
-    }
-    let text = format!("{MINIMAL}\n[job]\nbuffers = \"gpu\"\n");
-    let e = Config::from_toml_str(&text, "t.toml")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("job.buffers") && e.contains("gpu") && e.contains("emulated"),
-        "{e}"
-    );
-}
-
-#[test]
-fn job_issue_values() {
-    assert_eq!(
-        Config::from_toml_str(MINIMAL, "t.toml").unwrap().job.issue,
-        "group"
-    );
-    let text = format!("{MINIMAL}\n[job]\nissue = \"forward\"\n");
-    assert_eq!(
-        Config::from_toml_str(&text, "t.toml").unwrap().job.issue,
-        "forward"
-    );
-    let text = format!("{MINIMAL}\n[job]\nissue = \"sideways\"\n");
-    let e = Config::from_toml_str(&text, "t.toml")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("job.issue") && e.contains("sideways") && e.contains("group"),
-        "{e}"
-    );
 }
 
 #[test]

@@ -103,14 +103,6 @@ impl Config {
                 "one of \"auto\", \"cpu\", \"cuda\", \"cuda:N\" (N a device ordinal)",
             ));
         }
-        self.job.validate(self.cluster.num_workers, &bad)?;
-        if !(self.job.scale > 0.0 && self.job.scale <= 64.0) {
-            return Err(bad(
-                "job.scale",
-                self.job.scale.to_string(),
-                "a number in (0, 64]",
-            ));
-        }
         if self.tls.server_name.is_empty() {
             return Err(bad("tls.server_name", "\"\"".into(), "a DNS name"));
         }
