@@ -32,9 +32,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::JobConfig;
 use pushpull_kernels::chunk::effective_spec;
 use pushpull_kernels::CodecSpec;
-use crate::JobConfig;
 use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};

@@ -236,7 +236,11 @@ impl JobConfig {
             ));
         }
         if !(self.scale > 0.0 && self.scale <= 64.0) {
-            return Err(bad("job.scale", self.scale.to_string(), "a number in (0, 64]"));
+            return Err(bad(
+                "job.scale",
+                self.scale.to_string(),
+                "a number in (0, 64]",
+            ));
         }
         if !(self.lr.is_finite() && self.lr > 0.0 && self.lr <= 100.0) {
             return Err(bad("job.lr", self.lr.to_string(), "a number in (0, 100]"));
@@ -374,7 +378,8 @@ fn default_true() -> bool {
 mod tests {
     use super::*;
 
-    const MINIMAL: &str = "[cluster]\nscheduler = \"127.0.0.1:0\"\nnum_workers = 2\nnum_servers = 1\n";
+    const MINIMAL: &str =
+        "[cluster]\nscheduler = \"127.0.0.1:0\"\nnum_workers = 2\nnum_servers = 1\n";
 
     fn parse(text: &str) -> Result<JobConfig, String> {
         let c = Config::from_toml_str(text, "t.toml").map_err(|e| e.to_string())?;
@@ -422,7 +427,10 @@ mod tests {
     #[test]
     fn bad_keys_and_values_are_named() {
         refused(&format!("{MINIMAL}\n[job]\nrounds = -1\n"), &["rounds"]);
-        refused(&format!("{MINIMAL}\n[job]\nrunds = 3\n"), &["[job]", "runds"]);
+        refused(
+            &format!("{MINIMAL}\n[job]\nrunds = 3\n"),
+            &["[job]", "runds"],
+        );
         refused(&format!("{MINIMAL}\n[job]\nscale = 0.0\n"), &["job.scale"]);
         refused(
             &format!("{MINIMAL}\n[job]\ntrain_samples = 1\n"),
@@ -446,7 +454,9 @@ mod tests {
         // Through the file's text, as the launcher writes it for every node.
         let text = toml::to_string(&c).unwrap();
         assert_eq!(parse(&text).unwrap(), j);
-        let e = JobConfig::edit(&mut c, |j| j.lr = -1.0).unwrap_err().to_string();
+        let e = JobConfig::edit(&mut c, |j| j.lr = -1.0)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("job.lr"), "{e}");
     }
 }

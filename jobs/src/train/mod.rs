@@ -39,8 +39,8 @@ pub mod rng;
 
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
 use crate::JobConfig;
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use exchange::{Exchange, InRuntime};
