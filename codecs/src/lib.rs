@@ -19,7 +19,7 @@
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
 //! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) behind `pushpull bench compress` |
 //! | [`payload`] | the payload checks the device's decoders share with the codecs' |
-//! | `codecs` (private) | one module per wire format |
+//! | `codecs` (private) | one module per wire format; each implements the narrow `Format` trait (its `Base` identity, payload size, encoding, decoding, optional in-place subtraction) and one blanket implementation there makes it a [`Codec`] (name, length and the length checks, written once) |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
 //! # The traits and the chain
@@ -251,8 +251,9 @@ impl<'a> RoundCtx<'a> {
 }
 
 /// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
-/// payloads. Every codec of `codecs` implements it; through the blanket implementation each is
-/// also a [`Compressor`] (a chain of just the codec).
+/// payloads. Every codec of `codecs` implements it through the one implementation over that
+/// module's `Format` trait (what each wire format writes itself); through the blanket
+/// implementation below each is also a [`Compressor`] (a chain of just the codec).
 // `is_empty` is the chain's (`Compressor::is_empty`): a second one here would make the call
 // ambiguous on every codec.
 #[allow(clippy::len_without_is_empty)]

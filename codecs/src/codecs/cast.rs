@@ -4,11 +4,11 @@
 //! little-endian u16 from [`elem::f32_to_f16_sat`] / [`elem::f32_to_bf16_sat`] (`2n` bytes).
 //! The casts saturate (beyond ±65504 for fp16 gives ±65504). Non-finite input is refused.
 
-use super::{prepare, Base};
+use super::{prepare, Base, Format};
 use crate::elem;
 use crate::error::KernelError;
 use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 use rayon::prelude::*;
 
 /// Which cast.
@@ -254,26 +254,54 @@ fn from_f16<const ADD: bool>(src: &[u8], out: &mut [f32]) {
 
 // ---- the codec -----------------------------------------------------------------------------
 
-impl CastCodec {
-    fn encode(&self, x: &[f32], dst: &mut [u8]) -> bool {
+impl Format for CastCodec {
+    fn base(&self) -> &Base {
+        &self.base
+    }
+    fn size(&self) -> usize {
+        self.base.n * self.cast.width()
+    }
+    fn stochastic(&self) -> bool {
+        false
+    }
+    fn encode(
+        &mut self,
+        input: &[f32],
+        _ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
         let f = match self.cast {
             Cast::None => copy_f32,
             Cast::Fp16 => to_f16,
             Cast::Bf16 => to_bf16,
         };
         let w = self.cast.width();
-        if crate::par::enabled(x.len()) {
+        let dst = prepare(out, self.size());
+        let finite = if crate::par::enabled(input.len()) {
             let seg = crate::par::SEG;
-            x.par_chunks(seg)
+            input
+                .par_chunks(seg)
                 .zip(dst.par_chunks_mut(seg * w))
                 .map(|(xs, d)| f(xs, d))
                 .reduce(|| true, |a, b| a && b)
         } else {
-            f(x, dst)
+            f(input, dst)
+        };
+        if finite {
+            Ok(())
+        } else {
+            out.clear();
+            Err(self.base.non_finite(input))
         }
     }
-
-    fn decode(&self, src: &[u8], out: &mut [f32], add: bool) {
+    fn decode(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+        add: bool,
+    ) -> Result<(), KernelError> {
+        self.base.check_payload(self.size(), payload.len())?;
         let f = match (self.cast, add) {
             (Cast::None, false) => read_f32,
             (Cast::None, true) => add_f32,
@@ -286,67 +314,11 @@ impl CastCodec {
         if crate::par::enabled(out.len()) {
             let seg = crate::par::SEG;
             out.par_chunks_mut(seg)
-                .zip(src.par_chunks(seg * w))
+                .zip(payload.par_chunks(seg * w))
                 .for_each(|(o, s)| f(s, o));
         } else {
-            f(src, out)
+            f(payload, out)
         }
-    }
-
-    fn check_payload(&self, payload: &[u8]) -> Result<(), KernelError> {
-        self.base
-            .check_payload(self.base.n * self.cast.width(), payload.len())
-    }
-}
-
-impl Codec for CastCodec {
-    fn name(&self) -> &str {
-        &self.base.name
-    }
-    fn len(&self) -> usize {
-        self.base.n
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.base.n * self.cast.width()
-    }
-    fn is_stochastic(&self) -> bool {
-        false
-    }
-    fn compress(
-        &mut self,
-        input: &[f32],
-        _ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
-        let dst = prepare(out, self.base.n * self.cast.width());
-        if self.encode(input, dst) {
-            Ok(())
-        } else {
-            out.clear();
-            Err(self.base.non_finite(input))
-        }
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.check_payload(payload)?;
-        self.decode(payload, out, false);
-        Ok(())
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.check_payload(payload)?;
-        self.decode(payload, acc, true);
         Ok(())
     }
 }

@@ -41,8 +41,8 @@
 //! decode to `+0.0` whatever the sign: the values equal the packed encoding's (`==`).
 
 use super::{
-    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
-    GroupDecoder, GroupEncoder,
+    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, scatter,
+    Base, Format, GroupDecoder, GroupEncoder,
 };
 use crate::elem;
 use crate::error::KernelError;
@@ -50,7 +50,7 @@ use crate::params::{Encoding, Normalize, Partition};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 use rayon::prelude::*;
 
 /// The dithering compressor.
@@ -666,65 +666,27 @@ impl Dithering {
         });
         Ok(())
     }
-
-    fn decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
-        match self.encoding {
-            Encoding::Packed => self.decode_packed(payload, out, add),
-            Encoding::Elias => {
-                let entries = self.elias_entries(payload)?;
-                let mut next = 0usize;
-                for &(i, v) in &entries {
-                    let i = i as usize;
-                    for o in out[next..i].iter_mut() {
-                        if add {
-                            *o += 0.0;
-                        } else {
-                            *o = 0.0;
-                        }
-                    }
-                    if add {
-                        out[i] += v;
-                    } else {
-                        out[i] = v;
-                    }
-                    next = i + 1;
-                }
-                for o in out[next..].iter_mut() {
-                    if add {
-                        *o += 0.0;
-                    } else {
-                        *o = 0.0;
-                    }
-                }
-                Ok(())
-            }
-        }
-    }
 }
 
-impl Codec for Dithering {
-    fn name(&self) -> &str {
-        &self.base.name
+impl Format for Dithering {
+    fn base(&self) -> &Base {
+        &self.base
     }
-    fn len(&self) -> usize {
-        self.base.n
-    }
-    fn max_compressed_len(&self) -> usize {
+    fn size(&self) -> usize {
         match self.encoding {
             Encoding::Packed => self.packed_size(),
             Encoding::Elias => self.elias_max_size(),
         }
     }
-    fn is_stochastic(&self) -> bool {
+    fn stochastic(&self) -> bool {
         true
     }
-    fn compress(
+    fn encode(
         &mut self,
         input: &[f32],
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
         let norms = self.norms(input)?;
         if self.partition == Partition::Linear {
             // Linear values are (norm * level) / s: norm * s must stay finite.
@@ -763,23 +725,21 @@ impl Codec for Dithering {
             }
         }
     }
-    fn decompress(
+    fn decode(
         &self,
         payload: &[u8],
         _ctx: &RoundCtx,
         out: &mut [f32],
+        add: bool,
     ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.decode(payload, out, false)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.decode(payload, acc, true)
+        match self.encoding {
+            Encoding::Packed => self.decode_packed(payload, out, add),
+            Encoding::Elias => {
+                let entries = self.elias_entries(payload)?;
+                scatter(out, entries.iter().map(|&(i, v)| (i as usize, v)), add);
+                Ok(())
+            }
+        }
     }
 }
 

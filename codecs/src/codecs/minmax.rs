@@ -18,14 +18,14 @@
 
 use super::{
     bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
-    GroupDecoder, GroupEncoder,
+    Format, GroupDecoder, GroupEncoder,
 };
 use crate::elem;
 use crate::error::KernelError;
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_min_max, Buckets};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 
 /// The minmax compressor.
 pub(crate) struct MinMax {
@@ -45,10 +45,6 @@ impl MinMax {
 
     fn levels(&self) -> u32 {
         (1u32 << self.bits) - 1
-    }
-
-    fn size(&self) -> usize {
-        8 * self.bk.count + stream_bytes(self.base.n, self.bits)
     }
 }
 
@@ -141,8 +137,54 @@ multiversion! {
     fn decode_add(src: &[u8], i0: usize, out: &mut [f32], p: &Params, bk: &Buckets, bits: u32) = decode_impl::<true>;
 }
 
-impl MinMax {
-    fn run_decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
+impl Format for MinMax {
+    fn base(&self) -> &Base {
+        &self.base
+    }
+    fn size(&self) -> usize {
+        8 * self.bk.count + stream_bytes(self.base.n, self.bits)
+    }
+    fn stochastic(&self) -> bool {
+        true
+    }
+    fn encode(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let (mm, bad) = bucket_min_max(input, &self.bk);
+        if bad {
+            return Err(self.base.non_finite(input));
+        }
+        let levels = self.levels();
+        let mut params = Vec::with_capacity(mm.len());
+        for (b, &(mn, mx)) in mm.iter().enumerate() {
+            let step = elem::minmax_step(mn, mx, levels);
+            if !step.is_finite() {
+                return Err(KernelError::overflow(
+                    &self.base.name,
+                    format!("bucket {b}: max - min = {mx} - {mn} overflows f32"),
+                ));
+            }
+            params.push((mn, step, elem::minmax_inv_step(step)));
+        }
+        let dst = prepare(out, self.size());
+        let (head, bits) = dst.split_at_mut(8 * self.bk.count);
+        super::put_f32s(head, mm.iter().flat_map(|&(a, b)| [a, b]));
+        let stream = self.base.rounding(ctx.round);
+        par_segments(input, self.bits, bits, |xs, i0, d| {
+            encode(xs, i0, d, stream, &params, &self.bk, self.bits)
+        });
+        Ok(())
+    }
+    fn decode(
+        &self,
+        payload: &[u8],
+        _ctx: &RoundCtx,
+        out: &mut [f32],
+        add: bool,
+    ) -> Result<(), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
         let nb = self.bk.count;
         let levels = self.levels();
@@ -171,70 +213,5 @@ impl MinMax {
             f(s, i0, o, &params, &self.bk, self.bits)
         });
         Ok(())
-    }
-}
-
-impl Codec for MinMax {
-    fn name(&self) -> &str {
-        &self.base.name
-    }
-    fn len(&self) -> usize {
-        self.base.n
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.size()
-    }
-    fn is_stochastic(&self) -> bool {
-        true
-    }
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
-        let (mm, bad) = bucket_min_max(input, &self.bk);
-        if bad {
-            return Err(self.base.non_finite(input));
-        }
-        let levels = self.levels();
-        let mut params = Vec::with_capacity(mm.len());
-        for (b, &(mn, mx)) in mm.iter().enumerate() {
-            let step = elem::minmax_step(mn, mx, levels);
-            if !step.is_finite() {
-                return Err(KernelError::overflow(
-                    &self.base.name,
-                    format!("bucket {b}: max - min = {mx} - {mn} overflows f32"),
-                ));
-            }
-            params.push((mn, step, elem::minmax_inv_step(step)));
-        }
-        let dst = prepare(out, self.size());
-        let (head, bits) = dst.split_at_mut(8 * self.bk.count);
-        super::put_f32s(head, mm.iter().flat_map(|&(a, b)| [a, b]));
-        let stream = self.base.rounding(ctx.round);
-        par_segments(input, self.bits, bits, |xs, i0, d| {
-            encode(xs, i0, d, stream, &params, &self.bk, self.bits)
-        });
-        Ok(())
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.run_decode(payload, out, false)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.run_decode(payload, acc, true)
     }
 }

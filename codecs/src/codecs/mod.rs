@@ -1,9 +1,12 @@
 //! The compressors themselves (no decorators): one module per wire format.
 //!
-//! Shared machinery lives here: the identity every codec carries ([`Base`]), output-buffer
-//! preparation, and the generic group encoder/decoder for bit streams of fixed-width codes,
-//! which processes 32 elements per `W` output words, draws one 64-bit random number per four
-//! elements (16-bit uniforms, [`crate::rng::Stream::uniform`]), and goes parallel over
+//! Shared machinery lives here: the identity every codec carries ([`Base`]), the narrow trait
+//! each codec implements ([`Format`]: what is its own) and the one [`Codec`] implementation
+//! that adds what all do alike (name, length, the length checks), the sparse decoding of
+//! top-k and random-k ([`scatter`], [`subtract_at`]), output-buffer preparation, and the
+//! generic group encoder/decoder for bit streams of fixed-width codes, which processes 32
+//! elements per `W` output words, draws one 64-bit random number per four elements (16-bit
+//! uniforms, [`crate::rng::Stream::uniform`]), and goes parallel over
 //! [`crate::par::SEG`]-element segments.
 
 pub mod cast;
@@ -18,7 +21,7 @@ pub mod topk;
 use crate::error::KernelError;
 use crate::rng::{uniform_from_bits, Role, Stream};
 use crate::simd::{load_group, pack32, put_words, unpack32};
-use crate::NodeIdentity;
+use crate::{Codec, NodeIdentity, RoundCtx};
 use rayon::prelude::*;
 
 /// What every codec knows about itself: its name, chunk length and where its random numbers
@@ -96,6 +99,166 @@ impl Base {
             }),
         }
     }
+}
+
+/// What a codec writes itself: its identity, payload size, encoding and decoding. What every
+/// codec does alike (the name and chunk length from [`Base`], the input, output and
+/// accumulator length checks before any work) is the [`Codec`] implementation below, once:
+/// implementing this trait makes a type a [`Codec`], and so a [`crate::Compressor`].
+pub(crate) trait Format: Send {
+    /// The codec's identity: name, chunk length and random streams ([`Codec::name`],
+    /// [`Codec::len`]).
+    fn base(&self) -> &Base;
+
+    /// The payload size for the chunk: exact for the fixed-width formats, the bound for the
+    /// Elias-coded dithering ([`Codec::max_compressed_len`]).
+    fn size(&self) -> usize;
+
+    /// Whether the output depends on random draws ([`Codec::is_stochastic`]).
+    fn stochastic(&self) -> bool;
+
+    /// [`Codec::compress`] of an `input` already checked to hold `len` elements.
+    fn encode(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError>;
+
+    /// [`Codec::decompress`] (`add = false`) or [`Codec::decompress_add`] (`add = true`) into
+    /// an `out` already checked to hold `len` elements.
+    fn decode(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+        add: bool,
+    ) -> Result<(), KernelError>;
+
+    /// The codec's in-place subtraction ([`Codec::subtract_decoded`]), if it has one; `None`
+    /// (the default) where error feedback has to decode into a buffer.
+    fn subtract(&self) -> Option<Subtract<Self>> {
+        None
+    }
+}
+
+/// `acc -= decode(payload)` in place for an `acc` already checked to hold `len` elements, and
+/// whether the result is finite ([`Codec::subtract_decoded`]).
+pub(crate) type Subtract<F> = fn(&F, &[u8], &RoundCtx, &mut [f32]) -> Result<bool, KernelError>;
+
+/// Every codec: what is its own (its `Format`), behind the checks all codecs make alike.
+impl<F: Format> Codec for F {
+    #[inline]
+    fn name(&self) -> &str {
+        &self.base().name
+    }
+    #[inline]
+    fn len(&self) -> usize {
+        self.base().n
+    }
+    #[inline]
+    fn max_compressed_len(&self) -> usize {
+        self.size()
+    }
+    #[inline]
+    fn is_stochastic(&self) -> bool {
+        self.stochastic()
+    }
+    #[inline]
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        self.base().check("input", input.len())?;
+        self.encode(input, ctx, out)
+    }
+    #[inline]
+    fn decompress(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base().check("output", out.len())?;
+        self.decode(payload, ctx, out, false)
+    }
+    #[inline]
+    fn decompress_add(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.base().check("accumulator", acc.len())?;
+        self.decode(payload, ctx, acc, true)
+    }
+    #[inline]
+    fn subtract_decoded(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        acc: &mut [f32],
+    ) -> Option<Result<bool, KernelError>> {
+        let subtract = self.subtract()?;
+        Some(
+            self.base()
+                .check("accumulator", acc.len())
+                .and_then(|()| subtract(self, payload, ctx, acc)),
+        )
+    }
+}
+
+/// The decoding of a sparse payload (top-k, random-k) given its `(index, value)` pairs at
+/// distinct indices: the values at their indices and zeros elsewhere, stored (`add = false`)
+/// or added to `out` bit for bit as a dense decoding would be: elements off the support get
+/// `+ 0.0` (which turns -0.0 into +0.0), elements on it `+ v` from their original value.
+#[inline]
+pub(crate) fn scatter<I>(out: &mut [f32], entries: I, add: bool)
+where
+    I: Iterator<Item = (usize, f32)> + Clone,
+{
+    if add {
+        let orig: Vec<f32> = entries.clone().map(|(i, _)| out[i]).collect();
+        add_zero(out);
+        for ((i, v), o) in entries.zip(orig) {
+            out[i] = o + v;
+        }
+    } else {
+        out.fill(0.0);
+        for (i, v) in entries {
+            out[i] = v;
+        }
+    }
+}
+
+/// `acc -= decode(payload)` for a sparse payload's `(index, value)` pairs, on the support only
+/// (off it `a - 0.0 == a` for every `a`, `-0.0` included); whether every element it changed
+/// is finite.
+#[inline]
+pub(crate) fn subtract_at(acc: &mut [f32], entries: impl Iterator<Item = (usize, f32)>) -> bool {
+    let mut finite = true;
+    for (i, v) in entries {
+        let r = acc[i] - v;
+        finite &= r.is_finite();
+        acc[i] = r;
+    }
+    finite
+}
+
+/// `acc[i] += 0.0` for every element (what adding a decompressed zero does).
+pub(crate) fn add_zero(acc: &mut [f32]) {
+    #[inline(always)]
+    fn imp(acc: &mut [f32]) {
+        for a in acc.iter_mut() {
+            *a += 0.0;
+        }
+    }
+    crate::simd::multiversion! {
+        fn run(acc: &mut [f32]) = imp;
+    }
+    run(acc)
 }
 
 /// Element math of [`crate::elem`] rewritten so that it vectorises (f32 → i32 conversions

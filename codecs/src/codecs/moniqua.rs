@@ -23,11 +23,11 @@
 //! within θ of the sender's values). A sender gets Algorithm 1's "local biased term" by
 //! decompressing its own payload with its own values as the reference.
 
-use super::{par_segments, prepare, Base, GroupDecoder, GroupEncoder};
+use super::{par_segments, prepare, Base, Format, GroupDecoder, GroupEncoder};
 use crate::error::KernelError;
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 
 /// Moniqua's rounding (the `rounding` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +68,6 @@ impl Moniqua {
             rounding,
             b_theta: b_theta(theta, bits, rounding),
         }
-    }
-
-    fn size(&self) -> usize {
-        stream_bytes(self.base.n, self.bits)
     }
 }
 
@@ -209,8 +205,38 @@ impl Moniqua {
         }
         Ok(r)
     }
+}
 
-    fn run_decode(
+impl Format for Moniqua {
+    fn base(&self) -> &Base {
+        &self.base
+    }
+    fn size(&self) -> usize {
+        stream_bytes(self.base.n, self.bits)
+    }
+    fn stochastic(&self) -> bool {
+        self.rounding == Rounding::Stochastic
+    }
+    fn encode(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        if let Some(r) = ctx.reference {
+            self.base.check("reference", r.len())?;
+        }
+        self.base.require_finite(input)?;
+        let stream = self.base.rounding(ctx.round);
+        let stochastic = self.rounding == Rounding::Stochastic;
+        let dst = prepare(out, self.size());
+        let (b, bits) = (self.b_theta, self.bits);
+        par_segments(input, bits, dst, |xs, i0, d| {
+            encode(xs, i0, d, stream, b, bits, stochastic)
+        });
+        Ok(())
+    }
+    fn decode(
         &self,
         payload: &[u8],
         ctx: &RoundCtx,
@@ -239,59 +265,6 @@ impl Moniqua {
             f(payload, 0, out, r, self.b_theta, self.bits);
         }
         Ok(())
-    }
-}
-
-impl Codec for Moniqua {
-    fn name(&self) -> &str {
-        &self.base.name
-    }
-    fn len(&self) -> usize {
-        self.base.n
-    }
-    fn max_compressed_len(&self) -> usize {
-        self.size()
-    }
-    fn is_stochastic(&self) -> bool {
-        self.rounding == Rounding::Stochastic
-    }
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
-        if let Some(r) = ctx.reference {
-            self.base.check("reference", r.len())?;
-        }
-        self.base.require_finite(input)?;
-        let stream = self.base.rounding(ctx.round);
-        let stochastic = self.rounding == Rounding::Stochastic;
-        let dst = prepare(out, self.size());
-        let (b, bits) = (self.b_theta, self.bits);
-        par_segments(input, bits, dst, |xs, i0, d| {
-            encode(xs, i0, d, stream, b, bits, stochastic)
-        });
-        Ok(())
-    }
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.run_decode(payload, ctx, out, false)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.run_decode(payload, ctx, acc, true)
     }
 }
 

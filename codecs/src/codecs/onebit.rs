@@ -4,12 +4,12 @@
 //! 1.0), then a bit stream of `n` sign bits (`elem::sign_bit`: set for `x < 0`).
 //! Size `4 + 4 * ceil(n / 32)`. Element `i` decodes to `-scale` if its bit is set, else `scale`.
 
-use super::{decode_groups, par_segments_out, prepare, Base, GroupDecoder};
+use super::{decode_groups, par_segments_out, prepare, Base, Format, GroupDecoder, Subtract};
 use crate::elem;
 use crate::elem::REDUCE_BLOCK;
 use crate::error::KernelError;
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 use rayon::prelude::*;
 
 /// The onebit compressor.
@@ -21,10 +21,6 @@ pub(crate) struct OneBit {
 impl OneBit {
     pub fn new(base: Base, scaling: bool) -> OneBit {
         OneBit { base, scaling }
-    }
-
-    fn size(&self) -> usize {
-        4 + stream_bytes(self.base.n, 1)
     }
 }
 
@@ -98,7 +94,7 @@ multiversion! {
 }
 
 impl OneBit {
-    fn decode(&self, payload: &[u8], out: &mut [f32], mode: Mode) -> Result<(), KernelError> {
+    fn decode_as(&self, payload: &[u8], out: &mut [f32], mode: Mode) -> Result<(), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
         let scale = crate::simd::get_f32(payload, 0);
         if !scale.is_finite() || scale < 0.0 {
@@ -126,7 +122,7 @@ impl OneBit {
     }
 }
 
-/// What [`OneBit::decode`] does with the decoded values.
+/// What [`OneBit::decode_as`] does with the decoded values.
 #[derive(Clone, Copy)]
 enum Mode {
     /// `out = D(payload)`.
@@ -137,26 +133,22 @@ enum Mode {
     Subtract,
 }
 
-impl Codec for OneBit {
-    fn name(&self) -> &str {
-        &self.base.name
+impl Format for OneBit {
+    fn base(&self) -> &Base {
+        &self.base
     }
-    fn len(&self) -> usize {
-        self.base.n
+    fn size(&self) -> usize {
+        4 + stream_bytes(self.base.n, 1)
     }
-    fn max_compressed_len(&self) -> usize {
-        self.size()
-    }
-    fn is_stochastic(&self) -> bool {
+    fn stochastic(&self) -> bool {
         false
     }
-    fn compress(
+    fn encode(
         &mut self,
         input: &[f32],
         _ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
         let n = self.base.n;
         // One pass: sign words and the blocked |x| sums (the scale), in parallel segments.
         let mut partials = vec![0f32; n.div_ceil(REDUCE_BLOCK)];
@@ -195,34 +187,19 @@ impl Codec for OneBit {
         head.copy_from_slice(&scale.to_le_bytes());
         Ok(())
     }
-    fn decompress(
+    fn decode(
         &self,
         payload: &[u8],
         _ctx: &RoundCtx,
         out: &mut [f32],
+        add: bool,
     ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.decode(payload, out, Mode::Store)
+        self.decode_as(payload, out, if add { Mode::Add } else { Mode::Store })
     }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.decode(payload, acc, Mode::Add)
-    }
-    fn subtract_decoded(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Option<Result<bool, KernelError>> {
-        Some((|| {
-            self.base.check("accumulator", acc.len())?;
-            self.decode(payload, acc, Mode::Subtract)?;
+    fn subtract(&self) -> Option<Subtract<Self>> {
+        Some(|c, payload, _ctx, acc| {
+            c.decode_as(payload, acc, Mode::Subtract)?;
             Ok(crate::simd::first_non_finite(acc).is_none())
-        })())
+        })
     }
 }

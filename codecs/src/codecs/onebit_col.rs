@@ -13,11 +13,11 @@
 //! Wire format: `min(C, n)` pairs of little-endian f32 `(pos_j, neg_j)`, then a bit stream of
 //! `n` sign bits. Size `8 * min(C, n) + 4 * ceil(n / 32)`.
 
-use super::{prepare, Base};
+use super::{prepare, Base, Format};
 use crate::elem;
 use crate::error::KernelError;
 use crate::simd::{put_words, stream_bytes};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 
 /// The column-wise onebit compressor.
 pub(crate) struct OneBitColumns {
@@ -33,10 +33,6 @@ impl OneBitColumns {
 
     fn cols(&self) -> usize {
         self.columns.min(self.base.n)
-    }
-
-    fn size(&self) -> usize {
-        8 * self.cols() + stream_bytes(self.base.n, 1)
     }
 
     fn levels(&self, payload: &[u8]) -> Result<Vec<(f32, f32)>, KernelError> {
@@ -62,52 +58,24 @@ impl OneBitColumns {
         }
         Ok(lv)
     }
-
-    fn decode(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
-        let lv = self.levels(payload)?;
-        let bits = &payload[8 * self.cols()..];
-        let c = self.cols().max(1);
-        let mut j = 0usize;
-        for (wi, chunk) in out.chunks_mut(32).enumerate() {
-            let w = crate::simd::get_u32(bits, wi);
-            for (t, o) in chunk.iter_mut().enumerate() {
-                let (p, q) = lv[j];
-                let v = if (w >> t) & 1 != 0 { q } else { p };
-                if add {
-                    *o += v;
-                } else {
-                    *o = v;
-                }
-                j += 1;
-                if j == c {
-                    j = 0;
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
-impl Codec for OneBitColumns {
-    fn name(&self) -> &str {
-        &self.base.name
+impl Format for OneBitColumns {
+    fn base(&self) -> &Base {
+        &self.base
     }
-    fn len(&self) -> usize {
-        self.base.n
+    fn size(&self) -> usize {
+        8 * self.cols() + stream_bytes(self.base.n, 1)
     }
-    fn max_compressed_len(&self) -> usize {
-        self.size()
-    }
-    fn is_stochastic(&self) -> bool {
+    fn stochastic(&self) -> bool {
         false
     }
-    fn compress(
+    fn encode(
         &mut self,
         input: &[f32],
         _ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
         self.base.require_finite(input)?;
         let c = self.cols();
         let mut ps = vec![0f64; c];
@@ -156,22 +124,33 @@ impl Codec for OneBitColumns {
         }
         Ok(())
     }
-    fn decompress(
+    fn decode(
         &self,
         payload: &[u8],
         _ctx: &RoundCtx,
         out: &mut [f32],
+        add: bool,
     ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
-        self.decode(payload, out, false)
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.decode(payload, acc, true)
+        let lv = self.levels(payload)?;
+        let bits = &payload[8 * self.cols()..];
+        let c = self.cols().max(1);
+        let mut j = 0usize;
+        for (wi, chunk) in out.chunks_mut(32).enumerate() {
+            let w = crate::simd::get_u32(bits, wi);
+            for (t, o) in chunk.iter_mut().enumerate() {
+                let (p, q) = lv[j];
+                let v = if (w >> t) & 1 != 0 { q } else { p };
+                if add {
+                    *o += v;
+                } else {
+                    *o = v;
+                }
+                j += 1;
+                if j == c {
+                    j = 0;
+                }
+            }
+        }
+        Ok(())
     }
 }

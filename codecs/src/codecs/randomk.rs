@@ -21,10 +21,10 @@
 //! residual `e = p - D(C(p))` is `p` off the support (zero when the server's own residual is
 //! zero).
 
-use super::{prepare, Base};
+use super::{prepare, scatter, subtract_at, Base, Format, Subtract};
 use crate::error::KernelError;
 use crate::rng::{Permutation, Role, Stream};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -85,7 +85,7 @@ impl RandomK {
     }
 
     fn check_payload(&self, payload: &[u8]) -> Result<(), KernelError> {
-        self.base.check_payload(4 * self.k, payload.len())?;
+        self.base.check_payload(self.size(), payload.len())?;
         if let Some(j) = payload
             .chunks_exact(4)
             .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
@@ -99,32 +99,36 @@ impl RandomK {
     }
 }
 
-impl Codec for RandomK {
-    fn name(&self) -> &str {
-        &self.base.name
+/// The `(index, value)` pairs of a payload with its round's indices `idx`.
+fn pairs<'a>(payload: &'a [u8], idx: &'a [u32]) -> impl Iterator<Item = (usize, f32)> + Clone + 'a {
+    payload
+        .chunks_exact(4)
+        .zip(idx)
+        .map(|(b, &i)| (i as usize, f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+}
+
+impl Format for RandomK {
+    fn base(&self) -> &Base {
+        &self.base
     }
-    fn len(&self) -> usize {
-        self.base.n
-    }
-    fn max_compressed_len(&self) -> usize {
+    fn size(&self) -> usize {
         4 * self.k
     }
-    fn is_stochastic(&self) -> bool {
+    fn stochastic(&self) -> bool {
         true
     }
-    fn compress(
+    fn encode(
         &mut self,
         input: &[f32],
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
         // Every element is checked, not only the k sent: under error feedback the others go
         // into the residual.
         self.base.require_finite(input)?;
         let idx = self.indices(ctx.round);
         let scale = self.scale();
-        let dst = prepare(out, 4 * self.k);
+        let dst = prepare(out, self.size());
         let put = |d: &mut [u8], ix: &[u32]| {
             for (o, &i) in d.chunks_exact_mut(4).zip(ix) {
                 o.copy_from_slice(&(input[i as usize] * scale).to_le_bytes());
@@ -156,70 +160,23 @@ impl Codec for RandomK {
         }
         Ok(())
     }
-    fn decompress(
+    fn decode(
         &self,
         payload: &[u8],
         ctx: &RoundCtx,
         out: &mut [f32],
+        add: bool,
     ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
         self.check_payload(payload)?;
         let idx = self.indices(ctx.round);
-        out.fill(0.0);
-        for (b, &i) in payload.chunks_exact(4).zip(idx.iter()) {
-            out[i as usize] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        scatter(out, pairs(payload, &idx), add);
         Ok(())
     }
-    fn subtract_decoded(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Option<Result<bool, KernelError>> {
-        Some((|| {
-            self.base.check("accumulator", acc.len())?;
-            self.check_payload(payload)?;
-            let idx = self.indices(ctx.round);
-            let mut finite = true;
-            for (b, &i) in payload.chunks_exact(4).zip(idx.iter()) {
-                let r = acc[i as usize] - f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                finite &= r.is_finite();
-                acc[i as usize] = r;
-            }
-            Ok(finite)
-        })())
+    fn subtract(&self) -> Option<Subtract<Self>> {
+        Some(|c, payload, ctx, acc| {
+            c.check_payload(payload)?;
+            let idx = c.indices(ctx.round);
+            Ok(subtract_at(acc, pairs(payload, &idx)))
+        })
     }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        self.check_payload(payload)?;
-        let idx = self.indices(ctx.round);
-        // Bit for bit `acc + decompress(payload)`: elements off the support get `+ 0.0` (which
-        // turns -0.0 into +0.0), elements on it `+ v` from their original value.
-        let orig: Vec<f32> = idx.iter().map(|&i| acc[i as usize]).collect();
-        add_zero(acc);
-        for ((b, &i), o) in payload.chunks_exact(4).zip(idx.iter()).zip(orig) {
-            acc[i as usize] = o + f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-        Ok(())
-    }
-}
-
-/// `acc[i] += 0.0` for every element (what adding a decompressed zero does).
-pub(crate) fn add_zero(acc: &mut [f32]) {
-    #[inline(always)]
-    fn imp(acc: &mut [f32]) {
-        for a in acc.iter_mut() {
-            *a += 0.0;
-        }
-    }
-    crate::simd::multiversion! {
-        fn run(acc: &mut [f32]) = imp;
-    }
-    run(acc)
 }

@@ -19,10 +19,10 @@
 //! little-endian f32 values `x[idx_j]` (unscaled). Size exactly `8k` (k is fixed per chunk, so
 //! there is no header). Decompress writes the values at their indices and zeros elsewhere.
 
-use super::{prepare, Base};
+use super::{prepare, scatter, subtract_at, Base, Format, Subtract};
 use crate::error::KernelError;
 use crate::simd::{multiversion, EXP};
-use crate::{Codec, RoundCtx};
+use crate::RoundCtx;
 use rayon::prelude::*;
 
 /// The top-k compressor.
@@ -298,10 +298,6 @@ fn choose(hi: Entries, cand: Entries, need: usize) -> Entries {
 }
 
 impl TopK {
-    fn size(&self) -> usize {
-        8 * self.k
-    }
-
     /// Validated (index, value) pairs of a payload.
     fn entries<'a>(&self, payload: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
@@ -331,7 +327,7 @@ impl TopK {
     }
 }
 
-fn pairs<'a>(ib: &'a [u8], vb: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + 'a {
+fn pairs<'a>(ib: &'a [u8], vb: &'a [u8]) -> impl Iterator<Item = (usize, f32)> + Clone + 'a {
     ib.chunks_exact(4).zip(vb.chunks_exact(4)).map(|(i, v)| {
         (
             u32::from_le_bytes([i[0], i[1], i[2], i[3]]) as usize,
@@ -340,26 +336,22 @@ fn pairs<'a>(ib: &'a [u8], vb: &'a [u8]) -> impl Iterator<Item = (usize, f32)> +
     })
 }
 
-impl Codec for TopK {
-    fn name(&self) -> &str {
-        &self.base.name
+impl Format for TopK {
+    fn base(&self) -> &Base {
+        &self.base
     }
-    fn len(&self) -> usize {
-        self.base.n
+    fn size(&self) -> usize {
+        8 * self.k
     }
-    fn max_compressed_len(&self) -> usize {
-        self.size()
-    }
-    fn is_stochastic(&self) -> bool {
+    fn stochastic(&self) -> bool {
         false
     }
-    fn compress(
+    fn encode(
         &mut self,
         input: &[f32],
         _ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        self.base.check("input", input.len())?;
         let k = self.k;
         if k == 0 {
             self.base.require_finite(input)?;
@@ -385,51 +377,21 @@ impl Codec for TopK {
         }
         Ok(())
     }
-    fn decompress(
+    fn decode(
         &self,
         payload: &[u8],
         _ctx: &RoundCtx,
         out: &mut [f32],
+        add: bool,
     ) -> Result<(), KernelError> {
-        self.base.check("output", out.len())?;
         let (ib, vb) = self.entries(payload)?;
-        out.fill(0.0);
-        for (i, v) in pairs(ib, vb) {
-            out[i] = v;
-        }
+        scatter(out, pairs(ib, vb), add);
         Ok(())
     }
-    fn subtract_decoded(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Option<Result<bool, KernelError>> {
-        Some((|| {
-            self.base.check("accumulator", acc.len())?;
-            let (ib, vb) = self.entries(payload)?;
-            let mut finite = true;
-            for (i, v) in pairs(ib, vb) {
-                let r = acc[i] - v;
-                finite &= r.is_finite();
-                acc[i] = r;
-            }
-            Ok(finite)
-        })())
-    }
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.base.check("accumulator", acc.len())?;
-        let (ib, vb) = self.entries(payload)?;
-        let orig: Vec<f32> = pairs(ib, vb).map(|(i, _)| acc[i]).collect();
-        super::randomk::add_zero(acc);
-        for ((i, v), o) in pairs(ib, vb).zip(orig) {
-            acc[i] = o + v;
-        }
-        Ok(())
+    fn subtract(&self) -> Option<Subtract<Self>> {
+        Some(|c, payload, _ctx, acc| {
+            let (ib, vb) = c.entries(payload)?;
+            Ok(subtract_at(acc, pairs(ib, vb)))
+        })
     }
 }
