@@ -145,8 +145,7 @@ impl ClusterOverrides {
         job.store(&mut config);
         let origin = format!("{origin} with the command-line overrides");
         JobConfig::from_config(&config, &origin).map_err(CliError::usage)?;
-        config.validate(&origin)
-            .map_err(CliError::usage)?;
+        config.validate(&origin).map_err(CliError::usage)?;
         Ok(config)
     }
 }

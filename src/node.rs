@@ -8,8 +8,8 @@
 use pushpull_node::commands::{load_config, load_identity, print_line, NodeArgs};
 use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
-use pushpull_jobs::{benchmark, JobConfig};
 use pushpull_jobs::train::{self, InRuntime, TrainOptions};
+use pushpull_jobs::{benchmark, JobConfig};
 use pushpull_node::error::{CliError, CliResult};
 use pushpull_node::report::progress_line;
 
