@@ -182,9 +182,33 @@ pub struct ClusterConfig {
     /// a path with a smaller MTU, e.g. at about 1452 on Ethernet's 1500). At least 1200.
     #[serde(default = "default_max_udp_payload")]
     pub max_udp_payload: u16,
+    /// `local_size`: workers per host (BytePS's `BYTEPS_LOCAL_SIZE`; default 1). Above 1 the
+    /// workers of one host form a local group (ranks `h * local_size ..` on host `h`, local rank
+    /// `rank % local_size`): they sum their gradients through shared memory, and each chunk's
+    /// sum is compressed and pushed once per host by one member, its owner
+    /// ([`crate::placement::chunk_owner`]), so servers see `num_workers / local_size` pushes
+    /// per chunk. Must divide `num_workers`. See ARCHITECTURE.md, "Two levels".
+    #[serde(default = "default_local_size")]
+    pub local_size: u32,
+    /// `force_distributed`: with a single host (`local_size == num_workers`), still push each
+    /// chunk's sum through the servers (BytePS's `BYTEPS_FORCE_DISTRIBUTED`; default false:
+    /// such a job finishes its reduction on the host, with no compression and no server).
+    #[serde(default)]
+    pub force_distributed: bool,
 }
 
 impl ClusterConfig {
+    /// How many hosts push each chunk: `num_workers / local_size`.
+    pub fn num_hosts(&self) -> u32 {
+        self.num_workers / self.local_size.max(1)
+    }
+
+    /// Whether chunks go through the servers: always with several hosts, and with one only
+    /// when `force_distributed` is set.
+    pub fn uses_servers(&self) -> bool {
+        self.num_hosts() > 1 || self.force_distributed
+    }
+
     /// The payload bound chunks are cut to: `max_chunk_payload_bytes`, or a quarter of
     /// `partition_bytes` (at least 1024) where it is not set, so raising `partition_bytes` (to
     /// BytePS's 4096000, say) raises both.
@@ -284,6 +308,9 @@ fn default_partition_bytes() -> u64 {
 fn default_min_compress_bytes() -> u64 {
     65_536
 }
+fn default_local_size() -> u32 {
+    1
+}
 fn default_heartbeat_interval_ms() -> u64 {
     1_000
 }
@@ -364,6 +391,8 @@ impl Config {
                 rendezvous_timeout_ms: default_rendezvous_timeout_ms(),
                 send_window_bytes: default_send_window_bytes(),
                 max_udp_payload: default_max_udp_payload(),
+                local_size: default_local_size(),
+                force_distributed: false,
             },
             tls: TlsConfig::default(),
             server: ServerConfig {

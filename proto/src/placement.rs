@@ -9,6 +9,9 @@
 //!   never from a declaration counter, so workers may declare in any order.
 //! * The scheduler assigns each chunk to the server with the fewest bytes so far (ties: the
 //!   lowest id), chunk by chunk ([`Placer`]). Results never depend on placement.
+//! * With local groups (`cluster.local_size` G > 1), one member of each host owns a chunk: it
+//!   compresses the host's sum, pushes it and shares the result ([`chunk_owner`]: the key
+//!   modulo G, so owners spread evenly whatever the tensors' sizes).
 
 use crate::config::ParamMap;
 use crate::protocol::{ChunkPlacement, TensorPlacement};
@@ -37,6 +40,12 @@ pub const fn mix64(mut z: u64) -> u64 {
 /// The scheduler checks that no two chunks of declared tensors share a key.
 pub fn chunk_key(name: &str, index: u64) -> u64 {
     mix64(fnv1a64(name.as_bytes()) ^ mix64(index.wrapping_add(1)))
+}
+
+/// The local rank (`0..local_size`) of the member of each host that owns the chunk with `key`:
+/// `key % local_size` (keys are hashes, so every member owns about as many chunks).
+pub fn chunk_owner(key: u64, local_size: u32) -> u32 {
+    (key % u64::from(local_size.max(1))) as u32
 }
 
 /// Number of chunks of a tensor of `len` elements (0 for an empty tensor).

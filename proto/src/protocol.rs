@@ -67,7 +67,10 @@ use crate::config::{ClusterDigest, ParamMap};
 ///   fp16 tensors are cut into chunks of at most that payload, so the placement changed).
 /// * Version 5: data frames carry [`FrameFlags`] in the formerly reserved bytes 6..8
 ///   (non-finite pushes and results, undoing the previous round).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// * Version 6: the registration's digest carries `cluster.local_size` and
+///   `cluster.force_distributed` (local groups: a data frame's pushes come from each host's
+///   owner of the chunk, one per host).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.

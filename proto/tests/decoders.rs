@@ -133,6 +133,8 @@ fn to_scheduler(r: &mut Rng) -> ToScheduler {
                 heartbeat_timeout_ms: r.next() >> 40,
                 send_window_bytes: r.next(),
                 max_udp_payload: r.next() as u16,
+                local_size: r.next() as u32,
+                force_distributed: r.next() % 2 == 1,
                 server_name: r.text(),
                 tensors: (0..r.below(3)).map(|_| (r.text(), r.params())).collect(),
             },

@@ -21,6 +21,8 @@ impl Config {
             heartbeat_timeout_ms: self.cluster.heartbeat_timeout_ms,
             send_window_bytes: self.cluster.send_window_bytes,
             max_udp_payload: self.cluster.max_udp_payload,
+            local_size: self.cluster.local_size,
+            force_distributed: self.cluster.force_distributed,
             server_name: self.tls.server_name.clone(),
             tensors: self
                 .tensors
@@ -63,6 +65,10 @@ pub struct ClusterDigest {
     pub send_window_bytes: u64,
     /// `cluster.max_udp_payload`.
     pub max_udp_payload: u16,
+    /// `cluster.local_size`.
+    pub local_size: u32,
+    /// `cluster.force_distributed`.
+    pub force_distributed: bool,
     /// `tls.server_name`.
     pub server_name: String,
     /// `[tensors.*]`, values as strings.
@@ -93,6 +99,8 @@ impl ClusterDigest {
         cmp!(heartbeat_timeout_ms, "cluster.heartbeat_timeout_ms");
         cmp!(send_window_bytes, "cluster.send_window_bytes");
         cmp!(max_udp_payload, "cluster.max_udp_payload");
+        cmp!(local_size, "cluster.local_size");
+        cmp!(force_distributed, "cluster.force_distributed");
         cmp!(server_name, "tls.server_name");
         let tables: std::collections::BTreeSet<&String> =
             self.tensors.keys().chain(theirs.tensors.keys()).collect();

@@ -18,6 +18,17 @@ impl Config {
         if c.num_workers == 0 {
             return Err(bad("cluster.num_workers", "0".into(), "must be at least 1"));
         }
+        if c.local_size == 0 || c.local_size > 256 || c.num_workers % c.local_size != 0 {
+            return Err(bad(
+                "cluster.local_size",
+                c.local_size.to_string(),
+                &format!(
+                    "workers per host: an integer in 1..=256 that divides cluster.num_workers \
+                     ({})",
+                    c.num_workers
+                ),
+            ));
+        }
         if c.num_servers == 0 {
             return Err(bad("cluster.num_servers", "0".into(), "must be at least 1"));
         }
