@@ -13,7 +13,7 @@
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
 //! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
-//! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
+//! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference), [`host_fold`] and [`IntraCodec`] (a local group's host sum: its members and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
 //! | [`error`] | [`KernelError`] |
 //! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
@@ -74,6 +74,7 @@
 //! | `ef` | `byteps_error_feedback_type`, `byteps_ef_type` | all | `none`, `vanilla`, `corrected` | `none` |
 //! | `momentum` | `byteps_momentum_type` | all (workers only) | `none`, `nesterov` | `none` |
 //! | `mu` | `byteps_momentum_mu` | momentum=nesterov | a number in [0, 1) | `0.9` |
+//! | `intra_compressor` | | all (local groups, `cluster.local_size` > 1) | `none`, `fp16`, `bf16`: each member's gradient rounded to it and back before the host sum | `none` |
 //! | `seed` | `byteps_seed` | all | a u64 replacing the job seed for this tensor | the job seed |
 //!
 //! Booleans are `true`/`false` only. With `momentum=nesterov` the training code's own optimizer
@@ -174,7 +175,7 @@ pub use params::{
     overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
     Normalize, Partition, Rounding, KEYS,
 };
-pub use reduce::{average, RankOrderSum};
+pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;
 pub use simd::{set_max_simd_level, simd_level, stream_bytes, SimdLevel};

@@ -13,6 +13,7 @@ mod parse;
 
 pub use crate::codecs::moniqua::Rounding;
 use crate::error::KernelError;
+pub use crate::reduce::IntraCodec;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -148,6 +149,9 @@ pub struct CompressorSpec {
     pub momentum_mu: Option<f32>,
     /// A per-tensor seed replacing the job seed.
     pub seed: Option<u64>,
+    /// The intra-host codec (`intra_compressor`): what a local group's members round their
+    /// gradients to before the host sum ([`crate::reduce::host_fold`]).
+    pub intra: IntraCodec,
 }
 
 impl Default for CompressorSpec {
@@ -157,6 +161,7 @@ impl Default for CompressorSpec {
             ef: None,
             momentum_mu: None,
             seed: None,
+            intra: IntraCodec::None,
         }
     }
 }
@@ -310,6 +315,9 @@ impl CompressorSpec {
         }
         if let Some(s) = self.seed {
             m.insert("seed".into(), s.to_string());
+        }
+        if self.intra != IntraCodec::None {
+            m.insert("intra_compressor".into(), self.intra.name().into());
         }
         m
     }

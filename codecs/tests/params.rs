@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use pushpull_codecs::{
-    build_compressor, build_from_spec, parse_params, BuildOptions, CodecSpec, KSpec, KernelError,
-    NodeIdentity, Purpose,
+    build_compressor, build_from_spec, parse_params, BuildOptions, CodecSpec, IntraCodec, KSpec,
+    KernelError, NodeIdentity, Purpose,
 };
 
 fn who() -> NodeIdentity {
@@ -362,6 +362,35 @@ fn every_bad_map_names_the_key_the_value_and_what_is_allowed() {
         10,
         &["\"seed\" = \"-1\"", "unsigned 64-bit"],
     );
+    assert_err(
+        &[("compressor", "onebit"), ("intra_compressor", "int8")],
+        10,
+        &["\"intra_compressor\" = \"int8\"", "none, fp16 or bf16"],
+    );
+}
+
+#[test]
+fn the_intra_host_codec_is_a_key_of_every_map() {
+    for (v, want) in [
+        ("none", IntraCodec::None),
+        ("fp16", IntraCodec::Fp16),
+        ("bf16", IntraCodec::Bf16),
+    ] {
+        let spec = parse_params(&map(&[
+            ("compressor", "topk"),
+            ("k", "3"),
+            ("intra_compressor", v),
+        ]))
+        .unwrap();
+        assert_eq!(spec.intra, want);
+        // The canonical map keeps it (and says nothing of the default).
+        assert_eq!(parse_params(&spec.to_params()).unwrap(), spec);
+        assert_eq!(
+            spec.to_params().contains_key("intra_compressor"),
+            v != "none"
+        );
+    }
+    assert_eq!(parse_params(&map(&[])).unwrap().intra, IntraCodec::None);
 }
 
 #[test]
@@ -401,6 +430,7 @@ fn key_strategy() -> impl Strategy<Value = String> {
             "momentum", "byteps_momentum_type", "mu", "byteps_momentum_mu", "seed", "byteps_seed",
             "partition", "byteps_dithering_partition", "normalize", "byteps_dithering_normalize",
             "bits", "bucket", "encoding", "theta", "rounding", "unbiased", "columns",
+            "intra_compressor",
         ]).prop_map(str::to_string),
         1 => "[a-z_]{0,12}",
     ]

@@ -129,6 +129,14 @@ pub const KEYS: &[KeyInfo] = &[
         default: "0.9",
     },
     KeyInfo {
+        name: "intra_compressor",
+        aliases: &[],
+        applies_to: "all (local groups: cluster.local_size > 1)",
+        values: "none, fp16, bf16: what each member's gradient is rounded to (and back to fp32) \
+                 before the host's sum in local-rank order",
+        default: "none",
+    },
+    KeyInfo {
         name: "seed",
         aliases: &["byteps_seed"],
         applies_to: "all",

@@ -114,7 +114,14 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
             ));
         }
     };
-    let general = ["compressor", "ef", "momentum", "mu", "seed"];
+    let general = [
+        "compressor",
+        "ef",
+        "momentum",
+        "mu",
+        "seed",
+        "intra_compressor",
+    ];
     for (&short, &(k, v)) in &r.m {
         if general.contains(&short) || applicable.contains(&short) {
             continue;
@@ -167,6 +174,12 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
             }
             Some(mu)
         }
+    };
+    let intra = match r.get("intra_compressor") {
+        None | Some((_, "none")) => IntraCodec::None,
+        Some((_, "fp16")) => IntraCodec::Fp16,
+        Some((_, "bf16")) => IntraCodec::Bf16,
+        Some((k, v)) => return Err(KernelError::bad(k, v, "expected none, fp16 or bf16")),
     };
     let seed = match r.get("seed") {
         None => None,
@@ -354,5 +367,6 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
         ef,
         momentum_mu,
         seed,
+        intra,
     })
 }
