@@ -190,7 +190,7 @@ pub struct ClusterConfig {
     /// per chunk. Must divide `num_workers`. See ARCHITECTURE.md, "Two levels".
     #[serde(default = "default_local_size")]
     pub local_size: u32,
-    /// `force_distributed`: with a single host (`local_size == num_workers`), still push each
+    /// `force_distributed`: with a single host (`local_size == num_workers` > 1), still push each
     /// chunk's sum through the servers (BytePS's `BYTEPS_FORCE_DISTRIBUTED`; default false:
     /// such a job finishes its reduction on the host, with no compression and no server).
     #[serde(default)]
@@ -203,10 +203,11 @@ impl ClusterConfig {
         self.num_workers / self.local_size.max(1)
     }
 
-    /// Whether chunks go through the servers: always with several hosts, and with one only
-    /// when `force_distributed` is set.
+    /// Whether chunks go through the servers: always without local groups (`local_size` 1)
+    /// or with several hosts; a job that is one local group only when `force_distributed` is
+    /// set.
     pub fn uses_servers(&self) -> bool {
-        self.num_hosts() > 1 || self.force_distributed
+        self.local_size <= 1 || self.num_hosts() > 1 || self.force_distributed
     }
 
     /// The payload bound chunks are cut to: `max_chunk_payload_bytes`, or a quarter of

@@ -15,11 +15,20 @@
 //! ([`pushpull_proto::placement`], [`pushpull_kernels::chunk::chunk_codec`]); nothing else is
 //! shared with the worker's data path.
 //!
+//! With local groups (`cluster.local_size` G > 1, ARCHITECTURE.md "Two levels") each host's
+//! members are first summed in local-rank order ([`host_fold`], after the tensor's
+//! `intra_compressor`), and the job above is played with one "worker" per host: host `h`'s
+//! chains are those of rank `h` of a flat job of `num_workers / G` workers, fed the host sums;
+//! every member gets its host's decoding (and [`Reduce::Average`] divides by `num_workers`).
+//! With a single host and `cluster.force_distributed` unset, the result is the host sum itself:
+//! no chain, no server.
+//!
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
 
 use pushpull_kernels::{
-    average, CodecContext, CodecFactory, Compressor, KernelsFactory, Node, RankOrderSum, RoundCtx,
+    average, host_fold, CodecContext, CodecFactory, Compressor, IntraCodec, KernelsFactory, Node,
+    RankOrderSum, RoundCtx,
 };
 use pushpull_proto::placement::Placer;
 use pushpull_proto::protocol::TensorPlacement;
@@ -33,8 +42,11 @@ pub struct RefTensor(usize);
 
 struct RefState {
     placement: TensorPlacement,
-    /// `[rank][chunk]`.
-    workers: Vec<Vec<Box<dyn Compressor>>>,
+    /// What each member rounds its gradient to before its host's sum.
+    intra: IntraCodec,
+    /// `[host][chunk]` (a host is a rank where `local_size` is 1); empty where the job
+    /// finishes its reduction on its one host.
+    hosts: Vec<Vec<Box<dyn Compressor>>>,
     /// `[chunk]`.
     servers: Vec<Box<dyn Compressor>>,
     round: u64,
@@ -47,6 +59,10 @@ pub struct Reference {
     config: Config,
     job_seed: u64,
     num_workers: u32,
+    /// Workers per host (`cluster.local_size`).
+    local_size: u32,
+    /// Whether chunks go through the servers (`ClusterConfig::uses_servers`).
+    servers: bool,
     lr: Option<f32>,
     tensors: Vec<RefState>,
 }
@@ -58,6 +74,8 @@ impl Reference {
             config: config.clone(),
             job_seed,
             num_workers: config.cluster.num_workers,
+            local_size: config.cluster.local_size.max(1),
+            servers: config.cluster.uses_servers(),
             lr: None,
             tensors: Vec::new(),
         }
@@ -92,13 +110,21 @@ impl Reference {
                 })
                 .collect()
         };
-        let workers = (0..self.num_workers)
-            .map(|rank| build(Node::Worker { rank }))
-            .collect::<Result<Vec<_>, _>>()?;
-        let servers = build(Node::Server { id: 0 })?;
+        let intra = pushpull_kernels::parse_params(&placement.params)
+            .map_err(|e| e.to_string())?
+            .intra;
+        let (hosts, servers) = if self.servers {
+            let hosts = (0..self.num_workers / self.local_size)
+                .map(|rank| build(Node::Worker { rank }))
+                .collect::<Result<Vec<_>, _>>()?;
+            (hosts, build(Node::Server { id: 0 })?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
         self.tensors.push(RefState {
             placement,
-            workers,
+            intra,
+            hosts,
             servers,
             round: 0,
             last_sum: None,
@@ -119,7 +145,7 @@ impl Reference {
     pub fn discard_last_round(&mut self, t: RefTensor) {
         let state = &mut self.tensors[t.0];
         let Some(round) = state.last_sum else { return };
-        let chains = state.workers.iter_mut().flatten();
+        let chains = state.hosts.iter_mut().flatten();
         for chain in chains.chain(&mut state.servers) {
             chain.undo(round);
         }
@@ -163,9 +189,12 @@ impl Reference {
         let round = state.round;
         state.round += 1;
         state.last_sum = Some(round);
+        let g = self.local_size as usize;
         let mut outputs = vec![vec![0.0f32; len]; w];
         let mut payload = Vec::new();
         let mut sum = Vec::new();
+        let mut host_sums: Vec<Vec<f32>> = vec![Vec::new(); w / g];
+        let who = if g == 1 { "rank" } else { "host" };
         for (c, chunk) in state.placement.chunks.iter().enumerate() {
             let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
             let what = |who: String, e: pushpull_kernels::KernelError| {
@@ -174,6 +203,30 @@ impl Reference {
                     state.placement.name
                 )
             };
+            // Each host's sum of its members, in local-rank order (a host is a rank where
+            // `local_size` is 1: its "sum" is its input, untouched).
+            for (h, host_sum) in host_sums.iter_mut().enumerate() {
+                host_sum.clear();
+                host_sum.resize(range.len(), 0.0);
+                let members = &inputs[h * g..(h + 1) * g];
+                if g == 1 {
+                    host_sum.copy_from_slice(&members[0][range.clone()]);
+                    continue;
+                }
+                for (l, x) in members.iter().enumerate() {
+                    host_fold(state.intra, l == 0, &x[range.clone()], host_sum);
+                }
+            }
+            let results = |outputs: &mut [Vec<f32>], h: usize, x: &[f32]| {
+                for out in &mut outputs[h * g..(h + 1) * g] {
+                    out[range.clone()].copy_from_slice(x);
+                }
+            };
+            if !self.servers {
+                // One host, no server: the host sum is the result.
+                results(&mut outputs, 0, &host_sums[0]);
+                continue;
+            }
             let ctx = RoundCtx {
                 lr,
                 ..RoundCtx::new(round)
@@ -182,17 +235,17 @@ impl Reference {
             sum.resize(range.len(), 0.0f32);
             let mut finite = true;
             let mut fold = RankOrderSum::new();
-            for (r, input) in inputs.iter().enumerate() {
-                match state.workers[r][c].compress(&input[range.clone()], &ctx, &mut payload) {
+            for (h, input) in host_sums.iter().enumerate() {
+                match state.hosts[h][c].compress(input, &ctx, &mut payload) {
                     Ok(()) => {}
                     Err(e) if e.is_non_finite() => finite = false,
-                    Err(e) => return Err(what(format!("rank {r} compress"), e)),
+                    Err(e) => return Err(what(format!("{who} {h} compress"), e)),
                 }
                 if !finite {
                     continue;
                 }
                 fold.add(state.servers[c].as_ref(), &payload, &ctx, &mut sum)
-                    .map_err(|e| what(format!("server decompress of rank {r}"), e))?;
+                    .map_err(|e| what(format!("server decompress of {who} {h}"), e))?;
             }
             if finite {
                 match state.servers[c].compress(&sum, &ctx, &mut payload) {
@@ -202,16 +255,19 @@ impl Reference {
                 }
             }
             if !finite {
-                for (r, out) in outputs.iter_mut().enumerate() {
-                    state.workers[r][c].undo(round);
-                    out[range.clone()].fill(f32::NAN);
+                sum.fill(f32::NAN);
+                for (h, chains) in state.hosts.iter_mut().enumerate() {
+                    chains[c].undo(round);
+                    results(&mut outputs, h, &sum);
                 }
                 continue;
             }
-            for (r, out) in outputs.iter_mut().enumerate() {
-                state.workers[r][c]
-                    .decompress(&payload, &ctx, &mut out[range.clone()])
-                    .map_err(|e| what(format!("rank {r} decompress"), e))?;
+            for (h, chains) in state.hosts.iter().enumerate() {
+                // Each host's owner decodes; its members copy (the same bits).
+                chains[c]
+                    .decompress(&payload, &ctx, &mut sum)
+                    .map_err(|e| what(format!("{who} {h} decompress"), e))?;
+                results(&mut outputs, h, &sum);
             }
         }
         if reduce == Reduce::Average {

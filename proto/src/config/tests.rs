@@ -174,3 +174,37 @@ fn digest_names_the_first_difference() {
     assert_eq!(theirs, "1024");
     assert!(a.digest().first_difference(&a.digest()).is_none());
 }
+
+#[test]
+fn local_groups_divide_the_workers() {
+    let text = format!("{MINIMAL}local_size = 2\n");
+    let c = Config::from_toml_str(
+        &text.replace("num_workers = 2", "num_workers = 4"),
+        "t.toml",
+    );
+    let c = c.unwrap();
+    assert_eq!((c.cluster.local_size, c.cluster.num_hosts()), (2, 2));
+    assert!(c.cluster.uses_servers());
+    // One host: its reduction stays on the host unless forced through the servers.
+    let mut one = c.clone();
+    one.cluster.local_size = 4;
+    assert!(!one.cluster.uses_servers());
+    one.cluster.force_distributed = true;
+    assert!(one.cluster.uses_servers());
+    // Without local groups a single worker still goes through the servers.
+    assert!(Config::local(1, 1).cluster.uses_servers());
+    for bad in ["local_size = 3", "local_size = 0"] {
+        let text = format!("{MINIMAL}{bad}\n").replace("num_workers = 2", "num_workers = 4");
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.local_size") && e.contains("divides"),
+            "{e}"
+        );
+    }
+    let mut d = c.clone();
+    d.cluster.local_size = 1;
+    let (key, _, _) = c.digest().first_difference(&d.digest()).unwrap();
+    assert_eq!(key, "cluster.local_size");
+}
