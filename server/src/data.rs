@@ -80,6 +80,8 @@ fn abort() -> (FrameKind, FrameFlags) {
 /// State shared by every task of a running server.
 pub(crate) struct Shared {
     pub(crate) num_workers: u32,
+    /// `cluster.local_size`: workers per host (see [`crate::rounds::KeyInfo::local_size`]).
+    pub(crate) local_size: u32,
     pub(crate) max_payload: u64,
     pub(crate) heartbeat_timeout: Duration,
     /// `tls.check_roles`: a worker's certificate must grant the rank its `Hello` claims.
@@ -117,6 +119,7 @@ impl Shared {
         );
         let shared = Shared {
             num_workers: w,
+            local_size: config.cluster.local_size,
             max_payload: max_payload_len(config.cluster.partition_bytes),
             heartbeat_timeout: config.heartbeat_timeout(),
             check_roles: config.tls.check_roles,
@@ -175,20 +178,24 @@ impl Shared {
         }
     }
 
-    /// Carries out a state machine's actions for `key`, whose results go out at `priority`
-    /// (aborts, small and urgent, always at the highest).
+    /// Carries out a state machine's actions for `key`, each to the ranks it names, whose
+    /// results go out at `priority` (aborts, small and urgent, always at the highest).
     pub(crate) fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
         for action in actions {
             match action {
-                Action::SendResult { round, payload } => {
-                    for rank in 0..self.num_workers {
+                Action::SendResult {
+                    round,
+                    ranks,
+                    payload,
+                } => {
+                    for rank in ranks {
                         let frame = (result(false), key, round, payload.clone());
                         self.send_to_rank(rank, frame, priority);
                     }
                 }
-                Action::SendNonFinite { round } => {
+                Action::SendNonFinite { round, ranks } => {
                     debug!(key, round, "non-finite sum");
-                    for rank in 0..self.num_workers {
+                    for rank in ranks {
                         self.send_to_rank(rank, (result(true), key, round, Bytes::new()), priority);
                     }
                 }

@@ -1,5 +1,6 @@
-//! The pushpull server: holds a shard of the keys, sums each round's pushes in rank order and
-//! sends every worker the (re-encoded) sum.
+//! The pushpull server: holds a shard of the keys, sums each round's pushes in rank order (one
+//! push per host with local groups, summed in host order) and sends the (re-encoded) sum to
+//! every worker that pushed it.
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -19,8 +20,10 @@
 //!    with [`Server::with_codec_factory`]. A factory error goes back to the scheduler in
 //!    `PlacementAck { error }` and fails every worker's declare of that tensor.
 //! 4. Workers connect, say `Hello` (their rank), and push chunks; each completed round's result
-//!    goes to every worker, each rejected push aborts that key's round for every worker with a
-//!    message naming the tensor, chunk, key, round and rank.
+//!    goes to every worker that pushes the key (every worker, or with `cluster.local_size` > 1
+//!    each host's owner of the chunk: [`rounds::KeyInfo::owner_ranks`]), each rejected push
+//!    aborts that key's round for them with a message naming the tensor, chunk, key, round and
+//!    rank.
 //! 5. `Shutdown` without error: `run` returns `Ok(())`. Scheduler silence past the heartbeat
 //!    timeout, a lost scheduler connection or a `NodeLost` report: open rounds are aborted
 //!    naming the cause and `run` returns a [`ServerError`] naming it.

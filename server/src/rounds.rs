@@ -3,57 +3,70 @@
 //! One [`KeyRounds`] holds one key (one chunk of one tensor). The async shell
 //! ([`crate::service`]) feeds it pushes ([`KeyRounds::push`]), frames it rejected before they
 //! got here ([`KeyRounds::reject`]) and lost-node events ([`KeyRounds::node_lost`]); each call
-//! returns the [`Action`]s the shell must carry out (send a result to every worker, send an
-//! abort to some ranks). Because nothing here touches I/O or time, arrival orders, duplicates,
+//! returns the [`Action`]s the shell must carry out (send a result or an abort to the ranks
+//! the action names). Because nothing here touches I/O or time, arrival orders, duplicates,
 //! missing workers and lost nodes are tested deterministically, the way quinn-proto tests QUIC.
 //!
 //! # Rules
+//! * A key's rounds are pushed by **hosts** (ARCHITECTURE.md, "Two levels"): with
+//!   `local_size` G (workers per host), host `h` runs ranks `h·G .. h·G + G − 1` and there are
+//!   H = `num_workers / G` hosts. Each host's push of the key comes from its **owner** of the
+//!   key, rank `h·G + chunk_owner(key, G)` ([`KeyInfo::owner_rank`]), and counts as
+//!   participant `h`. With G = 1 every worker is a host and owns its own pushes: the
+//!   participants are the ranks `0..num_workers`.
 //! * Rounds are numbered from 0 and run one at a time. A round collects exactly one push per
-//!   worker rank `0..num_workers`.
-//! * **Sum** rounds are summed in rank order ([`RankOrderSum`], the one definition the
-//!   single-process reference shares): rank 0's payload is decoded into the key's accumulator
-//!   (kept between rounds), then ranks 1, 2, … are added (`decompress_add`) in turn. A payload
-//!   that arrives before its turn is held (as the received `Bytes`, no copy) until every lower
-//!   rank is in, so the result is bit-identical whatever order pushes arrive in. When all ranks
-//!   are in, the sum is encoded once and the same payload goes to every worker
-//!   ([`Action::SendResult`]); the held payloads are gone by then and the key moves to the
+//!   host `0..H`, each from that host's owner rank.
+//! * **Sum** rounds are summed in host order ([`RankOrderSum`], the one definition the
+//!   single-process reference shares, over participants): host 0's payload is decoded into
+//!   the key's accumulator (kept between rounds), then hosts 1, 2, … are added
+//!   (`decompress_add`) in turn. A payload that arrives before its turn is held (as the
+//!   received `Bytes`, no copy) until every lower host is in, so the result is bit-identical
+//!   whatever order pushes arrive in. When all hosts are in, the sum is encoded once and the
+//!   same payload goes to every owner rank ([`Action::SendResult`]; the owners share it with
+//!   their hosts' other members); the held payloads are gone by then and the key moves to the
 //!   next round.
 //! * A **non-finite** push (flagged, empty: the worker's chunk held inf or NaN, see
 //!   `pushpull_proto::protocol`'s module docs) makes its sum round non-finite: nothing more is
-//!   decoded, and when every rank is in the round completes with
-//!   [`Action::SendNonFinite`], the key's codec untouched. So does a sum whose encoding fails
-//!   because it is not finite or overflows.
+//!   decoded, and when every host is in the round completes with
+//!   [`Action::SendNonFinite`] to every owner rank, the key's codec untouched. So does a sum
+//!   whose encoding fails because it is not finite or overflows.
 //! * A push flagged **undo previous** (every push of its round must agree) undoes the key's
 //!   codec state change of its previous sum round ([`Compressor::undo`]) when the round opens:
 //!   its workers discarded that round (their optimizer skipped the step).
-//! * **Broadcast** rounds (`aux` = root rank): non-root ranks push an empty payload, the root
-//!   pushes the encoded chunk (checked by decoding it once); the result is the root's payload,
-//!   unchanged.
-//! * A **rejected** push (out-of-range rank, payload too long or undecodable, op/aux that
-//!   disagree with the round's first push, a second push from the same rank, a round that is
-//!   older than the current one and not a recently aborted one) **aborts the current round for
-//!   every worker** ([`Action::SendAbort`] to all ranks) with a message naming the tensor, the
-//!   chunk index, the key, the round, the offending rank and what was wrong; the key then
-//!   continues with the next round. When the rejected push was for another round than the
-//!   current one, its sender also gets an abort for the round it pushed, so it never waits.
+//! * **Broadcast** rounds (`aux` = root rank, a worker rank): the root's host is
+//!   `aux / G`; that host's owner pushes the root's encoded chunk (checked by decoding it
+//!   once), every other host's owner pushes an empty payload; the result is the root host's
+//!   payload, unchanged.
+//! * A **rejected** push (out-of-range rank, a rank that does not own its host's push of this
+//!   key, payload too long or undecodable, op/aux that disagree with the round's first push, a
+//!   second push from the same host, a round that is older than the current one and not a
+//!   recently aborted one) **aborts the current round for every participant**
+//!   ([`Action::SendAbort`] to every owner rank, and to the sender too when it is a worker
+//!   that owns no push of this key) with a message naming the tensor, the chunk index, the
+//!   key, the round, the offending rank and what was wrong (for a non-owner: the owner rank
+//!   expected); the key then continues with the next round. When the rejected push was for
+//!   another round than the current one, its sender also gets an abort for the round it
+//!   pushed, so it never waits.
 //! * A push for a **recently aborted** round (the last [`ABORT_MEMORY`] aborts are remembered)
 //!   is answered, to its sender only, with that round's abort message.
 //! * A push for a round **ahead** of the current one means its sender gave up on the current
 //!   round without pushing it (e.g. its push_pull was cancelled part-way) and never will, so
-//!   the current round can never complete. It is aborted for every worker (if anyone had pushed
-//!   to it) and remembered as aborted, and the key skips ahead to the pushed round, which
-//!   accepts the push. The contract lists such a push among the rejected ones; rejecting it
-//!   would leave the next round waiting for the push that was rejected, so every later round
-//!   would fail too, while skipping resynchronises the key at once. A push more than
-//!   [`MAX_SKIP`] rounds ahead is rejected.
+//!   the current round can never complete. It is aborted for every owner rank (if anyone had
+//!   pushed to it) and remembered as aborted, and the key skips ahead to the pushed round,
+//!   which accepts the push. The contract lists such a push among the rejected ones;
+//!   rejecting it would leave the next round waiting for the push that was rejected, so every
+//!   later round would fail too, while skipping resynchronises the key at once. A push more
+//!   than [`MAX_SKIP`] rounds ahead is rejected.
 //! * [`KeyRounds::node_lost`] aborts the open round (if any) naming the lost node; from then on
 //!   every push to this key is answered with an abort naming that node, since no round can
-//!   complete without it.
+//!   complete without it (any lost node ends the job, owner of this key or not).
 //! * [`KeyRounds::worker_left`]: a worker finished cleanly and closed its connection, so it
-//!   will push nothing more. An open round it has not pushed to is aborted for every worker
-//!   naming it; an open round it has pushed to may still complete; every other push (a later
-//!   round) is answered with an abort naming it. Without this, the other workers would wait
-//!   for its pushes forever: a finished worker is not a lost node, so no loss is reported.
+//!   will push nothing more. A worker that owns no host's push of this key changes nothing
+//!   here (it pushes nothing to it). For an owner: an open round it has not pushed to is
+//!   aborted for every owner rank naming it; an open round it has pushed to may still
+//!   complete; every other push (a later round) is answered with an abort naming it. Without
+//!   this, the other workers would wait for its pushes forever: a finished worker is not a
+//!   lost node, so no loss is reported.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -62,6 +75,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pushpull_codecs::{fp32_codec, Compressor, RankOrderSum, RoundCtx};
+use pushpull_proto::placement::chunk_owner;
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{FrameFlags, ReduceOp};
 
@@ -73,7 +87,7 @@ pub const ABORT_MEMORY: usize = 16;
 /// up on the rounds in between" (see the module docs); a push further ahead is rejected.
 pub const MAX_SKIP: u64 = 1024;
 
-/// Who a key is: used in every message it produces.
+/// Who a key is: used in every message it produces, and who pushes its rounds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
     /// The tensor's name.
@@ -86,9 +100,50 @@ pub struct KeyInfo {
     pub len: usize,
     /// Workers in the job (ranks `0..num_workers`).
     pub num_workers: u32,
+    /// Workers per host (`cluster.local_size`, G; 1 without local groups; divides
+    /// `num_workers`): host `h` runs ranks `h·G .. h·G + G − 1`.
+    pub local_size: u32,
     /// The tensor's priority: results of keys with a higher one are sent first (see
     /// `TensorPlacement::priority`).
     pub priority: i32,
+}
+
+impl KeyInfo {
+    /// Workers per host, at least 1.
+    fn group(&self) -> u32 {
+        self.local_size.max(1)
+    }
+
+    /// The hosts that push this key's rounds, `num_workers / local_size` (H): a round's
+    /// participants are hosts `0..H`.
+    pub fn num_hosts(&self) -> u32 {
+        self.num_workers / self.group()
+    }
+
+    /// The local rank that owns this key on every host:
+    /// `pushpull_proto::placement::chunk_owner(key, local_size)`.
+    pub fn owner_local_rank(&self) -> u32 {
+        chunk_owner(self.key, self.group())
+    }
+
+    /// The rank that pushes this key for host `host`: `host·G + chunk_owner(key, G)` (with
+    /// G = 1, rank `host` itself).
+    pub fn owner_rank(&self, host: u32) -> u32 {
+        host * self.group() + self.owner_local_rank()
+    }
+
+    /// The owner ranks of hosts `0..H`, ascending: who receives the key's results and round
+    /// aborts (every rank `0..num_workers` when G = 1).
+    pub fn owner_ranks(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.num_hosts()).map(|h| self.owner_rank(h))
+    }
+
+    /// The host whose push of this key `rank` makes, or `None` when `rank` owns no host's
+    /// push (another member of its host owns the key, or it is out of range).
+    pub fn owner_host(&self, rank: u32) -> Option<u32> {
+        let host = rank / self.group();
+        (host < self.num_hosts() && self.owner_rank(host) == rank).then_some(host)
+    }
 }
 
 impl fmt::Display for KeyInfo {
@@ -103,30 +158,36 @@ impl fmt::Display for KeyInfo {
     }
 }
 
-/// Something the shell must do on the key's behalf. Frames carry the key of the
-/// [`KeyRounds`] that produced the action.
+/// Something the shell must do on the key's behalf: send a frame to each of `ranks`. Frames
+/// carry the key of the [`KeyRounds`] that produced the action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
-    /// Send a `Result` frame for `round` with this payload to every worker rank
-    /// `0..num_workers` (the same bytes to everyone).
+    /// Send a `Result` frame for `round` with this payload to each of `ranks` (the same bytes
+    /// to everyone).
     SendResult {
         /// The completed round.
         round: u64,
+        /// The key's owner ranks ([`KeyInfo::owner_ranks`]: every worker rank
+        /// `0..num_workers` when `local_size` is 1).
+        ranks: Vec<u32>,
         /// The encoded sum (or the broadcast root's payload).
         payload: Bytes,
     },
-    /// Send an empty `Result` frame for `round` flagged non-finite to every worker rank: a
-    /// push or the sum was not finite (see the module docs).
+    /// Send an empty `Result` frame for `round` flagged non-finite to each of `ranks`: a push
+    /// or the sum was not finite (see the module docs).
     SendNonFinite {
         /// The completed round.
         round: u64,
+        /// The key's owner ranks, as for [`Action::SendResult`].
+        ranks: Vec<u32>,
     },
     /// Send an `Abort` frame for `round` whose payload is `message` (UTF-8) to each of `ranks`.
     SendAbort {
         /// The aborted round.
         round: u64,
-        /// The ranks to tell: every rank when a round is aborted, the sender alone when a push
-        /// is answered for an already aborted round.
+        /// The ranks to tell: every owner rank ([`KeyInfo::owner_ranks`]) when a round is
+        /// aborted (with a rejected push's sender if it is not one of them), the sender alone
+        /// when a push is answered for an already aborted round.
         ranks: Vec<u32>,
         /// Names the tensor, chunk index, key, round, the offending rank or lost node, and what
         /// was wrong.
@@ -140,13 +201,13 @@ struct OpenRound {
     op: ReduceOp,
     aux: u32,
     first_rank: u32,
-    /// Which ranks have pushed.
+    /// Which hosts have pushed (indexed by host, `0..num_hosts`).
     received: Vec<bool>,
     count: u32,
-    /// Payloads of ranks that arrived before their turn (Sum), or the root's payload
-    /// (Broadcast, at index `aux`).
+    /// Payloads of hosts that arrived before their turn (Sum), or the root's payload
+    /// (Broadcast, at the root's host `aux / local_size`).
     held: Vec<Option<Bytes>>,
-    /// Sum: the ranks in the key's accumulator (none once `non_finite`).
+    /// Sum: the hosts in the key's accumulator, in host order (none once `non_finite`).
     sum: RankOrderSum,
     /// Flags of the round's first push (`undo_previous` every push must share) and whether
     /// any push was non-finite.
@@ -216,7 +277,7 @@ impl KeyRounds {
     }
 
     /// Encodes sums into buffers of `pool` (shared by a server's keys), which get them back
-    /// once every worker's result frame is delivered. Without one, each sum is a fresh buffer.
+    /// once every result frame is delivered. Without one, each sum is a fresh buffer.
     pub fn with_pool(mut self, pool: Arc<BufPool>) -> KeyRounds {
         self.pool = pool;
         self
@@ -240,8 +301,9 @@ impl KeyRounds {
     /// The ranks that have pushed to the current round, ascending (empty when not open).
     pub fn open_ranks(&self) -> Vec<u32> {
         match &self.open {
-            Some(o) => (0..self.info.num_workers)
-                .filter(|&r| o.received[r as usize])
+            Some(o) => (0..self.info.num_hosts())
+                .filter(|&h| o.received[h as usize])
+                .map(|h| self.info.owner_rank(h))
                 .collect(),
             None => Vec::new(),
         }
@@ -252,8 +314,9 @@ impl KeyRounds {
         self.failed.is_some()
     }
 
+    /// The ranks told of a round's result or abort: the owner ranks.
     fn all_ranks(&self) -> Vec<u32> {
-        (0..self.info.num_workers).collect()
+        self.info.owner_ranks().collect()
     }
 
     fn context(&self, round: u64) -> String {
@@ -279,15 +342,34 @@ impl KeyRounds {
             .map(|a| a.message.as_str())
     }
 
-    /// Aborts the current round for every worker with `message`, remembers it, frees its
+    /// Aborts the current round for every owner rank with `message`, remembers it, frees its
     /// memory and moves to the next round.
     fn abort_current(&mut self, message: String, out: &mut Vec<Action>) {
+        self.abort_current_telling(None, message, out);
+    }
+
+    /// [`KeyRounds::abort_current`], also telling `sender` (a rejected push's rank) when it
+    /// is a worker of the job but not an owner rank (a member that pushed a chunk its host's
+    /// owner pushes), so that it does not wait for a result that never comes to it.
+    fn abort_current_telling(
+        &mut self,
+        sender: Option<u32>,
+        message: String,
+        out: &mut Vec<Action>,
+    ) {
         let round = self.current;
         self.open = None;
         self.remember_abort(round, round, message.clone());
+        let mut ranks = self.all_ranks();
+        if let Some(r) = sender {
+            if r < self.info.num_workers && self.info.owner_host(r).is_none() {
+                let at = ranks.partition_point(|&o| o < r);
+                ranks.insert(at, r);
+            }
+        }
         out.push(Action::SendAbort {
             round,
-            ranks: self.all_ranks(),
+            ranks,
             message,
         });
         self.current = self.current.wrapping_add(1);
@@ -296,7 +378,8 @@ impl KeyRounds {
     /// A push from `rank` for `round` that is rejected because of `what` (also the entry point
     /// for frames the shell rejected before they reached the state machine, e.g. a truncated
     /// payload or a rank that differs from the connection's `Hello`). Aborts the current round
-    /// for every worker; if `round` is another round, its sender also gets an abort for it.
+    /// for every owner rank (and the sender, if it is not one); if `round` is another round,
+    /// its sender also gets an abort for it.
     pub fn reject(&mut self, rank: u32, round: u64, what: &str) -> Vec<Action> {
         let mut out = Vec::new();
         if let Some(msg) = self.answer_without_round(rank, round) {
@@ -327,8 +410,10 @@ impl KeyRounds {
                 ranks: vec![rank],
                 message: message.clone(),
             });
+            self.abort_current(message, out);
+        } else {
+            self.abort_current_telling(Some(rank), message, out);
         }
-        self.abort_current(message, out);
     }
 
     /// Answers pushes that never join a round: to a failed key, to a key a worker left (but
@@ -386,6 +471,11 @@ impl KeyRounds {
             self.reject_into(rank, round, &what, &mut out);
             return out;
         }
+        if self.info.owner_host(rank).is_none() {
+            let what = self.not_an_owner(rank);
+            self.reject_into(rank, round, &what, &mut out);
+            return out;
+        }
         if round > self.current.saturating_add(MAX_SKIP) {
             let what = format!(
                 "round {round} is more than {MAX_SKIP} rounds ahead of the current round {}",
@@ -410,6 +500,21 @@ impl KeyRounds {
         }
         self.try_complete(&mut out);
         out
+    }
+
+    /// Why `rank` (in range) may not push this key: another member of its host owns it.
+    fn not_an_owner(&self, rank: u32) -> String {
+        let g = self.info.group();
+        let host = rank / g;
+        let first = host * g;
+        format!(
+            "rank {rank} does not own key {:#018x} on its host: host {host} (ranks \
+             {first}..={}) pushes it from rank {} (local rank {} = key % {g})",
+            self.info.key,
+            first + g - 1,
+            self.info.owner_rank(host),
+            self.info.owner_local_rank(),
+        )
     }
 
     /// `rank` pushed `round` > current: the current round can never complete. Abort it (if
@@ -449,6 +554,9 @@ impl KeyRounds {
         payload: Bytes,
     ) -> Result<(), Rejection> {
         let w = self.info.num_workers;
+        let hosts = self.info.num_hosts();
+        // The caller checked that `rank` owns its host's push of this key.
+        let host = rank / self.info.group();
         if let Some(o) = &self.open {
             if o.undo_previous != flags.undo_previous {
                 let says = |undo: bool| if undo { "undoes" } else { "keeps" };
@@ -473,7 +581,7 @@ impl KeyRounds {
                     ),
                 ));
             }
-            if o.received[rank as usize] {
+            if o.received[host as usize] {
                 return Err((rank, format!("rank {rank} pushed twice in this round")));
             }
         }
@@ -499,17 +607,25 @@ impl KeyRounds {
                         format!("broadcast root {aux} is out of range (the job has {w} workers)"),
                     ));
                 }
-                if rank != aux && !payload.is_empty() {
-                    return Err((
-                        rank,
+                let root_host = aux / self.info.group();
+                if host != root_host && !payload.is_empty() {
+                    let what = if self.info.group() == 1 {
                         format!(
                             "a non-root rank of a broadcast (root {aux}) must push an empty \
                              payload, not {} bytes",
                             payload.len()
-                        ),
-                    ));
+                        )
+                    } else {
+                        format!(
+                            "a non-root host of a broadcast (root {aux}, on host {root_host}) \
+                             must push an empty payload, not {} bytes (rank {rank} pushes for \
+                             host {host})",
+                            payload.len()
+                        )
+                    };
+                    return Err((rank, what));
                 }
-                if rank == aux {
+                if host == root_host {
                     // Check the root's payload once, so a bad one is named here rather than
                     // failing W decodes on the workers.
                     // (A temporary: broadcasts are rare, and keeping a buffer per key would
@@ -533,24 +649,24 @@ impl KeyRounds {
             op,
             aux,
             first_rank: rank,
-            received: vec![false; w as usize],
+            received: vec![false; hosts as usize],
             count: 0,
-            held: vec![None; w as usize],
+            held: vec![None; hosts as usize],
             sum: RankOrderSum::new(),
             undo_previous: flags.undo_previous,
             non_finite: false,
         });
-        o.received[rank as usize] = true;
+        o.received[host as usize] = true;
         o.count += 1;
         o.non_finite |= flags.non_finite;
-        o.held[rank as usize] = Some(payload);
+        o.held[host as usize] = Some(payload);
         if op == ReduceOp::Sum {
             self.sum_prefix()?;
         }
         Ok(())
     }
 
-    /// Sums every held payload whose turn has come (the contiguous prefix of ranks).
+    /// Sums every held payload whose turn has come (the contiguous prefix of hosts).
     fn sum_prefix(&mut self) -> Result<(), Rejection> {
         let round = self.current;
         let len = self.info.len;
@@ -562,21 +678,22 @@ impl KeyRounds {
             o.held.iter_mut().for_each(|h| *h = None);
             return Ok(());
         }
-        // Rank 0's decode overwrites every element: no need to zero.
+        // Host 0's decode overwrites every element: no need to zero.
         self.acc.resize(len, 0.0);
+        // The sum's "ranks" are hosts: `next_rank` is the next host's index.
         while let Some(payload) = o
             .held
             .get_mut(o.sum.next_rank() as usize)
             .and_then(Option::take)
         {
-            let r = o.sum.next_rank();
+            let host = o.sum.next_rank();
             let ctx = RoundCtx::new(round);
             if let Err(e) = o
                 .sum
                 .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc)
             {
                 return Err((
-                    r,
+                    self.info.owner_rank(host),
                     format!("undecodable payload of {} bytes: {e}", payload.len()),
                 ));
             }
@@ -585,8 +702,8 @@ impl KeyRounds {
     }
 
     fn try_complete(&mut self, out: &mut Vec<Action>) {
-        let w = self.info.num_workers;
-        let complete = matches!(&self.open, Some(o) if o.count == w);
+        let hosts = self.info.num_hosts();
+        let complete = matches!(&self.open, Some(o) if o.count == hosts);
         if !complete {
             return;
         }
@@ -595,15 +712,19 @@ impl KeyRounds {
             return;
         };
         let payload = match o.op {
-            ReduceOp::Broadcast => o.held[o.aux as usize].take().unwrap_or_default(),
+            ReduceOp::Broadcast => {
+                let root_host = o.aux / self.info.group();
+                o.held[root_host as usize].take().unwrap_or_default()
+            }
             ReduceOp::Sum if o.non_finite => {
                 self.last_sum = Some(round);
                 self.current = self.current.wrapping_add(1);
-                out.push(Action::SendNonFinite { round });
+                let ranks = self.all_ranks();
+                out.push(Action::SendNonFinite { round, ranks });
                 return;
             }
             ReduceOp::Sum => {
-                debug_assert_eq!(o.sum.next_rank(), w);
+                debug_assert_eq!(o.sum.next_rank(), hosts);
                 self.last_sum = Some(round);
                 // Sum pushes carry the round's learning rate (f32 bits; 0 = none set),
                 // which corrected error feedback on the sum needs.
@@ -617,7 +738,8 @@ impl KeyRounds {
                     if e.is_non_finite() {
                         // Finite pushes whose sum overflows: as if one was not finite.
                         self.current = self.current.wrapping_add(1);
-                        out.push(Action::SendNonFinite { round });
+                        let ranks = self.all_ranks();
+                        out.push(Action::SendNonFinite { round, ranks });
                         return;
                     }
                     let message = format!(
@@ -632,12 +754,17 @@ impl KeyRounds {
         };
         drop(o);
         self.current = self.current.wrapping_add(1);
-        out.push(Action::SendResult { round, payload });
+        let ranks = self.all_ranks();
+        out.push(Action::SendResult {
+            round,
+            ranks,
+            payload,
+        });
     }
 
     /// A node was lost (`node` is its description, e.g. `worker 2 (10.0.0.5:4000)`, `reason`
-    /// what the scheduler observed). Aborts the open round, if any, for every worker naming the
-    /// node; every later push to this key is answered with an abort naming it too.
+    /// what the scheduler observed). Aborts the open round, if any, for every owner rank naming
+    /// the node (whichever node it is: any lost node ends the job); every later push to this key is answered with an abort naming it too.
     pub fn node_lost(&mut self, node: &str, reason: &str) -> Vec<Action> {
         let mut out = Vec::new();
         if self.failed.is_some() {
@@ -654,16 +781,20 @@ impl KeyRounds {
 
     /// Worker `rank` (`node` is its description) finished and closed its connection (see the
     /// module docs). Returns the abort of the open round when it lacks that worker's push.
+    /// A worker that owns no host's push of this key changes nothing here.
     pub fn worker_left(&mut self, rank: u32, node: &str) -> Vec<Action> {
         let mut out = Vec::new();
-        if self.failed.is_some() || self.departed.is_some() || rank >= self.info.num_workers {
+        if self.failed.is_some() || self.departed.is_some() {
             return out;
         }
+        let Some(host) = self.info.owner_host(rank) else {
+            return out;
+        };
         let why = format!(
             "{node} finished (left the job) and will push no more rounds; no later round of this \
              key can complete (did the workers make different numbers of calls?)"
         );
-        let pushed = matches!(&self.open, Some(o) if o.received[rank as usize]);
+        let pushed = matches!(&self.open, Some(o) if o.received[host as usize]);
         if self.open.is_some() && !pushed {
             let message = format!(
                 "{}: {why}; the round is aborted for every worker",

@@ -103,7 +103,7 @@ pub enum ServerError {
 }
 
 /// A pushpull server: holds the keys the scheduler places on it, sums each round's pushes in
-/// rank order and sends every worker the result.
+/// rank order (host order with local groups) and sends the result to the ranks that pushed.
 ///
 /// ```no_run
 /// # async fn demo(config: pushpull_proto::Config, identity: pushpull_net::tls::TlsIdentity)
@@ -543,6 +543,7 @@ fn place_keys(
             key: chunk.key,
             len: codec.len(),
             num_workers: shared.num_workers,
+            local_size: shared.local_size,
             priority: p.priority,
         };
         new.push((

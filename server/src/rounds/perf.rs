@@ -15,6 +15,7 @@ fn state_machine_round_time() {
             key: 1,
             len,
             num_workers: 2,
+            local_size: 1,
             priority: 0,
         },
         fp32_codec(len),
