@@ -94,6 +94,11 @@ pub struct ClusterOverrides {
     /// Number of servers (overrides `cluster.num_servers`).
     #[arg(long, value_name = "N")]
     pub servers: Option<u32>,
+    /// Workers per host (overrides `cluster.local_size`): above 1 the workers form local
+    /// groups of G that sum through shared memory and push once per group (BytePS's
+    /// `BYTEPS_LOCAL_SIZE`); G must divide the number of workers.
+    #[arg(long, value_name = "G")]
+    pub local_size: Option<u32>,
     /// Timed rounds (overrides `job.rounds`).
     #[arg(long, value_name = "N")]
     pub rounds: Option<u32>,
@@ -129,6 +134,9 @@ impl ClusterOverrides {
         }
         if let Some(s) = self.servers {
             config.cluster.num_servers = s;
+        }
+        if let Some(g) = self.local_size {
+            config.cluster.local_size = g;
         }
         if let Some(r) = self.rounds {
             job.rounds = r;

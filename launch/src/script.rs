@@ -20,16 +20,25 @@ use pushpull_node::error::{CliError, CliResult};
 const WIND_DOWN: Duration = Duration::from_secs(30);
 
 /// The environment of the copy of rank `rank`: the cluster file, the scheduler's address, the
-/// job's size in BytePS's variables (one host with `num_workers` local ranks) and the rank's
-/// own certificate.
+/// job's size in BytePS's variables and the rank's own certificate. Without local groups
+/// (`local_size` 1) the job is one host with `num_workers` local ranks; with them, hosts of
+/// `local_size` (`DMLC_NUM_WORKER` hosts, this rank's host `DMLC_WORKER_ID`), as the cluster
+/// file groups them.
+#[allow(clippy::too_many_arguments)]
 pub fn worker_env(
     config_path: &std::path::Path,
     scheduler: &str,
     num_workers: u32,
+    local_size: u32,
     num_servers: u32,
     rank: u32,
     tls: &TlsConfig,
 ) -> Vec<(String, OsString)> {
+    let g = if local_size > 1 {
+        local_size
+    } else {
+        num_workers.max(1)
+    };
     let (host, port) = scheduler.rsplit_once(':').unwrap_or((scheduler, ""));
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let path = |p: &Option<PathBuf>| p.clone().unwrap_or_default().into_os_string();
@@ -42,11 +51,11 @@ pub fn worker_env(
         ("DMLC_ROLE".into(), s("worker")),
         ("DMLC_PS_ROOT_URI".into(), s(host)),
         ("DMLC_PS_ROOT_PORT".into(), s(port)),
-        ("DMLC_NUM_WORKER".into(), s("1")),
+        ("DMLC_NUM_WORKER".into(), s(&(num_workers / g).to_string())),
         ("DMLC_NUM_SERVER".into(), s(&num_servers.to_string())),
-        ("DMLC_WORKER_ID".into(), s("0")),
-        ("BYTEPS_LOCAL_RANK".into(), s(&rank.to_string())),
-        ("BYTEPS_LOCAL_SIZE".into(), s(&num_workers.to_string())),
+        ("DMLC_WORKER_ID".into(), s(&(rank / g).to_string())),
+        ("BYTEPS_LOCAL_RANK".into(), s(&(rank % g).to_string())),
+        ("BYTEPS_LOCAL_SIZE".into(), s(&g.to_string())),
     ]
 }
 
@@ -92,7 +101,15 @@ async fn drive(
     let mut ranks = Vec::with_capacity(nw as usize);
     for r in 0..nw {
         let tls = &files.tls[1 + ns as usize + r as usize];
-        let env = worker_env(&files.config_path, &started.scheduler_addr, nw, ns, r, tls);
+        let env = worker_env(
+            &files.config_path,
+            &started.scheduler_addr,
+            nw,
+            config.cluster.local_size,
+            ns,
+            r,
+            tls,
+        );
         ranks.push(group.spawn_with_env(
             &format!("rank {r}"),
             std::path::Path::new(program),

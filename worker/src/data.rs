@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pushpull_kernels::cuda::Device as Place;
-use pushpull_kernels::{fp32_codec, RoundCtx as CodecRound};
+use pushpull_kernels::{fp32_codec, host_fold, IntraCodec, RoundCtx as CodecRound};
 use pushpull_proto::pool::BufPool;
 
 use crate::error::WorkerError;
@@ -131,6 +131,39 @@ pub(crate) trait RoundData: Send + 'static {
     /// chunk (if it committed one) and fills the chunk of the buffer with NaN.
     fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String>;
 
+    /// Local groups ([`crate::local`]): adds this member's part of chunk `index` to its host's
+    /// sum `acc` ([`host_fold`] with the tensor's intra-host codec; member 0, `first`,
+    /// writes). In a broadcast the root (`rank == root`) contributes its values exactly and
+    /// every other member `-0.0`, which changes no value.
+    #[allow(clippy::too_many_arguments)]
+    fn contribute(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        rank: u32,
+        first: bool,
+        intra: IntraCodec,
+        acc: &mut [f32],
+    ) -> Result<(), String> {
+        let _ = (tensor, index, kind, rank, first, intra, acc);
+        Err(LOCAL_HOST_ONLY.into())
+    }
+
+    /// Local groups: copies the host's result `acc` into chunk `index` of the buffer (divided
+    /// by `num_workers` for an average).
+    fn take_result(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        num_workers: u32,
+        acc: &[f32],
+    ) -> Result<(), String> {
+        let _ = (tensor, index, kind, num_workers, acc);
+        Err(LOCAL_HOST_ONLY.into())
+    }
+
     /// Undoes `round` of every chunk of the tensor (a discarded round: see
     /// [`crate::Worker::discard_last_round`]), wherever the tensor's state lives; called
     /// after [`RoundData::begin`] of the next push_pull round, before anything is launched.
@@ -238,6 +271,11 @@ pub(crate) fn decode_host(
     Ok(())
 }
 
+/// Why device buffers cannot take part in a local group's rounds (yet).
+pub(crate) const LOCAL_HOST_ONLY: &str =
+    "local groups (cluster.local_size > 1) reduce host buffers only; device buffers are not \
+     supported with them yet";
+
 /// The host buffers of a round: where chunks are read from and where results are written.
 trait HostBuffers: Send + 'static {
     fn input(&mut self) -> &[f32];
@@ -318,6 +356,45 @@ impl<H: HostBuffers> RoundData for H {
 
     fn undo(&mut self, tensor: &TensorInner, round: u64) {
         undo_host(tensor, round);
+    }
+
+    fn contribute(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        rank: u32,
+        first: bool,
+        intra: IntraCodec,
+        acc: &mut [f32],
+    ) -> Result<(), String> {
+        let x = &self.input()[tensor.ranges[index].clone()];
+        match kind {
+            RoundKind::Sum { .. } => host_fold(intra, first, x, acc),
+            RoundKind::Broadcast { root } if root == rank => {
+                host_fold(IntraCodec::None, first, x, acc)
+            }
+            // `a + -0.0 == a` for every `a`: only a first writer has something to do.
+            RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
+            RoundKind::Broadcast { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn take_result(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        num_workers: u32,
+        acc: &[f32],
+    ) -> Result<(), String> {
+        let out = &mut self.output()[tensor.ranges[index].clone()];
+        out.copy_from_slice(acc);
+        if let RoundKind::Sum { average: true } = kind {
+            pushpull_kernels::average(out, num_workers);
+        }
+        Ok(())
     }
 
     fn decode(

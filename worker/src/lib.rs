@@ -83,6 +83,7 @@ mod control;
 mod data;
 mod dispatch;
 mod error;
+mod local;
 pub mod reference;
 mod round;
 mod shared;

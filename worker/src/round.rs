@@ -25,7 +25,8 @@ use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::NodeName;
 
 use crate::data::{Encoded, RoundData};
-use crate::dispatch::{Outcome, Waiter};
+pub(crate) use crate::dispatch::Outcome;
+use crate::dispatch::Waiter;
 use crate::error::WorkerError;
 use crate::shared::Shared;
 use crate::tensor::{RoundKind, TensorInner};
@@ -52,6 +53,9 @@ pub(crate) struct RoundCtx {
     /// The tensor's previous sum round, discarded and undone here (see
     /// [`crate::Worker::discard_last_round`]): the pushes ask the servers to undo it too.
     pub(crate) undone: Option<u64>,
+    /// This worker's local group, where the cluster has them (`cluster.local_size` > 1):
+    /// chunks then go through [`crate::local::chunk_round`].
+    pub(crate) local: Option<Arc<crate::local::Local>>,
 }
 
 impl RoundCtx {
@@ -99,7 +103,21 @@ pub(crate) async fn run_round<R: RoundData>(
     let mut non_finite = false;
     {
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
-            .map(|i| chunk_round(&ctx, &tensor, i, round, kind, data, &queued))
+            .map(|i| {
+                let (ctx, tensor, queued) = (&ctx, &tensor, &queued);
+                async move {
+                    let mark = QueuedMark(queued);
+                    match &ctx.local {
+                        Some(local) => {
+                            crate::local::chunk_round(
+                                ctx, local, tensor, i, round, kind, data, mark,
+                            )
+                            .await
+                        }
+                        None => chunk_round(ctx, tensor, i, round, kind, data, mark).await,
+                    }
+                }
+            })
             .collect();
         while let Some(result) = running.next().await {
             match result {
@@ -164,7 +182,7 @@ struct Queued {
 }
 
 /// One chunk's mark in [`Queued`]: dropped once the chunk is queued (or will never be).
-struct QueuedMark<'a>(&'a Queued);
+pub(crate) struct QueuedMark<'a>(&'a Queued);
 
 impl Drop for QueuedMark<'_> {
     fn drop(&mut self) {
@@ -176,7 +194,7 @@ impl Drop for QueuedMark<'_> {
 }
 
 /// What a chunk's round pulled.
-enum Pulled {
+pub(crate) enum Pulled {
     /// Its sum (or the broadcast root's data), decoded into the buffer.
     Sum,
     /// A non-finite sum: the buffer's chunk holds NaN.
@@ -192,40 +210,107 @@ async fn chunk_round<R: RoundData>(
     round: u64,
     kind: RoundKind,
     data: &Mutex<R>,
-    queued: &Queued,
+    mark: QueuedMark<'_>,
 ) -> Result<Pulled, WorkerError> {
-    let mark = QueuedMark(queued);
-    let chunk = tensor.placement.chunks[index];
-    let link = &ctx.links[chunk.server as usize];
-    let dispatch = &ctx.shared.dispatch[chunk.server as usize];
-    let codec_error = |message: String| WorkerError::Codec {
-        name: tensor.placement.name.clone(),
-        chunk: index as u32,
-        key: chunk.key,
-        round,
-        message,
-    };
-    let (op, aux) = match kind {
-        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate),
-        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root),
-    };
-    let encode = encodes(kind, ctx.rank);
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
-
-    // Encode. On failure an empty payload is still pushed: the server rejects it and aborts
-    // the round for every worker, instead of leaving the others waiting for this push. A
-    // chunk that is not finite is pushed flagged so, and the round's sum will be too.
-    let mut encode_error = None;
-    let mut flags = FrameFlags {
-        non_finite: false,
-        undo_previous: ctx.undone.is_some() && matches!(kind, RoundKind::Sum { .. }),
-    };
-    let payload = if encode {
+    let encoded = encodes(kind, ctx.rank).then(|| {
         let t0 = std::time::Instant::now();
         let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
         if let RoundKind::Sum { .. } = kind {
             add_nanos(&tensor.compress_nanos, t0);
         }
+        encoded
+    });
+    let outcome = push_await(ctx, tensor, index, round, kind, encoded, mark).await?;
+    let chunk = tensor.placement.chunks[index];
+    let link = &ctx.links[chunk.server as usize];
+    let codec_error = |message: String| codec_error(tensor, index, round, message);
+    match outcome {
+        Outcome::Result(payload) => {
+            let t0 = std::time::Instant::now();
+            let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
+            add_nanos(&tensor.decompress_nanos, t0);
+            decoded
+                .map(|()| Pulled::Sum)
+                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
+        }
+        Outcome::NonFinite if matches!(kind, RoundKind::Sum { .. }) => lock()
+            .non_finite(tensor, index, round)
+            .map(|()| Pulled::NonFinite)
+            .map_err(|e| codec_error(format!("filling the chunk with NaN: {e}"))),
+        Outcome::NonFinite => Err(codec_error(format!(
+            "{} sent a non-finite result for a broadcast",
+            link.name
+        ))),
+        Outcome::Abort(message) => Err(aborted(ctx, tensor, index, round, kind, message)),
+    }
+}
+
+/// A codec's failure on chunk `index` of `tensor` in `round`.
+pub(crate) fn codec_error(
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    message: String,
+) -> WorkerError {
+    WorkerError::Codec {
+        name: tensor.placement.name.clone(),
+        chunk: index as u32,
+        key: tensor.placement.chunks[index].key,
+        round,
+        message,
+    }
+}
+
+/// A round of chunk `index` that its server aborted with `message`.
+pub(crate) fn aborted(
+    ctx: &RoundCtx,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    message: String,
+) -> WorkerError {
+    let chunk = tensor.placement.chunks[index];
+    WorkerError::Aborted {
+        op: kind.op_name(),
+        name: tensor.placement.name.clone(),
+        chunk: index as u32,
+        key: chunk.key,
+        round,
+        server: ctx.links[chunk.server as usize].name.to_string(),
+        message,
+    }
+}
+
+/// Pushes chunk `index`'s `encoded` payload (`None`: this worker sends an empty push, a
+/// broadcast's non-root) to its server and awaits the server's outcome; the mark is dropped
+/// once the push is queued. An encoding that failed is still pushed, empty: the server
+/// rejects it and aborts the round for every worker, instead of leaving the others waiting
+/// for this push; the encoding's error is returned once the round is over. A chunk that is
+/// not finite is pushed flagged so, and the round's sum will be too.
+pub(crate) async fn push_await(
+    ctx: &RoundCtx,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    encoded: Option<Result<Encoded, String>>,
+    mark: QueuedMark<'_>,
+) -> Result<Outcome, WorkerError> {
+    let chunk = tensor.placement.chunks[index];
+    let link = &ctx.links[chunk.server as usize];
+    let dispatch = &ctx.shared.dispatch[chunk.server as usize];
+    let (op, aux) = match kind {
+        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate),
+        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root),
+    };
+    let mut encode_error = None;
+    let mut flags = FrameFlags {
+        non_finite: false,
+        undo_previous: ctx.undone.is_some() && matches!(kind, RoundKind::Sum { .. }),
+    };
+    let payload = if let Some(encoded) = encoded {
         match encoded {
             Ok(Encoded::Payload(payload)) => payload,
             Ok(Encoded::NonFinite(why)) => {
@@ -238,7 +323,8 @@ async fn chunk_round<R: RoundData>(
                 Bytes::new()
             }
             Err(e) => {
-                encode_error = Some(codec_error(format!("encoding this worker's data: {e}")));
+                let message = format!("encoding this worker's data: {e}");
+                encode_error = Some(codec_error(tensor, index, round, message));
                 Bytes::new()
             }
         }
@@ -284,36 +370,12 @@ async fn chunk_round<R: RoundData>(
     if let Some(e) = encode_error {
         return Err(e);
     }
-    match outcome {
-        Outcome::Result(payload) => {
-            tensor
-                .bytes_pulled
-                .fetch_add(payload.len() as u64, Ordering::Relaxed);
-            let t0 = std::time::Instant::now();
-            let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
-            add_nanos(&tensor.decompress_nanos, t0);
-            decoded
-                .map(|()| Pulled::Sum)
-                .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
-        }
-        Outcome::NonFinite if matches!(kind, RoundKind::Sum { .. }) => lock()
-            .non_finite(tensor, index, round)
-            .map(|()| Pulled::NonFinite)
-            .map_err(|e| codec_error(format!("filling the chunk with NaN: {e}"))),
-        Outcome::NonFinite => Err(codec_error(format!(
-            "{} sent a non-finite result for a broadcast",
-            link.name
-        ))),
-        Outcome::Abort(message) => Err(WorkerError::Aborted {
-            op: kind.op_name(),
-            name: tensor.placement.name.clone(),
-            chunk: index as u32,
-            key: chunk.key,
-            round,
-            server: link.name.to_string(),
-            message,
-        }),
+    if let Outcome::Result(payload) = &outcome {
+        tensor
+            .bytes_pulled
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
     }
+    Ok(outcome)
 }
 
 pub(crate) fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {

@@ -88,6 +88,8 @@ struct WorkerInner {
     learning_rate: AtomicU32,
     barrier_seq: AtomicU64,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// This worker's local group (`cluster.local_size` > 1; ARCHITECTURE.md, "Two levels").
+    local: Option<Arc<crate::local::Local>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -299,8 +301,9 @@ impl Worker {
                 chunk: c,
                 chunk_index: i as u32,
                 job_seed: self.inner.map.job_seed,
+                // In a local group the chains are the host's: rank h of a flat job of hosts.
                 node: Node::Worker {
-                    rank: self.inner.rank,
+                    rank: self.inner.rank / self.inner.config.cluster.local_size.max(1),
                 },
                 config: &self.inner.config,
             };
@@ -333,6 +336,9 @@ impl Worker {
                 decompress_nanos: AtomicU64::new(0),
             }),
         };
+        if let Some(local) = &self.inner.local {
+            local.place(&tensor.inner)?;
+        }
         tensors.insert(name, tensor.clone());
         Ok(tensor)
     }
@@ -574,6 +580,7 @@ impl Worker {
             pool: self.inner.pool.clone(),
             learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
             undone,
+            local: self.inner.local.clone(),
         };
         Ok(Prepared {
             ctx,

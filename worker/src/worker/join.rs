@@ -282,6 +282,7 @@ impl Worker {
             map.job_seed
         );
 
+        let local = None;
         cleanup.endpoint = None; // disarm
         let tasks = std::mem::take(&mut cleanup.tasks);
         Ok(Worker {
@@ -302,6 +303,7 @@ impl Worker {
                 learning_rate: AtomicU32::new(0),
                 barrier_seq: AtomicU64::new(0),
                 tasks: Mutex::new(tasks),
+                local,
             }),
         })
     }

@@ -1,0 +1,193 @@
+//! One chunk's round in a local group (the order is in the module docs of [`super`]).
+
+use std::sync::Mutex;
+
+use pushpull_proto::placement::chunk_owner;
+
+use super::{Channel, Local, NoteKind};
+use crate::data::{decode_host, encode_host, RoundData};
+use crate::error::WorkerError;
+use crate::round::{
+    aborted, add_nanos, codec_error, push_await, Outcome, Pulled, QueuedMark, RoundCtx,
+};
+use crate::tensor::{RoundKind, TensorInner};
+
+/// Chunk `index` of `tensor`'s `round` on this member of `local` (see [`super`]'s docs). Every
+/// member sends its notes whatever happens to the round (an abort, a codec error), so that
+/// no other member waits for them; only a lost member or node ends a round without them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn chunk_round<R: RoundData>(
+    ctx: &RoundCtx,
+    local: &Local,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    data: &Mutex<R>,
+    mark: QueuedMark<'_>,
+) -> Result<Pulled, WorkerError> {
+    let (l, g) = (local.local_rank, local.local_size);
+    let key = tensor.placement.chunks[index].key;
+    let owner = chunk_owner(key, g);
+    let range = tensor.ranges[index].clone();
+    let place = local.place_of(tensor).await?;
+    let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
+
+    // 1. The turn: member 0 once everyone copied the last round out, the others after the
+    // member before them.
+    if l == 0 {
+        if round > 0 {
+            local.wait(Channel::Copied, key, round - 1, g - 1).await?;
+        }
+    } else {
+        local.wait(Channel::Turn, key, round, 1).await?;
+    }
+
+    // 2. This member's part of the host sum.
+    let added = {
+        // SAFETY: this member holds the chunk's turn until its next note.
+        let acc = unsafe { local.acc(place, range.clone()) };
+        lock().contribute(tensor, index, kind, ctx.rank, l == 0, place.intra, acc)
+    };
+    let next = if l + 1 < g {
+        Some((l + 1, NoteKind::Added))
+    } else {
+        (owner != l).then_some((owner, NoteKind::Summed))
+    };
+    if let Some((to, note)) = next {
+        local.send(to, note, key, round)?;
+    }
+
+    // 3. The owner pushes the host's sum and shares the outcome; the others wait for it.
+    let mut failure = added.err().map(|e| codec_error(tensor, index, round, e));
+    let outcome = if l == owner {
+        if owner + 1 != g {
+            local.wait(Channel::Turn, key, round, 1).await?;
+        }
+        let (note, error) =
+            owner_round(ctx, local, tensor, index, round, kind, place, mark).await?;
+        for to in (0..g).filter(|&to| to != l) {
+            local.send(to, note, key, round)?;
+        }
+        if let Some(e) = error {
+            failure.get_or_insert(e);
+        }
+        note
+    } else {
+        drop(mark);
+        local.wait(Channel::Outcome, key, round, 1).await?.kind
+    };
+
+    // 4. Every member copies the result out and tells member 0.
+    let pulled = match outcome {
+        NoteKind::Result | NoteKind::NonFinite => {
+            // SAFETY: the owner's note hands every member the accumulator to read until they
+            // all said Copied.
+            let acc = unsafe { local.acc(place, range.clone()) };
+            lock()
+                .take_result(tensor, index, kind, ctx.num_workers, acc)
+                .map_err(|e| codec_error(tensor, index, round, e))
+                .map(|()| match outcome {
+                    NoteKind::NonFinite => Pulled::NonFinite,
+                    _ => Pulled::Sum,
+                })
+        }
+        _ => Err(failure.take().unwrap_or_else(|| {
+            let message = format!(
+                "the round was aborted (local rank {owner}, which pushes this chunk for the \
+                 host, has the server's message)"
+            );
+            aborted(ctx, tensor, index, round, kind, message)
+        })),
+    };
+    if l != 0 {
+        local.send(0, NoteKind::Copied, key, round)?;
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => pulled,
+    }
+}
+
+/// The owner's part: encode the host sum, push it, decode the outcome into the accumulator.
+/// Returns the note for the other members and this member's error, if any. With one host and
+/// no servers the host sum is the result.
+#[allow(clippy::too_many_arguments)]
+async fn owner_round(
+    ctx: &RoundCtx,
+    local: &Local,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    kind: RoundKind,
+    place: super::Place,
+    mark: QueuedMark<'_>,
+) -> Result<(NoteKind, Option<WorkerError>), WorkerError> {
+    if !local.uses_servers {
+        drop(mark);
+        return Ok((NoteKind::Result, None));
+    }
+    let range = tensor.ranges[index].clone();
+    let host = ctx.rank / local.local_size;
+    let encodes = match kind {
+        RoundKind::Sum { .. } => true,
+        RoundKind::Broadcast { root } => root / local.local_size == host,
+    };
+    let encoded = encodes.then(|| {
+        let t0 = std::time::Instant::now();
+        // SAFETY: the owner holds the turn from the host sum's last note to its own.
+        let acc = unsafe { local.acc(place, range.clone()) };
+        let encoded = encode_host(tensor, index, acc, round, kind, ctx.lr(), &ctx.pool);
+        if let RoundKind::Sum { .. } = kind {
+            add_nanos(&tensor.compress_nanos, t0);
+        }
+        encoded
+    });
+    let outcome = match push_await(ctx, tensor, index, round, kind, encoded, mark).await {
+        Ok(outcome) => outcome,
+        Err(e) if e.is_fatal() => return Err(e),
+        // The encoding failed: the server aborts the round for every host.
+        Err(e) => return Ok((NoteKind::Aborted, Some(e))),
+    };
+    // SAFETY: as above, until the note this returns is sent.
+    let acc = unsafe { local.acc(place, range) };
+    Ok(match outcome {
+        Outcome::Result(payload) => {
+            let t0 = std::time::Instant::now();
+            // Decoded as a sum (no average): each member averages its own copy.
+            let plain = match kind {
+                RoundKind::Sum { .. } => RoundKind::Sum { average: false },
+                broadcast => broadcast,
+            };
+            let decoded = decode_host(tensor, index, acc, round, plain, 1, &payload);
+            add_nanos(&tensor.decompress_nanos, t0);
+            match decoded {
+                Ok(()) => (NoteKind::Result, None),
+                Err(e) => {
+                    let message = format!("decoding the result: {e}");
+                    acc.fill(f32::NAN);
+                    (
+                        NoteKind::Aborted,
+                        Some(codec_error(tensor, index, round, message)),
+                    )
+                }
+            }
+        }
+        Outcome::NonFinite if matches!(kind, RoundKind::Sum { .. }) => {
+            tensor.codec(index).undo(round);
+            acc.fill(f32::NAN);
+            (NoteKind::NonFinite, None)
+        }
+        Outcome::NonFinite => {
+            let message = "a non-finite result for a broadcast".to_string();
+            (
+                NoteKind::Aborted,
+                Some(codec_error(tensor, index, round, message)),
+            )
+        }
+        Outcome::Abort(message) => (
+            NoteKind::Aborted,
+            Some(aborted(ctx, tensor, index, round, kind, message)),
+        ),
+    })
+}
