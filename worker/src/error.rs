@@ -58,6 +58,31 @@ pub enum WorkerError {
         reason: String,
     },
 
+    /// A member of this worker's local group (`cluster.local_size` > 1) is gone: its process
+    /// ended or closed its link to the group. The group cannot sum another chunk; every pending
+    /// and later call fails with this error.
+    #[error("worker {rank} (local rank {local_rank} of host {host}) was lost: {reason}")]
+    MemberLost {
+        /// Its rank.
+        rank: u32,
+        /// Its local rank.
+        local_rank: u32,
+        /// Its host's index.
+        host: u32,
+        /// What was observed.
+        reason: String,
+    },
+
+    /// The local group could not be formed or used (shared memory, its sockets, a member that
+    /// answered something else than expected).
+    #[error("local group of host {host}: {message}")]
+    LocalGroup {
+        /// The host's index.
+        host: u32,
+        /// What went wrong, naming the member or the field.
+        message: String,
+    },
+
     /// The scheduler ended the job because of a failure (`Shutdown` with an error) without
     /// first naming a lost node. Every pending and later call fails with this error.
     #[error("the scheduler ended the job: {reason}")]
@@ -256,6 +281,8 @@ impl WorkerError {
         matches!(
             self,
             WorkerError::NodeLost { .. }
+                | WorkerError::MemberLost { .. }
+                | WorkerError::LocalGroup { .. }
                 | WorkerError::JobFailed { .. }
                 | WorkerError::ShutDown
                 | WorkerError::Protocol { .. }

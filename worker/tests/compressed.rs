@@ -3,81 +3,14 @@
 //! `min_compress_bytes` boundary, lossless broadcast.
 
 use pushpull_kernels::{Codec, Compressor, KernelError, RoundCtx};
-use pushpull_worker::{CodecContext, CodecFactory, KernelsFactory, Reduce, Tensor, WorkerError};
+use pushpull_worker::{CodecContext, CodecFactory, KernelsFactory, Reduce, WorkerError};
 
 mod common;
 use common::set::*;
 use common::*;
 
-/// Runs the tensor set for [`ROUNDS`] rounds on a 3-worker, 2-server cluster; returns
-/// `[round][tensor][rank]` results and the workers' pushed/raw bytes per tensor. With `into`,
-/// every other call (by rank and round) is a `push_pull_into` whose output starts as NaNs and
-/// whose input must come back unchanged.
 async fn run_cluster(seed: u64, into: bool) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
-    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| set_config(c, seed)).await;
-    let set = tensor_set();
-    let mut tensors: Vec<Vec<Tensor>> = Vec::new();
-    for (name, len, params, _) in &set {
-        tensors.push(declare_all_with(&s, name, *len, params.clone()).await);
-    }
-    // The premise of `MAX_CHUNK_PAYLOAD`: 8-bit minmax is cut finer than the partition.
-    let i = set.iter().position(|t| t.0 == "minmax buckets").unwrap();
-    let by_partition = (set[i].1 * 4).div_ceil(PARTITION_BYTES) as usize;
-    assert!(tensors[i][0].num_chunks() > by_partition);
-    let mut out = Vec::new();
-    for round in 0..ROUNDS {
-        for (r, w) in s.workers.iter().enumerate() {
-            if round > 0 && discarded(round - 1) {
-                let mine: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
-                w.discard_last_round(&mine).await.unwrap();
-            }
-            w.set_learning_rate(lr(round));
-        }
-        // Every tensor of every worker at once: the rounds interleave on the wire.
-        let mut calls = Vec::new();
-        for (i, (_, len, _, reduce)) in set.iter().enumerate() {
-            for (r, w) in s.workers.iter().enumerate() {
-                let (w, t, reduce) = (w.clone(), tensors[i][r].clone(), *reduce);
-                let buf = step_input(seed, round, r as u32, i, *len as usize);
-                if into && (r as u64 + round) % 2 == 1 {
-                    let output = vec![f32::NAN; buf.len()];
-                    calls.push(tokio::spawn(async move {
-                        let kept = buf.clone();
-                        let (buf, output) = w.push_pull_into(&t, buf, output, reduce).await?;
-                        assert!(
-                            buf.iter()
-                                .zip(&kept)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "push_pull_into changed its input"
-                        );
-                        Ok(output)
-                    }));
-                    continue;
-                }
-                calls.push(tokio::spawn(
-                    async move { w.push_pull(&t, buf, reduce).await },
-                ));
-            }
-        }
-        let mut results = futures_util::future::join_all(calls).await.into_iter();
-        let mut per_tensor = Vec::new();
-        for _ in &set {
-            let ranks: Vec<Vec<f32>> = (0..s.workers.len())
-                .map(|_| results.next().unwrap().unwrap().unwrap())
-                .collect();
-            per_tensor.push(ranks);
-        }
-        out.push(per_tensor);
-    }
-    let bytes = tensors
-        .iter()
-        .map(|ts| {
-            let m = ts[0].metrics();
-            (m.bytes_pushed, m.raw_bytes)
-        })
-        .collect();
-    s.finish_all().await;
-    (out, bytes)
+    run_set_cluster(seed, WORKERS, 1, into).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

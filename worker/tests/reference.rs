@@ -24,7 +24,7 @@ fn config(workers: u32, local_size: u32, map: &[(&str, &str)]) -> Config {
 
 fn inputs(seed: u64, workers: usize) -> Vec<Vec<f32>> {
     (0..workers)
-        .map(|r| data(seed ^ (r as u64 + 1) * 0x1234_5678_9abc, LEN))
+        .map(|r| data(seed ^ ((r as u64 + 1) * 0x1234_5678_9abc), LEN))
         .collect()
 }
 
@@ -93,7 +93,9 @@ fn a_host_is_rank_h_of_a_flat_job_fed_the_host_sums() {
         let x = inputs(s.wrapping_add(round), 3);
         let host: Vec<f32> = (0..LEN).map(|i| (x[0][i] + x[1][i]) + x[2][i]).collect();
         let got = a.push_pull(ta, &x, Reduce::Sum).unwrap();
-        let want = b.push_pull(tb, &[host.clone()], Reduce::Sum).unwrap();
+        let want = b
+            .push_pull(tb, std::slice::from_ref(&host), Reduce::Sum)
+            .unwrap();
         assert!(!same_bits(&want[0], &host), "onebit changed the sum");
         for (r, o) in got.iter().enumerate() {
             assert!(same_bits(o, &want[0]), "round {round} rank {r}");

@@ -22,6 +22,7 @@
 //! A broadcast takes the same path: the root writes its values and every other member adds
 //! `-0.0`, which leaves every value, `-0.0` and NaN included, as it is.
 
+mod link;
 pub(crate) mod notes;
 mod round;
 
@@ -220,6 +221,36 @@ impl Local {
         // SAFETY: the caller's obligation, passed on.
         unsafe { self.link.acc(place.offset + range.start, range.len()) }
     }
+}
+
+/// Joins this worker's local group (`cluster.local_size` > 1): the members of its host, found
+/// by a name made of the scheduler's address (`scheduler`), the job seed and the host's index.
+/// Blocks until every member is in (at most `cluster.connect_timeout_ms`): call it off the
+/// runtime's threads.
+pub(crate) fn join(
+    config: &pushpull_proto::Config,
+    scheduler: &str,
+    job_seed: u64,
+    rank: u32,
+) -> Result<Local, WorkerError> {
+    let g = config.cluster.local_size;
+    let name = format!("pushpull/{scheduler}/{job_seed:016x}/h{}", rank / g);
+    let notes = Arc::new(NoteTable::default());
+    let join = link::Join {
+        name: &name,
+        rank,
+        local_size: g,
+        timeout: config.connect_timeout(),
+    };
+    let link = link::ShmLink::join(&join, notes.clone())?;
+    tracing::debug!("worker {rank}: joined its local group {name}");
+    Ok(Local::new(
+        Arc::new(link),
+        notes,
+        rank % g,
+        g,
+        config.cluster.uses_servers(),
+    ))
 }
 
 /// A tensor's intra-host codec, from its agreed map.

@@ -35,11 +35,14 @@ pub(crate) enum NoteKind {
     Copied,
     /// Where a tensor's accumulator lives (from member 0, after its declare).
     Placed,
+    /// Local rank 0 saw member `key` go (its process ended): never reaches a table, the
+    /// transport poisons it instead.
+    Lost,
 }
 
 impl NoteKind {
     /// Every kind, in wire order.
-    pub(crate) const ALL: [NoteKind; 7] = [
+    pub(crate) const ALL: [NoteKind; 8] = [
         NoteKind::Added,
         NoteKind::Summed,
         NoteKind::Result,
@@ -47,6 +50,7 @@ impl NoteKind {
         NoteKind::Aborted,
         NoteKind::Copied,
         NoteKind::Placed,
+        NoteKind::Lost,
     ];
 
     /// The channel a note of this kind arrives on.
@@ -56,6 +60,8 @@ impl NoteKind {
             NoteKind::Result | NoteKind::NonFinite | NoteKind::Aborted => Channel::Outcome,
             NoteKind::Copied => Channel::Copied,
             NoteKind::Placed => Channel::Placed,
+            // Handled by the transport (see the kind); its channel is never waited on.
+            NoteKind::Lost => Channel::Outcome,
         }
     }
 }

@@ -282,7 +282,18 @@ impl Worker {
             map.job_seed
         );
 
-        let local = None;
+        let local = if config.cluster.local_size > 1 {
+            let (c, sched, seed) = (config.clone(), scheduler.to_string(), map.job_seed);
+            let joined =
+                tokio::task::spawn_blocking(move || crate::local::join(&c, &sched, seed, rank));
+            let joined = tokio::select! {
+                j = joined => j.map_err(|e| WorkerError::Internal(format!("joining the local group: {e}")))??,
+                e = until_fatal(&shared) => return Err(e),
+            };
+            Some(Arc::new(joined))
+        } else {
+            None
+        };
         cleanup.endpoint = None; // disarm
         let tasks = std::mem::take(&mut cleanup.tasks);
         Ok(Worker {

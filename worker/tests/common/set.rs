@@ -8,7 +8,9 @@
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{ParamMap, Reduce};
 
-use super::data;
+use pushpull_worker::Tensor;
+
+use super::{data, declare_all_with, stack_with};
 
 /// Rounds of every reproducibility run.
 pub const ROUNDS: u64 = 10;
@@ -156,8 +158,14 @@ pub fn lr(round: u64) -> f32 {
 
 /// The set's results in the single-process reference: `[round][tensor][rank]`.
 pub fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
-    let mut config = pushpull_proto::Config::local(WORKERS, SERVERS);
+    run_reference_of(seed, WORKERS, 1)
+}
+
+/// [`run_reference`] of a job of `workers` in local groups of `local_size`.
+pub fn run_reference_of(seed: u64, workers: u32, local_size: u32) -> Vec<Vec<Vec<Vec<f32>>>> {
+    let mut config = pushpull_proto::Config::local(workers, SERVERS);
     set_config(&mut config, seed);
+    config.cluster.local_size = local_size;
     let mut reference = Reference::new(&config, seed);
     let set = tensor_set();
     let handles: Vec<RefTensor> = set
@@ -174,7 +182,7 @@ pub fn run_reference(seed: u64) -> Vec<Vec<Vec<Vec<f32>>>> {
         reference.set_learning_rate(lr(round));
         let mut per_tensor = Vec::new();
         for (i, (_, len, _, reduce)) in set.iter().enumerate() {
-            let inputs: Vec<Vec<f32>> = (0..WORKERS)
+            let inputs: Vec<Vec<f32>> = (0..workers)
                 .map(|r| step_input(seed, round, r, i, *len as usize))
                 .collect();
             per_tensor.push(reference.push_pull(handles[i], &inputs, *reduce).unwrap());
@@ -199,4 +207,85 @@ pub fn first_difference(a: &[Vec<Vec<Vec<f32>>>], b: &[Vec<Vec<Vec<f32>>>]) -> O
         }
     }
     None
+}
+
+/// Runs the tensor set for [`ROUNDS`] rounds on a cluster of `workers` in local groups of
+/// `local_size` and [`SERVERS`] servers; returns
+/// `[round][tensor][rank]` results and the workers' pushed/raw bytes per tensor. With `into`,
+/// every other call (by rank and round) is a `push_pull_into` whose output starts as NaNs and
+/// whose input must come back unchanged.
+pub async fn run_set_cluster(
+    seed: u64,
+    workers: u32,
+    local_size: u32,
+    into: bool,
+) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<(u64, u64)>) {
+    let s = stack_with(workers, SERVERS, PARTITION_BYTES, |c| {
+        set_config(c, seed);
+        c.cluster.local_size = local_size;
+    })
+    .await;
+    let set = tensor_set();
+    let mut tensors: Vec<Vec<Tensor>> = Vec::new();
+    for (name, len, params, _) in &set {
+        tensors.push(declare_all_with(&s, name, *len, params.clone()).await);
+    }
+    // The premise of `MAX_CHUNK_PAYLOAD`: 8-bit minmax is cut finer than the partition.
+    let i = set.iter().position(|t| t.0 == "minmax buckets").unwrap();
+    let by_partition = (set[i].1 * 4).div_ceil(PARTITION_BYTES) as usize;
+    assert!(tensors[i][0].num_chunks() > by_partition);
+    let mut out = Vec::new();
+    for round in 0..ROUNDS {
+        for (r, w) in s.workers.iter().enumerate() {
+            if round > 0 && discarded(round - 1) {
+                let mine: Vec<Tensor> = tensors.iter().map(|t| t[r].clone()).collect();
+                w.discard_last_round(&mine).await.unwrap();
+            }
+            w.set_learning_rate(lr(round));
+        }
+        // Every tensor of every worker at once: the rounds interleave on the wire.
+        let mut calls = Vec::new();
+        for (i, (_, len, _, reduce)) in set.iter().enumerate() {
+            for (r, w) in s.workers.iter().enumerate() {
+                let (w, t, reduce) = (w.clone(), tensors[i][r].clone(), *reduce);
+                let buf = step_input(seed, round, r as u32, i, *len as usize);
+                if into && (r as u64 + round) % 2 == 1 {
+                    let output = vec![f32::NAN; buf.len()];
+                    calls.push(tokio::spawn(async move {
+                        let kept = buf.clone();
+                        let (buf, output) = w.push_pull_into(&t, buf, output, reduce).await?;
+                        assert!(
+                            buf.iter()
+                                .zip(&kept)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "push_pull_into changed its input"
+                        );
+                        Ok(output)
+                    }));
+                    continue;
+                }
+                calls.push(tokio::spawn(
+                    async move { w.push_pull(&t, buf, reduce).await },
+                ));
+            }
+        }
+        let mut results = futures_util::future::join_all(calls).await.into_iter();
+        let mut per_tensor = Vec::new();
+        for _ in &set {
+            let ranks: Vec<Vec<f32>> = (0..s.workers.len())
+                .map(|_| results.next().unwrap().unwrap().unwrap())
+                .collect();
+            per_tensor.push(ranks);
+        }
+        out.push(per_tensor);
+    }
+    let bytes = tensors
+        .iter()
+        .map(|ts| {
+            let m = ts[0].metrics();
+            (m.bytes_pushed, m.raw_bytes)
+        })
+        .collect();
+    s.finish_all().await;
+    (out, bytes)
 }
