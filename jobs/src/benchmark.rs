@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use crate::JobConfig;
 use pushpull_kernels::chunk::effective_spec;
-use pushpull_kernels::CodecSpec;
+use pushpull_kernels::{CodecSpec, IntraCodec};
 use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};
@@ -153,7 +153,12 @@ pub async fn run_benchmark(
         for (i, t) in tensors.iter().enumerate() {
             let spec = effective_spec(t.params(), t.len(), config.cluster.min_compress_bytes)
                 .map_err(|e| op_err("check setup", &specs[i].name, e))?;
-            if spec.codec != CodecSpec::None || spec.ef.is_some() || spec.momentum_mu.is_some() {
+            let rounded = spec.intra != IntraCodec::None && config.cluster.local_size > 1;
+            if spec.codec != CodecSpec::None
+                || spec.ef.is_some()
+                || spec.momentum_mu.is_some()
+                || rounded
+            {
                 let r = reference
                     .declare(&specs[i].name, specs[i].len, Default::default())
                     .map_err(|e| op_err("check setup", &specs[i].name, e))?;
@@ -175,6 +180,7 @@ pub async fn run_benchmark(
     let ctx = RoundCtx {
         worker,
         job,
+        local_size: config.cluster.local_size,
         specs: &specs,
         tensors: &tensors,
         reference: &mut reference,
@@ -243,6 +249,8 @@ pub async fn run_benchmark(
 struct RoundCtx<'a> {
     worker: &'a Worker,
     job: &'a JobConfig,
+    /// `cluster.local_size`: how the uncompressed sums are ordered.
+    local_size: u32,
     specs: &'a [JobTensor],
     tensors: &'a [Tensor],
     reference: &'a mut Reference,
@@ -271,6 +279,7 @@ async fn timed_rounds<R: Rounds>(
     let RoundCtx {
         worker,
         job,
+        local_size,
         specs,
         tensors,
         reference,
@@ -347,10 +356,12 @@ async fn timed_rounds<R: Rounds>(
                     }
                     continue;
                 }
-                data::check_sum(seed, DATA_ROUND, num_workers, i as u32, &out).map_err(|m| {
+                let workers = (num_workers, local_size);
+                data::check_sum(seed, DATA_ROUND, workers, i as u32, &out).map_err(|m| {
                     CliError::failed(format!(
                         "check failed: tensor {:?} (index {i}), round {round}, rank {rank}: {m} \
-                         (expected the rank-order f32 sum of {num_workers} workers' data)",
+                         (expected the rank-order f32 sum of {num_workers} workers' data in \
+                         local groups of {local_size})",
                         spec.name
                     ))
                 })?;

@@ -50,19 +50,35 @@ pub fn generate(seed: u64, round: u64, rank: u32, tensor: u32, len: usize) -> Ve
     v
 }
 
-/// Element `i` of the rank-order sum: rank 0's value, then `+=` rank 1's, rank 2's, … in f32.
+/// Element `i` of the sum in rank order, `streams` in local groups of `local_size` (1: none):
+/// each group's members in local-rank order (`+=` in f32), then the groups' sums in host
+/// order, as a two-level job sums uncompressed data (ARCHITECTURE.md, "Two levels").
 #[inline]
-fn sum_element(streams: &[u64], i: u64) -> f32 {
-    let mut acc = element(streams[0], i);
-    for &s in &streams[1..] {
-        acc += element(s, i);
+fn sum_element(streams: &[u64], local_size: usize, i: u64) -> f32 {
+    let host = |members: &[u64]| {
+        let mut acc = element(members[0], i);
+        for &s in &members[1..] {
+            acc += element(s, i);
+        }
+        acc
+    };
+    let mut groups = streams.chunks(local_size.max(1));
+    let mut acc = host(groups.next().expect("at least one worker"));
+    for g in groups {
+        acc += host(g);
     }
     acc
 }
 
 /// The rank-order f32 sum of every worker's data for `tensor` in `round` (what the servers
-/// must return bit for bit).
-pub fn expected_sum(seed: u64, round: u64, num_workers: u32, tensor: u32, len: usize) -> Vec<f32> {
+/// must return bit for bit), the workers in local groups of `local_size`.
+pub fn expected_sum(
+    seed: u64,
+    round: u64,
+    (num_workers, local_size): (u32, u32),
+    tensor: u32,
+    len: usize,
+) -> Vec<f32> {
     let streams: Vec<u64> = (0..num_workers)
         .map(|r| stream(seed, round, r, tensor))
         .collect();
@@ -72,7 +88,7 @@ pub fn expected_sum(seed: u64, round: u64, num_workers: u32, tensor: u32, len: u
         .for_each(|(b, chunk)| {
             let base = (b * BLOCK) as u64;
             for (j, o) in chunk.iter_mut().enumerate() {
-                *o = sum_element(&streams, base + j as u64);
+                *o = sum_element(&streams, local_size as usize, base + j as u64);
             }
         });
     out
@@ -103,12 +119,13 @@ impl std::fmt::Display for Mismatch {
     }
 }
 
-/// Checks `result` bit for bit against the rank-order sum of every worker's data, without
-/// materialising the expected tensor. Returns the first mismatch.
+/// Checks `result` bit for bit against the rank-order sum of every worker's data (in local
+/// groups of `local_size`), without materialising the expected tensor. Returns the first
+/// mismatch.
 pub fn check_sum(
     seed: u64,
     round: u64,
-    num_workers: u32,
+    (num_workers, local_size): (u32, u32),
     tensor: u32,
     result: &[f32],
 ) -> Result<(), Mismatch> {
@@ -122,7 +139,7 @@ pub fn check_sum(
             let base = (b * BLOCK) as u64;
             chunk.iter().enumerate().find_map(|(j, &got)| {
                 let i = base + j as u64;
-                let expected = sum_element(&streams, i);
+                let expected = sum_element(&streams, local_size as usize, i);
                 (expected.to_bits() != got.to_bits()).then_some(Mismatch {
                     index: i,
                     expected,
@@ -185,12 +202,12 @@ mod tests {
                 *a += x;
             }
         }
-        let exp = expected_sum(9, 0, w, 7, len);
+        let exp = expected_sum(9, 0, (w, 1), 7, len);
         assert!(acc
             .iter()
             .zip(&exp)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
-        assert_eq!(check_sum(9, 0, w, 7, &acc), Ok(()));
+        assert_eq!(check_sum(9, 0, (w, 1), 7, &acc), Ok(()));
         // Summing in reverse order differs somewhere: the check is meaningful.
         let mut rev = data[2].clone();
         for d in [&data[1], &data[0]] {
@@ -198,10 +215,27 @@ mod tests {
                 *a += x;
             }
         }
-        assert!(check_sum(9, 0, w, 7, &rev).is_err());
+        assert!(check_sum(9, 0, (w, 1), 7, &rev).is_err());
         let mut bad = acc.clone();
         bad[40_000] += 1.0;
-        assert_eq!(check_sum(9, 0, w, 7, &bad).unwrap_err().index, 40_000);
+        assert_eq!(check_sum(9, 0, (w, 1), 7, &bad).unwrap_err().index, 40_000);
         assert_eq!(check_equal(stream(9, 0, 2, 7), &data[2]), Ok(()));
+    }
+
+    #[test]
+    fn local_groups_sum_each_group_then_the_groups() {
+        let len = 50_000;
+        let d: Vec<Vec<f32>> = (0..4).map(|r| generate(5, 1, r, 3, len)).collect();
+        let want: Vec<f32> = (0..len)
+            .map(|i| (d[0][i] + d[1][i]) + (d[2][i] + d[3][i]))
+            .collect();
+        assert_eq!(check_sum(5, 1, (4, 2), 3, &want), Ok(()));
+        // Not the flat order somewhere.
+        assert!(check_sum(5, 1, (4, 1), 3, &want).is_err());
+        let exp = expected_sum(5, 1, (4, 2), 3, len);
+        assert!(exp
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

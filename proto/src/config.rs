@@ -51,6 +51,10 @@ pub type ParamMap = BTreeMap<String, String>;
 /// sizes that a single QUIC stream handles comfortably.
 pub const MAX_PARTITION_BYTES: u64 = 1 << 30;
 
+/// The smallest chunk, in fp32 bytes, of a job that reduces on its one host without servers
+/// ([`ClusterConfig::cut`]): BytePS's default partition.
+pub const LOCAL_PARTITION_BYTES: u64 = 4_096_000;
+
 /// An error in a cluster file: names the file, the key and what is allowed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -198,6 +202,23 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// The chunk sizes tensors are cut at, `(partition_bytes, payload bound)`: the file's
+    /// ([`ClusterConfig::chunk_payload_bound`]), except in a job that reduces on its one host
+    /// without servers ([`ClusterConfig::uses_servers`] false), whose chunks only order the
+    /// members' turns: there at least [`LOCAL_PARTITION_BYTES`] each (BytePS's default
+    /// partition), so fewer chunks cost fewer notes between the members.
+    pub fn cut(&self) -> (u64, u64) {
+        let (part, bound) = (self.partition_bytes, self.chunk_payload_bound());
+        if self.uses_servers() {
+            (part, bound)
+        } else {
+            (
+                part.max(LOCAL_PARTITION_BYTES),
+                bound.max(LOCAL_PARTITION_BYTES),
+            )
+        }
+    }
+
     /// How many hosts push each chunk: `num_workers / local_size`.
     pub fn num_hosts(&self) -> u32 {
         self.num_workers / self.local_size.max(1)

@@ -90,14 +90,11 @@ impl Reference {
         let mut merged = self.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, &params);
         let c = &self.config.cluster;
+        let (partition, bound) = c.cut();
         let part = pushpull_kernels::chunk::partition_bytes(
             &merged,
             len,
-            (
-                c.partition_bytes,
-                c.chunk_payload_bound(),
-                c.min_compress_bytes,
-            ),
+            (partition, bound, c.min_compress_bytes),
         );
         let placement = Placer::new(1, part).place(name, len, merged);
         // The same factory and context as a worker's declare and a server's placement.

@@ -102,19 +102,23 @@ pub(crate) async fn run_round<R: RoundData>(
     let mut first_error: Option<WorkerError> = None;
     let mut non_finite = false;
     {
+        // A local group's accumulator for the tensor, known once for all its chunks.
+        let place = match &ctx.local {
+            Some(local) if !tensor.ranges.is_empty() => Some(local.place_of(&tensor).await?),
+            _ => None,
+        };
         let mut running: FuturesUnordered<_> = (0..tensor.ranges.len())
             .map(|i| {
                 let (ctx, tensor, queued) = (&ctx, &tensor, &queued);
                 async move {
                     let mark = QueuedMark(queued);
-                    match &ctx.local {
-                        Some(local) => {
-                            crate::local::chunk_round(
-                                ctx, local, tensor, i, round, kind, data, mark,
-                            )
-                            .await
+                    match (&ctx.local, place) {
+                        (Some(local), Some(place)) => {
+                            let at = (i, round, kind);
+                            crate::local::chunk_round(ctx, local, place, tensor, at, data, mark)
+                                .await
                         }
-                        None => chunk_round(ctx, tensor, i, round, kind, data, mark).await,
+                        _ => chunk_round(ctx, tensor, i, round, kind, data, mark).await,
                     }
                 }
             })

@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use pushpull_proto::placement::chunk_owner;
 
-use super::{Channel, Local, NoteKind};
+use super::{Channel, Local, NoteKind, Place};
 use crate::data::{decode_host, encode_host, RoundData};
 use crate::error::WorkerError;
 use crate::round::{
@@ -15,14 +15,12 @@ use crate::tensor::{RoundKind, TensorInner};
 /// Chunk `index` of `tensor`'s `round` on this member of `local` (see [`super`]'s docs). Every
 /// member sends its notes whatever happens to the round (an abort, a codec error), so that
 /// no other member waits for them; only a lost member or node ends a round without them.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn chunk_round<R: RoundData>(
     ctx: &RoundCtx,
     local: &Local,
+    place: Place,
     tensor: &TensorInner,
-    index: usize,
-    round: u64,
-    kind: RoundKind,
+    (index, round, kind): (usize, u64, RoundKind),
     data: &Mutex<R>,
     mark: QueuedMark<'_>,
 ) -> Result<Pulled, WorkerError> {
@@ -30,7 +28,6 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let key = tensor.placement.chunks[index].key;
     let owner = chunk_owner(key, g);
     let range = tensor.ranges[index].clone();
-    let place = local.place_of(tensor).await?;
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
 
     // 1. The turn: member 0 once everyone copied the last round out, the others after the
@@ -120,7 +117,7 @@ async fn owner_round(
     index: usize,
     round: u64,
     kind: RoundKind,
-    place: super::Place,
+    place: Place,
     mark: QueuedMark<'_>,
 ) -> Result<(NoteKind, Option<WorkerError>), WorkerError> {
     if !local.uses_servers {
