@@ -19,7 +19,13 @@ struct Running {
 
 /// 2 workers x 2 servers, all processes, running the built-in job for (practically) ever.
 fn start_running() -> Running {
-    let mut config = test_config(2, 2);
+    start_running_in(2, 1)
+}
+
+/// [`start_running`] with `workers` in local groups of `local_size`.
+fn start_running_in(workers: u32, local_size: u32) -> Running {
+    let mut config = test_config(workers, 2);
+    config.cluster.local_size = local_size;
     JobConfig::edit(&mut config, |j| {
         j.scale = 0.001;
         j.rounds = 1_000_000;
@@ -27,7 +33,7 @@ fn start_running() -> Running {
     })
     .unwrap();
     let cluster = ProcCluster::start(config);
-    let mut workers: Vec<Proc> = (0..2)
+    let mut workers: Vec<Proc> = (0..workers)
         .map(|i| {
             start_worker_process(
                 &cluster.config_path,
@@ -107,6 +113,41 @@ fn sigkill_of_a_worker() {
         procs.push(s);
     }
     expect_failures(&mut procs, "worker 1 (127.0.0.1:", killed_at);
+}
+
+/// A local group's leader (local rank 0 of host 1, which created the group's shared memory):
+/// its group's other member, the other group, the scheduler and the servers all fail naming
+/// it, and `/dev/shm` holds nothing new (the memory was a memfd).
+#[test]
+fn sigkill_of_a_local_group_member() {
+    let _g = cluster_lock();
+    let shm_before = shm_listing();
+    let mut r = start_running_in(4, 2);
+    r.workers[2].kill();
+    let killed_at = Instant::now();
+    let Running { cluster, workers } = &mut r;
+    let mut procs: Vec<&mut Proc> = vec![&mut cluster.scheduler];
+    for (i, w) in workers.iter_mut().enumerate() {
+        if i != 2 {
+            procs.push(w);
+        }
+    }
+    for (s, _) in &mut cluster.servers {
+        procs.push(s);
+    }
+    expect_failures(&mut procs, "worker 2 (", killed_at);
+    assert_eq!(shm_listing(), shm_before, "/dev/shm after the job");
+}
+
+fn shm_listing() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
 }
 
 #[test]

@@ -150,6 +150,9 @@ impl Scheduler {
                     Some(Inbound::Message(conn, msg)) => {
                         state.handle(now(), Event::Message { conn, msg });
                     }
+                    Some(Inbound::Blamed(conn, node, reason)) => {
+                        state.handle(now(), Event::Blamed { conn, node, reason });
+                    }
                     Some(Inbound::Closed(conn, reason)) => {
                         state.handle(now(), Event::Disconnected { conn, reason });
                         // Once the state forgot the connection, so does the shell: dropping
@@ -236,6 +239,23 @@ enum Inbound {
     Message(ConnId, ToScheduler),
     /// The control stream or connection ended.
     Closed(ConnId, String),
+    /// The node closed its connection blaming another node's loss (`Departure::NodeLost`).
+    Blamed(ConnId, pushpull_proto::protocol::NodeName, String),
+}
+
+/// How long a node's ended control stream waits for its connection's close (and its reason).
+const CLOSE_GRACE: Duration = Duration::from_millis(200);
+
+/// A node that ended because another was lost says which in its close (a local group's member
+/// sees its group's loss before this scheduler's heartbeats do): the node it blames.
+fn blamed(id: ConnId, close: &quinn::ConnectionError) -> Option<Inbound> {
+    let quinn::ConnectionError::ApplicationClosed(close) = close else {
+        return None;
+    };
+    match Departure::from_close(close.error_code.into_inner(), &close.reason) {
+        Departure::NodeLost { node, reason } => Some(Inbound::Blamed(id, node, reason)),
+        _ => None,
+    }
 }
 
 /// The main loop's side of a connection.
@@ -328,8 +348,25 @@ async fn serve_conn(
     loop {
         let event = match receiver.recv::<ToScheduler>().await {
             Ok(Some(msg)) => Inbound::Message(id, msg),
-            Ok(None) => Inbound::Closed(id, "it closed its control stream".into()),
+            Ok(None) => {
+                // A node ending closes its stream, then its connection, saying why: give the
+                // close a moment to arrive.
+                let closed = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+                if let Ok(source) = closed {
+                    if let Some(blamed) = blamed(id, &source) {
+                        if tx.send(blamed).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Inbound::Closed(id, "it closed its control stream".into())
+            }
             Err(TransportError::Connection { source, .. }) => {
+                if let Some(blamed) = blamed(id, &source) {
+                    if tx.send(blamed).await.is_err() {
+                        return;
+                    }
+                }
                 Inbound::Closed(id, source.to_string())
             }
             Err(e @ TransportError::Protocol { .. }) => {

@@ -42,7 +42,8 @@
 //! 4. **Heartbeats**: [`Event::Tick`] sends the scheduler's own heartbeat to every registered
 //!    node each interval and declares a welcomed node lost when it has been silent for the
 //!    heartbeat timeout; [`Event::Disconnected`] of a welcomed node is a loss too, except for
-//!    a worker that already sent `Finished`. A loss sends [`FromScheduler::NodeLost`] and
+//!    a worker that already sent `Finished`; [`Event::Blamed`] (a node's close naming another
+//!    node's loss, e.g. a local group's member) is the named node's loss. A loss sends [`FromScheduler::NodeLost`] and
 //!    `Shutdown{error}` to every other node and finishes with [`JobFailure::NodeLost`].
 //! 5. **Finish**: when every worker sent `Finished`, every node still connected gets
 //!    `Shutdown{error: None}` and the machine finishes with `Ok(())`.
@@ -105,6 +106,16 @@ pub enum Event {
         /// The connection.
         conn: ConnId,
         /// What the shell observed, e.g. quinn's error.
+        reason: String,
+    },
+    /// A node closed its connection saying `node` was lost (`Departure::NodeLost`): e.g. a
+    /// local group's member whose group lost a member, which it saw first.
+    Blamed {
+        /// The connection of the node that said so.
+        conn: ConnId,
+        /// The node it names.
+        node: NodeName,
+        /// Why, as that node learnt it.
         reason: String,
     },
     /// Time passed: send due heartbeats and check for silent nodes.
@@ -398,6 +409,7 @@ impl SchedulerState {
             }
             Event::Message { conn, msg } => self.on_message(now, conn, msg),
             Event::Disconnected { conn, reason } => self.on_disconnected(conn, reason),
+            Event::Blamed { conn, node, reason } => self.on_blamed(conn, node, reason),
             Event::Tick => self.on_tick(now),
         }
     }

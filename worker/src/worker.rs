@@ -778,7 +778,13 @@ impl Drop for WorkerInner {
                 );
             }
             self.shared.fail(WorkerError::Dropped);
-            self.close(&Departure::Failed("worker dropped without finish()".into()));
+            // A member of this worker's local group was lost: say so, so that the scheduler
+            // names it (it may not have noticed yet), not this worker.
+            let fatal = self.shared.state().fatal;
+            let why = fatal
+                .and_then(|e| crate::local::departure(&e, &self.map.workers))
+                .unwrap_or_else(|| Departure::Failed("worker dropped without finish()".into()));
+            self.close(&why);
         }
     }
 }

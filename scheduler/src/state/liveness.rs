@@ -105,6 +105,28 @@ impl SchedulerState {
         }
     }
 
+    /// A member closed blaming `node`'s loss: `node` is lost (once), the member its messenger.
+    pub(super) fn on_blamed(&mut self, conn: ConnId, node: NodeName, reason: String) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        let Phase::Member { role, id } = c.phase.clone() else {
+            return;
+        };
+        let messenger = self.member(role, id).name.clone();
+        let blamed = self.conns.values().find_map(|c| match c.phase {
+            Phase::Member { role, id }
+                if role == node.role && id == node.id && !c.finished && !c.disconnected =>
+            {
+                Some((role, id))
+            }
+            _ => None,
+        });
+        if let Some((role, id)) = blamed {
+            self.lose(role, id, format!("{reason} (reported by {messenger})"));
+        }
+    }
+
     pub(super) fn on_tick(&mut self, now: Instant) {
         if !self.running {
             self.check_rendezvous(now);

@@ -155,6 +155,9 @@ pub(crate) struct ShmLink {
     stop: Arc<AtomicBool>,
 }
 
+/// Called with [`WorkerError::MemberLost`] when a member is gone.
+pub(crate) type OnLost = Arc<dyn Fn(WorkerError) + Send + Sync>;
+
 /// What a member needs to join its group.
 pub(crate) struct Join<'a> {
     /// Unique to the job and host on this machine (names the sockets).
@@ -173,7 +176,11 @@ fn abstract_addr(name: &str) -> std::io::Result<SocketAddr> {
 
 impl ShmLink {
     /// Joins the group (module docs); its notes go to `table`.
-    pub(crate) fn join(j: &Join<'_>, table: Arc<NoteTable>) -> Result<ShmLink, WorkerError> {
+    pub(crate) fn join(
+        j: &Join<'_>,
+        table: Arc<NoteTable>,
+        on_lost: OnLost,
+    ) -> Result<ShmLink, WorkerError> {
         let (g, l, host) = (j.local_size, j.rank % j.local_size, j.rank / j.local_size);
         let err = |message: String| WorkerError::LocalGroup { host, message };
         let header = Header {
@@ -218,7 +225,7 @@ impl ShmLink {
             ranks: (j.rank, l, host),
             stop,
         };
-        link.spawn_readers(table, streams, g)
+        link.spawn_readers(table, on_lost, streams, g)
             .map_err(|e| err(format!("starting the group's threads: {e}")))?;
         Ok(link)
     }
@@ -226,6 +233,7 @@ impl ShmLink {
     fn spawn_readers(
         &self,
         table: Arc<NoteTable>,
+        on_lost: OnLost,
         streams: Vec<(u32, UnixStream)>,
         g: u32,
     ) -> std::io::Result<()> {
@@ -239,7 +247,7 @@ impl ShmLink {
         // Notes.
         let socket = self.notes_socket.try_clone()?;
         socket.set_read_timeout(Some(Duration::from_millis(200)))?;
-        let (t, stop) = (table.clone(), self.stop.clone());
+        let (t, stop, gone) = (table, self.stop.clone(), on_lost.clone());
         std::thread::Builder::new()
             .name(format!("pushpull-local-{l}-notes"))
             .spawn(move || {
@@ -255,7 +263,7 @@ impl ShmLink {
                             for note in notes {
                                 if note.kind == NoteKind::Lost {
                                     let m = note.key as u32;
-                                    t.poison(lost(m, "its process ended or closed the group's socket (seen by local rank 0)".into()));
+                                    gone(lost(m, "its process ended or closed the group's socket (seen by local rank 0)".into()));
                                 } else {
                                     t.deliver(note);
                                 }
@@ -267,7 +275,7 @@ impl ShmLink {
             })?;
         // Liveness: local rank 0 watches every member, the others watch local rank 0.
         for (m, stream) in streams {
-            let (t, stop) = (table.clone(), self.stop.clone());
+            let (stop, gone) = (self.stop.clone(), on_lost.clone());
             let tell = (l == 0).then(|| (self.notes_socket.try_clone(), self.peers.clone()));
             stream.set_read_timeout(Some(Duration::from_millis(200)))?;
             std::thread::Builder::new()
@@ -293,7 +301,7 @@ impl ShmLink {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    t.poison(lost(
+                    gone(lost(
                         m,
                         "its process ended or closed the group's socket".into(),
                     ));

@@ -226,12 +226,14 @@ impl Local {
 /// Joins this worker's local group (`cluster.local_size` > 1): the members of its host, found
 /// by a name made of the scheduler's address (`scheduler`), the job seed and the host's index.
 /// Blocks until every member is in (at most `cluster.connect_timeout_ms`): call it off the
-/// runtime's threads.
+/// runtime's threads. `on_lost` hears of a member lost (after this member's chunks waiting
+/// for notes have failed with it).
 pub(crate) fn join(
     config: &pushpull_proto::Config,
     scheduler: &str,
     job_seed: u64,
     rank: u32,
+    on_lost: Arc<dyn Fn(WorkerError) + Send + Sync>,
 ) -> Result<Local, WorkerError> {
     let g = config.cluster.local_size;
     let name = format!("pushpull/{scheduler}/{job_seed:016x}/h{}", rank / g);
@@ -242,7 +244,14 @@ pub(crate) fn join(
         local_size: g,
         timeout: config.connect_timeout(),
     };
-    let link = link::ShmLink::join(&join, notes.clone())?;
+    let lost: link::OnLost = {
+        let notes = notes.clone();
+        Arc::new(move |e: WorkerError| {
+            notes.poison(e.clone());
+            on_lost(e)
+        })
+    };
+    let link = link::ShmLink::join(&join, notes.clone(), lost)?;
     tracing::debug!("worker {rank}: joined its local group {name}");
     Ok(Local::new(
         Arc::new(link),
@@ -251,6 +260,29 @@ pub(crate) fn join(
         g,
         config.cluster.uses_servers(),
     ))
+}
+
+/// How a worker whose group lost a member closes its connections: [`Departure::NodeLost`]
+/// naming the member (`workers`: every worker's address, by rank), so that the scheduler and
+/// the servers blame it, not the messenger. `None` for any other error.
+///
+/// [`Departure::NodeLost`]: pushpull_proto::departure::Departure::NodeLost
+pub(crate) fn departure(
+    e: &WorkerError,
+    workers: &[std::net::SocketAddr],
+) -> Option<pushpull_proto::departure::Departure> {
+    use pushpull_proto::protocol::{NodeName, NodeRole};
+    let WorkerError::MemberLost { rank, reason, .. } = e else {
+        return None;
+    };
+    Some(pushpull_proto::departure::Departure::NodeLost {
+        node: NodeName {
+            role: NodeRole::Worker,
+            id: *rank,
+            addr: *workers.get(*rank as usize)?,
+        },
+        reason: reason.clone(),
+    })
 }
 
 /// A tensor's intra-host codec, from its agreed map.

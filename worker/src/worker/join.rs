@@ -284,12 +284,31 @@ impl Worker {
 
         let local = if config.cluster.local_size > 1 {
             let (c, sched, seed) = (config.clone(), scheduler.to_string(), map.job_seed);
-            let joined =
-                tokio::task::spawn_blocking(move || crate::local::join(&c, &sched, seed, rank));
+            // A lost member is the job's fatal error, as a lost node is; the connections close
+            // at once naming it, so that the scheduler and the servers blame it, not this
+            // worker, whatever this process does next.
+            let lost = {
+                let (shared, quinn, workers) =
+                    (shared.clone(), endpoint.quinn.clone(), map.workers.clone());
+                move |e: WorkerError| {
+                    if let Some(why) = crate::local::departure(&e, &workers) {
+                        quinn.close(why.code().into(), &why.reason());
+                    }
+                    shared.fail(e)
+                }
+            };
+            let joined = tokio::task::spawn_blocking(move || {
+                crate::local::join(&c, &sched, seed, rank, Arc::new(lost))
+            });
             let joined = tokio::select! {
                 j = joined => j.map_err(|e| WorkerError::Internal(format!("joining the local group: {e}")))??,
                 e = until_fatal(&shared) => return Err(e),
             };
+            // And the job's fatal error fails every chunk waiting for a member's note.
+            let (notes, sh) = (joined.notes.clone(), shared.clone());
+            cleanup.tasks.push(tokio::spawn(
+                async move { notes.poison(until_fatal(&sh).await) },
+            ));
             Some(Arc::new(joined))
         } else {
             None

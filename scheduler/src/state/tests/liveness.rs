@@ -177,6 +177,42 @@ fn a_dropped_connection_is_a_loss_at_once() {
     }
 }
 
+#[test]
+fn a_node_closing_blames_the_node_it_names() {
+    // Worker 2 saw its local group lose worker 1 before the scheduler's heartbeats did: its
+    // close names worker 1, who is then the one lost (the messenger only reported it).
+    let (mut h, _srv, wrk) = H::start(3, 1);
+    let blamed = h.s.node_name(wrk[1]).unwrap();
+    h.ev(Event::Blamed {
+        conn: wrk[2],
+        node: blamed.clone(),
+        reason: "its process ended".into(),
+    });
+    h.ev(Event::Disconnected {
+        conn: wrk[2],
+        reason: "closed".into(),
+    });
+    let acts = h.take();
+    let Some(Err(JobFailure::NodeLost { node, reason })) = finish_of(&acts) else {
+        panic!("{acts:?}")
+    };
+    assert_eq!(node, blamed);
+    assert!(
+        reason.contains("its process ended") && reason.contains("reported by worker 2"),
+        "{reason}"
+    );
+    // A node blamed by a stranger, or a name that is no member, changes nothing.
+    let (mut h, _srv, wrk) = H::start(2, 1);
+    let mut nobody = h.s.node_name(wrk[1]).unwrap();
+    nobody.id = 7;
+    h.ev(Event::Blamed {
+        conn: wrk[0],
+        node: nobody,
+        reason: "?".into(),
+    });
+    assert!(finish_of(&h.take()).is_none());
+}
+
 // ----------------------------------------------------------------- finish
 
 #[test]
