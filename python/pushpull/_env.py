@@ -17,7 +17,9 @@ Sources, strongest first:
    ``DMLC_WORKER_ID``                this host's index; the rank is
                                      ``DMLC_WORKER_ID × BYTEPS_LOCAL_SIZE + BYTEPS_LOCAL_RANK``
    ``BYTEPS_LOCAL_RANK``,            this process's index on its host and the processes
-   ``BYTEPS_LOCAL_SIZE``             per host (default 0 and 1)
+   ``BYTEPS_LOCAL_SIZE``             per host (default 0 and 1); without a cluster file
+                                     the host's workers form a local group of
+                                     ``BYTEPS_LOCAL_SIZE`` (``cluster.local_size``)
    ``PUSHPULL_TLS_CA``,              the cluster CA, this worker's certificate and key
    ``PUSHPULL_TLS_CERT``,            (``tls.ca``, ``tls.cert``, ``tls.key``)
    ``PUSHPULL_TLS_KEY``
@@ -53,8 +55,11 @@ class JoinSettings:
     local_size: int = 1
 
     def worker_kwargs(self) -> dict:
-        """The keyword arguments of ``pushpull._native.Worker``."""
+        """The keyword arguments of ``pushpull._native.Worker``. Without a cluster file the
+        workers of a host form a local group of ``BYTEPS_LOCAL_SIZE`` (``cluster.local_size``);
+        with one, the file says (``pushpull local --local-size G`` writes it)."""
         return {
+            "local_size": self.local_size if self.config is None else None,
             "config": self.config,
             "scheduler": self.scheduler,
             "num_workers": self.num_workers,

@@ -115,8 +115,7 @@ impl AsMut<[f32]> for PyBuf {
 fn join_config(
     config: Option<PathBuf>,
     scheduler: Option<String>,
-    num_workers: Option<u32>,
-    num_servers: Option<u32>,
+    (num_workers, num_servers, local_size): (Option<u32>, Option<u32>, Option<u32>),
     tls_ca: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -137,6 +136,9 @@ fn join_config(
     }
     if let Some(n) = num_servers {
         c.cluster.num_servers = n;
+    }
+    if let Some(g) = local_size {
+        c.cluster.local_size = g;
     }
     if tls_ca.is_some() {
         c.tls.ca = tls_ca;
@@ -224,7 +226,8 @@ fn process_gpu(ordinal: usize) -> Result<Arc<GpuContext>, CudaError> {
 /// A joined worker (`pushpull._native.Worker`).
 ///
 /// `Worker(config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None,
-/// tls_ca=None, tls_cert=None, tls_key=None, server_name=None)` reads the cluster file
+/// tls_ca=None, tls_cert=None, tls_key=None, server_name=None, local_size=None)` reads the
+/// cluster file
 /// `config` (or starts from a loopback cluster's defaults), applies the overrides, loads the
 /// TLS identity and joins the job, asking for `rank` if given. Raises `PushPullError` naming
 /// the setting that is wrong, or the node that refused.
@@ -353,7 +356,7 @@ enum Kind {
 #[pymethods]
 impl Worker {
     #[new]
-    #[pyo3(signature = (config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None, tls_ca=None, tls_cert=None, tls_key=None, server_name=None))]
+    #[pyo3(signature = (config=None, *, scheduler=None, num_workers=None, num_servers=None, rank=None, tls_ca=None, tls_cert=None, tls_key=None, server_name=None, local_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -366,12 +369,12 @@ impl Worker {
         tls_cert: Option<PathBuf>,
         tls_key: Option<PathBuf>,
         server_name: Option<String>,
+        local_size: Option<u32>,
     ) -> PyResult<Worker> {
         let config = join_config(
             config,
             scheduler,
-            num_workers,
-            num_servers,
+            (num_workers, num_servers, local_size),
             tls_ca,
             tls_cert,
             tls_key,

@@ -42,11 +42,15 @@ def seed() -> int:
 
 
 def run_job(pushpull: Path, script: str, *args, workers: int = 2, servers: int = 2,
-            config: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    """`pushpull local --workers N --servers S [--config F] -- python jobs/SCRIPT ARGS`."""
+            config: Path | None = None, local_size: int | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess:
+    """`pushpull local --workers N --servers S [--config F] [--local-size G] -- python
+    jobs/SCRIPT ARGS`."""
     cmd = [str(pushpull), "local", "--workers", str(workers), "--servers", str(servers)]
     if config is not None:
         cmd += ["--config", str(config)]
+    if local_size is not None:
+        cmd += ["--local-size", str(local_size)]
     cmd += ["--", sys.executable, str(JOBS / script), *map(str, args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     print(p.stdout)
