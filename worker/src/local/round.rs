@@ -44,7 +44,13 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let added = {
         // SAFETY: this member holds the chunk's turn until its next note.
         let acc = unsafe { local.acc(place, range.clone()) };
-        lock().contribute(tensor, index, kind, ctx.rank, l == 0, place.intra, acc)
+        let added = lock().contribute(tensor, index, kind, ctx.rank, l == 0, place.intra, acc);
+        if added.is_err() {
+            // This member's part is missing: the host sum must not look whole. NaN makes the
+            // round non-finite for every worker; this member reports why.
+            acc.fill(f32::NAN);
+        }
+        added
     };
     let next = if l + 1 < g {
         Some((l + 1, NoteKind::Added))
