@@ -33,8 +33,10 @@
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
 //! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
 //! device chains launched in batches, and where a tensor's rounds live),
-//! `chunks` (u64 placement ↔ buffer slices). The protocol itself is documented in
-//! [`pushpull_proto::protocol`].
+//! `chunks` (u64 placement ↔ buffer slices), `local` (a local group's rounds when
+//! `cluster.local_size` > 1: the notes between a host's workers, their shared memory, the
+//! chunk's turn, the owner's push; ARCHITECTURE.md "Two levels"). The protocol itself is
+//! documented in [`pushpull_proto::protocol`].
 //!
 //! # How a push_pull travels
 //! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
@@ -66,7 +68,8 @@
 //! connection to the scheduler or a server fails, or when the scheduler is silent for
 //! `cluster.heartbeat_timeout_ms`, every pending and later call fails with
 //! [`WorkerError::NodeLost`] naming the node (`worker 1 (10.0.0.2:50312)`,
-//! `server 0 (10.0.0.3:9100)`, `scheduler (10.0.0.1:9000)`).
+//! `server 0 (10.0.0.3:9100)`, `scheduler (10.0.0.1:9000)`); in a local group, a member that
+//! is gone fails every member's calls with [`WorkerError::MemberLost`] naming it.
 //!
 //! # Running a job
 //! Start a scheduler (`pushpull-scheduler --config FILE`) and the servers
