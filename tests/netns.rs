@@ -4,6 +4,9 @@
 //! for bit by the benchmark job (`job.check = true`: every result is compared with the
 //! single-process reference); afterwards no namespace of the run may be left.
 //!
+//! A second test puts two workers on each of two hosts, once as local groups and once flat,
+//! and checks that a host of a group sends one copy of its workers' sum.
+//!
 //! Needs root and working `ip netns`; otherwise it prints why it is skipped, unless
 //! `PUSHPULL_REQUIRE_NETNS=1` (set by `.ci/run` where CI has the capability), which turns a
 //! missing capability into a failure.
@@ -25,8 +28,8 @@ fn hosts() -> Vec<String> {
         .collect()
 }
 
-/// The shaped network, or why it cannot be built here.
-fn network() -> Result<Topology, String> {
+/// The shaped network of `hosts` (name, nodes), or why it cannot be built here.
+fn network(hosts: &[(String, Vec<String>)]) -> Result<Topology, String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err("not running as root (network namespaces need CAP_SYS_ADMIN)".into());
@@ -35,21 +38,53 @@ fn network() -> Result<Topology, String> {
         rate_bits: RATE,
         mtu: DEFAULT_MTU,
     };
-    Topology::create(&hosts(), shaping).map_err(|e| e.to_string())
+    Topology::with_nodes(hosts, shaping).map_err(|e| e.to_string())
 }
 
-#[test]
-fn onebit_round_on_a_shaped_network() {
+/// The network, `None` when it cannot be built here and `PUSHPULL_REQUIRE_NETNS` is not set
+/// (the test then says why it is skipped).
+fn network_or_skip(hosts: &[(String, Vec<String>)], test: &str) -> Option<Topology> {
     let required = std::env::var("PUSHPULL_REQUIRE_NETNS").is_ok_and(|v| v == "1");
-    let topo = match network() {
-        Ok(t) => t,
+    match network(hosts) {
+        Ok(t) => Some(t),
         Err(why) if required => {
             panic!("PUSHPULL_REQUIRE_NETNS=1 but no shaped network can be built: {why}")
         }
         Err(why) => {
-            eprintln!("skipped: shaped-network smoke test: {why}");
-            return;
+            eprintln!("skipped: {test}: {why}");
+            None
         }
+    }
+}
+
+fn programs() -> Programs {
+    Programs::explicit(
+        env!("CARGO_BIN_EXE_pushpull").as_ref(),
+        env!("CARGO_BIN_EXE_pushpull-worker").as_ref(),
+    )
+}
+
+/// Asserts no namespace of the run is left, whatever happened.
+fn assert_deleted(prefix: &str, names: &[String]) {
+    let left: Vec<String> = list_namespaces()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    for n in names {
+        assert!(
+            !std::path::Path::new(&format!("/var/run/netns/{n}")).exists(),
+            "{n} still exists"
+        );
+    }
+}
+
+#[test]
+fn onebit_round_on_a_shaped_network() {
+    let hosts: Vec<_> = hosts().into_iter().map(|h| (h.clone(), vec![h])).collect();
+    let Some(topo) = network_or_skip(&hosts, "shaped-network smoke test") else {
+        return;
     };
     let prefix = topo.prefix.clone();
     let names: Vec<String> = topo.namespaces().to_vec();
@@ -69,17 +104,13 @@ fn onebit_round_on_a_shaped_network() {
 
     let config = run_config(
         &pushpull::launch::local::default_config(),
-        2,
-        1,
+        (2, 1, 1),
         scale_for_mb(10.0),
         (1, 0, true),
         &preset("onebit").unwrap(),
     )
     .unwrap();
-    let programs = Programs::explicit(
-        env!("CARGO_BIN_EXE_pushpull").as_ref(),
-        env!("CARGO_BIN_EXE_pushpull-worker").as_ref(),
-    );
+    let programs = programs();
     let limits = RunLimits {
         timeout: Duration::from_secs(120),
         logs: false,
@@ -90,20 +121,7 @@ fn onebit_round_on_a_shaped_network() {
         .unwrap();
     let result = rt.block_on(run_cluster(&topo, &config, &programs, &limits));
     drop(topo);
-
-    // Nothing of the run is left, whatever happened.
-    let left: Vec<String> = list_namespaces()
-        .unwrap()
-        .into_iter()
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
-    for n in &names {
-        assert!(
-            !std::path::Path::new(&format!("/var/run/netns/{n}")).exists(),
-            "{n} still exists"
-        );
-    }
+    assert_deleted(&prefix, &names);
 
     let run = result.expect("the cluster run on the shaped network");
     assert_eq!(run.reports.len(), 2);
@@ -125,4 +143,80 @@ fn onebit_round_on_a_shaped_network() {
             r.push_payload_bytes
         );
     }
+}
+
+/// Two hosts of two workers each (`bench net --local-size 2`'s placement), uncompressed, one
+/// warm-up and one timed round of 4 MB per worker, checked bit for bit against the reference:
+/// in local groups each host's link carries one copy of its workers' sum (the pushes of a
+/// host's two workers add up to one worker's flat pushes, and its wire bytes are about half
+/// the flat run's on the same hosts).
+#[test]
+fn local_groups_send_one_copy_per_host() {
+    let hosts = pushpull::bench::net::host_names(1, 4, 2);
+    assert_eq!(hosts[2].0, "host0");
+    assert_eq!(
+        hosts[3].1,
+        vec!["worker2".to_string(), "worker3".to_string()]
+    );
+    let Some(topo) = network_or_skip(&hosts, "local groups on a shaped network") else {
+        return;
+    };
+    let (prefix, names) = (topo.prefix.clone(), topo.namespaces().to_vec());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let limits = RunLimits {
+        timeout: Duration::from_secs(120),
+        logs: false,
+    };
+    let mut runs = Vec::new();
+    for local_size in [2, 1] {
+        let config = run_config(
+            &pushpull::launch::local::default_config(),
+            (4, 1, local_size),
+            scale_for_mb(4.0),
+            (1, 1, true),
+            &preset("none").unwrap(),
+        )
+        .unwrap();
+        runs.push(rt.block_on(run_cluster(&topo, &config, &programs(), &limits)));
+    }
+    drop(topo);
+    assert_deleted(&prefix, &names);
+
+    let flat = runs.pop().unwrap().expect("the flat run");
+    let grouped = runs.pop().unwrap().expect("the run in local groups");
+    assert_eq!(grouped.hosts[2..], ["host0", "host0", "host1", "host1"]);
+    for r in grouped.reports.iter().chain(&flat.reports) {
+        assert_eq!(r.check, "passed", "rank {}", r.rank);
+    }
+    let pushed = |run: &pushpull::bench::net::cluster::ClusterRun, ranks: &[usize]| -> u64 {
+        ranks
+            .iter()
+            .map(|&w| run.reports[w].push_payload_bytes)
+            .sum()
+    };
+    for host in [[0, 1], [2, 3]] {
+        let (g, f) = (pushed(&grouped, &host), pushed(&flat, &host[..1]));
+        eprintln!(
+            "workers {host:?}: pushed {g} bytes in a group, worker {} {f} flat",
+            host[0]
+        );
+        assert!(
+            (g as f64 - f as f64).abs() <= 0.01 * f as f64,
+            "host of workers {host:?} pushed {g} bytes in a group, one flat worker {f}"
+        );
+    }
+    // The timed round's wire bytes sent by host0 (process 2 is worker0, on host0).
+    let sent = |run: &pushpull::bench::net::cluster::ClusterRun| {
+        let (a, b) = run.window.as_ref().expect("counters of the timed round");
+        b.bytes[2].0 - a.bytes[2].0
+    };
+    let (g, f) = (sent(&grouped), sent(&flat));
+    eprintln!("host0 sent {g} bytes in groups, {f} flat");
+    assert!(
+        (g as f64) < 0.6 * f as f64,
+        "host0 sent {g} bytes in local groups and {f} flat: not one copy per host"
+    );
 }

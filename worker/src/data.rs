@@ -145,10 +145,7 @@ pub(crate) trait RoundData: Send + 'static {
         first: bool,
         intra: IntraCodec,
         acc: &mut [f32],
-    ) -> Result<(), String> {
-        let _ = (tensor, index, kind, rank, first, intra, acc);
-        Err(LOCAL_HOST_ONLY.into())
-    }
+    ) -> Result<(), String>;
 
     /// Local groups: copies the host's result `acc` into chunk `index` of the buffer (divided
     /// by `num_workers` for an average).
@@ -159,10 +156,7 @@ pub(crate) trait RoundData: Send + 'static {
         kind: RoundKind,
         num_workers: u32,
         acc: &[f32],
-    ) -> Result<(), String> {
-        let _ = (tensor, index, kind, num_workers, acc);
-        Err(LOCAL_HOST_ONLY.into())
-    }
+    ) -> Result<(), String>;
 
     /// Undoes `round` of every chunk of the tensor (a discarded round: see
     /// [`crate::Worker::discard_last_round`]), wherever the tensor's state lives; called
@@ -271,10 +265,32 @@ pub(crate) fn decode_host(
     Ok(())
 }
 
-/// Why device buffers cannot take part in a local group's rounds (yet).
-pub(crate) const LOCAL_HOST_ONLY: &str =
-    "local groups (cluster.local_size > 1) reduce host buffers only; device buffers are not \
-     supported with them yet";
+/// Local groups: adds `x`, this member's part of a chunk, to its host's sum `acc` (see
+/// [`RoundData::contribute`]), wherever `x` came from.
+pub(crate) fn contribute(
+    x: &[f32],
+    kind: RoundKind,
+    rank: u32,
+    first: bool,
+    intra: IntraCodec,
+    acc: &mut [f32],
+) {
+    match kind {
+        RoundKind::Sum { .. } => host_fold(intra, first, x, acc),
+        RoundKind::Broadcast { root } if root == rank => host_fold(IntraCodec::None, first, x, acc),
+        // `a + -0.0 == a` for every `a`: only a first writer has something to do.
+        RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
+        RoundKind::Broadcast { .. } => {}
+    }
+}
+
+/// Local groups: writes the host's result `acc` to `out` (see [`RoundData::take_result`]).
+pub(crate) fn take_result(acc: &[f32], kind: RoundKind, num_workers: u32, out: &mut [f32]) {
+    out.copy_from_slice(acc);
+    if let RoundKind::Sum { average: true } = kind {
+        pushpull_kernels::average(out, num_workers);
+    }
+}
 
 /// The host buffers of a round: where chunks are read from and where results are written.
 trait HostBuffers: Send + 'static {
@@ -369,15 +385,7 @@ impl<H: HostBuffers> RoundData for H {
         acc: &mut [f32],
     ) -> Result<(), String> {
         let x = &self.input()[tensor.ranges[index].clone()];
-        match kind {
-            RoundKind::Sum { .. } => host_fold(intra, first, x, acc),
-            RoundKind::Broadcast { root } if root == rank => {
-                host_fold(IntraCodec::None, first, x, acc)
-            }
-            // `a + -0.0 == a` for every `a`: only a first writer has something to do.
-            RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
-            RoundKind::Broadcast { .. } => {}
-        }
+        contribute(x, kind, rank, first, intra, acc);
         Ok(())
     }
 
@@ -390,10 +398,7 @@ impl<H: HostBuffers> RoundData for H {
         acc: &[f32],
     ) -> Result<(), String> {
         let out = &mut self.output()[tensor.ranges[index].clone()];
-        out.copy_from_slice(acc);
-        if let RoundKind::Sum { average: true } = kind {
-            pushpull_kernels::average(out, num_workers);
-        }
+        take_result(acc, kind, num_workers, out);
         Ok(())
     }
 

@@ -87,17 +87,23 @@ async fn group_round<D: Device>(
     out.into_iter().map(Option::unwrap).collect()
 }
 
-/// The tensor set for [`ROUNDS`] rounds with ranks in `on_device` handing in buffers on
-/// `device` (with one call per tensor, or `grouped`: one group call per reduce op, every
-/// rank), then a broadcast of every tensor from rank 0 (checked against rank 0's data);
-/// returns `[round][tensor][rank]` and every tensor's metrics on the first device rank.
+/// The tensor set for [`ROUNDS`] rounds of `workers` in local groups of `local_size`, with
+/// ranks in `on_device` handing in buffers on `device` (with one call per tensor, or
+/// `grouped`: one group call per reduce op, every rank), then a broadcast of every tensor from
+/// rank 0 (checked against rank 0's data); returns `[round][tensor][rank]` and every tensor's
+/// metrics on the first device rank.
 async fn run_mixed<D: Device>(
     seed: u64,
     device: Arc<D>,
+    (workers, local_size): (u32, u32),
     on_device: &[usize],
     grouped: bool,
 ) -> (Vec<Vec<Vec<Vec<f32>>>>, Vec<pushpull_worker::TensorMetrics>) {
-    let s = stack_with(WORKERS, SERVERS, PARTITION_BYTES, |c| set_config(c, seed)).await;
+    let s = stack_with(workers, SERVERS, PARTITION_BYTES, |c| {
+        set_config(c, seed);
+        c.cluster.local_size = local_size;
+    })
+    .await;
     let set = tensor_set();
     let mut tensors: Vec<Vec<Tensor>> = Vec::new();
     for (name, len, params, _) in &set {
@@ -182,14 +188,26 @@ fn check_against_reference(
     metrics: &[pushpull_worker::TensorMetrics],
     place: Place,
 ) {
-    let reference = run_reference(seed);
+    check_groups_against_reference(seed, (WORKERS, 1), got, metrics, place);
+}
+
+/// [`check_against_reference`] for a job of `workers` in local groups of `local_size`.
+fn check_groups_against_reference(
+    seed: u64,
+    (workers, local_size): (u32, u32),
+    got: &[Vec<Vec<Vec<f32>>>],
+    metrics: &[pushpull_worker::TensorMetrics],
+    place: Place,
+) {
+    let reference = run_reference_of(seed, workers, local_size);
     if let Some(d) = first_difference(got, &reference) {
-        panic!("device buffers vs reference (seed {seed}): {d}");
+        panic!("device buffers vs reference (seed {seed}, groups of {local_size}): {d}");
     }
     // Where each tensor was compressed: top-k and Elias-coded dithering have no device kernel
-    // (the CPU fallback); the others ran on the device, the small raw tensor included.
+    // (the CPU fallback); the others ran on the device, the small raw tensor included. In
+    // local groups every chunk is compressed by its owner on the host's sum.
     for (i, ((name, ..), m)) in tensor_set().iter().zip(metrics).enumerate() {
-        let want = if matches!(*name, "topk" | "dithering elias") {
+        let want = if local_size > 1 || matches!(*name, "topk" | "dithering elias") {
             Place::Cpu
         } else {
             place
@@ -211,8 +229,26 @@ async fn emulated_job_gives_the_reference_bits(on_device: &[usize], grouped: boo
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         let device = Arc::new(EmulatedDevice::new());
-        let (got, metrics) = run_mixed(seed, device, on_device, grouped).await;
+        let (got, metrics) = run_mixed(seed, device, (WORKERS, 1), on_device, grouped).await;
         check_against_reference(seed, &got, &metrics, Place::Emulated);
+    })
+    .await
+    .expect("timed out");
+}
+
+/// Local groups with device and host buffers mixed in each group (two hosts of two; ranks 0
+/// and 3 on the device): a device member's chunks are copied to the host's sum and the
+/// result back, and the job gives the two-level reference's bits, with one call per tensor
+/// and with group calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_buffers_in_local_groups_give_the_reference_bits() {
+    tokio::time::timeout(TIMEOUT * 4, async {
+        for grouped in [false, true] {
+            let seed = seed();
+            let device = Arc::new(EmulatedDevice::new());
+            let (got, metrics) = run_mixed(seed, device, (4, 2), &[0, 3], grouped).await;
+            check_groups_against_reference(seed, (4, 2), &got, &metrics, Place::Emulated);
+        }
     })
     .await
     .expect("timed out");
@@ -291,9 +327,9 @@ async fn gpu_device_buffers_give_the_reference_bits() {
     let ordinal = gpu.context().ordinal();
     let seed = seed();
     let device = Arc::new(CudaDevice::new(gpu));
-    let (got, metrics) = run_mixed(seed, device.clone(), &[0, 2], false).await;
+    let (got, metrics) = run_mixed(seed, device.clone(), (WORKERS, 1), &[0, 2], false).await;
     check_against_reference(seed, &got, &metrics, Place::Cuda { ordinal });
-    let (got, metrics) = run_mixed(seed, device, &[0, 1], true).await;
+    let (got, metrics) = run_mixed(seed, device, (WORKERS, 1), &[0, 1], true).await;
     check_against_reference(seed, &got, &metrics, Place::Cuda { ordinal });
 }
 

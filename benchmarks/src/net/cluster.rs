@@ -38,6 +38,8 @@ pub struct Snapshot {
 pub struct ClusterRun {
     /// Process names in order: `scheduler`, `server0`, ..., `worker0`, ...
     pub processes: Vec<String>,
+    /// The host of each process, in process order (workers of a local group share one).
+    pub hosts: Vec<String>,
     /// Every worker's report, by rank (the benchmark job).
     pub reports: Vec<JobReport>,
     /// Every worker's report, by rank (the training job, `job.kind = "train"`).
@@ -147,6 +149,7 @@ pub async fn run_cluster(
         }
     };
     Ok(ClusterRun {
+        hosts: hosts.iter().map(|h| h.name.clone()).collect(),
         processes,
         reports: driven.reports,
         train_reports: driven.train_reports,

@@ -118,9 +118,17 @@ pub struct NetArgs {
         default_value = "100mbit,1gbit"
     )]
     pub rates: Vec<String>,
-    /// Workers, each on its own host.
+    /// Workers, each on its own host (or G to a host with --local-size G).
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub workers: u32,
+    /// Workers per host: groups of G workers share one namespace and its one link, and run as
+    /// local groups (`cluster.local_size`: summed on the host, one push per host per chunk).
+    #[arg(long, value_name = "G", default_value_t = 1)]
+    pub local_size: u32,
+    /// With --local-size: after each compressor's run, run it again on the same hosts with every
+    /// worker pushing on its own (`local_size = 1`, flat), for the ratio in one sitting.
+    #[arg(long)]
+    pub compare_flat: bool,
     /// Servers of the compressor series, each on its own host.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub servers: u32,
@@ -249,6 +257,9 @@ pub struct RunFailure {
     pub workers: u32,
     /// Servers.
     pub servers: u32,
+    /// Workers per local group (1: flat).
+    #[serde(default = "one")]
+    pub local_size: u32,
     /// fp32 MB per worker per round.
     pub mb_per_worker: f64,
     /// Why.
@@ -312,6 +323,11 @@ pub struct NetReport {
     pub failures: Vec<RunFailure>,
 }
 
+/// Serde's default of a missing `local_size` (reports saved before groups existed: flat).
+pub(crate) fn one() -> u32 {
+    1
+}
+
 /// 1-, 5-, 15-minute load averages.
 pub fn load_average() -> [f64; 3] {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -333,6 +349,25 @@ pub fn mem_available() -> u64 {
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// The hosts of a network and the nodes each runs: the scheduler's, one per server, and one
+/// per worker (`worker<w>`) or, with `local_size` G > 1, one per G workers (`host<h>` running
+/// `worker<hG>`..`worker<hG+G-1>`).
+pub fn host_names(servers: u32, workers: u32, local_size: u32) -> Vec<(String, Vec<String>)> {
+    let one = |n: String| (n.clone(), vec![n]);
+    let mut hosts = vec![one("scheduler".to_string())];
+    hosts.extend((0..servers).map(|s| one(format!("server{s}"))));
+    let g = local_size.max(1);
+    if g == 1 {
+        hosts.extend((0..workers).map(|w| one(format!("worker{w}"))));
+    } else {
+        hosts.extend((0..workers / g).map(|h| {
+            let nodes = (h * g..(h + 1) * g).map(|w| format!("worker{w}")).collect();
+            (format!("host{h}"), nodes)
+        }));
+    }
+    hosts
 }
 
 /// `pushpull bench net`: validates the flags, then for every rate builds the network, measures
@@ -403,9 +438,7 @@ pub fn run(args: NetArgs) -> CliResult<()> {
             .max()
             .unwrap_or(args.servers)
             .max(args.servers);
-        let mut hosts = vec!["scheduler".to_string()];
-        hosts.extend((0..max_servers).map(|s| format!("server{s}")));
-        hosts.extend((0..args.workers).map(|w| format!("worker{w}")));
+        let hosts = host_names(max_servers, args.workers, args.local_size);
         let shaping = Shaping {
             rate_bits: *bits,
             mtu: args.mtu,
@@ -416,7 +449,7 @@ pub fn run(args: NetArgs) -> CliResult<()> {
             shaping.tbf_args().join(" "),
             shaping.mtu
         );
-        let mut topo = Topology::create(&hosts, shaping)?;
+        let mut topo = Topology::with_nodes(&hosts, shaping)?;
         let (links, tcp) = if args.probe_seconds > 0.0 {
             eprintln!(
                 "pushpull bench net: {rate}: measuring every link ({:.1} s each)",
@@ -467,6 +500,7 @@ pub fn run(args: NetArgs) -> CliResult<()> {
                         rate: rate.clone(),
                         workers: args.workers,
                         servers: args.servers,
+                        local_size: args.local_size,
                         mb_per_worker: 0.0,
                         error: e.to_string(),
                     });
@@ -664,7 +698,8 @@ mod tests {
     fn presets_make_valid_cluster_files() {
         let base = pushpull_launch::local::default_config();
         for (name, _) in PRESETS {
-            let c = run_config(&base, 4, 4, 1.0, (5, 1, false), &preset(name).unwrap()).unwrap();
+            let c =
+                run_config(&base, (4, 4, 1), 1.0, (5, 1, false), &preset(name).unwrap()).unwrap();
             assert_eq!(c.cluster.num_workers, 4);
             assert_eq!(
                 c.tensors.tables["default"]["compressor"].as_str(),

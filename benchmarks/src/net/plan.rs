@@ -19,6 +19,9 @@ pub(crate) struct Plan {
     pub(crate) compressor: String,
     pub(crate) servers: u32,
     pub(crate) scale: f64,
+    /// `cluster.local_size` of the run: `--local-size`, or 1 for the flat run of
+    /// `--compare-flat` (the same hosts, every worker pushing on its own).
+    pub(crate) local_size: u32,
 }
 
 /// The job scale giving `mb` MB (1e6 bytes) of fp32 per worker per round.
@@ -26,11 +29,11 @@ pub fn scale_for_mb(mb: f64) -> f64 {
     mb * 1e6 / (pushpull_jobs::resnet::RESNET50_ELEMENTS as f64 * 4.0)
 }
 
-/// The cluster file of one run: `base` with the node counts, the job and the tensors' map.
+/// The cluster file of one run: `base` with the node counts (workers, servers, workers per
+/// local group), the job and the tensors' map.
 pub fn run_config(
     base: &Config,
-    workers: u32,
-    servers: u32,
+    (workers, servers, local_size): (u32, u32, u32),
     scale: f64,
     (rounds, warmup, check): (u32, u32, bool),
     params: &BTreeMap<String, String>,
@@ -38,6 +41,7 @@ pub fn run_config(
     let mut c = base.clone();
     c.cluster.num_workers = workers;
     c.cluster.num_servers = servers;
+    c.cluster.local_size = local_size;
     JobConfig::edit(&mut c, |j| {
         j.kind = "benchmark".to_string();
         j.scale = scale;
@@ -92,6 +96,17 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
             "--workers and --servers must be at least 1",
         ));
     }
+    if args.local_size == 0 || args.workers % args.local_size != 0 {
+        return Err(CliError::usage(format!(
+            "--local-size {}: must divide --workers {} (that many workers share each host)",
+            args.local_size, args.workers
+        )));
+    }
+    if args.compare_flat && args.local_size == 1 {
+        return Err(CliError::usage(
+            "--compare-flat compares local groups with flat runs: give --local-size 2 or more",
+        ));
+    }
     if args.warmup == 0 || args.rounds == 0 {
         return Err(CliError::usage(
             "--warmup and --rounds must be at least 1 (the counters start at the end of the \
@@ -122,6 +137,11 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
     };
     let job = (args.rounds, args.warmup, args.check);
     if args.job == "train" {
+        if args.local_size > 1 {
+            return Err(CliError::usage(
+                "--local-size runs the benchmark job; --job train places one worker per host",
+            ));
+        }
         let plan = TrainPlan {
             compressors: args
                 .compressors
@@ -195,7 +215,17 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
                     compressor: c.clone(),
                     servers: args.servers,
                     scale: args.scale,
+                    local_size: args.local_size,
                 });
+                if args.compare_flat {
+                    list.push(Plan {
+                        series: "compressors",
+                        compressor: c.clone(),
+                        servers: args.servers,
+                        scale: args.scale,
+                        local_size: 1,
+                    });
+                }
             }
         }
         if !args.skip_scaling && *rate == scaling_rate {
@@ -205,6 +235,7 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
                     compressor: args.scaling_compressor.clone(),
                     servers: args.servers,
                     scale: scale_for_mb(mb),
+                    local_size: args.local_size,
                 });
             }
             for &s in &args.scaling_servers {
@@ -213,6 +244,7 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
                     compressor: args.scaling_compressor.clone(),
                     servers: s,
                     scale: args.scale,
+                    local_size: args.local_size,
                 });
             }
         }
@@ -220,8 +252,7 @@ pub(crate) fn setup(args: &NetArgs) -> CliResult<Setup> {
         for p in &list {
             run_config(
                 &base,
-                args.workers,
-                p.servers,
+                (args.workers, p.servers, p.local_size),
                 p.scale,
                 job,
                 &preset(&p.compressor)?,

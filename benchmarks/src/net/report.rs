@@ -64,6 +64,12 @@ pub struct RunRow {
     pub workers: u32,
     /// Servers.
     pub servers: u32,
+    /// Workers per local group (`cluster.local_size`; 1: flat).
+    #[serde(default = "super::one")]
+    pub local_size: u32,
+    /// Workers sharing one host and its link.
+    #[serde(default = "super::one")]
+    pub workers_per_host: u32,
     /// fp32 megabytes (1e6) each worker push_pulls per round.
     pub mb_per_worker: f64,
     /// Timed rounds.
@@ -102,9 +108,15 @@ pub struct RunRow {
     /// CPU seconds of all processes per GB (1e9 bytes) of payload they sent plus received.
     #[serde(default)]
     pub cpu_seconds_per_gb: f64,
-    /// Worker 0's payload bytes pushed per round.
+    /// Payload bytes pushed per round, the mean over workers (in local groups only a chunk's
+    /// owner pushes: a host's pushes are one copy, shared among its workers).
     pub push_bytes_per_worker: f64,
-    /// fp32 bytes per worker per round / pushed payload bytes.
+    /// Payload bytes pushed per round, the mean over worker hosts (the same as per worker when
+    /// each worker has its host).
+    #[serde(default)]
+    pub push_bytes_per_host: f64,
+    /// fp32 bytes per worker per round / payload bytes pushed per worker host: the codec's
+    /// compression (a host of a local group pushes one copy of its workers' sum).
     pub compression: f64,
     /// Every worker's check (`passed` or `skipped`).
     pub check: String,
@@ -146,6 +158,8 @@ pub struct RowContext {
     pub rate: String,
     /// The job's `scale`.
     pub scale: f64,
+    /// `cluster.local_size`.
+    pub local_size: u32,
     /// `cluster.partition_bytes`.
     pub partition_bytes: u64,
     /// Measured link rates, by host name.
@@ -154,6 +168,22 @@ pub struct RowContext {
     pub cores: usize,
     /// 1-minute load average before the run.
     pub load_before: f64,
+}
+
+/// Whether a host runs workers (`worker<w>`, or `host<h>` for a host of a local group).
+fn is_worker_host(host: &str) -> bool {
+    host.starts_with("worker") || host.starts_with("host")
+}
+
+/// `WxS`, and how the workers sit on hosts when several share one.
+fn nodes_label(r: &RunRow) -> String {
+    let mut s = format!("{}x{}", r.workers, r.servers);
+    if r.local_size > 1 {
+        let _ = write!(s, " groups of {}", r.local_size);
+    } else if r.workers_per_host > 1 {
+        let _ = write!(s, " flat, {} a host", r.workers_per_host);
+    }
+    s
 }
 
 /// Builds the row of a finished run.
@@ -201,49 +231,71 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
             .sum()
     };
     let (srv_tx, srv_rx) = (server_wire(|m| m.0), server_wire(|m| m.1));
-    let mut hosts = Vec::new();
-    for (i, name) in run.processes.iter().enumerate() {
-        let (ptx, prx) = if let Some(w) = name.strip_prefix("worker") {
-            let w: usize = w.parse().unwrap_or(0);
-            let r = &run.reports[w.min(run.reports.len() - 1)];
-            (
-                r.push_payload_bytes as f64 / rounds,
-                r.pull_payload_bytes as f64 / rounds,
-            )
-        } else if let Some(s) = name.strip_prefix("server") {
-            let placed = s
-                .parse::<usize>()
-                .ok()
-                .and_then(|s| shares.get(s))
-                .copied()
-                .unwrap_or(0.0);
-            let share = |wire: f64, all: f64| {
-                if wire.is_finite() && all > 0.0 {
-                    wire / all
-                } else {
-                    placed
-                }
-            };
-            (
-                pull_sum * share(measured[i].0, srv_tx),
-                push_sum * share(measured[i].1, srv_rx),
-            )
-        } else {
-            (0.0, 0.0)
-        };
-        let (up, down) = rate(name);
-        let link_seconds = (ptx * 8.0 / up).max(prx * 8.0 / down);
+    // Per process: payload bytes sent and received per round.
+    let payload: Vec<(f64, f64)> = run
+        .processes
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            if let Some(w) = name.strip_prefix("worker") {
+                let w: usize = w.parse().unwrap_or(0);
+                let r = &run.reports[w.min(run.reports.len() - 1)];
+                (
+                    r.push_payload_bytes as f64 / rounds,
+                    r.pull_payload_bytes as f64 / rounds,
+                )
+            } else if let Some(s) = name.strip_prefix("server") {
+                let placed = s
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|s| shares.get(s))
+                    .copied()
+                    .unwrap_or(0.0);
+                let share = |wire: f64, all: f64| {
+                    if wire.is_finite() && all > 0.0 {
+                        wire / all
+                    } else {
+                        placed
+                    }
+                };
+                (
+                    pull_sum * share(measured[i].0, srv_tx),
+                    push_sum * share(measured[i].1, srv_rx),
+                )
+            } else {
+                (0.0, 0.0)
+            }
+        })
+        .collect();
+    // Per host, in the order its first process appears: the host's counters (shared by its
+    // processes), the sum of its processes' payload and CPU.
+    let host_of = |i: usize| run.hosts.get(i).unwrap_or(&run.processes[i]).clone();
+    let mut hosts: Vec<HostRow> = Vec::new();
+    for i in 0..run.processes.len() {
+        let name = host_of(i);
+        let (ptx, prx) = payload[i];
         let (wtx, wrx, cpu) = measured[i];
-        hosts.push(HostRow {
-            host: name.clone(),
-            wire_tx_bytes: wtx,
-            wire_rx_bytes: wrx,
-            payload_tx_bytes: ptx,
-            payload_rx_bytes: prx,
-            link_seconds,
-            cpu_seconds: cpu,
-            tbf_drops: run.tbf_drops.get(i).copied().unwrap_or(0),
-        });
+        match hosts.iter_mut().find(|h| h.host == name) {
+            Some(h) => {
+                h.payload_tx_bytes += ptx;
+                h.payload_rx_bytes += prx;
+                h.cpu_seconds += cpu;
+            }
+            None => hosts.push(HostRow {
+                host: name,
+                wire_tx_bytes: wtx,
+                wire_rx_bytes: wrx,
+                payload_tx_bytes: ptx,
+                payload_rx_bytes: prx,
+                link_seconds: 0.0,
+                cpu_seconds: cpu,
+                tbf_drops: run.tbf_drops.get(i).copied().unwrap_or(0),
+            }),
+        }
+    }
+    for h in &mut hosts {
+        let (up, down) = rate(&h.host);
+        h.link_seconds = (h.payload_tx_bytes * 8.0 / up).max(h.payload_rx_bytes * 8.0 / down);
     }
     let (floor_host, floor) = hosts.iter().map(|h| (h.host.clone(), h.link_seconds)).fold(
         (String::new(), 0.0),
@@ -258,7 +310,9 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
     let cpu_wall = cpu / ctx.cores.max(1) as f64;
     let cpu_bound = cpu_wall >= floor / 2.0;
     let ratio = if floor > 0.0 { med / floor } else { f64::NAN };
-    let push0 = r0.push_payload_bytes as f64 / rounds;
+    let push0 = push_sum / nw.max(1) as f64;
+    let worker_hosts = hosts.iter().filter(|h| is_worker_host(&h.host)).count();
+    let push_host = push_sum / worker_hosts.max(1) as f64;
     let raw = r0.gradient_bytes_per_round as f64;
     let checks: Vec<&str> = run.reports.iter().map(|r| r.check.as_str()).collect();
     RunRow {
@@ -268,6 +322,8 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
         rate: ctx.rate.clone(),
         workers: nw,
         servers: ns,
+        local_size: ctx.local_size,
+        workers_per_host: (nw as usize / worker_hosts.max(1)) as u32,
         mb_per_worker: raw / 1e6,
         rounds: r0.rounds,
         warmup: r0.warmup,
@@ -292,7 +348,12 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
                 .sum::<f64>() as u64,
         ),
         push_bytes_per_worker: push0,
-        compression: if push0 > 0.0 { raw / push0 } else { 0.0 },
+        push_bytes_per_host: push_host,
+        compression: if push_host > 0.0 {
+            raw / push_host
+        } else {
+            0.0
+        },
         check: if checks.iter().all(|c| *c == checks[0]) {
             checks[0].to_string()
         } else {
@@ -352,7 +413,13 @@ pub fn table(rows: &[RunRow], quinn_per_gb: &dyn Fn(&str) -> Option<f64>) -> Str
             let v: Vec<f64> = r
                 .hosts
                 .iter()
-                .filter(|h| h.host.starts_with(p))
+                .filter(|h| {
+                    if p == "worker" {
+                        is_worker_host(&h.host)
+                    } else {
+                        h.host.starts_with(p)
+                    }
+                })
                 .map(f)
                 .collect();
             if v.is_empty() {
@@ -367,11 +434,10 @@ pub fn table(rows: &[RunRow], quinn_per_gb: &dyn Fn(&str) -> Option<f64>) -> Str
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {}x{} | {:.1} | {:.3} ({:.3}-{:.3}) | {:.3} | {:.3} | {:.2} | {:.2} ({:.2}) | {} | {} | {:.2}{} | {} ({:.1}x) | {} / {} | {} / {} | {} |",
+            "| {} | {} | {} | {:.1} | {:.3} ({:.3}-{:.3}) | {:.3} | {:.3} | {:.2} | {:.2} ({:.2}) | {} | {} | {:.2}{} | {} ({:.1}x) | {} / {} | {} / {} | {} |",
             r.rate,
             r.compressor,
-            r.workers,
-            r.servers,
+            nodes_label(r),
             r.mb_per_worker,
             r.median_seconds,
             r.min_seconds,
@@ -389,7 +455,11 @@ pub fn table(rows: &[RunRow], quinn_per_gb: &dyn Fn(&str) -> Option<f64>) -> Str
             },
             r.cpu_seconds_per_gb,
             vs_quinn,
-            mb(r.push_bytes_per_worker),
+            mb(if r.push_bytes_per_host > 0.0 {
+                r.push_bytes_per_host
+            } else {
+                r.push_bytes_per_worker
+            }),
             r.compression,
             mb(role("worker", &|h| h.wire_tx_bytes)),
             mb(role("server", &|h| h.wire_tx_bytes)),
@@ -404,12 +474,11 @@ pub fn table(rows: &[RunRow], quinn_per_gb: &dyn Fn(&str) -> Option<f64>) -> Str
 /// Per-host lines of one run.
 pub fn host_lines(r: &RunRow) -> String {
     let mut s = format!(
-        "{} {} {}x{} {:.1} MB/worker: floor set by {}; per round times from {}; mean push_pull \
+        "{} {} {} {:.1} MB/worker: floor set by {}; per round times from {}; mean push_pull \
          {:.3} s; check {}; load {:.2}; wall {:.1} s\n",
         r.rate,
         r.compressor,
-        r.workers,
-        r.servers,
+        nodes_label(r),
         r.mb_per_worker,
         r.floor_host,
         r.round_source,

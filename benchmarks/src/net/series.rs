@@ -42,6 +42,7 @@ pub(super) fn run_benchmarks(
             rate: rate.to_string(),
             workers: args.workers,
             servers: p.servers,
+            local_size: p.local_size,
             mb_per_worker,
             error: e,
         };
@@ -50,6 +51,7 @@ pub(super) fn run_benchmarks(
             r.rate == rate
                 && r.compressor == p.compressor
                 && r.servers == p.servers
+                && r.local_size == p.local_size
                 && (r.mb_per_worker - mb_per_worker).abs() < 1e-9
         }) {
             let mut again = prev.clone();
@@ -69,16 +71,20 @@ pub(super) fn run_benchmarks(
         }
         let config = run_config(
             &setup.base,
-            args.workers,
-            p.servers,
+            (args.workers, p.servers, p.local_size),
             p.scale,
             setup.job,
             &params,
         )?;
         let load_before = load_average()[0];
         eprintln!(
-            "pushpull bench net: {rate} {} {}x{} {:.1} MB/worker: running (load {:.2})",
-            p.compressor, args.workers, p.servers, mb_per_worker, load_before
+            "pushpull bench net: {rate} {} {}x{}{} {:.1} MB/worker: running (load {:.2})",
+            p.compressor,
+            args.workers,
+            p.servers,
+            groups_label(args.local_size, p.local_size),
+            mb_per_worker,
+            load_before
         );
         match rt.block_on(run_cluster(ctx.topo, &config, ctx.programs, ctx.limits)) {
             Ok(run) => {
@@ -88,6 +94,7 @@ pub(super) fn run_benchmarks(
                     params,
                     rate: rate.to_string(),
                     scale: p.scale,
+                    local_size: p.local_size,
                     partition_bytes: config.cluster.partition_bytes,
                     links: ctx.links.to_vec(),
                     cores: ctx.cores,
@@ -108,6 +115,16 @@ pub(super) fn run_benchmarks(
         }
     }
     Ok(())
+}
+
+/// How the workers of a run sit on the hosts, for the log: nothing with one worker per host,
+/// ` in groups of G` for local groups, ` flat, G per host` for `--compare-flat`'s run.
+pub(super) fn groups_label(per_host: u32, local_size: u32) -> String {
+    match (per_host, local_size) {
+        (1, _) => String::new(),
+        (h, 1) => format!(" flat, {h} per host"),
+        (_, g) => format!(" in groups of {g}"),
+    }
 }
 
 /// The training runs of one network: per seed, the compute alone and every compressor.
@@ -156,6 +173,7 @@ pub(super) fn run_training(
                         rate: rate.to_string(),
                         workers: args.workers,
                         servers: args.servers,
+                        local_size: 1,
                         mb_per_worker: 0.0,
                         error: format!("seed {seed}: {e}"),
                     });
@@ -235,6 +253,7 @@ pub(super) fn run_peers(
                     rate: rate.to_string(),
                     workers: args.workers,
                     servers: args.servers,
+                    local_size: 1,
                     mb_per_worker: moved as f64 / 1e6,
                     error: e.to_string(),
                 });

@@ -147,8 +147,12 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 /// One host: its namespace, address and the bridge-side end of its veth pair.
 #[derive(Debug, Clone)]
 pub struct Host {
-    /// The node it runs (`scheduler`, `server0`, `worker1`, ...).
+    /// Its name: the node it runs (`scheduler`, `server0`, `worker1`, ...), or `host<h>` for a
+    /// host of a local group.
     pub name: String,
+    /// The nodes it runs (`[name]` for a host of one node; `worker4`..`worker7` for host 1 of
+    /// groups of 4).
+    pub nodes: Vec<String>,
     /// Its network namespace.
     pub ns: String,
     /// Its address on the test subnet (interface `eth0`).
@@ -226,10 +230,18 @@ fn delete_namespace(ns: &str) -> CliResult<()> {
 }
 
 impl Topology {
-    /// Creates a bridge namespace and one namespace per name in `hosts`, links each host to the
-    /// bridge with a veth pair shaped by `shaping` on both ends. On failure everything created
-    /// so far is deleted and the error names the failed command.
+    /// Creates a bridge namespace and one namespace per name in `hosts`, each running the node
+    /// of its name, links each host to the bridge with a veth pair shaped by `shaping` on both
+    /// ends. On failure everything created so far is deleted and the error names the failed
+    /// command.
     pub fn create(hosts: &[String], shaping: Shaping) -> CliResult<Topology> {
+        let hosts: Vec<(String, Vec<String>)> =
+            hosts.iter().map(|h| (h.clone(), vec![h.clone()])).collect();
+        Topology::with_nodes(&hosts, shaping)
+    }
+
+    /// [`Topology::create`] for hosts that run several nodes: `(host name, its nodes)`.
+    pub fn with_nodes(hosts: &[(String, Vec<String>)], shaping: Shaping) -> CliResult<Topology> {
         if hosts.is_empty() || hosts.len() > 250 {
             return Err(CliError::usage(format!(
                 "a shaped network needs 1 to 250 hosts, not {}",
@@ -258,7 +270,7 @@ impl Topology {
         Ok(())
     }
 
-    fn build(&mut self, hosts: &[String]) -> CliResult<()> {
+    fn build(&mut self, hosts: &[(String, Vec<String>)]) -> CliResult<()> {
         let br = self.bridge_ns.clone();
         self.add_ns(&br)?;
         let mtu = self.shaping.mtu.to_string();
@@ -267,7 +279,7 @@ impl Topology {
         run_cmd("ip", &["-n", &br, "link", "set", "br0", "up"])?;
         let tbf = self.shaping.tbf_args();
         let tbf: Vec<&str> = tbf.iter().map(String::as_str).collect();
-        for (i, name) in hosts.iter().enumerate() {
+        for (i, (name, nodes)) in hosts.iter().enumerate() {
             check_interrupted()?;
             let ns = format!("{}-{name}", self.prefix);
             let port = format!("p{i}");
@@ -296,6 +308,7 @@ impl Topology {
             run_cmd("tc", &down)?;
             self.hosts.push(Host {
                 name: name.clone(),
+                nodes: nodes.clone(),
                 ns,
                 ip,
                 port,
@@ -304,11 +317,11 @@ impl Topology {
         Ok(())
     }
 
-    /// The host running node `name`.
+    /// The host named `name` or running node `name`.
     pub fn host(&self, name: &str) -> CliResult<&Host> {
         self.hosts
             .iter()
-            .find(|h| h.name == name)
+            .find(|h| h.name == name || h.nodes.iter().any(|n| n == name))
             .ok_or_else(|| CliError::failed(format!("the shaped network has no host {name:?}")))
     }
 

@@ -17,12 +17,13 @@ use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started}
 use pushpull_proto::pool::BufPool;
 
 use super::{
-    check_home, decode_host, encode_host, undo_host, Encoded, Launch, Ready, RoundData, Settling,
-    Starting,
+    check_home, contribute, decode_host, encode_host, take_result, undo_host, Encoded, Launch,
+    Ready, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
 use crate::tensor::RoundKind;
 use crate::tensor::TensorInner;
+use pushpull_kernels::IntraCodec;
 
 /// What [`DeviceData`] needs to build a tensor's device chains at its first device round.
 #[derive(Clone, Copy)]
@@ -32,6 +33,10 @@ pub(crate) struct ChainSetup {
     pub(crate) min_compress_bytes: u64,
     /// A codec factory other than the default is set: every chunk uses its CPU codec.
     pub(crate) custom_factory: bool,
+    /// The worker is in a local group (`cluster.local_size > 1`): its chunks are copied to the
+    /// host's sum and back, and each chunk's owner compresses the host sum with its CPU codec
+    /// ([`crate::local`]), so the tensor has no device chains.
+    pub(crate) local_group: bool,
 }
 
 /// A tensor's device state, kept in the tensor between its push_pull rounds: its chains, or
@@ -201,7 +206,7 @@ impl<D: Device, K> DeviceData<D, K> {
 
     /// The tensor's chains, built at its first device round.
     fn build_state(&self, tensor: &TensorInner) -> Result<DeviceState<D>, WorkerError> {
-        if self.setup.custom_factory {
+        if self.setup.custom_factory || self.setup.local_group {
             return Ok(DeviceState { chains: None });
         }
         let p = &tensor.placement;
@@ -440,6 +445,34 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         tensor.codec(index).undo(round);
         self.host.clear();
         self.host.resize(tensor.ranges[index].len(), f32::NAN);
+        self.unstage(tensor, index)
+    }
+
+    fn contribute(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        rank: u32,
+        first: bool,
+        intra: IntraCodec,
+        acc: &mut [f32],
+    ) -> Result<(), String> {
+        self.stage(tensor, index)?;
+        contribute(&self.host, kind, rank, first, intra, acc);
+        Ok(())
+    }
+
+    fn take_result(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        kind: RoundKind,
+        num_workers: u32,
+        acc: &[f32],
+    ) -> Result<(), String> {
+        self.host.resize(acc.len(), 0.0);
+        take_result(acc, kind, num_workers, &mut self.host);
         self.unstage(tensor, index)
     }
 

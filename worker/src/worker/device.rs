@@ -165,6 +165,7 @@ impl Worker {
             rank: self.inner.rank,
             min_compress_bytes: self.inner.config.cluster.min_compress_bytes,
             custom_factory: self.inner.custom_factory.load(Ordering::Relaxed),
+            local_group: self.inner.local.is_some(),
         }
     }
 
