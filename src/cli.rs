@@ -15,11 +15,11 @@ use pushpull_proto::Config;
 use crate::node::{run_worker, WorkerOptions};
 use pushpull_bench::transport as bench;
 use pushpull_jobs::JobConfig;
-use pushpull_launch::certs;
 use pushpull_launch::local::{
     default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
 };
 use pushpull_launch::procs::Programs;
+use pushpull_launch::{certs, multihost};
 use pushpull_node::error::{CliError, CliResult};
 use pushpull_node::logging;
 
@@ -72,6 +72,12 @@ pub enum Command {
     Local(LocalArgs),
     /// Make a cluster CA and node certificates for a multi-host cluster.
     Certs(CertsArgs),
+    /// Write a job folder for a multi-host job (Slurm, Kubernetes, by hand): the cluster file
+    /// with the scheduler's address and a certificate for every node.
+    Prepare(PrepareArgs),
+    /// Run one node of a job folder made by `pushpull prepare`, its role and index from the
+    /// flags or the cluster manager's environment (SLURM_PROCID, JOB_COMPLETION_INDEX, RANK).
+    Node(NodeRunArgs),
     /// Benchmarks.
     Bench(BenchArgs),
     /// Run the scheduler (same as `pushpull-scheduler`).
@@ -244,6 +250,66 @@ pub struct CertsArgs {
     /// How long the certificates are valid, in days (from an hour ago).
     #[arg(long, value_name = "N", default_value_t = pushpull_net::certs::DEFAULT_VALIDITY_DAYS)]
     pub days: u32,
+}
+
+/// `pushpull prepare`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Example (Slurm: the first node of the allocation runs the scheduler): pushpull \
+                  prepare --out $JOB_DIR --scheduler $(scontrol show hostnames | head -n1):29500 \
+                  --workers 8 --servers 2 --local-size 4. See deploy/slurm/pushpull.sbatch."
+)]
+pub struct PrepareArgs {
+    /// The job folder to write (created if missing): cluster.toml, the CA in ca/, and a folder
+    /// per node (scheduler, server0.., worker0..) with its certificate and key (mode 0600).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The scheduler's address every node dials, NAME:PORT or IP:PORT (sets
+    /// `cluster.scheduler`; with a name the scheduler binds every address on the port).
+    #[arg(long, value_name = "ADDR")]
+    pub scheduler: String,
+    /// A cluster file to start from (default: configs/local.toml, built in).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Workers (overrides `cluster.num_workers`).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<u32>,
+    /// Servers (overrides `cluster.num_servers`).
+    #[arg(long, value_name = "N")]
+    pub servers: Option<u32>,
+    /// Workers per host (overrides `cluster.local_size`; ranks h*G..h*G+G-1 on host h).
+    #[arg(long, value_name = "G")]
+    pub local_size: Option<u32>,
+    /// Replace a CA the folder already holds (every node then needs the new files).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `pushpull node`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Replaces itself with the node, which dies with its parent (so nothing outlives a \
+                  Slurm step or a container). Examples: pushpull node --job-dir DIR --role \
+                  server (index from SLURM_PROCID); pushpull node --job-dir DIR --role worker -- \
+                  python train.py; pushpull node --job-dir DIR --role auto (0 the scheduler, \
+                  1..S servers, then workers)."
+)]
+pub struct NodeRunArgs {
+    /// The job folder written by `pushpull prepare` (or one with cluster.toml and this node's
+    /// folder of certificates, as a Kubernetes pod mounts it).
+    #[arg(long, value_name = "DIR")]
+    pub job_dir: PathBuf,
+    /// The node's role; `auto`: the index counts every node of the job.
+    #[arg(long, value_enum)]
+    pub role: pushpull_launch::multihost::RoleArg,
+    /// The node's index within its role (a worker's rank); default: SLURM_PROCID,
+    /// JOB_COMPLETION_INDEX or RANK, the first that is set.
+    #[arg(long, value_name = "N")]
+    pub index: Option<u32>,
+    /// A worker's command (e.g. `python train.py`), run with the environment pushpull.torch
+    /// reads; without one a worker runs the cluster file's built-in job.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 /// `pushpull bench`.
@@ -525,6 +591,52 @@ pub fn certs(args: CertsArgs) -> CliResult<()> {
     Ok(())
 }
 
+/// `pushpull prepare`.
+pub fn prepare(args: PrepareArgs) -> CliResult<()> {
+    let mut config = match &args.config {
+        Some(p) => Config::from_file(p).map_err(CliError::usage)?,
+        None => default_config(),
+    };
+    if let Some(n) = args.workers {
+        config.cluster.num_workers = n;
+    }
+    if let Some(n) = args.servers {
+        config.cluster.num_servers = n;
+    }
+    if let Some(g) = args.local_size {
+        config.cluster.local_size = g;
+    }
+    let text = multihost::prepare(&args.out, config, &args.scheduler, args.force)?;
+    print(&text);
+    Ok(())
+}
+
+/// `pushpull node`: returns only when the node could not be started.
+pub fn node(args: NodeRunArgs) -> CliResult<()> {
+    let config_path = args.job_dir.join("cluster.toml");
+    let config = Config::from_file(&config_path).map_err(CliError::usage)?;
+    let c = &config.cluster;
+    let env = |k: &str| std::env::var(k).ok();
+    let which = multihost::which_node(args.role, args.index, &env, (c.num_servers, c.num_workers))?;
+    let programs = Programs::from_current_exe()?;
+    let cmd = multihost::node_command(
+        &args.job_dir,
+        &config_path,
+        &config,
+        &which,
+        &programs,
+        &args.command,
+    )?;
+    eprintln!(
+        "pushpull node: {} ({}): {} {}",
+        which.name(),
+        which.source,
+        cmd.program.display(),
+        cmd.args.join(" ")
+    );
+    Err(multihost::exec(&cmd))
+}
+
 /// `pushpull bench ...`.
 pub fn bench(args: BenchArgs) -> CliResult<()> {
     match args.which {
@@ -594,6 +706,8 @@ pub fn pushpull_main() -> ExitCode {
     exit(match cli.command {
         Command::Local(a) => local(a),
         Command::Certs(a) => certs(a),
+        Command::Prepare(a) => prepare(a),
+        Command::Node(a) => node(a),
         Command::Bench(a) => bench(a),
         Command::Scheduler(a) => scheduler(a),
         Command::Server(a) => server(a),

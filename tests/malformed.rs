@@ -38,7 +38,10 @@ impl FakeWorker {
         )
         .unwrap();
         let conn = endpoint
-            .connect_with_retry(config.scheduler_addr(), config.connect_timeout())
+            .connect_with_retry(
+                config.scheduler_addr().bind_addr(),
+                config.connect_timeout(),
+            )
             .await
             .unwrap();
         let (send, recv) = conn.open_bi().await.unwrap();

@@ -10,6 +10,7 @@
 //! | [`script`] | `pushpull local -- COMMAND`: a scheduler and servers, and the user's command as every worker, with the environment `pushpull.torch` reads |
 //! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
 //! | [`certs`] | `pushpull certs`: a cluster CA and node certificates, the default node names |
+//! | [`multihost`] | `pushpull prepare` (a job folder: cluster file, CA, a certificate per node) and `pushpull node` (one node of it, its role and index from flags or Slurm's, Kubernetes' or torchrun's variables), for cluster managers |
 //!
 //! What the children print is read through `pushpull_node::report` (the `listening on` lines,
 //! the benchmark's report) and `pushpull_jobs` (the training job's report).
@@ -18,6 +19,7 @@
 
 pub mod certs;
 pub mod local;
+pub mod multihost;
 pub mod nodes;
 pub mod procs;
 pub mod script;

@@ -23,7 +23,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cap::WindowCap;
 use crate::tls::TlsIdentity;
-use pushpull_proto::config::Config;
+use pushpull_proto::config::{Config, SchedulerAddr};
 use pushpull_proto::protocol::{
     check_control_len, decode_control, encode_control, FrameHeader, ProtocolError, FRAME_HEADER_LEN,
 };
@@ -275,6 +275,41 @@ impl Endpoint {
                 Err(_) => {}
             }
         }
+    }
+}
+
+/// The scheduler's socket address: `addr` itself, or its name resolved (an IPv4 address when
+/// the name has one, since nodes bind IPv4 by default), retrying every 200 ms until `timeout`
+/// has passed (on Kubernetes a pod's name resolves only once the pod exists). The error names
+/// the name, why it failed and for how long it was tried.
+pub async fn resolve_scheduler(
+    addr: &SchedulerAddr,
+    timeout: Duration,
+) -> Result<SocketAddr, String> {
+    let (host, port) = match addr {
+        SchedulerAddr::Ip(a) => return Ok(*a),
+        SchedulerAddr::Name { host, port } => (host.as_str(), *port),
+    };
+    let start = Instant::now();
+    loop {
+        let why = match tokio::net::lookup_host((host, port)).await {
+            Ok(found) => {
+                let found: Vec<SocketAddr> = found.collect();
+                if let Some(a) = found.iter().find(|a| a.is_ipv4()).or(found.first()) {
+                    return Ok(*a);
+                }
+                "the name has no address".to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        if start.elapsed() >= timeout {
+            return Err(format!(
+                "cannot resolve the scheduler's name {host:?} (cluster.scheduler): {why} (tried \
+                 for {:.1} s, cluster.connect_timeout_ms)",
+                start.elapsed().as_secs_f64()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

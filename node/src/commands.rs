@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pushpull_net::tls::TlsIdentity;
-use pushpull_proto::config::parse_addr;
+use pushpull_proto::config::{parse_addr, SchedulerAddr};
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
@@ -30,8 +30,8 @@ pub struct NodeArgs {
     /// The cluster file (TOML; see configs/local.toml and configs/multi-host.toml).
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
-    /// The scheduler's address, IP:PORT (overrides `cluster.scheduler`; the scheduler binds it,
-    /// port 0 picks a free port).
+    /// The scheduler's address, IP:PORT or NAME:PORT (overrides `cluster.scheduler`; the
+    /// scheduler binds it, or every address for a name; port 0 picks a free port).
     #[arg(long, value_name = "ADDR")]
     pub scheduler: Option<String>,
     /// The cluster CA certificate, PEM (overrides `tls.ca`).
@@ -54,7 +54,8 @@ pub fn parse_addr_flag(flag: &str, value: &str) -> CliResult<SocketAddr> {
 pub fn load_config(args: &NodeArgs) -> CliResult<Config> {
     let mut config = Config::from_file(&args.config).map_err(CliError::usage)?;
     if let Some(s) = &args.scheduler {
-        parse_addr_flag("--scheduler", s)?;
+        SchedulerAddr::parse(s)
+            .map_err(|allowed| CliError::usage(format!("--scheduler {s:?}: {allowed}")))?;
         config.cluster.scheduler = s.clone();
     }
     if let Some(p) = &args.ca {

@@ -118,8 +118,11 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// `scheduler`: the scheduler's address, `host:port` (an IP address; the scheduler binds it,
-    /// everyone else dials it). Port 0 lets the scheduler pick one (it prints the address).
+    /// `scheduler`: the scheduler's address, `host:port`: an IP address (the scheduler binds
+    /// it, everyone else dials it) or a DNS name (the scheduler binds every address on the port;
+    /// the others resolve the name, retrying until `connect_timeout_ms`, as on Kubernetes where
+    /// a pod's address is known only by name). Port 0 lets the scheduler pick one (it prints
+    /// the address).
     pub scheduler: String,
     /// `num_workers`: how many workers the job has (>= 1).
     pub num_workers: u32,
@@ -448,9 +451,9 @@ impl Config {
     }
 
     /// The scheduler address, parsed.
-    pub fn scheduler_addr(&self) -> SocketAddr {
+    pub fn scheduler_addr(&self) -> SchedulerAddr {
         // validate() checked it.
-        parse_addr(&self.cluster.scheduler).expect("validated scheduler address")
+        SchedulerAddr::parse(&self.cluster.scheduler).expect("validated scheduler address")
     }
 
     /// The heartbeat interval.
@@ -496,6 +499,78 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     s.parse::<SocketAddr>().map_err(|_| {
         "expected an IP address and port, e.g. \"127.0.0.1:9000\" or \"[::1]:9000\"".to_string()
     })
+}
+
+/// `cluster.scheduler`: an IP address and port, or a DNS name and port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SchedulerAddr {
+    /// An IP address and port.
+    Ip(SocketAddr),
+    /// A DNS name (letters, digits, `-` and `.`: RFC 1123) and port.
+    Name {
+        /// The name, e.g. `pushpull-0.pushpull` or `node001`.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+impl SchedulerAddr {
+    /// Parses `IP:PORT`, `[IPv6]:PORT` or `NAME:PORT`; the error says what is allowed.
+    pub fn parse(s: &str) -> Result<SchedulerAddr, String> {
+        const ALLOWED: &str = "expected an IP address or DNS name and a port, e.g. \
+                               \"10.0.0.1:9000\", \"[::1]:9000\" or \"node001:9000\"";
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Ok(SchedulerAddr::Ip(a));
+        }
+        let (host, port) = s.rsplit_once(':').ok_or(ALLOWED)?;
+        let port: u16 = port.parse().map_err(|_| ALLOWED)?;
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        let host = host.strip_suffix('.').unwrap_or(host);
+        // A name of digits and dots only is a malformed IPv4 address, not a name.
+        let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+        if host.is_empty() || host.len() > 253 || numeric || !host.split('.').all(label_ok) {
+            return Err(ALLOWED.to_string());
+        }
+        Ok(SchedulerAddr::Name {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        match self {
+            SchedulerAddr::Ip(a) => a.port(),
+            SchedulerAddr::Name { port, .. } => *port,
+        }
+    }
+
+    /// The address the scheduler binds: the IP address itself, or every IPv4 address on the
+    /// port for a name (the name's addresses are the host's own).
+    pub fn bind_addr(&self) -> SocketAddr {
+        match self {
+            SchedulerAddr::Ip(a) => *a,
+            SchedulerAddr::Name { port, .. } => {
+                SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, *port))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for SchedulerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchedulerAddr::Ip(a) => write!(f, "{a}"),
+            SchedulerAddr::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
 }
 
 /// Turns a TOML scalar into the string a parameter map holds.

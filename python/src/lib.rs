@@ -127,7 +127,7 @@ fn join_config(
         None => Config::local(num_workers.unwrap_or(1), num_servers.unwrap_or(1)),
     };
     if let Some(s) = scheduler {
-        pushpull_proto::config::parse_addr(&s)
+        pushpull_proto::config::SchedulerAddr::parse(&s)
             .map_err(|e| bad(format!("scheduler address {s:?}: {e}")))?;
         c.cluster.scheduler = s;
     }

@@ -68,7 +68,7 @@ impl Scheduler {
     /// and chooses the job seed (`cluster.seed`, or a random one, logged).
     pub async fn bind(config: Config, identity: TlsIdentity) -> Result<Scheduler, SchedulerError> {
         config.validate("scheduler config")?;
-        let addr = config.scheduler_addr();
+        let addr = config.scheduler_addr().bind_addr();
         let endpoint = Endpoint::bind(addr, &identity, &config)?;
         let job_seed = match config.cluster.seed {
             Some(seed) => {

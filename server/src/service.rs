@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 use pushpull_codecs::{CodecContext, CodecFactory, Compressor, KernelsFactory, Node};
 use pushpull_net::certs::peer_grant;
 use pushpull_net::tls::TlsIdentity;
-use pushpull_net::transport::{ControlSender, ControlStream, Endpoint, TransportError};
+use pushpull_net::transport::{
+    resolve_scheduler, ControlSender, ControlStream, Endpoint, TransportError,
+};
 use pushpull_proto::config::{parse_addr, ConfigError};
 use pushpull_proto::departure::Departure;
 use pushpull_proto::protocol::{FromScheduler, NodeName, NodeRole, TensorPlacement, ToScheduler};
@@ -80,6 +82,10 @@ pub enum ServerError {
         /// What happened.
         message: String,
     },
+    /// The scheduler's name (`cluster.scheduler`) did not resolve within
+    /// `cluster.connect_timeout_ms` (the message names it).
+    #[error("{0}")]
+    Resolve(String),
     /// The scheduler refused this server's registration.
     #[error("registration refused by the scheduler: {reason}")]
     Refused {
@@ -188,6 +194,9 @@ impl Server {
             factory,
             requested_id,
         } = self;
+        let scheduler_addr = resolve_scheduler(&config.scheduler_addr(), config.connect_timeout())
+            .await
+            .map_err(ServerError::Resolve)?;
         let (shared, sender) = Shared::new(&config);
         let shared = Arc::new(shared);
         let sender = tokio::spawn(sender);
@@ -200,7 +209,7 @@ impl Server {
             scheduler: NodeName {
                 role: NodeRole::Scheduler,
                 id: 0,
-                addr: config.scheduler_addr(),
+                addr: scheduler_addr,
             },
             sender: None,
             conn: None,

@@ -74,6 +74,43 @@ fn zero_workers_and_bad_address_are_refused() {
 }
 
 #[test]
+fn the_scheduler_is_an_ip_address_or_a_dns_name() {
+    use crate::config::SchedulerAddr;
+    let ip = SchedulerAddr::parse("10.0.0.1:9000").unwrap();
+    assert_eq!(ip, SchedulerAddr::Ip("10.0.0.1:9000".parse().unwrap()));
+    assert_eq!(ip.bind_addr().to_string(), "10.0.0.1:9000");
+    let v6 = SchedulerAddr::parse("[::1]:9000").unwrap();
+    assert_eq!(v6.to_string(), "[::1]:9000");
+    let name = SchedulerAddr::parse("Pushpull-0.pushpull.default.svc:29500").unwrap();
+    assert_eq!(name.to_string(), "pushpull-0.pushpull.default.svc:29500");
+    assert_eq!(name.port(), 29500);
+    // A name: the scheduler binds every IPv4 address on the port.
+    assert_eq!(name.bind_addr().to_string(), "0.0.0.0:29500");
+    assert_eq!(
+        SchedulerAddr::parse("node001.:0").unwrap().to_string(),
+        "node001:0"
+    );
+    for bad in [
+        "node001",
+        "node_1:9000",
+        "-node:9000",
+        "node-:9000",
+        "a..b:9000",
+        ":9000",
+        "node:99999",
+        "10.0.0:9000",
+        "::1:9000",
+        &format!("{}:1", "a".repeat(64)),
+    ] {
+        let e = SchedulerAddr::parse(bad).unwrap_err();
+        assert!(e.contains("DNS name"), "{bad}: {e}");
+    }
+    let text = MINIMAL.replace("127.0.0.1:9000", "sched.example:9000");
+    let c = Config::from_toml_str(&text, "t.toml").unwrap();
+    assert_eq!(c.scheduler_addr().port(), 9000);
+}
+
+#[test]
 fn a_tiny_chunk_payload_bound_is_refused_naming_it() {
     let text = format!("{MINIMAL}max_chunk_payload_bytes = 100\n");
     let e = Config::from_toml_str(&text, "t.toml")

@@ -13,7 +13,7 @@ impl Config {
             allowed: allowed.to_string(),
         };
         let c = &self.cluster;
-        parse_addr(&c.scheduler)
+        SchedulerAddr::parse(&c.scheduler)
             .map_err(|allowed| bad("cluster.scheduler", format!("{:?}", c.scheduler), &allowed))?;
         if c.num_workers == 0 {
             return Err(bad("cluster.num_workers", "0".into(), "must be at least 1"));

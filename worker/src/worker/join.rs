@@ -13,7 +13,7 @@ use pushpull_kernels::KernelsFactory;
 use pushpull_net::certs::peer_grant;
 use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::tls::TlsIdentity;
-use pushpull_net::transport::{send_frame, Endpoint, TransportError};
+use pushpull_net::transport::{resolve_scheduler, send_frame, Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{max_payload_len, FrameFlags, FrameHeader, FrameKind, ReduceOp};
 use pushpull_proto::sendq::Flow;
@@ -107,10 +107,10 @@ impl Worker {
             .validate("(worker config)")
             .map_err(|e| WorkerError::Config(e.to_string()))?;
         let device = device_setting(&config.worker.device)?;
-        let sched_addr = config.scheduler_addr();
-        if sched_addr.port() == 0 {
+        let named = config.scheduler_addr();
+        if named.port() == 0 {
             return Err(WorkerError::Config(format!(
-                "`cluster.scheduler` = {sched_addr}: workers need the scheduler's actual port, not 0"
+                "`cluster.scheduler` = {named}: workers need the scheduler's actual port, not 0"
             )));
         }
         if let Some(r) = opts.requested_rank {
@@ -121,6 +121,12 @@ impl Worker {
                 )));
             }
         }
+        let sched_addr = resolve_scheduler(&named, config.connect_timeout())
+            .await
+            .map_err(|message| WorkerError::Connect {
+                node: format!("scheduler ({named})"),
+                message,
+            })?;
         let scheduler = NodeName {
             role: NodeRole::Scheduler,
             id: 0,
