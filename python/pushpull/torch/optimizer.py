@@ -1,4 +1,5 @@
-"""``DistributedOptimizer`` and ``Compression`` of :mod:`pushpull.torch`: an optimizer whose
+"""``DistributedOptimizer`` of :mod:`pushpull.torch` (``Compression`` lives in
+``compression.py``): an optimizer whose
 ``step()`` uses gradients averaged over every worker, reduced in DDP-style buckets (each a group
 call: one batch on a GPU) started by hooks as the backward pass produces them.
 """
@@ -11,25 +12,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import torch
 
 from . import ParamMap, PushPullError, _Round, _start_sums, _w, declare
-
-class _Compressor:
-    """A BytePS compression choice, as the parameter map it stands for."""
-
-    def __init__(self, name: str, params: Mapping[str, str]):
-        self.name = name
-        self.params = dict(params)
-
-    def __repr__(self) -> str:
-        return f"Compression.{self.name}"
-
-
-class Compression:
-    """BytePS's compression choices for :class:`DistributedOptimizer`. ``fp16`` is pushpull's
-    fp16 compressor (workers send float16, servers sum in float32). For every other compressor,
-    error feedback or momentum, use ``compression_params``."""
-
-    none = _Compressor("none", {})
-    fp16 = _Compressor("fp16", {"byteps_compressor_type": "fp16"})
+from .compression import Compression, _Compressor
 
 
 _MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")
@@ -207,6 +190,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             _w().discard_last_round(self._names)
         self._synchronized = True
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """BytePS's setter: from now on a gradient is push_pulled after ``passes`` backward
+        passes (``>= 1``; ``ValueError`` naming the argument otherwise). Passes counted so far
+        for gradients not yet handed over start again from zero, as in BytePS."""
+        if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+            raise ValueError(f"set_backward_passes_per_step: passes = {passes!r}: must be an int >= 1")
+        self.backward_passes_per_step = passes
+        for k in range(len(self._entries)):
+            if not self._ready[k]:
+                self._passes[k] = 0
+
     @contextlib.contextmanager
     def skip_synchronize(self):
         """Within this context, ``step()`` does not call :meth:`synchronize` (call it yourself
@@ -253,6 +247,9 @@ def DistributedOptimizer(
     ``momentum = nesterov`` is refused (``ValueError``) for an optimizer that has momentum of its
     own; with ``ef = corrected`` the learning rate of the parameter's group is read from
     ``param_groups`` at every step.
+
+    ``set_backward_passes_per_step(passes)`` (BytePS's method) changes
+    ``backward_passes_per_step`` later, e.g. when the accumulation schedule changes.
 
     With mixed precision (``torch.amp.GradScaler``), call :meth:`synchronize` before the
     scaler's ``step`` (see "Mixed precision" in :mod:`pushpull.torch`): a step whose averaged

@@ -23,8 +23,8 @@ def expect(case, exc_type, *words):
     return run
 
 
-expect("dtype", TypeError, "'ints'", "torch.int64")(
-    lambda: bps.push_pull(torch.arange(5), name="ints"))
+expect("dtype", TypeError, "'cplx'", "torch.complex64")(
+    lambda: bps.push_pull(torch.zeros(5, dtype=torch.complex64), name="cplx"))
 bps.declare("len", 10)
 expect("length", pushpull.PushPullError, "'len'", "10", "11")(
     lambda: bps.push_pull(torch.zeros(11), name="len"))

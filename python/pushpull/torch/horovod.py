@@ -1,0 +1,252 @@
+"""Horovod's spellings in :mod:`pushpull.torch` (``import pushpull.torch as hvd`` works for
+these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum``,
+``allgather``, ``join`` and ``barrier``, each a thin name over the rounds of
+``pushpull/torch/__init__.py``."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import List, Optional
+
+import torch
+
+from . import (
+    _CONVERTIBLE,
+    _INTEGER,
+    Compression,
+    _check_sync_args,
+    _Compressor,
+    _ensure_declared,
+    _new_name,
+    _register,
+    _Round,
+    _start_sums,
+    _w,
+    push_pull,
+    push_pull_inplace,
+    rank,
+    size,
+    synchronize,
+)
+
+# --- Horovod's names -------------------------------------------------------------------------
+
+# Horovod's reduction ops (its ReduceOp values).
+Average = 0
+Sum = 1
+Adasum = 2
+
+
+def _average_of(op, average, fn: str) -> bool:
+    if op is not None and average is not None:
+        raise ValueError(f"{fn}: give op (Average or Sum) or the deprecated average, not both")
+    if op is None:
+        return True if average is None else bool(average)
+    if op == Average:
+        return True
+    if op == Sum:
+        return False
+    raise ValueError(f"{fn}: op = {op!r}: pushpull reduces with Average or Sum (Adasum is not supported)")
+
+
+def _check_scales(fn: str, tensor: torch.Tensor, prescale: float, postscale: float) -> None:
+    if (prescale != 1.0 or postscale != 1.0) and tensor.dtype in _INTEGER:
+        raise ValueError(
+            f"{fn}: prescale_factor = {prescale}, postscale_factor = {postscale}: scale factors "
+            f"apply to floating tensors, and this one is {tensor.dtype}"
+        )
+
+
+def allreduce_async_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Horovod's in-place async allreduce: :func:`push_pull_async_inplace` with ``op``
+    (``Average``, the default, or ``Sum``; ``Adasum`` raises ``ValueError``) or the deprecated
+    ``average``. ``prescale_factor`` multiplies ``tensor`` before the round,
+    ``postscale_factor`` the result (at :func:`synchronize`), floating tensors only."""
+    avg = _average_of(op, average, "allreduce_async_")
+    _check_scales("allreduce_async_", tensor, prescale_factor, postscale_factor)
+    name = name if name is not None else _new_name("allreduce")
+    if prescale_factor != 1.0:
+        with torch.no_grad():
+            tensor.mul_(prescale_factor)
+    r = _Round(name, tensor)
+    _ensure_declared(name, r, 0)
+    r.scale = float(postscale_factor)
+    _start_sums([r], avg)
+    return _register(r)
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Horovod's async allreduce, out of place: :func:`allreduce_async_` of a copy of
+    ``tensor`` (which is not modified); :func:`synchronize` returns the result."""
+    return allreduce_async_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
+    )
+
+
+def allreduce_(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Horovod's in-place allreduce: :func:`allreduce_async_` and :func:`synchronize`;
+    returns ``tensor``."""
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor)
+    )
+
+
+def allreduce(
+    tensor: torch.Tensor,
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    compression: _Compressor = Compression.none,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> torch.Tensor:
+    """Horovod's allreduce: :func:`push_pull` (a new tensor, gradients flow back) with ``op``
+    (``Average``, the default, or ``Sum``) or the deprecated ``average``, ``compression`` as in
+    :func:`push_pull_async_inplace`, and the scale factors of :func:`allreduce_async_`."""
+    avg = _average_of(op, average, "allreduce")
+    _check_scales("allreduce", tensor, prescale_factor, postscale_factor)
+    x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+    out = push_pull(x, avg, name, compression=compression)
+    return out * postscale_factor if postscale_factor != 1.0 else out
+
+
+# Dtypes an allgather may carry, numbered from 1 in its header (0: not supported).
+_GATHERABLE = _CONVERTIBLE + _INTEGER
+
+
+def _split24(v: int) -> List[float]:
+    return [float(v & 0xFFFFFF), float(v >> 24)]
+
+
+def allgather_async(
+    tensor: torch.Tensor,
+    same_shape=True,
+    name: Optional[str] = None,
+    version: int = 0,
+    priority: int = 0,
+) -> int:
+    """Starts :func:`allgather`; returns a handle whose :func:`synchronize` returns the
+    concatenation. The first dimensions are gathered before this returns (a short round)."""
+    if isinstance(same_shape, str) and name is None:
+        name, same_shape = same_shape, True  # Horovod's allgather_async(tensor, name)
+    _check_sync_args(version)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"allgather: tensor = {tensor!r}: expected a torch.Tensor")
+    name = name if name is not None else _new_name("allgather")
+    x = tensor.detach()
+    if x.dim() == 0:
+        x = x.reshape(1)
+    n, me = size(), rank()
+    trailing = tuple(x.shape[1:])
+    row = 1
+    for d in trailing:
+        row *= d
+    code = _GATHERABLE.index(x.dtype) + 1 if x.dtype in _GATHERABLE else 0
+    shape_id = zlib.crc32(repr(trailing).encode())
+    # Every rank's header in its own slot of a sum (the other slots zero: exact).
+    fields = [x.shape[0], row, x.dim(), code, shape_id]
+    width = 2 * len(fields)
+    header = torch.zeros(n * width, dtype=torch.float32)
+    header[me * width:(me + 1) * width] = torch.tensor(
+        [h for f in fields for h in _split24(f)], dtype=torch.float32
+    )
+    push_pull_inplace(header, average=False, name=f"{name}.sizes")
+    h = header.to(torch.int64).view(n, len(fields), 2)
+    got = (h[:, :, 0] | (h[:, :, 1] << 24)).tolist()
+    if any(g[3] == 0 for g in got):
+        bad = [r for r, g in enumerate(got) if g[3] == 0]
+        raise TypeError(
+            f"allgather of {name!r}: rank(s) {bad} hand in a tensor of a dtype pushpull does not "
+            f"carry (this rank: {x.dtype}); float and integer tensors only"
+        )
+    if any(g[1:] != got[me][1:] for g in got):
+        desc = [f"rank {r}: {g[2]} dims, {g[1]} elements per row, "
+                f"{_GATHERABLE[g[3] - 1]}" for r, g in enumerate(got)]
+        raise ValueError(
+            f"allgather of {name!r}: the tensors differ beyond their first dimension or in dtype "
+            f"({'; '.join(desc)}; this rank's shape {tuple(x.shape)})"
+        )
+    counts = [g[0] for g in got]
+    offset, total = sum(counts[:me]), sum(counts)
+    # Every other rank's rows are -0.0 (0 for integers): x + (-0.0) is x for every float x,
+    # -0.0 included, so the rank-order sum is the concatenation, bit for bit.
+    pad = 0 if x.dtype in _INTEGER else -0.0
+    out = torch.full((total, *trailing), pad, dtype=x.dtype, device=x.device)
+    out[offset:offset + x.shape[0]] = x
+    dname = f"{name}.{total * row}"
+    r = _Round(dname, out)
+    _ensure_declared(dname, r, priority)
+    _start_sums([r], False)
+    return _register(r)
+
+
+def allgather(
+    tensor: torch.Tensor,
+    same_shape=True,
+    name: Optional[str] = None,
+    version: int = 0,
+    priority: int = 0,
+) -> torch.Tensor:
+    """Every worker's ``tensor`` concatenated along dimension 0, in rank order, as a new
+    tensor (the input is unchanged); the first dimensions may differ, the rest and the dtype
+    must match (else every worker raises, naming each rank's shape). A 0-dim tensor counts as
+    one row. BytePS's signature ``(tensor, same_shape=True, name=None, version=0, priority=0)``
+    and Horovod's ``(tensor, name=None)`` are both accepted (a string second argument is the
+    name); ``same_shape`` is not needed: the first dimensions are always gathered first.
+
+    Exact, built from sums: every worker's rows go in its own slot of a tensor padded with
+    -0.0 (0 for integers), summed in one round, so each element is a sum of one value and
+    zeros: float32 bit for bit, float16/bfloat16 exactly, float64 rounded to float32 (as every
+    pushpull round), integers as in :func:`push_pull` (magnitudes below 2**24). As in every
+    sum, a chunk holding inf or NaN comes back NaN. Unlike Horovod's and BytePS's, the result
+    carries no autograd graph. The rounds are declared ``NAME.sizes`` and ``NAME.LENGTH``
+    (the flat length of the result), so a name may gather tensors of any size."""
+    return synchronize(allgather_async(tensor, same_shape, name, version, priority))
+
+
+def barrier() -> None:
+    """Waits until every worker has called :func:`barrier` (Horovod's ``barrier``; the
+    scheduler's barrier, no tensor rounds)."""
+    _w().barrier()
+
+
+def join(device: int = -1) -> int:
+    """Horovod's ``join``, as a barrier: waits until every worker has called ``join`` and
+    returns the rank that called it last (by each worker's wall clock at its call, to the
+    millisecond; the clocks of different hosts should be synchronized; ties go to the higher
+    rank). ``device`` is accepted and unused.
+
+    Unlike Horovod's, a worker waiting in ``join`` does not take part in other workers'
+    rounds with zeros: every worker must stop starting rounds (e.g. at the end of its data)
+    before calling it, or the others' rounds wait for it forever (until a timeout)."""
+    n, me = size(), rank()
+    now_ms = int(time.time() * 1000)
+    stamps = torch.zeros(n * 2, dtype=torch.float32)
+    stamps[2 * me:2 * me + 2] = torch.tensor(_split24(now_ms), dtype=torch.float32)
+    push_pull_inplace(stamps, average=False, name="join.clock")
+    v = stamps.to(torch.int64).view(n, 2)
+    ms = (v[:, 0] | (v[:, 1] << 24)).tolist()
+    last = max(range(n), key=lambda r: (ms[r], r))
+    return last
