@@ -26,6 +26,18 @@ Sources, strongest first:
    ``PUSHPULL_TLS_SERVER_NAME``      ``tls.server_name``
    ================================  ==============================================
 
+   torchrun's variables are read the same way where BytePS's are not set (both set and
+   different: an error naming both):
+
+   ================================  ==============================================
+   ``MASTER_ADDR``, ``MASTER_PORT``  the scheduler's address (its QUIC port may be the
+                                     same number as torch's TCP store: UDP and TCP)
+   ``WORLD_SIZE``                    ``cluster.num_workers`` (every worker process)
+   ``RANK``                          this worker's rank
+   ``LOCAL_RANK``,                   ``BYTEPS_LOCAL_RANK`` and ``BYTEPS_LOCAL_SIZE``
+   ``LOCAL_WORLD_SIZE``
+   ================================  ==============================================
+
 Without ``DMLC_WORKER_ID`` the scheduler gives this worker the lowest free rank. Without a
 cluster file, the scheduler's address and the TLS files must come from the environment.
 ``pushpull local --workers N -- COMMAND`` sets all of these for each copy of COMMAND.
@@ -35,7 +47,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Dict, Mapping, Optional
 
 
 @dataclass
@@ -85,10 +97,62 @@ def _int(env: Mapping[str, str], name: str, minimum: int) -> Optional[int]:
     return n
 
 
+# torchrun's variable for each BytePS one it stands in for.
+_TORCHRUN = {
+    "DMLC_PS_ROOT_URI": "MASTER_ADDR",
+    "DMLC_PS_ROOT_PORT": "MASTER_PORT",
+    "BYTEPS_LOCAL_RANK": "LOCAL_RANK",
+    "BYTEPS_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
+}
+
+
+def _with_torchrun(env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` with BytePS's variables filled in from torchrun's where only those are set;
+    raises ``ValueError`` naming both when a pair disagrees. ``WORLD_SIZE`` and ``RANK`` count
+    worker processes, so they become ``DMLC_NUM_WORKER`` and ``DMLC_WORKER_ID`` in hosts of
+    ``LOCAL_WORLD_SIZE`` (checked to divide them)."""
+    out = dict(env)
+    for byteps, torchrun in _TORCHRUN.items():
+        b, t = env.get(byteps) or None, env.get(torchrun) or None
+        if b is not None and t is not None and b != t:
+            raise ValueError(f"{byteps}={b!r} and {torchrun}={t!r} disagree: set one of them")
+        if b is None and t is not None:
+            out[byteps] = t
+    world, rank = env.get("WORLD_SIZE") or None, env.get("RANK") or None
+    if world is None and rank is None:
+        return out
+    g = _int(out, "BYTEPS_LOCAL_SIZE", 1) or 1
+    if world is not None:
+        n = _int(env, "WORLD_SIZE", 1)
+        if n % g:
+            raise ValueError(f"WORLD_SIZE={n} is not a multiple of LOCAL_WORLD_SIZE={g}")
+        hosts = str(n // g)
+        if out.get("DMLC_NUM_WORKER") not in (None, "", hosts):
+            raise ValueError(
+                f"DMLC_NUM_WORKER={out['DMLC_NUM_WORKER']!r} and WORLD_SIZE={n} "
+                f"(hosts of {g}) disagree: set one of them"
+            )
+        out["DMLC_NUM_WORKER"] = hosts
+    if rank is not None:
+        r = _int(env, "RANK", 0)
+        local = _int(out, "BYTEPS_LOCAL_RANK", 0) or 0
+        if r % g != local:
+            raise ValueError(f"RANK={r} is not on local rank {local} of hosts of {g} (LOCAL_RANK)")
+        host = str(r // g)
+        if out.get("DMLC_WORKER_ID") not in (None, "", host):
+            raise ValueError(
+                f"DMLC_WORKER_ID={out['DMLC_WORKER_ID']!r} and RANK={r} (hosts of {g}) "
+                "disagree: set one of them"
+            )
+        out["DMLC_WORKER_ID"] = host
+        out["BYTEPS_LOCAL_RANK"] = str(local)
+    return out
+
+
 def join_settings(config: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> JoinSettings:
     """Reads the sources above (``env`` defaults to ``os.environ``); raises ``ValueError``
     naming the variable that is wrong."""
-    env = os.environ if env is None else env
+    env = _with_torchrun(os.environ if env is None else env)
     role = env.get("DMLC_ROLE")
     if role not in (None, "", "worker"):
         raise ValueError(

@@ -26,6 +26,32 @@ def test_file_alone_keeps_its_values():
     assert s.worker_kwargs()["config"] == "/c.toml"
 
 
+def test_torchrun_variables_stand_in_for_byteps():
+    env = {"MASTER_ADDR": "node001", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "6",
+           "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "PUSHPULL_CONFIG": "/c.toml"}
+    s = join_settings(env=env)
+    assert s.scheduler == "node001:29500"
+    assert (s.num_workers, s.rank, s.local_rank, s.local_size) == (8, 6, 2, 4)
+    # Without LOCAL_WORLD_SIZE every process is its own host.
+    s = join_settings(env={"MASTER_ADDR": "h", "MASTER_PORT": "1", "WORLD_SIZE": "3", "RANK": "2"})
+    assert (s.num_workers, s.rank, s.local_size) == (3, 2, 1)
+    # Agreeing pairs are fine; disagreeing ones are named.
+    same = dict(env, DMLC_PS_ROOT_URI="node001", DMLC_NUM_WORKER="2", DMLC_WORKER_ID="1")
+    assert join_settings(env=same).rank == 6
+    for extra, words in [
+        ({"DMLC_PS_ROOT_PORT": "9000"}, ["DMLC_PS_ROOT_PORT='9000'", "MASTER_PORT='29500'"]),
+        ({"DMLC_NUM_WORKER": "3"}, ["DMLC_NUM_WORKER", "WORLD_SIZE=8"]),
+        ({"DMLC_WORKER_ID": "0"}, ["DMLC_WORKER_ID", "RANK=6"]),
+        ({"WORLD_SIZE": "6"}, ["WORLD_SIZE=6", "LOCAL_WORLD_SIZE=4"]),
+        ({"RANK": "5"}, ["RANK=5", "LOCAL_RANK"]),
+        ({"RANK": "x"}, ["RANK", "'x'"]),
+    ]:
+        with pytest.raises(ValueError) as e:
+            join_settings(env=dict(env, **extra))
+        for w in words:
+            assert w in str(e.value), (extra, str(e.value))
+
+
 def test_ipv6_scheduler():
     s = join_settings(env={"DMLC_PS_ROOT_URI": "fd00::1", "DMLC_PS_ROOT_PORT": "9000"})
     assert s.scheduler == "[fd00::1]:9000"
