@@ -1,7 +1,7 @@
 """Horovod's spellings in :mod:`pushpull.torch` (``import pushpull.torch as hvd`` works for
 these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum``,
 ``allgather``, ``join`` and ``barrier``, each a thin name over the rounds of
-``pushpull/torch/__init__.py``."""
+``pushpull/torch/_push_pull.py``."""
 
 from __future__ import annotations
 
@@ -11,24 +11,18 @@ from typing import List, Optional
 
 import torch
 
-from . import (
-    _CONVERTIBLE,
-    _INTEGER,
-    Compression,
-    _check_sync_args,
-    _Compressor,
-    _ensure_declared,
+from ._declare import _check_sync_args, _ensure_declared
+from ._push_pull import (
     _new_name,
     _register,
-    _Round,
     _start_sums,
-    _w,
     push_pull,
     push_pull_inplace,
-    rank,
-    size,
     synchronize,
 )
+from ._round import _CONVERTIBLE, _INTEGER, _Round
+from ._state import _w, rank, size
+from .compression import Compression, _Compressor
 
 # --- Horovod's names -------------------------------------------------------------------------
 

@@ -11,7 +11,11 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 import torch
 
-from . import ParamMap, PushPullError, _Round, _start_sums, _w, declare
+from .._native import PushPullError
+from ._declare import ParamMap, declare
+from ._push_pull import _start_sums
+from ._round import _Round
+from ._state import _w
 from .compression import Compression, _Compressor
 
 

@@ -10,14 +10,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .. import (
-    PushPullError,
-    _ensure_declared,
-    _Round,
-    _start_sums,
-    broadcast_parameters,
-    declare,
-)
+from ..._native import PushPullError
+from .._broadcast import broadcast_parameters
+from .._declare import _ensure_declared, declare
+from .._push_pull import _start_sums
+from .._round import _Round
 from ..compression import Compression, _Compressor, check_compression
 
 

@@ -1,0 +1,197 @@
+"""The worker of :mod:`pushpull.torch` and its module-level state (the one place it lives:
+other modules read and change it as ``_state.NAME``, never through a copy), joining and
+leaving the job (:func:`init`, :func:`shutdown`), the job's sizes, and :func:`suspend` /
+:func:`resume`."""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import sys
+import weakref
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+from .. import _native
+from .._env import JoinSettings, join_settings
+from .._native import PushPullError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._declare import _Decl
+    from ._round import _Round
+
+# The worker while joined (None before init() and after shutdown()), and its settings.
+worker: Optional[_native.Worker] = None
+settings: Optional[JoinSettings] = None
+# Rounds started and not yet synchronized, by handle.
+handles: Dict[int, "_Round"] = {}
+next_handle = itertools.count(1)
+noname = itertools.count()
+
+declared: Dict[str, "_Decl"] = {}
+# Names declared with BytePS's declare(name, **kwargs), before their first round: the
+# parameter map and priority they will be declared with.
+pending: Dict[str, Tuple[Dict[str, str], Optional[int]]] = {}
+# Every round started and not yet dropped (for suspend()), and whether rounds are suspended.
+live: "weakref.WeakSet[_Round]" = weakref.WeakSet()
+suspended = False
+
+# PUSHPULL_TORCH_ROUTE: where CPU float32 tensors are reduced ("host", or "emulated": the
+# device path on the emulated device). Read at init().
+ROUTES = ("host", "emulated")
+route = "host"
+# The worker's CUDA streams, as torch streams, by device name ("cuda:N").
+streams: Dict[str, "torch.cuda.ExternalStream"] = {}
+
+
+# --- joining and leaving -----------------------------------------------------------------
+
+
+def init(config: Optional[str] = None) -> None:
+    """Joins the job: reads the cluster file ``config`` (default: ``PUSHPULL_CONFIG``) and the
+    BytePS environment (see ``pushpull._env``), connects to the scheduler and waits until every
+    node has registered. Calling it again does nothing.
+
+    If the script ends without :func:`shutdown`, it runs at exit, unless the script ends with
+    an uncaught exception: then the worker leaves without a clean finish, so that the other
+    workers fail naming it instead of waiting for rounds it will never push."""
+    global worker, settings, route
+    if worker is not None:
+        return
+    new_route = os.environ.get("PUSHPULL_TORCH_ROUTE", "host")
+    if new_route not in ROUTES:
+        raise ValueError(f"PUSHPULL_TORCH_ROUTE = {new_route!r}: expected one of {ROUTES}")
+    route = new_route
+    new_settings = join_settings(config)
+    worker = _native.Worker(**new_settings.worker_kwargs())
+    settings = new_settings
+    previous_hook = sys.excepthook
+
+    def note_uncaught(*exc_info):
+        global uncaught
+        uncaught = True
+        previous_hook(*exc_info)
+
+    sys.excepthook = note_uncaught
+    atexit.register(_shutdown_at_exit)
+
+
+def shutdown() -> None:
+    """Leaves the job cleanly: waits for rounds in flight, tells the scheduler, and waits until
+    every worker has finished (the job ends together)."""
+    global worker, suspended
+    w = worker
+    if w is None:
+        return
+    worker = None
+    suspended = False
+    handles.clear()
+    declared.clear()
+    pending.clear()
+    streams.clear()
+    w.finish()
+
+
+uncaught = False
+
+
+def _shutdown_at_exit() -> None:
+    if worker is not None and not uncaught:
+        try:
+            shutdown()
+        except PushPullError:
+            pass  # the job already failed; the script's own error says why
+
+
+def _w() -> _native.Worker:
+    if worker is None:
+        raise PushPullError("pushpull.torch.init() has not been called (or shutdown() has)")
+    return worker
+
+
+def rank() -> int:
+    """This worker's rank, ``0 .. size() - 1``."""
+    return _w().rank
+
+
+def size() -> int:
+    """The number of workers of the job."""
+    return _w().num_workers
+
+
+def local_rank() -> int:
+    """This worker's index on its host (``BYTEPS_LOCAL_RANK``, default 0)."""
+    _w()
+    return settings.local_rank if settings else 0
+
+
+def local_size() -> int:
+    """The number of workers on this host (``BYTEPS_LOCAL_SIZE``, default 1)."""
+    _w()
+    return settings.local_size if settings else 1
+
+
+def metrics() -> dict:
+    """This worker's counters: raw and payload bytes pushed and pulled, rounds, seconds spent
+    compressing, waiting and decompressing, in total and per tensor (with each tensor's codecs
+    and where it was compressed, ``device``: ``cpu``, ``cuda:N`` or ``emulated``); the GPU and
+    page-locked memory the worker holds for device tensors (``device_bytes``) and the driver
+    calls it made (``driver_calls``)."""
+    return _w().metrics()
+
+
+# --- suspend and resume --------------------------------------------------------------------
+
+
+def _check_running(what: str) -> None:
+    if suspended:
+        raise PushPullError(
+            f"{what}: pushpull.torch is suspended (suspend()); call resume(...) first"
+        )
+
+
+def suspend() -> None:
+    """BytePS's ``suspend()``, without elastic training: waits for every round in flight (their
+    handles stay valid: :func:`synchronize` still returns, or raises, their outcome), then
+    refuses new rounds and declarations (:class:`PushPullError` naming the call) until
+    :func:`resume`. The worker stays in the job (pushpull has no elastic mode: the job's
+    workers and servers are fixed at :func:`init`); other workers' rounds wait for this one
+    meanwhile."""
+    global suspended
+    _w()
+    for r in list(live):
+        if r.native is not None:
+            try:
+                r.native.wait()
+            except PushPullError:
+                pass  # raised again by the round's synchronize
+    suspended = True
+
+
+def resume(num_workers: int, num_servers: int, global_rank: Optional[int] = None, context=None) -> None:
+    """BytePS's ``resume(num_workers, num_servers, global_rank=None, context=None)`` after
+    :func:`suspend`: with the job's own sizes, rounds may start again. ``num_workers`` counts
+    worker hosts, as BytePS's (``DMLC_NUM_WORKER``: ``size() // local_size()`` here),
+    ``num_servers`` the servers, ``global_rank`` (if given) must be :func:`rank`. Different
+    values raise ``ValueError`` naming what differs: elastic resizing is not supported (the
+    job's nodes are fixed at :func:`init`). ``context`` is accepted and unused. Calling it
+    without :func:`suspend` does nothing beyond the checks."""
+    global suspended
+    w = _w()
+    hosts = w.num_workers // local_size()
+    wrong = []
+    if num_workers != hosts:
+        wrong.append(f"num_workers = {num_workers!r} (this job's worker hosts: {hosts}, "
+                     f"{local_size()} workers each, size() = {w.num_workers})")
+    if num_servers != w.num_servers:
+        wrong.append(f"num_servers = {num_servers!r} (this job: {w.num_servers})")
+    if global_rank is not None and global_rank != w.rank:
+        wrong.append(f"global_rank = {global_rank!r} (this worker: rank {w.rank})")
+    if wrong:
+        raise ValueError(
+            "resume: " + "; ".join(wrong) + ": elastic resizing is not supported (the job's "
+            "workers, servers and ranks are fixed at init())"
+        )
+    suspended = False
