@@ -124,16 +124,29 @@ pub struct ClusterOverrides {
 impl ClusterOverrides {
     /// The cluster file with the overrides applied and validated.
     pub fn load(&self) -> CliResult<Config> {
-        let (mut config, origin) = match &self.config {
-            Some(p) => (
-                Config::from_file(p).map_err(CliError::usage)?,
-                p.display().to_string(),
-            ),
+        let (mut config, origin, text) = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| CliError::usage(format!("--config {}: {e}", p.display())))?;
+                let c = Config::from_toml_str(&text, &p.display().to_string())
+                    .map_err(CliError::usage)?;
+                (c, p.display().to_string(), text)
+            }
             None => (
                 default_config(),
                 "configs/local.toml (built in)".to_string(),
+                // The built-in file's values are defaults, not the user's: variables win.
+                String::new(),
             ),
         };
+        // BytePS's tuning variables reach every node through the cluster file written here.
+        let vars = pushpull_node::commands::environment();
+        let explicit = pushpull_proto::config::env::explicit_keys(&text);
+        for note in pushpull_proto::config::env::apply_tuning(&mut config, &explicit, &vars)
+            .map_err(CliError::usage)?
+        {
+            eprintln!("pushpull: {note}");
+        }
         let mut job = JobConfig::from_config(&config, &origin).map_err(CliError::usage)?;
         if let Some(w) = self.workers {
             config.cluster.num_workers = w;

@@ -327,3 +327,40 @@ fn local_device_cuda_without_a_gpu_or_the_feature_exits_2() {
     let (code, _, err) = run_bin(PUSHPULL, &["local", "--device", "tpu"], T);
     expect_usage(code, &err, &["--device", "\"tpu\"", "cuda:N"]);
 }
+
+/// BytePS's variables a binary cannot honour are refused by name (exit code 2), before it
+/// binds anything; a BytePS job file's setting is never silently ignored.
+#[test]
+fn byteps_variables_are_honoured_or_refused_by_name() {
+    let certs = Certs::cluster(1, 1);
+    let cfg = write(certs.path(), "env-test.toml", GOOD);
+    let run = |program: &[&str], node: &str, vars: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(program[0]);
+        c.args(&program[1..])
+            .args(["--config", &cfg])
+            .args(certs.args(node))
+            .env_remove("RUST_LOG");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(SCHEDULER, "scheduler", &[("BYTEPS_NCCL_GROUP_SIZE", "4")]);
+    expect_usage(code, &err, &["BYTEPS_NCCL_GROUP_SIZE", "NCCL"]);
+    let (code, err) = run(SERVER, "server0", &[("DMLC_ROLE", "worker")]);
+    expect_usage(code, &err, &["DMLC_ROLE", "server"]);
+    let (code, err) = run(SCHEDULER, "scheduler", &[("BYTEPS_PARTITION_BYTES", "6")]);
+    expect_usage(code, &err, &["BYTEPS_PARTITION_BYTES", "multiple of 4"]);
+    let (code, err) = run(WORKER, "worker0", &[("BYTEPS_LOG_LEVEL", "loud")]);
+    expect_usage(code, &err, &["BYTEPS_LOG_LEVEL", "WARNING"]);
+    let (code, err) = run(SERVER, "server0", &[("BYTEPS_NEW_KNOB", "1")]);
+    expect_usage(
+        code,
+        &err,
+        &["BYTEPS_NEW_KNOB", "not a BytePS variable pushpull knows"],
+    );
+}

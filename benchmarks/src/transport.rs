@@ -39,6 +39,7 @@ use pushpull_launch::procs::{Event, ProcGroup, Programs};
 use pushpull_node::commands::{load_config, load_identity, parse_addr_flag, NodeArgs};
 use pushpull_node::cpu::process_cpu_seconds;
 use pushpull_node::error::{CliError, CliResult};
+use pushpull_proto::config::env::NodeRole;
 
 /// The line prefix a sink prints once bound.
 pub const SINK_LISTENING: &str = "pushpull-bench-sink listening on ";
@@ -362,7 +363,7 @@ pub async fn run_sink(
     connections: u32,
     bytes: u64,
 ) -> CliResult<()> {
-    let config = load_config(args)?;
+    let (config, _) = load_config(args, NodeRole::Server)?;
     let identity = load_identity(&config)?;
     let ep = bind(listen, &identity, &config)?;
     {
@@ -446,7 +447,7 @@ fn bind(addr: SocketAddr, identity: &TlsIdentity, config: &Config) -> CliResult<
 /// connection, frames interleaved over the connections as a worker's pushes are). Prints a
 /// [`SideReport`].
 pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> {
-    let config = load_config(args)?;
+    let (config, _) = load_config(args, NodeRole::Worker)?;
     let identity = load_identity(&config)?;
     let addrs = to
         .split(',')

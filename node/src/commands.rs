@@ -14,7 +14,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 use pushpull_net::tls::TlsIdentity;
-use pushpull_proto::config::{parse_addr, SchedulerAddr};
+use pushpull_proto::config::env::{self, NodeRole};
+use pushpull_proto::config::{parse_addr, ConfigError, SchedulerAddr};
 use pushpull_proto::Config;
 use pushpull_scheduler::Scheduler;
 use pushpull_server::Server;
@@ -50,9 +51,38 @@ pub fn parse_addr_flag(flag: &str, value: &str) -> CliResult<SocketAddr> {
     parse_addr(value).map_err(|allowed| CliError::usage(format!("{flag} {value:?}: {allowed}")))
 }
 
-/// Reads the cluster file and applies the overrides. Errors name the file and the key.
-pub fn load_config(args: &NodeArgs) -> CliResult<Config> {
-    let mut config = Config::from_file(&args.config).map_err(CliError::usage)?;
+/// The environment's variables, for [`pushpull_proto::config::env`].
+pub fn environment() -> Vec<(String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect()
+}
+
+/// Reads the cluster file and applies, weakest first: BytePS's launch variables (which
+/// override the file, as flags do), BytePS's tuning variables (unless the file sets their key)
+/// and the flags; every `BYTEPS_*`/`DMLC_*` variable is checked for a binary of `role` (see
+/// `pushpull_proto::config::env`), and each variable that changed or lost to the file is
+/// logged. Returns the config and the rank the launch variables give (a worker's). Errors name
+/// the file and the key, or the variable.
+pub fn load_config(args: &NodeArgs, role: NodeRole) -> CliResult<(Config, Option<u32>)> {
+    let text = std::fs::read_to_string(&args.config).map_err(|source| {
+        CliError::usage(ConfigError::Read {
+            path: args.config.clone(),
+            source,
+        })
+    })?;
+    let mut config = Config::from_toml_str(&text, &args.config.display().to_string())
+        .map_err(CliError::usage)?;
+    let vars = environment();
+    let launch = env::launch_settings(role, &vars).map_err(CliError::usage)?;
+    let mut notes = launch.apply(&mut config);
+    notes.extend(
+        env::apply_tuning(&mut config, &env::explicit_keys(&text), &vars)
+            .map_err(CliError::usage)?,
+    );
+    for note in notes {
+        tracing::info!("{note}");
+    }
     if let Some(s) = &args.scheduler {
         SchedulerAddr::parse(s)
             .map_err(|allowed| CliError::usage(format!("--scheduler {s:?}: {allowed}")))?;
@@ -67,7 +97,10 @@ pub fn load_config(args: &NodeArgs) -> CliResult<Config> {
     if let Some(p) = &args.key {
         config.tls.key = Some(p.clone());
     }
-    Ok(config)
+    config
+        .validate(&args.config.display().to_string())
+        .map_err(CliError::usage)?;
+    Ok((config, launch.rank))
 }
 
 /// Loads the node's certificate, key and CA; errors name the file (exit code 2).
@@ -86,7 +119,7 @@ pub fn print_line(line: &str) {
 /// ADDR`, runs the job's rendezvous until every worker finished (Ok) or a node was lost (Err
 /// naming it).
 pub async fn run_scheduler(args: &NodeArgs) -> CliResult<()> {
-    let config = load_config(args)?;
+    let (config, _) = load_config(args, NodeRole::Scheduler)?;
     let identity = load_identity(&config)?;
     let addr = config.cluster.scheduler.clone();
     let scheduler = Scheduler::bind(config, identity).await.map_err(|e| {
@@ -101,7 +134,7 @@ pub async fn run_scheduler(args: &NodeArgs) -> CliResult<()> {
 /// `pushpull-server`: binds `server.listen` (or `listen`), prints `pushpull-server listening on
 /// ADDR`, registers with the scheduler and serves until the job ends.
 pub async fn run_server(args: &NodeArgs, listen: Option<&str>) -> CliResult<()> {
-    let mut config = load_config(args)?;
+    let (mut config, _) = load_config(args, NodeRole::Server)?;
     if let Some(l) = listen {
         parse_addr_flag("--listen", l)?;
         config.server.listen = l.to_string();

@@ -1,5 +1,5 @@
 //! Logging: `tracing` to stderr. `RUST_LOG` is respected; without it, pushpull's crates log at
-//! `info` and everything else at `warn`.
+//! `info` (or BytePS's `BYTEPS_LOG_LEVEL`) and everything else at `warn`.
 
 use std::io::IsTerminal;
 
@@ -16,7 +16,16 @@ pub fn init() {
         Ok(s) if !s.trim().is_empty() => {
             EnvFilter::try_new(&s).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
         }
-        _ => EnvFilter::new(DEFAULT_FILTER),
+        _ => {
+            // A bad BYTEPS_LOG_LEVEL is reported by the node's config check, naming it.
+            let level = std::env::var("BYTEPS_LOG_LEVEL")
+                .ok()
+                .and_then(|v| pushpull_proto::config::env::log_level(&v).ok());
+            match level {
+                Some(l) => EnvFilter::new(DEFAULT_FILTER.replace("=info", &format!("={l}"))),
+                None => EnvFilter::new(DEFAULT_FILTER),
+            }
+        }
     };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

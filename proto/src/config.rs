@@ -585,6 +585,7 @@ fn scalar_to_string(v: &toml::Value) -> Result<String, String> {
 }
 
 mod digest;
+pub mod env;
 mod validate;
 pub use digest::ClusterDigest;
 

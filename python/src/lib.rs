@@ -122,10 +122,31 @@ fn join_config(
     server_name: Option<String>,
 ) -> Result<Config, WorkerError> {
     let bad = |e: String| WorkerError::Config(e);
-    let mut c = match &config {
-        Some(p) => Config::from_file(p).map_err(|e| bad(e.to_string()))?,
-        None => Config::local(num_workers.unwrap_or(1), num_servers.unwrap_or(1)),
+    let (mut c, text) = match &config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| bad(format!("cannot read config file {}: {e}", p.display())))?;
+            let c = Config::from_toml_str(&text, &p.display().to_string())
+                .map_err(|e| bad(e.to_string()))?;
+            (c, text)
+        }
+        None => (
+            Config::local(num_workers.unwrap_or(1), num_servers.unwrap_or(1)),
+            String::new(),
+        ),
     };
+    // BytePS's tuning variables (the launch ones are read by pushpull/_env.py into the
+    // arguments): a key the file sets wins, and the variable is logged; any other BYTEPS_* or
+    // DMLC_* variable is refused by name.
+    let vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let explicit = pushpull_proto::config::env::explicit_keys(&text);
+    for note in pushpull_proto::config::env::apply_tuning(&mut c, &explicit, &vars)
+        .map_err(|e| bad(e.to_string()))?
+    {
+        eprintln!("pushpull: {note}");
+    }
     if let Some(s) = scheduler {
         pushpull_proto::config::SchedulerAddr::parse(&s)
             .map_err(|e| bad(format!("scheduler address {s:?}: {e}")))?;

@@ -82,3 +82,16 @@ def test_bad_files_are_named(tmp_path):
     bad.write_text("[cluster]\nnum_wokers = 2\n")
     with pytest.raises(pushpull.PushPullError, match="num_wokers"):
         pushpull.Worker(str(bad))
+
+
+def test_byteps_variables_without_an_equivalent_are_refused(tmp_path, monkeypatch):
+    import pushpull
+    good = tmp_path / "good.toml"
+    good.write_text('[cluster]\nscheduler = "127.0.0.1:9"\nnum_workers = 1\nnum_servers = 1\n')
+    monkeypatch.setenv("BYTEPS_NCCL_GROUP_SIZE", "4")
+    with pytest.raises(pushpull.PushPullError, match="BYTEPS_NCCL_GROUP_SIZE.*NCCL"):
+        pushpull.Worker(str(good))
+    monkeypatch.delenv("BYTEPS_NCCL_GROUP_SIZE")
+    monkeypatch.setenv("BYTEPS_PARTITION_BYTES", "6")
+    with pytest.raises(pushpull.PushPullError, match="BYTEPS_PARTITION_BYTES.*multiple of 4"):
+        pushpull.Worker(str(good))
