@@ -6,6 +6,7 @@
 //! training step for `job.kind = "train"`).
 
 use pushpull_node::commands::{load_config, load_identity, print_line, NodeArgs};
+use pushpull_proto::config::env::NodeRole;
 use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
 use pushpull_jobs::train::{self, InRuntime, TrainOptions};
@@ -28,7 +29,7 @@ pub struct WorkerOptions {
 /// [`pushpull_jobs::benchmark`] or the training of [`pushpull_jobs::train`]), says it is finished and prints the
 /// report ([`pushpull_node::report::JobReport`] or [`pushpull_jobs::train::TrainReport`]).
 pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> {
-    let config = load_config(args)?;
+    let (config, env_rank) = load_config(args, NodeRole::Worker)?;
     // The nodes leave `[job]` to the job: checked here, before joining, naming the file.
     let job = JobConfig::from_config(&config, &args.config.display().to_string())
         .map_err(CliError::usage)?;
@@ -37,7 +38,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
         &config,
         identity,
         JoinOptions {
-            requested_rank: opts.rank,
+            requested_rank: opts.rank.or(env_rank),
         },
     )
     .await
