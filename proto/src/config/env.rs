@@ -91,7 +91,7 @@ pub const VARIABLES: &[Variable] = &[
     ),
     v(
         "BYTEPS_LOCAL_SIZE",
-        Use::Launch("workers per host (`cluster.local_size`)"),
+        Use::Launch("workers per host (`cluster.local_size` in pushpull.torch without a cluster file; with one, the file says)"),
     ),
     v(
         "BYTEPS_PARTITION_BYTES",
@@ -353,15 +353,17 @@ pub struct LaunchSettings {
     pub num_workers: Option<u32>,
     /// `DMLC_NUM_SERVER`.
     pub num_servers: Option<u32>,
-    /// `BYTEPS_LOCAL_SIZE` (when set).
+    /// `BYTEPS_LOCAL_SIZE` (when set). Not applied to `cluster.local_size`: with a cluster
+    /// file the file says how workers group (as in pushpull.torch; `pushpull local --
+    /// COMMAND` sets it to every worker of a flat job).
     pub local_size: Option<u32>,
     /// `DMLC_WORKER_ID × BYTEPS_LOCAL_SIZE + BYTEPS_LOCAL_RANK` (when `DMLC_WORKER_ID` is set).
     pub rank: Option<u32>,
 }
 
 impl LaunchSettings {
-    /// Applies the settings to `config` (they override its values); returns what to log
-    /// (each value that differed from the file's).
+    /// Applies the settings to `config` (they override its values: the scheduler and the
+    /// counts); returns what to log (each value that differed from the file's).
     pub fn apply(&self, config: &mut Config) -> Vec<String> {
         let mut notes = Vec::new();
         let c = &mut config.cluster;
@@ -398,15 +400,6 @@ impl LaunchSettings {
                 n.to_string(),
             );
             c.num_servers = n;
-        }
-        if let Some(g) = self.local_size {
-            set(
-                "cluster.local_size",
-                "BYTEPS_LOCAL_SIZE",
-                c.local_size.to_string(),
-                g.to_string(),
-            );
-            c.local_size = g;
         }
         notes
     }
@@ -624,7 +617,8 @@ mod tests {
         let mut c = Config::local(2, 1);
         let notes = s.apply(&mut c);
         assert_eq!(c.cluster.num_workers, 8);
-        assert_eq!(notes.len(), 4, "{notes:?}");
+        assert_eq!(c.cluster.local_size, 1, "the file says how workers group");
+        assert_eq!(notes.len(), 3, "{notes:?}");
         let e = launch_settings(NodeRole::Server, &env)
             .unwrap_err()
             .to_string();
