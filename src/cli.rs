@@ -19,7 +19,7 @@ use pushpull_launch::local::{
     default_config, run_compare, run_local, CompareOptions, LocalOptions, RunSpec,
 };
 use pushpull_launch::procs::Programs;
-use pushpull_launch::{certs, multihost};
+use pushpull_launch::{certs, kube, multihost};
 use pushpull_node::error::{CliError, CliResult};
 use pushpull_node::logging;
 
@@ -270,7 +270,10 @@ pub struct CertsArgs {
 #[command(
     after_help = "Example (Slurm: the first node of the allocation runs the scheduler): pushpull \
                   prepare --out $JOB_DIR --scheduler $(scontrol show hostnames | head -n1):29500 \
-                  --workers 8 --servers 2 --local-size 4. See deploy/slurm/pushpull.sbatch."
+                  --workers 8 --servers 2 --local-size 4. See deploy/slurm/pushpull.sbatch. \
+                  Kubernetes: pushpull prepare --out job --kubernetes pp --image IMAGE --workers \
+                  4 --servers 2 -- python train.py, then kubectl apply -f job/kubernetes.yaml; \
+                  see deploy/k8s/README.md."
 )]
 pub struct PrepareArgs {
     /// The job folder to write (created if missing): cluster.toml, the CA in ca/, and a folder
@@ -278,9 +281,10 @@ pub struct PrepareArgs {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// The scheduler's address every node dials, NAME:PORT or IP:PORT (sets
-    /// `cluster.scheduler`; with a name the scheduler binds every address on the port).
-    #[arg(long, value_name = "ADDR")]
-    pub scheduler: String,
+    /// `cluster.scheduler`; with a name the scheduler binds every address on the port). With
+    /// --kubernetes NAME: the Service's name, NAME:PORT (default NAME:29500).
+    #[arg(long, value_name = "ADDR", required_unless_present = "kubernetes")]
+    pub scheduler: Option<String>,
     /// A cluster file to start from (default: configs/local.toml, built in).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -296,6 +300,20 @@ pub struct PrepareArgs {
     /// Replace a CA the folder already holds (every node then needs the new files).
     #[arg(long)]
     pub force: bool,
+    /// Also write DIR/kubernetes.yaml: the job as Kubernetes objects named NAME (a ConfigMap
+    /// with the cluster file, a Secret with the certificates, a headless Service for the
+    /// scheduler, one indexed Job of every node; see deploy/k8s/README.md).
+    #[arg(long, value_name = "NAME")]
+    pub kubernetes: Option<String>,
+    /// With --kubernetes: the container image every pod runs (pushpull on its PATH, and the
+    /// workers' COMMAND; deploy/k8s/Dockerfile builds one).
+    #[arg(long, value_name = "IMAGE", default_value = pushpull_launch::kube::DEFAULT_IMAGE, requires = "kubernetes")]
+    pub image: String,
+    /// With --kubernetes: the workers' command (e.g. `python train.py`, run in the image with
+    /// the variables pushpull.torch reads); without one the workers run the cluster file's
+    /// built-in job.
+    #[arg(last = true, value_name = "COMMAND", requires = "kubernetes")]
+    pub command: Vec<String>,
 }
 
 /// `pushpull node`.
@@ -305,7 +323,7 @@ pub struct PrepareArgs {
                   Slurm step or a container). Examples: pushpull node --job-dir DIR --role \
                   server (index from SLURM_PROCID); pushpull node --job-dir DIR --role worker -- \
                   python train.py; pushpull node --job-dir DIR --role auto (0 the scheduler, \
-                  1..S servers, then workers)."
+                  1..S servers, then workers; a command after `--` is the workers')."
 )]
 pub struct NodeRunArgs {
     /// The job folder written by `pushpull prepare` (or one with cluster.toml and this node's
@@ -319,8 +337,13 @@ pub struct NodeRunArgs {
     /// JOB_COMPLETION_INDEX or RANK, the first that is set.
     #[arg(long, value_name = "N")]
     pub index: Option<u32>,
+    /// A folder holding only this node's ca.pem, NODE.pem and NODE.key (default:
+    /// JOB_DIR/NODE/), e.g. where a Kubernetes pod mounts its own certificate.
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<PathBuf>,
     /// A worker's command (e.g. `python train.py`), run with the environment pushpull.torch
-    /// reads; without one a worker runs the cluster file's built-in job.
+    /// reads; without one a worker runs the cluster file's built-in job. With `--role auto`
+    /// the scheduler and the servers ignore it.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
@@ -619,8 +642,21 @@ pub fn prepare(args: PrepareArgs) -> CliResult<()> {
     if let Some(g) = args.local_size {
         config.cluster.local_size = g;
     }
-    let text = multihost::prepare(&args.out, config, &args.scheduler, args.force)?;
+    let scheduler = match &args.kubernetes {
+        Some(name) => {
+            kube::check(name, &args.image, &config)?;
+            kube::scheduler_addr(name, args.scheduler.as_deref())?
+        }
+        None => args.scheduler.clone().ok_or_else(|| {
+            CliError::usage("--scheduler ADDR is required (or --kubernetes NAME)")
+        })?,
+    };
+    let text = multihost::prepare(&args.out, config, &scheduler, args.force)?;
     print(&text);
+    if let Some(name) = &args.kubernetes {
+        let text = kube::write(&args.out, name, &args.image, &args.command)?;
+        print(&text);
+    }
     Ok(())
 }
 
@@ -634,11 +670,12 @@ pub fn node(args: NodeRunArgs) -> CliResult<()> {
     let programs = Programs::from_current_exe()?;
     let cmd = multihost::node_command(
         &args.job_dir,
+        args.tls_dir.as_deref(),
         &config_path,
         &config,
         &which,
         &programs,
-        &args.command,
+        multihost::own_command(args.role, &which, &args.command),
     )?;
     eprintln!(
         "pushpull node: {} ({}): {} {}",

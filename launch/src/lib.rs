@@ -1,6 +1,7 @@
 //! pushpull's launcher: a cluster of this machine's binaries as child processes, and the files
 //! every node needs (a throw-away CA and certificates, the effective cluster file). The
-//! `pushpull local`, `pushpull certs` and the benchmarks' clusters start here.
+//! `pushpull local`, `pushpull certs`, `pushpull prepare` / `pushpull node` and the benchmarks'
+//! clusters start here.
 //!
 //! | module | what it holds |
 //! |---|---|
@@ -11,6 +12,7 @@
 //! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
 //! | [`certs`] | `pushpull certs`: a cluster CA and node certificates, the default node names |
 //! | [`multihost`] | `pushpull prepare` (a job folder: cluster file, CA, a certificate per node) and `pushpull node` (one node of it, its role and index from flags or Slurm's, Kubernetes' or torchrun's variables), for cluster managers |
+//! | [`kube`] | `pushpull prepare --kubernetes NAME`: the job folder as Kubernetes manifests (a ConfigMap, a Secret, a headless Service for the scheduler, one indexed Job in which each pod mounts only its own certificate) |
 //!
 //! What the children print is read through `pushpull_node::report` (the `listening on` lines,
 //! the benchmark's report) and `pushpull_jobs` (the training job's report).
@@ -18,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod certs;
+pub mod kube;
 pub mod local;
 pub mod multihost;
 pub mod nodes;

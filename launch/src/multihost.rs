@@ -18,7 +18,9 @@
 //! first of `SLURM_PROCID` (the task in its `srun` step), `JOB_COMPLETION_INDEX` (a Kubernetes
 //! indexed Job's pod) and `RANK` (torchrun's). With `--role auto` the index counts every node
 //! of the job: 0 is the scheduler, 1..=S the servers, then the workers (one indexed Job or one
-//! `srun` step for the whole job).
+//! `srun` step for the whole job), and a command after `--` is the workers' ([`own_command`]).
+//! `--tls-dir` takes the node's certificate from a folder of its own instead of the job
+//! folder's `<node>/` (a Kubernetes pod mounts only its own; see [`crate::kube`]).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -188,6 +190,18 @@ pub fn prepare(out: &Path, mut config: Config, scheduler: &str, force: bool) -> 
     ))
 }
 
+/// What node `which` runs of `command` (the words after `--`): with `--role auto` every node
+/// of the job has the same command line (one Kubernetes indexed Job, one `srun` step), so the
+/// command is the workers' and the scheduler and servers run themselves; with an explicit role
+/// it is returned as given (and [`node_command`] refuses it for a scheduler or a server).
+pub fn own_command<'a>(role: RoleArg, which: &Which, command: &'a [String]) -> &'a [String] {
+    if role == RoleArg::Auto && which.role != Role::Worker {
+        &[]
+    } else {
+        command
+    }
+}
+
 /// What `pushpull node` runs: program, arguments and the extra environment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeCommand {
@@ -199,9 +213,11 @@ pub struct NodeCommand {
     pub env: Vec<(String, OsString)>,
 }
 
-/// The TLS files of node `name` in the job folder `dir`.
-pub fn node_tls(dir: &Path, name: &str) -> TlsConfig {
-    let own = dir.join(name);
+/// The TLS files of node `name`: in `tls_dir` when given (a folder holding only this node's
+/// `ca.pem`, `<name>.pem` and `<name>.key`, as a Kubernetes pod mounts it), else in the job
+/// folder's `dir/<name>/`.
+pub fn node_tls(dir: &Path, tls_dir: Option<&Path>, name: &str) -> TlsConfig {
+    let own = tls_dir.map_or_else(|| dir.join(name), Path::to_path_buf);
     TlsConfig {
         ca: Some(own.join("ca.pem")),
         cert: Some(own.join(format!("{name}.pem"))),
@@ -211,11 +227,12 @@ pub fn node_tls(dir: &Path, name: &str) -> TlsConfig {
 }
 
 /// The command of node `which` of the job in `dir` (its cluster file `config`, read from
-/// `config_path`): the scheduler, a server, or a worker running `command` (or the built-in job
-/// when `command` is empty). Checks that the node's certificate files exist, naming the missing
-/// one (on Kubernetes each pod mounts its own folder).
+/// `config_path`; its TLS files from `tls_dir` if given, see [`node_tls`]): the scheduler, a
+/// server, or a worker running `command` (or the built-in job when `command` is empty). Checks
+/// that the node's certificate files exist, naming the missing one.
 pub fn node_command(
     dir: &Path,
+    tls_dir: Option<&Path>,
     config_path: &Path,
     config: &Config,
     which: &Which,
@@ -223,14 +240,22 @@ pub fn node_command(
     command: &[String],
 ) -> CliResult<NodeCommand> {
     let name = which.name();
-    let tls = node_tls(dir, &name);
+    let tls = node_tls(dir, tls_dir, &name);
     for f in [&tls.ca, &tls.cert, &tls.key].into_iter().flatten() {
         if !f.is_file() {
+            let whence = match tls_dir {
+                Some(t) => format!(
+                    "--tls-dir {} must hold this node's ca.pem, {name}.pem and {name}.key",
+                    t.display()
+                ),
+                None => format!(
+                    "made by `pushpull prepare --out {}`; each node needs its own folder {name}/",
+                    dir.display()
+                ),
+            };
             return Err(CliError::usage(format!(
-                "{name}: {} is missing (made by `pushpull prepare --out {}`; each node needs \
-                 its own folder {name}/)",
-                f.display(),
-                dir.display()
+                "{name}: {} is missing ({whence})",
+                f.display()
             )));
         }
     }
@@ -402,6 +427,7 @@ mod tests {
         let user = ["python".to_string(), "train.py".to_string()];
         let cmd = node_command(
             dir.path(),
+            None,
             &path,
             &written,
             &which(RoleArg::Worker, 3),
@@ -424,6 +450,7 @@ mod tests {
             .ends_with("worker3/worker3.key"));
         let cmd = node_command(
             dir.path(),
+            None,
             &path,
             &written,
             &which(RoleArg::Auto, 1),
@@ -439,6 +466,7 @@ mod tests {
         // A command runs only as a worker; a node without its folder is named.
         let e = node_command(
             dir.path(),
+            None,
             &path,
             &written,
             &which(RoleArg::Auto, 0),
@@ -450,6 +478,7 @@ mod tests {
         std::fs::remove_dir_all(dir.path().join("worker2")).unwrap();
         let e = node_command(
             dir.path(),
+            None,
             &path,
             &written,
             &which(RoleArg::Worker, 2),
@@ -458,5 +487,48 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("worker2/ca.pem is missing"), "{e}");
+        // --tls-dir: the node's own folder wherever it is mounted; a wrong one is named.
+        let cmd = node_command(
+            dir.path(),
+            Some(&dir.path().join("worker1")),
+            &path,
+            &written,
+            &which(RoleArg::Worker, 1),
+            &programs,
+            &[],
+        )
+        .unwrap();
+        assert!(
+            cmd.args.iter().any(|a| a.ends_with("worker1/worker1.key")),
+            "{cmd:?}"
+        );
+        let e = node_command(
+            dir.path(),
+            Some(&dir.path().join("worker1")),
+            &path,
+            &written,
+            &which(RoleArg::Worker, 0),
+            &programs,
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("worker0.pem is missing (--tls-dir"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn with_role_auto_the_command_is_the_workers() {
+        let job = (1, 2);
+        let user = ["python".to_string(), "train.py".to_string()];
+        let own = |role, index| {
+            let which = which_node(role, Some(index), &|_| None, job).unwrap();
+            own_command(role, &which, &user).len()
+        };
+        assert_eq!([own(RoleArg::Auto, 0), own(RoleArg::Auto, 1)], [0, 0]);
+        assert_eq!([own(RoleArg::Auto, 2), own(RoleArg::Auto, 3)], [2, 2]);
+        // An explicit role keeps it, for node_command to refuse on a scheduler or server.
+        assert_eq!(own(RoleArg::Server, 0), 2);
     }
 }
