@@ -18,7 +18,8 @@ CASES = ["declare staleness", "declare again", "compression mismatch", "compress
          "version push_pull", "version push_pull_async", "version push_pull_inplace",
          "version push_pull_async_inplace", "staleness", "integer overflow",
          "integer compression", "adasum", "op and average", "allgather shapes", "suspended",
-         "resume workers", "resume servers", "passes"]
+         "resume workers", "resume servers", "suspended pending round",
+         "suspended pending declare", "suspended prescale", "prescale wrong length", "passes"]
 NP_INT = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
           torch.int32: np.int32, torch.int64: np.int64}
 
@@ -140,6 +141,29 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
     for s in ranks:
         assert torch.equal(s["after_resume"], torch.full((100,), 3.0))
         assert s["join"] == ranks[0]["join"] and 0 <= s["join"] < n
+
+    # declare(name, **kwargs) refused while suspended: the map kept, used after resume.
+    for s in ranks:
+        assert s["kws_params"] == {"kw.suspended": KW, "kw.suspended2": KW}, s["kws_params"]
+    for k in ("kw.suspended", "kw.suspended2"):
+        assert "onebit" in " ".join(m[k]["codecs"]), m[k]
+    ref.declare("kw.suspended", ranks[0]["kws_in"].numel(), KW)
+    got = ref.push_pull("kw.suspended", [s["kws_in"].numpy().tobytes() for s in ranks], True)
+    for s in ranks:
+        want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+        assert same_bits(s["kws_out"], want), s["rank"]
+
+    # allreduce_async_ on float16: prescaled after widening (one float32 product per element),
+    # summed in rank order, postscaled in float32, then rounded to float16 once.
+    p32, q32 = np.float32(0.1), np.float32(0.5)
+    h16 = [s["hvd16_in"].numpy().astype(np.float32) for s in ranks]
+    want = (rank_order_sum([v * p32 for v in h16]) * q32).astype(np.float16)
+    for s in ranks:
+        assert s["hvd16_out"].dtype == torch.float16
+        assert np.array_equal(s["hvd16_out"].numpy().view(np.uint16), want.view(np.uint16)), s["rank"]
+    # Scaling in float16 first (what the call did before) would round differently.
+    old = (rank_order_sum([f16(v * p32) for v in h16]) * q32).astype(np.float16)
+    assert not np.array_equal(old.view(np.uint16), want.view(np.uint16))
 
     # set_backward_passes_per_step: 1, 2 and 2 accumulated passes per step (one thread, as
     # the workers: the bits of a matmul depend on the threads).

@@ -92,6 +92,11 @@ BytePS and Horovod scripts
     raises ``ValueError``; :func:`join` is a barrier (a joined worker does not stand in for
     others' rounds with zeros). Each function's docstring names its differences.
 
+torch's DistributedDataParallel
+    ``model.register_comm_hook(PushPullHookState(params=MAP), push_pull_hook)`` sends DDP's
+    gradient buckets through pushpull's rounds, each bucket a tensor with its own compressor
+    state (see :func:`push_pull_hook`); DDP keeps its own process group for its setup.
+
 Failures
     Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
     when a node is lost every waiting and later call raises :class:`pushpull.NodeLostError`
@@ -109,6 +114,8 @@ Modules
     ``optimizer``     ``DistributedOptimizer``
     ``horovod``       Horovod's spellings: allreduce, allgather, join, barrier
     ``parallel``      ``DistributedDataParallel``
+    ``ddp_comm_hook`` ``push_pull_hook`` and ``PushPullHookState``: torch's own
+                      ``DistributedDataParallel`` with pushpull's rounds and compression
 """
 
 from __future__ import annotations
@@ -153,6 +160,7 @@ from ._state import (
 # rebound. The state that init() and shutdown() rebind is read through _state only.
 from ._state import handles as _handles
 from .compression import Compression, _Compressor
+from .ddp_comm_hook import PushPullHookState, push_pull_hook
 from .horovod import (
     Adasum,
     Average,
@@ -176,6 +184,7 @@ __all__ = [
     "DistributedOptimizer",
     "NodeLostError",
     "PushPullError",
+    "PushPullHookState",
     "Sum",
     "allgather",
     "allgather_async",
@@ -202,6 +211,7 @@ __all__ = [
     "push_pull_async_inplace",
     "push_pull_group_async_inplace",
     "push_pull_group_inplace",
+    "push_pull_hook",
     "push_pull_inplace",
     "rank",
     "resume",

@@ -126,7 +126,9 @@ def declare(
             )
         _state.pending[name] = (cmap, priority)
         return
-    pending = _state.pending.pop(name, None)
+    # A pending map is dropped only once the native declare has succeeded: a declaration
+    # refused (suspended, a bad map) leaves it for the next try.
+    pending = _state.pending.get(name)
     if pending is not None:
         cmap = {**pending[0], **cmap}
         priority = pending[1] if priority is None else priority
@@ -134,6 +136,7 @@ def declare(
     _check_running("declare")
     prio, codecs = _w().declare(name, numel, cmap or None, priority)
     _state.declared[name] = _Decl(numel, prio, cmap, list(codecs))
+    _state.pending.pop(name, None)
 
 
 def _ensure_declared(
@@ -160,9 +163,8 @@ def _ensure_declared(
                 f"it without a parameter map and push it with Compression.none, not "
                 f"{pmap or cmap}"
             )
-        _state.pending.pop(name, None)
         prio = pprio if pprio is not None else (priority if priority != 0 else None)
-        declare(name, numel, {**pmap, **cmap}, prio)
+        declare(name, numel, {**pmap, **cmap}, prio)  # drops the pending map once declared
         known = _state.declared[name]
     else:
         if priority != 0 and priority != known.priority:

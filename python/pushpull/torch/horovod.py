@@ -21,7 +21,7 @@ from ._push_pull import (
     synchronize,
 )
 from ._round import _CONVERTIBLE, _INTEGER, _Round
-from ._state import _w, rank, size
+from ._state import _check_running, _w, rank, size
 from .compression import Compression, _Compressor
 
 # --- Horovod's names -------------------------------------------------------------------------
@@ -63,15 +63,26 @@ def allreduce_async_(
     """Horovod's in-place async allreduce: :func:`push_pull_async_inplace` with ``op``
     (``Average``, the default, or ``Sum``; ``Adasum`` raises ``ValueError``) or the deprecated
     ``average``. ``prescale_factor`` multiplies ``tensor`` before the round,
-    ``postscale_factor`` the result (at :func:`synchronize`), floating tensors only."""
+    ``postscale_factor`` the result (at :func:`synchronize`), floating tensors only.
+
+    The call is checked (dtype, declaration, suspended) before ``tensor`` is scaled, so a
+    call that raises leaves it unchanged. The scaling is done in the float32 the round works
+    in: float16 and bfloat16 tensors are widened first (the product rounded once, to float32,
+    not to the tensor's dtype), float64 tensors are scaled in float64 and then rounded to
+    float32."""
     avg = _average_of(op, average, "allreduce_async_")
     _check_scales("allreduce_async_", tensor, prescale_factor, postscale_factor)
     name = name if name is not None else _new_name("allreduce")
-    if prescale_factor != 1.0:
-        with torch.no_grad():
-            tensor.mul_(prescale_factor)
     r = _Round(name, tensor)
     _ensure_declared(name, r, 0)
+    _check_running("allreduce_async_")
+    if prescale_factor != 1.0:
+        with torch.no_grad():
+            if r.target is not None and tensor.dtype == torch.float64:
+                r.work.copy_(tensor.detach() * prescale_factor)
+            else:
+                # The caller's float32 tensor itself (in place), or its float32 copy.
+                r.work.mul_(prescale_factor)
     r.scale = float(postscale_factor)
     _start_sums([r], avg)
     return _register(r)

@@ -171,6 +171,38 @@ expect("resume servers", ValueError, "num_servers = 7", "elastic resizing is not
 bps.resume(hosts, saved["num_servers"], global_rank=r)
 saved["after_resume"] = bps.push_pull(torch.full((100,), float(r + 1)), average=False, name="plain")
 
+# A pending declare(name, **kwargs) survives a declaration refused while suspended (by a round
+# and by pushpull's declare(name, tensor)): after resume the tensor gets the kwargs' map.
+# allreduce_async_ refused (suspended, a wrong length) leaves its tensor unscaled.
+bps.declare("kw.suspended", **KW)
+bps.declare("kw.suspended2", **KW)
+bps.suspend()
+expect("suspended pending round", pushpull.PushPullError, "suspended")(
+    lambda: bps.push_pull(torch.zeros(20_000), name="kw.suspended"))
+expect("suspended pending declare", pushpull.PushPullError, "suspended")(
+    lambda: bps.declare("kw.suspended2", torch.zeros(5000)))
+y = randn(100)
+y_before = y.clone()
+expect("suspended prescale", pushpull.PushPullError, "suspended")(
+    lambda: bps.allreduce_async_(y, name="plain", prescale_factor=3.0))
+assert torch.equal(y, y_before), "a refused allreduce_async_ leaves its tensor unscaled"
+bps.resume(hosts, saved["num_servers"])
+y = randn(50)
+y_before = y.clone()
+expect("prescale wrong length", pushpull.PushPullError, "'plain'", "100 float32 elements")(
+    lambda: bps.allreduce_async_(y, name="plain", prescale_factor=3.0))
+assert torch.equal(y, y_before), "a refused allreduce_async_ leaves its tensor unscaled"
+saved["kws_in"] = randn(20_000)
+saved["kws_out"] = bps.push_pull(saved["kws_in"], name="kw.suspended")
+bps.declare("kw.suspended2", torch.zeros(5000))
+saved["kws_params"] = {k: dict(bps._state.declared[k].params)
+                       for k in ("kw.suspended", "kw.suspended2")}
+# allreduce_async_'s prescale on float16: in float32, after the widening.
+saved["hvd16_in"] = (randn(3000) / 10).to(torch.float16)
+y = saved["hvd16_in"].clone()
+saved["hvd16_out"] = bps.synchronize(bps.allreduce_async_(
+    y, name="hvd.f16", op=bps.Sum, prescale_factor=0.1, postscale_factor=0.5)).clone()
+
 # DistributedOptimizer.set_backward_passes_per_step: 1 pass, then 2 accumulated passes.
 torch.manual_seed(seed)
 mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))

@@ -1,0 +1,199 @@
+"""A communication hook for torch's own ``DistributedDataParallel``: :func:`push_pull_hook`
+and its state, :class:`PushPullHookState`, in the shape of torch's hooks
+(``torch.distributed.algorithms.ddp_comm_hooks``: ``powerSGD_hook`` and ``PowerSGDState``).
+Two lines turn a DDP script's all-reduce into pushpull's rounds, compression included::
+
+    state = pushpull.torch.PushPullHookState(params={"compressor": "onebit", "ef": "vanilla"})
+    model.register_comm_hook(state, pushpull.torch.push_pull_hook)
+
+Each of DDP's gradient buckets is one pushpull tensor, averaged over the workers (the sum
+divided by ``size()``, as DDP's default divides by the world size). Its name is stable from
+step to step, so the compressor state that pushpull keeps per tensor (error feedback,
+momentum) carries over; a bucket that DDP rebuilds gets a new name (see
+:meth:`PushPullHookState.name_of`). The hook starts the round and returns at once; a thread
+of this module completes the returned future when the round ends.
+
+This module does not use ``from __future__ import annotations``: DDP compares the hook's
+annotations with ``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]``, not
+strings."""
+
+import itertools
+import queue
+import threading
+import zlib
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _state
+from ._declare import _check_params, _ensure_declared, declare
+from ._push_pull import _start_sums
+from ._round import _Round
+
+# DDP checks a hook's annotations against these (torch built without torch.distributed has
+# no GradBucket, and no DDP either).
+_GradBucket = getattr(dist, "GradBucket", object)
+
+ParamsOf = Union[None, Mapping[str, str], Callable[[_GradBucket], Optional[Mapping[str, str]]]]
+
+# Default prefixes: the k-th state made in a process is "DDP.k" (the same on every worker
+# when every worker makes its states in the same order).
+_states = itertools.count()
+
+
+class PushPullHookState:
+    """The state of :func:`push_pull_hook`: the parameter map each bucket is declared with,
+    and the names of the buckets' tensors.
+
+    ``params``: ``None`` (uncompressed), one parameter map for every bucket (keys as in
+    :func:`pushpull.torch.declare`, e.g. ``{"compressor": "onebit", "ef": "vanilla"}`` or
+    ``{"byteps_compressor_type": "topk", "byteps_compressor_k": "0.01"}``), or a function of
+    the bucket (a ``torch.distributed.GradBucket``: ``index()``, ``buffer()``,
+    ``parameters()``) returning its map or ``None``. The function is called once per bucket
+    name, when that tensor is declared: a bucket's map is then fixed.
+
+    ``prefix``: the start of the buckets' tensor names (default ``DDP.k`` for the k-th state
+    this process made). Give each hooked model its own state: two models sharing a state
+    would share its bucket names and compressor state.
+
+    ``bucket_names`` lists the names declared so far, in order (for
+    :func:`pushpull.torch.metrics`, whose ``tensors`` are keyed by name)."""
+
+    def __init__(self, params: ParamsOf = None, prefix: Optional[str] = None):
+        if params is not None and not callable(params):
+            if not isinstance(params, Mapping):
+                raise TypeError(
+                    f"PushPullHookState: params = {params!r}: expected a parameter map, a "
+                    "function of the bucket returning one, or None"
+                )
+            _check_params(f"{prefix or 'DDP'}.*", params)
+            params = dict(params)
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"PushPullHookState: prefix = {prefix!r}: expected a string")
+        self.params = params
+        self.prefix = prefix if prefix is not None else f"DDP.{next(_states)}"
+        self.bucket_names: List[str] = []
+
+    def name_of(self, bucket) -> str:
+        """The tensor name of ``bucket``: ``PREFIX.bucket.INDEX.LENGTH.LAYOUT``, where LAYOUT
+        is a checksum of its parameters' shapes in bucket order. DDP rebuilds its buckets
+        after the first step (in the order the gradients became ready, at ``bucket_cap_mb``):
+        a rebuilt bucket that holds other parameters, or the same ones in another order, gets
+        a new name and starts with fresh compressor state, while one that is unchanged keeps
+        its name and state. The names of the buckets before a rebuild stay declared (their
+        state is kept by the worker and servers, unused)."""
+        shapes = ";".join(
+            f"{tuple(p.shape)}{str(p.dtype).replace('torch.', '')}" for p in bucket.parameters()
+        )
+        layout = zlib.crc32(shapes.encode())
+        return f"{self.prefix}.bucket.{bucket.index()}.{bucket.buffer().numel()}.{layout:08x}"
+
+    def params_of(self, bucket) -> Dict[str, str]:
+        """The parameter map ``bucket`` is declared with."""
+        p = self.params(bucket) if callable(self.params) else self.params
+        return dict(p or {})
+
+    def __repr__(self) -> str:
+        return f"PushPullHookState(params={self.params!r}, prefix={self.prefix!r})"
+
+
+# The state of a hook registered with state=None: uncompressed, its own prefix.
+_default: Optional[PushPullHookState] = None
+
+
+def push_pull_hook(
+    state: Optional[PushPullHookState], bucket: _GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's communication hook on pushpull: ``model.register_comm_hook(state,
+    push_pull_hook)``, with a :class:`PushPullHookState` (or ``None``: uncompressed).
+
+    Push_pulls the bucket's flat gradient buffer, averaged over the workers, as the tensor
+    ``state.name_of(bucket)`` (declared at its first round, a collective, with
+    ``state.params_of(bucket)`` and the bucket's index as priority: higher indices hold
+    earlier layers, which the next forward pass needs first). Returns a
+    ``torch.futures.Future`` that a thread of this module completes with the buffer, which
+    then holds the average, once the round ends; the autograd thread does not wait for it.
+    A bucket name's first round declares its tensor, a collective that waits until every
+    worker has declared it (the first step, and the step after DDP rebuilds its buckets). A
+    failed round (e.g. a lost node) sets the future's exception, which DDP raises at the end
+    of the backward pass.
+
+    Buffers go where :func:`pushpull.torch.push_pull` sends them: a contiguous float32 CPU
+    buffer is summed in place; a CUDA buffer is compressed on its GPU (ordered after the
+    backward pass's stream; the future is made with that device, so DDP's use of the result
+    waits for the worker's stream); float16 and bfloat16 buffers are widened to float32 and
+    the average narrowed back.
+
+    Uncompressed, the result is DDP's own with 2 workers bit for bit (each average is
+    (a + b) / 2, exact), and with more the servers' rank-order float32 sum divided by the
+    workers. Differences from torch's hooks: the average is the sum divided by the workers
+    (``allreduce_hook`` divides first); ``state`` is not a process group (pushpull's rounds go
+    through its own servers; DDP still needs a ``torch.distributed`` process group for its
+    own setup, e.g. gloo); and error feedback works from the first step, rebuilt buckets
+    included (``PowerSGDState`` needs ``start_powerSGD_iter > 1`` for that).
+
+    With ``torch.amp.GradScaler``, a chunk that is not finite on some worker comes back NaN
+    on every worker (so every scaler skips the step), but unlike
+    :class:`pushpull.torch.DistributedOptimizer` the hook does not discard the step's rounds:
+    the compressor state of the buckets' finite chunks keeps that step."""
+    global _default
+    if state is None:
+        if _default is None:
+            _default = PushPullHookState(prefix="DDP.hook")
+        state = _default
+    elif not isinstance(state, PushPullHookState):
+        raise TypeError(
+            f"push_pull_hook: state = {state!r}: expected a pushpull.torch.PushPullHookState "
+            "(or None), not a process group: pushpull's rounds go through its own servers"
+        )
+    buffer = bucket.buffer()
+    name = state.name_of(bucket)
+    if name not in _state.declared:
+        declare(name, buffer, state.params_of(bucket), priority=bucket.index())
+    if name not in state.bucket_names:
+        state.bucket_names.append(name)
+    r = _Round(name, buffer)
+    _ensure_declared(name, r, 0)
+    _start_sums([r], average=True)
+    if buffer.is_cuda:
+        fut = torch.futures.Future(devices=[buffer.device])
+    else:
+        fut = torch.futures.Future()
+    _waiter.put(r, fut)
+    return fut
+
+
+class _Waiter:
+    """One daemon thread that waits for the hooks' rounds (the GIL released meanwhile), in
+    the order they started, and completes their futures: DDP starts its buckets in order and
+    waits for all of them at the end of the backward pass."""
+
+    def __init__(self):
+        self.queue: "queue.SimpleQueue[Tuple[_Round, torch.futures.Future]]" = queue.SimpleQueue()
+        self.thread: Optional[threading.Thread] = None
+        self.lock = threading.Lock()
+
+    def put(self, r: _Round, fut: torch.futures.Future) -> None:
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():  # first use, or after fork
+                self.queue = queue.SimpleQueue()
+                self.thread = threading.Thread(
+                    target=self.run, args=(self.queue,), name="pushpull-ddp-hook", daemon=True
+                )
+                self.thread.start()
+            self.queue.put((r, fut))
+
+    @staticmethod
+    def run(q) -> None:
+        while True:
+            r, fut = q.get()
+            try:
+                result = r.finish()
+            except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
+                fut.set_exception(e)
+            else:
+                fut.set_result(result)
+
+
+_waiter = _Waiter()

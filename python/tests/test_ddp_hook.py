@@ -1,0 +1,88 @@
+"""pushpull.torch.push_pull_hook in torch's own DistributedDataParallel (jobs/ddp_hook.py) on 2
+workers and 2 servers: uncompressed, bit-identical to DDP's own all-reduce step by step; with
+onebit and error feedback, every bucket round bit-identical to the Rust single-process
+reference carrying the compressor state across the steps, fewer bytes pushed, a training
+loss that decreases; DDP's bucket rebuild giving new names; a hook that does not wait for the
+round."""
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from conftest import rank_order_sum, run_job, same_bits
+from pushpull import Reference
+
+SMALL = Path(__file__).resolve().parent / "small.toml"
+STEPS, ONEBIT_STEPS = 4, 15
+
+
+def test_ddp_hook_matches_ddp_and_the_reference(pushpull, seed, tmp_path):
+    p = run_job(pushpull, "ddp_hook.py", tmp_path, seed, config=SMALL)
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        assert f"[rank {r}] done" in p.stdout
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    n = ranks[0]["size"]
+    assert n == 2
+
+    # Uncompressed: DDP's own all-reduce (each gradient times 1/2, summed) and the hook's
+    # (the sum, divided by 2) are the same bits with 2 workers, at every step.
+    for s in ranks:
+        assert len(s["plain"]) == len(s["hooked"]) == STEPS
+        for step, (want, got) in enumerate(zip(s["plain"], s["hooked"])):
+            for k in want:
+                assert same_bits(got[k], want[k]), (s["rank"], step, k)
+                assert same_bits(got[k], ranks[0]["hooked"][step][k]), (s["rank"], step, k)
+    assert not torch.equal(ranks[0]["plain"][0]["0.weight"], ranks[0]["plain"][1]["0.weight"])
+
+    # DDP rebuilds its buckets after the first step (one bucket of every parameter, then
+    # buckets of bucket_cap_mb): the rebuilt ones have new names, used from then on.
+    m = ranks[0]["metrics"]["tensors"]
+    names = ranks[0]["hooked_names"]
+    assert names == ranks[1]["hooked_names"]
+    total = sum(v.numel() for v in ranks[0]["plain"][0].values())
+    assert len(names) >= 3 and names[0].startswith(f"DDP.0.bucket.0.{total}."), names
+    assert m[names[0]]["rounds"] == 1
+    for name in names[1:]:
+        assert m[name]["rounds"] == STEPS - 1, (name, m[name])
+        assert m[name]["codecs"] == ["none"] * len(m[name]["codecs"]), m[name]
+    assert sum(m[name]["len"] for name in names[1:]) == total
+
+    # onebit with error feedback: each bucket's rounds are the Rust reference's, which carries
+    # the compressor state of a tensor from round to round (so does the cluster, per name).
+    onebit = ranks[0]["onebit_names"]
+    assert onebit == ranks[1]["onebit_names"] and len(onebit) >= 3
+    by_name = [defaultdict(list) for _ in ranks]
+    for s, rounds in zip(ranks, by_name):
+        for name, x, y in s["onebit_rounds"]:
+            rounds[name].append((x, y))
+    ref = Reference(n, ranks[0]["job_seed"], str(SMALL))
+    for name in onebit:
+        assert len(by_name[0][name]) == len(by_name[1][name]) == m[name]["rounds"]
+        ref.declare(name, m[name]["len"], ranks[0]["onebit_map"])
+        for k in range(m[name]["rounds"]):
+            got = ref.push_pull(name, [rounds[name][k][0].numpy().tobytes() for rounds in by_name],
+                                True)
+            for s, rounds in zip(ranks, by_name):
+                want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+                assert same_bits(rounds[name][k][1], want), (name, k, s["rank"])
+        assert "onebit" in " ".join(m[name]["codecs"]), m[name]
+        # Each float32 is a sign bit (plus a scale per chunk).
+        assert m[name]["bytes_pushed"] * 10 < m[name]["raw_bytes"], m[name]
+    for name in onebit[1:]:
+        assert m[name]["rounds"] == ONEBIT_STEPS - 1 > 1, m[name]
+    for s in ranks:
+        # The compressed training differs from its uncompressed twin, and learns.
+        assert any(not torch.equal(s["onebit_params"][k], s["twin_params"][k])
+                   for k in s["twin_params"])
+        losses = s["onebit_loss"]
+        assert s["onebit_final_loss"] < losses[0] - 0.05 and losses[-1] < losses[0], losses
+
+    # The hook returns before the round ends (rank 1 pushed a second later), and its future
+    # then holds the average.
+    assert ranks[0]["late_call_s"] < 0.5 and not ranks[0]["late_done_at_return"], ranks[0]["late_call_s"]
+    want = rank_order_sum([s["late_in"].numpy() for s in ranks]) / np.float32(n)
+    for s in ranks:
+        assert same_bits(s["late_out"], want), s["rank"]
