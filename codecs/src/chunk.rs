@@ -231,7 +231,8 @@ pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> 
 fn chunk_spec(
     info: &ChunkInfo<'_>,
 ) -> Result<(CompressorSpec, usize, NodeIdentity, BuildOptions), String> {
-    let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?;
+    let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?
+        .for_chunk(info.tensor_len, info.chunk_len)?;
     let len = usize::try_from(info.chunk_len)
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
     let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
@@ -265,6 +266,17 @@ pub fn partition_bytes(
     })
 }
 
+/// The unit, in elements, that a tensor of `len` elements with map `params` is cut in: a
+/// column of a column-wise onebit tensor (every chunk holds whole columns, so each column's
+/// levels are the same however the tensor is chunked), else 1. A map the kernels refuse cuts
+/// in single elements (its codec is refused later, by name).
+pub fn chunk_unit(params: &BTreeMap<String, String>, len: u64, min_compress_bytes: u64) -> u64 {
+    effective_spec(params, len, min_compress_bytes)
+        .ok()
+        .and_then(|s| s.column_len(len))
+        .unwrap_or(1)
+}
+
 /// The largest payload one push of a chunk of `chunk_len` elements carries (its codec's
 /// largest encoding; `4 · chunk_len` for a tensor below `min_compress_bytes`): what the
 /// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk. Only the
@@ -275,6 +287,14 @@ pub fn payload_bytes(
     (tensor_len, chunk_len, full_chunk_len): (u64, u64, u64),
     min_compress_bytes: u64,
 ) -> Result<u64, String> {
+    // A probe of a column-wise tensor's cut may fall between columns: weigh whole ones.
+    let chunk_len = match effective_spec(params, tensor_len, min_compress_bytes)
+        .ok()
+        .and_then(|s| s.column_len(tensor_len))
+    {
+        Some(col) if chunk_len % col != 0 => (chunk_len / col).max(1) * col,
+        _ => chunk_len,
+    };
     let info = ChunkInfo {
         params,
         tensor_len,
@@ -397,11 +417,6 @@ mod tests {
                 ("bucket", "300"),
                 ("ef", "corrected"),
             ],
-            &[
-                ("compressor", "onebit"),
-                ("columns", "7"),
-                ("momentum", "nesterov"),
-            ],
             &[("compressor", "randomk"), ("k", "0.1"), ("ef", "vanilla")],
             &[("compressor", "bf16"), ("momentum", "nesterov")],
         ] {
@@ -419,6 +434,46 @@ mod tests {
                 "{kv:?}"
             );
         }
+    }
+
+    /// Column-wise onebit: `columns` counts the tensor's columns; a chunk of whole columns
+    /// gets its own count, a chunk between columns is refused by name, and the payload of a
+    /// probe between columns weighs whole ones.
+    #[test]
+    fn column_wise_chunks_hold_whole_columns() {
+        let params = map(&[
+            ("compressor", "onebit"),
+            ("columns", "7"),
+            ("momentum", "nesterov"),
+        ]);
+        // 7 columns of 10,000; a chunk of 2 columns: 2 pairs of levels and 20,000 bits.
+        assert_eq!(chunk_unit(&params, 70_000, 65536), 10_000);
+        assert_eq!(chunk_unit(&params, 70_001, 65536), 1);
+        let chain = chunk_codec(&ChunkInfo {
+            chunk_len: 20_000,
+            full_chunk_len: 30_000,
+            ..info(&params, 70_000)
+        })
+        .unwrap();
+        assert_eq!(chain.max_compressed_len(), 2 * 8 + 20_000 / 8);
+        assert_eq!(
+            payload_bytes(&params, (70_000, 20_000, 30_000), 65536).unwrap(),
+            chain.max_compressed_len() as u64
+        );
+        assert_eq!(
+            payload_bytes(&params, (70_000, 25_000, 30_000), 65536).unwrap(),
+            chain.max_compressed_len() as u64
+        );
+        let e = chunk_codec(&ChunkInfo {
+            chunk_len: 25_000,
+            full_chunk_len: 30_000,
+            ..info(&params, 70_000)
+        })
+        .err()
+        .unwrap();
+        assert!(e.contains("whole columns of 10000"), "{e}");
+        let e = chunk_codec(&info(&params, 70_001)).err().unwrap();
+        assert!(e.contains("not 7 whole columns"), "{e}");
     }
 
     #[test]

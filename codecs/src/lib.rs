@@ -62,7 +62,7 @@
 //! | `k` | `byteps_compressor_k` | topk, randomk | a fraction in (0, 1) of the chunk (topk: ≤ 0.5) or a whole count ≥ 1 per chunk (topk: ≤ len/2, randomk: ≤ len) | required |
 //! | `k` | `byteps_compressor_k` | dithering | the number of levels s: 1..=32767 (linear), 1..=32 (natural) | required |
 //! | `scaling` | `byteps_compressor_onebit_scaling` | onebit | `true`, `false` | `false` |
-//! | `columns` | | onebit | a whole number ≥ 1: column count of the row-major 2-D shape; selects the column-wise variant | absent |
+//! | `columns` | | onebit | a whole number ≥ 1: the tensor's column count, column-major (a column is `len / C` contiguous elements; C divides the length); selects the column-wise variant, cut at column boundaries | absent |
 //! | `unbiased` | | randomk | `true`, `false` (scale by n/k on workers) | `false` |
 //! | `partition` | `byteps_dithering_partition` | dithering | `linear` or `0`, `natural` or `1` | `linear` |
 //! | `normalize` | `byteps_dithering_normalize` | dithering | `max` or `0`, `l2` or `1` | `max` |

@@ -81,7 +81,7 @@ pub enum CodecSpec {
     },
     /// Sign bits and two levels per column.
     OneBitColumns {
-        /// Column count of the row-major 2-D view.
+        /// Column count: column-major, a column is `len / columns` contiguous elements.
         columns: usize,
     },
     /// The k largest magnitudes.
@@ -297,6 +297,48 @@ fn rounding_name(p: Rounding) -> &'static str {
 }
 
 impl CompressorSpec {
+    /// The elements of one column of a column-wise onebit tensor of `tensor_len` elements
+    /// (`columns` columns, column-major: a column is `tensor_len / columns` contiguous
+    /// elements): the unit its chunks are cut in (`pushpull_proto::placement::chunk_ranges_in`).
+    /// `None` for other compressors, or when `columns` does not divide `tensor_len`.
+    pub fn column_len(&self, tensor_len: u64) -> Option<u64> {
+        match self.codec {
+            CodecSpec::OneBitColumns { columns } => {
+                let c = columns as u64;
+                (c > 0 && tensor_len > 0 && tensor_len % c == 0).then(|| tensor_len / c)
+            }
+            _ => None,
+        }
+    }
+
+    /// The spec of one chunk of `chunk_len` elements of a tensor of `tensor_len`: the same,
+    /// except that column-wise onebit's `columns` becomes the chunk's own count of whole
+    /// columns. Errors name the tensor's length, the columns and the chunk when the columns do
+    /// not divide the tensor or the chunk does not hold whole columns.
+    pub fn for_chunk(&self, tensor_len: u64, chunk_len: u64) -> Result<CompressorSpec, String> {
+        let CodecSpec::OneBitColumns { columns } = self.codec else {
+            return Ok(self.clone());
+        };
+        let Some(col) = self.column_len(tensor_len) else {
+            return Err(format!(
+                "onebit with columns={columns}: a tensor of {tensor_len} elements is not \
+                 {columns} whole columns (column-major: columns must divide the element count)"
+            ));
+        };
+        if chunk_len % col != 0 {
+            return Err(format!(
+                "onebit with columns={columns}: a chunk of {chunk_len} elements does not hold \
+                 whole columns of {col} (the scheduler cuts such tensors at column boundaries)"
+            ));
+        }
+        Ok(CompressorSpec {
+            codec: CodecSpec::OneBitColumns {
+                columns: (chunk_len / col) as usize,
+            },
+            ..self.clone()
+        })
+    }
+
     /// The canonical map (short keys, defaults filled in): two maps that parse to equal specs
     /// give equal canonical maps.
     pub fn to_params(&self) -> BTreeMap<String, String> {

@@ -65,6 +65,31 @@ pub fn chunk_ranges(len: u64, partition_bytes: u64) -> impl Iterator<Item = (u64
     })
 }
 
+/// [`chunk_ranges`] in whole `unit`s of elements (a column of a column-wise onebit tensor):
+/// the tensor's `len / unit` units split into equal runs of at most `partition_bytes` (at
+/// least one unit, so a unit longer than the partition makes a longer chunk), the first ones
+/// one unit longer. A `unit` of 0 or 1, or one that does not divide `len`, cuts as
+/// [`chunk_ranges`] does (the codec then refuses the tensor by name).
+pub fn chunk_ranges_in(
+    len: u64,
+    partition_bytes: u64,
+    unit: u64,
+) -> Box<dyn Iterator<Item = (u64, u64)>> {
+    if unit <= 1 || len % unit != 0 {
+        return Box::new(chunk_ranges(len, partition_bytes));
+    }
+    let units = len / unit;
+    let per_chunk = ((partition_bytes / 4) / unit).max(1);
+    let n = units.div_ceil(per_chunk);
+    let (base, extra) = units
+        .checked_div(n)
+        .map_or((0, 0), |base| (base, units % n));
+    Box::new((0..n).map(move |i| {
+        let first = i * base + i.min(extra);
+        ((first) * unit, (base + u64::from(i < extra)) * unit)
+    }))
+}
+
 /// The longest chunk of a tensor of `len` elements cut at `partition_bytes` (its first; 0 for
 /// an empty tensor).
 pub fn longest_chunk(len: u64, partition_bytes: u64) -> u64 {
@@ -124,24 +149,25 @@ impl Placer {
     /// the agreed one.
     pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
         let partition_bytes = self.partition_bytes;
-        self.place_cut(name, len, partition_bytes, params, |chunk_len| {
+        self.place_cut(name, len, (partition_bytes, 1), params, |chunk_len| {
             chunk_len * 4
         })
     }
 
     /// [`Placer::place`] with the tensor's own chunk size, `partition_bytes` (its cut,
-    /// [`cut_bytes`]), weighing each chunk by `bytes(chunk_len)`: e.g. the payload its codec
-    /// sends, so that servers carry equal traffic when some tensors are compressed and others
-    /// (below `min_compress_bytes`) are not.
+    /// [`cut_bytes`]) in whole `unit`s of elements ([`chunk_ranges_in`]), weighing each chunk
+    /// by `bytes(chunk_len)`: e.g. the payload its codec sends, so that servers carry equal
+    /// traffic when some tensors are compressed and others (below `min_compress_bytes`) are
+    /// not.
     pub fn place_cut(
         &mut self,
         name: &str,
         len: u64,
-        partition_bytes: u64,
+        (partition_bytes, unit): (u64, u64),
         params: ParamMap,
         mut bytes: impl FnMut(u64) -> u64,
     ) -> TensorPlacement {
-        let chunks = chunk_ranges(len, partition_bytes)
+        let chunks = chunk_ranges_in(len, partition_bytes, unit)
             .enumerate()
             .map(|(i, (offset, clen))| {
                 let server = self
@@ -261,6 +287,27 @@ mod tests {
             let part = cut_bytes(len, 131_072, 32_768, fp32);
             assert!(chunk_ranges(len, part).all(|(_, l)| 4 * l <= 32_768 || l == 1));
         }
+    }
+
+    #[test]
+    fn chunks_in_units_hold_whole_units() {
+        // 12 columns of 1000: a partition of 2.5 columns holds 2; 12 columns in 6 chunks.
+        let r: Vec<_> = chunk_ranges_in(12_000, 4 * 2_500, 1000).collect();
+        assert_eq!(r.len(), 6);
+        assert!(r.iter().all(|&(o, l)| o % 1000 == 0 && l == 2000), "{r:?}");
+        // 7 columns in 3 chunks: 3, 2, 2 columns, tiling the tensor.
+        let r: Vec<_> = chunk_ranges_in(7_000, 4 * 3_000, 1000).collect();
+        assert_eq!(r, vec![(0, 3000), (3000, 2000), (5000, 2000)]);
+        // A column longer than the partition makes a longer chunk.
+        let r: Vec<_> = chunk_ranges_in(3_000, 400, 1000).collect();
+        assert_eq!(r, vec![(0, 1000), (1000, 1000), (2000, 1000)]);
+        // No unit, or one that does not divide: the plain cut.
+        let plain: Vec<_> = chunk_ranges(7_001, 4 * 3_000).collect();
+        assert_eq!(
+            chunk_ranges_in(7_001, 4 * 3_000, 1000).collect::<Vec<_>>(),
+            plain
+        );
+        assert_eq!(chunk_ranges_in(0, 400, 10).count(), 0);
     }
 
     #[test]

@@ -70,7 +70,10 @@ use crate::config::{ClusterDigest, ParamMap};
 /// * Version 6: the registration's digest carries `cluster.local_size` and
 ///   `cluster.force_distributed` (local groups: a data frame's pushes come from each host's
 ///   owner of the chunk, one per host).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// * Version 7: column-wise onebit's wire format 2 (`columns` counts a tensor's columns,
+///   column-major, and the scheduler cuts such a tensor at column boundaries; format 1 read a
+///   chunk row-major, mixing a tensor's columns up across chunks).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.

@@ -96,7 +96,9 @@ impl Reference {
             len,
             (partition, bound, c.min_compress_bytes),
         );
-        let placement = Placer::new(1, part).place(name, len, merged);
+        // Cut in whole columns for column-wise onebit, as the scheduler does.
+        let unit = pushpull_kernels::chunk::chunk_unit(&merged, len, c.min_compress_bytes);
+        let placement = Placer::new(1, part).place_cut(name, len, (part, unit), merged, |l| l * 4);
         // The same factory and context as a worker's declare and a server's placement.
         let build = |node: Node| -> Result<Vec<Box<dyn Compressor>>, String> {
             (0..placement.chunks.len())

@@ -1,9 +1,14 @@
 //! Column-wise `onebit` (`compressor=onebit` with `columns=C`): 1-bit SGD with two
 //! reconstruction levels per column (the CNTK 1-bit SGD notes). CPU only.
 //!
-//! The chunk is read as a row-major matrix with `C` columns: element `i` is in column `i % C`
-//! (for a PyTorch/numpy tensor of shape `[R, C]` these are its columns; make the tensor's chunk
-//! size a multiple of `C` so that every chunk starts at a row). Column `j` has two levels:
+//! The chunk is read as a column-major matrix with `C` columns, as CNTK stores them: column
+//! `j` is the `R = ⌈n / C⌉` contiguous elements `j·R .. (j+1)·R` (when `C` does not divide `n`
+//! the last columns are shorter or empty; a cluster never builds such a chunk). In a
+//! cluster, `columns` counts the tensor's columns and the scheduler cuts the tensor at column
+//! boundaries, so each chunk holds whole columns (its own count, [`crate::CompressorSpec::
+//! for_chunk`]) and each column's levels are the same however the tensor is chunked. (Wire
+//! format 2: format 1, before protocol 7, read element `i` as column `i % C` of a row-major
+//! chunk, which mixed a tensor's columns up across chunks.) Column `j` has two levels:
 //! `pos_j`, the mean of its non-negative elements, and `neg_j`, the mean of its negative
 //! elements (each 0.0 when there is none; sums in f64 in index order starting from +0.0, then
 //! divided by the count and rounded to f32).
@@ -33,6 +38,11 @@ impl OneBitColumns {
 
     fn cols(&self) -> usize {
         self.columns.min(self.base.n)
+    }
+
+    /// Elements per column (`⌈n / C⌉`; at least 1, so an empty chunk has no rows to walk).
+    fn rows(&self) -> usize {
+        self.base.n.div_ceil(self.cols().max(1)).max(1)
     }
 
     fn levels(&self, payload: &[u8]) -> Result<Vec<(f32, f32)>, KernelError> {
@@ -83,21 +93,15 @@ impl Format for OneBitColumns {
         let mut ns = vec![0f64; c];
         let mut nc = vec![0u64; c];
         // Branch-free (and so vectorisable) but the same sums: adding +0.0 to a sum that is
-        // never -0.0 changes nothing.
-        for row in input.chunks(c.max(1)) {
-            for ((((&x, p), q), pk), nk) in row
-                .iter()
-                .zip(ps.iter_mut())
-                .zip(ns.iter_mut())
-                .zip(pc.iter_mut())
-                .zip(nc.iter_mut())
-            {
+        // never -0.0 changes nothing. Column j is the contiguous run j·R .. (j+1)·R.
+        for (j, column) in input.chunks(self.rows()).enumerate().take(c) {
+            for &x in column {
                 let neg = x < 0.0;
                 let v = x as f64;
-                *q += if neg { v } else { 0.0 };
-                *p += if neg { 0.0 } else { v };
-                *nk += neg as u64;
-                *pk += (!neg) as u64;
+                ns[j] += if neg { v } else { 0.0 };
+                ps[j] += if neg { 0.0 } else { v };
+                nc[j] += neg as u64;
+                pc[j] += (!neg) as u64;
             }
         }
         let mean = |s: f64, k: u64| {
@@ -133,21 +137,16 @@ impl Format for OneBitColumns {
     ) -> Result<(), KernelError> {
         let lv = self.levels(payload)?;
         let bits = &payload[8 * self.cols()..];
-        let c = self.cols().max(1);
-        let mut j = 0usize;
+        let rows = self.rows();
         for (wi, chunk) in out.chunks_mut(32).enumerate() {
             let w = crate::simd::get_u32(bits, wi);
             for (t, o) in chunk.iter_mut().enumerate() {
-                let (p, q) = lv[j];
+                let (p, q) = lv[((wi * 32 + t) / rows).min(lv.len().saturating_sub(1))];
                 let v = if (w >> t) & 1 != 0 { q } else { p };
                 if add {
                     *o += v;
                 } else {
                     *o = v;
-                }
-                j += 1;
-                if j == c {
-                    j = 0;
                 }
             }
         }

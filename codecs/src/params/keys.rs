@@ -46,8 +46,10 @@ pub const KEYS: &[KeyInfo] = &[
         name: "columns",
         aliases: &[],
         applies_to: "onebit",
-        values: "a whole number >= 1: the column count of the row-major 2-D shape; selects the \
-                 column-wise variant (two levels per column)",
+        values: "a whole number >= 1 that divides the tensor's length: its column count, \
+                 column-major (CNTK's layout: a column is len / columns contiguous elements); \
+                 selects the column-wise variant (two levels per column, chunks cut at column \
+                 boundaries)",
         default: "absent (one scale for the chunk)",
     },
     KeyInfo {

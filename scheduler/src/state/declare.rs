@@ -2,8 +2,8 @@
 //! collecting the servers' acknowledgements (step 2 in the [parent module](super)).
 
 use super::*;
-use pushpull_codecs::chunk::{partition_bytes, payload_bytes};
-use pushpull_proto::placement::longest_chunk;
+use pushpull_codecs::chunk::{chunk_unit, partition_bytes, payload_bytes};
+use pushpull_proto::placement::chunk_ranges_in;
 
 impl SchedulerState {
     pub(super) fn on_declare(&mut self, rank: u32, name: String, decl: Decl) {
@@ -147,7 +147,11 @@ impl SchedulerState {
         // Servers are balanced by the bytes each chunk really carries: with compression, a
         // tensor below `min_compress_bytes` (raw fp32) weighs up to 32 times more per element
         // than its compressed neighbours. Chunks have at most two lengths: one codec each.
-        let full = longest_chunk(len, part);
+        // Column-wise tensors are cut at column boundaries (every chunk whole columns).
+        let unit = chunk_unit(&params, len, min_compress);
+        let full = chunk_ranges_in(len, part, unit)
+            .next()
+            .map_or(0, |(_, l)| l);
         let mut weights: Vec<(u64, u64)> = Vec::new();
         let weigh = |chunk_len: u64| -> u64 {
             if let Some(&(_, w)) = weights.iter().find(|(l, _)| *l == chunk_len) {
@@ -161,7 +165,7 @@ impl SchedulerState {
             w
         };
         let mut trial = self.placer.clone();
-        let mut placement = trial.place_cut(&name, len, part, params.clone(), weigh);
+        let mut placement = trial.place_cut(&name, len, (part, unit), params.clone(), weigh);
         // The default: declaration order, earliest first.
         placement.priority = priority.unwrap_or_else(|| {
             i32::try_from(self.placed_count)

@@ -111,6 +111,18 @@ pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
             map(&[("compressor", "onebit"), ("momentum", "nesterov")]),
             Reduce::Average,
         ),
+        // CNTK's column-wise onebit: 6 columns of 5000 (column-major), cut at column
+        // boundaries into chunks of 3 whole columns (the set's partition holds 3.3).
+        (
+            "onebit columns",
+            30_000,
+            map(&[
+                ("compressor", "onebit"),
+                ("columns", "6"),
+                ("ef", "vanilla"),
+            ]),
+            Reduce::Sum,
+        ),
     ]
 }
 
@@ -237,6 +249,9 @@ pub async fn run_set_cluster(
         let by_partition = (set[i].1 * 4).div_ceil(PARTITION_BYTES) as usize;
         assert!(tensors[i][0].num_chunks() > by_partition);
     }
+    // Column-wise onebit is cut at column boundaries: 2 chunks of 3 columns of 5000.
+    let i = set.iter().position(|t| t.0 == "onebit columns").unwrap();
+    assert_eq!(tensors[i][0].num_chunks(), 2);
     let mut out = Vec::new();
     for round in 0..ROUNDS {
         for (r, w) in s.workers.iter().enumerate() {
