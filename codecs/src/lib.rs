@@ -13,6 +13,7 @@
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
 //! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
+//! | [`gossip`] | decentralised averaging, the pure part of Moniqua's Algorithm 1: the mixing matrix [`gossip::Mixing`] (symmetric, doubly stochastic, spectral gap below 1, each refusal named) and one worker's [`gossip::average_step`] |
 //! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference), [`host_fold`] and [`IntraCodec`] (a local group's host sum: its members and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
 //! | [`error`] | [`KernelError`] |
 //! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
@@ -157,6 +158,7 @@ mod codecs;
 pub mod decorators;
 pub mod elem;
 pub mod error;
+pub mod gossip;
 mod par;
 pub mod params;
 pub mod payload;
