@@ -63,16 +63,14 @@ impl Mixing {
                 ));
             }
         }
-        for i in 0..n {
-            for j in i + 1..n {
-                if (rows[i][j] - rows[j][i]).abs() > TOLERANCE {
-                    return Err(format!(
-                        "W[{i}][{j}] = {} but W[{j}][{i}] = {}: the mixing matrix must be \
-                         symmetric",
-                        rows[i][j], rows[j][i]
-                    ));
-                }
-            }
+        let asymmetric = (0..n)
+            .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+            .find(|&(i, j)| (rows[i][j] - rows[j][i]).abs() > TOLERANCE);
+        if let Some((i, j)) = asymmetric {
+            return Err(format!(
+                "W[{i}][{j}] = {} but W[{j}][{i}] = {}: the mixing matrix must be symmetric",
+                rows[i][j], rows[j][i]
+            ));
         }
         let w: Vec<f64> = rows.iter().flatten().copied().collect();
         let mut eig: Vec<f64> = DMatrix::from_row_slice(n, n, &w)
