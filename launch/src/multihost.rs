@@ -448,6 +448,30 @@ mod tests {
         assert!(var("PUSHPULL_TLS_KEY")
             .unwrap()
             .ends_with("worker3/worker3.key"));
+        // A flat job across hosts: one worker a host, each local rank 0 (pushpull.torch's
+        // local_rank() picks the GPU), rank = host.
+        let mut flat = written.clone();
+        flat.cluster.local_size = 1;
+        let cmd = node_command(
+            dir.path(),
+            None,
+            &path,
+            &flat,
+            &which(RoleArg::Worker, 3),
+            &programs,
+            &user,
+        )
+        .unwrap();
+        let var = |k: &str| {
+            cmd.env
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.to_string_lossy().to_string())
+        };
+        assert_eq!(var("DMLC_WORKER_ID").as_deref(), Some("3"));
+        assert_eq!(var("DMLC_NUM_WORKER").as_deref(), Some("4"));
+        assert_eq!(var("BYTEPS_LOCAL_RANK").as_deref(), Some("0"));
+        assert_eq!(var("BYTEPS_LOCAL_SIZE").as_deref(), Some("1"));
         let cmd = node_command(
             dir.path(),
             None,

@@ -20,25 +20,22 @@ use pushpull_node::error::{CliError, CliResult};
 const WIND_DOWN: Duration = Duration::from_secs(30);
 
 /// The environment of the copy of rank `rank`: the cluster file, the scheduler's address, the
-/// job's size in BytePS's variables and the rank's own certificate. Without local groups
-/// (`local_size` 1) the job is one host with `num_workers` local ranks; with them, hosts of
-/// `local_size` (`DMLC_NUM_WORKER` hosts, this rank's host `DMLC_WORKER_ID`), as the cluster
-/// file groups them.
+/// job's size in BytePS's variables and the rank's own certificate, in hosts of `per_host`
+/// workers (`DMLC_NUM_WORKER` hosts, this rank's host `DMLC_WORKER_ID`, its index there
+/// `BYTEPS_LOCAL_RANK`). `pushpull local` runs every worker on one host (`per_host` =
+/// `cluster.local_size` when it groups them, else every worker); `pushpull node` runs
+/// `cluster.local_size` workers a host.
 #[allow(clippy::too_many_arguments)]
 pub fn worker_env(
     config_path: &std::path::Path,
     scheduler: &str,
     num_workers: u32,
-    local_size: u32,
+    per_host: u32,
     num_servers: u32,
     rank: u32,
     tls: &TlsConfig,
 ) -> Vec<(String, OsString)> {
-    let g = if local_size > 1 {
-        local_size
-    } else {
-        num_workers.max(1)
-    };
+    let g = per_host.max(1);
     let (host, port) = scheduler.rsplit_once(':').unwrap_or((scheduler, ""));
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let path = |p: &Option<PathBuf>| p.clone().unwrap_or_default().into_os_string();
@@ -101,11 +98,16 @@ async fn drive(
     let mut ranks = Vec::with_capacity(nw as usize);
     for r in 0..nw {
         let tls = &files.tls[1 + ns as usize + r as usize];
+        // One machine: its workers are one host, grouped or not.
+        let per_host = match config.cluster.local_size {
+            g if g > 1 => g,
+            _ => nw,
+        };
         let env = worker_env(
             &files.config_path,
             &started.scheduler_addr,
             nw,
-            config.cluster.local_size,
+            per_host,
             ns,
             r,
             tls,
