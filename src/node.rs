@@ -3,9 +3,13 @@
 //! roles, and the flags every node takes, are `pushpull_node`'s.
 //!
 //! With `--progress`, `pushpull-worker progress rank=R round=N total=T` after each round (each
-//! training step for `job.kind = "train"`).
+//! training step for `job.kind = "train"`). With `--metrics ADDR` (or `[metrics] listen`),
+//! `pushpull-worker metrics on ADDR` once joined, and Prometheus metrics there while the job
+//! runs.
 
-use pushpull_node::commands::{load_config, load_identity, print_line, NodeArgs};
+use pushpull_node::commands::{
+    load_config, load_identity, metrics_addr, print_line, start_metrics, NodeArgs,
+};
 use pushpull_proto::config::env::NodeRole;
 use pushpull_worker::{JoinOptions, Worker, WorkerError};
 
@@ -33,6 +37,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     // The nodes leave `[job]` to the job: checked here, before joining, naming the file.
     let job = JobConfig::from_config(&config, &args.config.display().to_string())
         .map_err(CliError::usage)?;
+    let metrics = metrics_addr(args, &config)?;
     let identity = load_identity(&config)?;
     let worker = Worker::join(
         &config,
@@ -48,6 +53,9 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
         e => CliError::failed(format!("pushpull-worker: {e}")),
     })?;
     let rank = worker.rank();
+    let _metrics = start_metrics("pushpull-worker", metrics, |a| {
+        pushpull_metrics::worker::serve_worker(a, &worker)
+    })?;
     let progress = opts.progress;
     let show = move |done: u32, total: u32| {
         if progress {

@@ -6,6 +6,8 @@
 //! code 2); a run that fails (a lost node, a refused registration) is a [`CliError::Failed`]
 //! (1). Machine-readable stdout lines (each flushed at once):
 //! * `pushpull-scheduler listening on ADDR` and `pushpull-server listening on ADDR` once bound;
+//! * `pushpull-scheduler metrics on ADDR` and `pushpull-server metrics on ADDR` just after,
+//!   when the node serves Prometheus metrics (`--metrics ADDR` or `[metrics] listen`);
 //! * `pushpull-scheduler cpu_seconds S` / `pushpull-server cpu_seconds S` just before exit.
 
 use std::io::Write;
@@ -13,6 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
+use pushpull_metrics::MetricsEndpoint;
 use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::config::env::{self, NodeRole};
 use pushpull_proto::config::{parse_addr, ConfigError, SchedulerAddr};
@@ -44,6 +47,10 @@ pub struct NodeArgs {
     /// This node's private key, PEM PKCS#8 (overrides `tls.key`).
     #[arg(long, value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at this address, IP:PORT (overrides `metrics.listen`;
+    /// port 0 picks a free port, printed as `pushpull-ROLE metrics on ADDR`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
 }
 
 /// Parses an `IP:PORT` flag value; the error names the flag and the value.
@@ -108,6 +115,33 @@ pub fn load_identity(config: &Config) -> CliResult<TlsIdentity> {
     TlsIdentity::load(&config.tls).map_err(CliError::usage)
 }
 
+/// The metrics address of a node: `--metrics` over `metrics.listen`; None when neither is
+/// set. Bad input names the flag or key and the value (exit code 2).
+pub fn metrics_addr(args: &NodeArgs, config: &Config) -> CliResult<Option<SocketAddr>> {
+    pushpull_metrics::listen_addr(args.metrics.as_deref().map(|v| ("--metrics", v)), config)
+        .map_err(CliError::usage)
+}
+
+/// Starts a node's metrics endpoint at `addr` with `start` (e.g.
+/// `pushpull_metrics::server::serve_server`) and prints `PROGRAM metrics on ADDR`; the
+/// endpoint serves until dropped. A bind failure is bad input naming the address.
+pub fn start_metrics(
+    program: &str,
+    addr: Option<SocketAddr>,
+    start: impl FnOnce(SocketAddr) -> std::io::Result<MetricsEndpoint>,
+) -> CliResult<Option<MetricsEndpoint>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let endpoint = start(addr)
+        .map_err(|e| CliError::usage(format!("{program}: cannot serve metrics on {addr}: {e}")))?;
+    print_line(&pushpull_metrics::metrics_line(
+        program,
+        endpoint.local_addr(),
+    ));
+    Ok(Some(endpoint))
+}
+
 /// Prints `line` on stdout and flushes it at once (the lines a parent reads).
 pub fn print_line(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -120,12 +154,17 @@ pub fn print_line(line: &str) {
 /// naming it).
 pub async fn run_scheduler(args: &NodeArgs) -> CliResult<()> {
     let (config, _) = load_config(args, NodeRole::Scheduler)?;
+    let metrics = metrics_addr(args, &config)?;
     let identity = load_identity(&config)?;
     let addr = config.cluster.scheduler.clone();
     let scheduler = Scheduler::bind(config, identity).await.map_err(|e| {
         CliError::usage(format!("pushpull-scheduler: cannot listen on {addr}: {e}"))
     })?;
     print_line(&format!("{SCHEDULER_LISTENING}{}", scheduler.local_addr()));
+    let stats = scheduler.stats();
+    let _metrics = start_metrics("pushpull-scheduler", metrics, |a| {
+        pushpull_metrics::scheduler::serve_scheduler(a, stats)
+    })?;
     let result = scheduler.run().await;
     print_line(&cpu_line("pushpull-scheduler"));
     result.map_err(|e| CliError::failed(format!("pushpull-scheduler: {e}")))
@@ -139,12 +178,17 @@ pub async fn run_server(args: &NodeArgs, listen: Option<&str>) -> CliResult<()> 
         parse_addr_flag("--listen", l)?;
         config.server.listen = l.to_string();
     }
+    let metrics = metrics_addr(args, &config)?;
     let identity = load_identity(&config)?;
     let addr = config.server.listen.clone();
     let server = Server::bind(config, identity)
         .await
         .map_err(|e| CliError::usage(format!("pushpull-server: cannot listen on {addr}: {e}")))?;
     print_line(&format!("{SERVER_LISTENING}{}", server.local_addr()));
+    let stats = server.stats();
+    let _metrics = start_metrics("pushpull-server", metrics, |a| {
+        pushpull_metrics::server::serve_server(a, stats)
+    })?;
     let result = server.run().await;
     print_line(&cpu_line("pushpull-server"));
     result.map_err(|e| CliError::failed(format!("pushpull-server: {e}")))

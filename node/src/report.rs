@@ -13,6 +13,15 @@ pub const SCHEDULER_LISTENING: &str = "pushpull-scheduler listening on ";
 /// The line prefix a server prints once bound: `pushpull-server listening on ADDR`.
 pub const SERVER_LISTENING: &str = "pushpull-server listening on ";
 
+/// The line prefix a scheduler prints once its metrics endpoint is bound: `pushpull-scheduler
+/// metrics on ADDR` (after its `listening on` line; `--metrics` or `[metrics] listen`).
+pub const SCHEDULER_METRICS: &str = "pushpull-scheduler metrics on ";
+/// The line prefix a server prints once its metrics endpoint is bound.
+pub const SERVER_METRICS: &str = "pushpull-server metrics on ";
+/// The line prefix a worker (`pushpull-worker`) prints once its metrics endpoint is bound
+/// (after joining, when its rank is known).
+pub const WORKER_METRICS: &str = "pushpull-worker metrics on ";
+
 /// How long a process may take to print its `listening on` line.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 

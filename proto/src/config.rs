@@ -104,6 +104,10 @@ pub struct Config {
     /// `[worker]`: settings of worker processes.
     #[serde(default)]
     pub worker: WorkerConfig,
+    /// `[metrics]`: the opt-in Prometheus endpoint every node may serve. Not part of the
+    /// [`ClusterDigest`]: it changes no result.
+    #[serde(default, skip_serializing_if = "MetricsConfig::is_off")]
+    pub metrics: MetricsConfig,
     /// `[job]`: the built-in job that `pushpull-worker` and `pushpull local` run. Its keys are
     /// the job's (`pushpull_jobs::JobConfig` reads and checks them); a node that runs no job
     /// accepts the table as it is.
@@ -317,6 +321,27 @@ pub struct WorkerConfig {
     pub device: String,
 }
 
+/// `[metrics]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `listen`: the address, IP:PORT, where each node (scheduler, server, worker) serves its
+    /// Prometheus text metrics over HTTP (`GET /metrics`); absent (the default): no endpoint.
+    /// Port 0 picks a free port (each node prints `pushpull-ROLE metrics on ADDR`); nodes that
+    /// share a host and a fixed port need the per-node override (`--metrics ADDR`, or
+    /// `PUSHPULL_METRICS=ADDR` for a Python worker). Bind a loopback address unless the
+    /// metrics must be reachable from other hosts: they are served without TLS.
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
+impl MetricsConfig {
+    /// No endpoint configured.
+    pub fn is_off(&self) -> bool {
+        self.listen.is_none()
+    }
+}
+
 /// `[tensors]`: `default` applies to every tensor; a table named after a tensor overrides
 /// single keys for it. Values may be TOML strings, numbers or booleans; they are turned into
 /// the strings the compressor registry parses.
@@ -425,6 +450,7 @@ impl Config {
                 advertise: None,
             },
             worker: WorkerConfig::default(),
+            metrics: MetricsConfig::default(),
             job: toml::Table::new(),
             tensors: TensorsConfig::default(),
         }

@@ -5,7 +5,7 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`]; `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `metrics`, `finish` |
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`], and its Prometheus endpoint when `PUSHPULL_METRICS=ADDR` or `[metrics] listen` asks for one (`metrics_address`; `pushpull_metrics`); `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `metrics`, `finish` |
 //! | [`Handle`] | one round in flight: `poll()`, `wait()` |
 //! | [`Reference`] (`reference.rs`) | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
@@ -257,6 +257,9 @@ pub struct Worker {
     runtime: Arc<Runtime>,
     worker: Mutex<Option<pushpull_worker::Worker>>,
     devices: Devices,
+    /// The Prometheus endpoint (`PUSHPULL_METRICS` or `[metrics] listen`), while the worker
+    /// lives.
+    metrics: Option<pushpull_metrics::MetricsEndpoint>,
 }
 
 impl Worker {
@@ -404,6 +407,12 @@ impl Worker {
         .map_err(to_py)?;
         let identity = TlsIdentity::load(&config.tls)
             .map_err(|e| to_py(WorkerError::Config(e.to_string())))?;
+        let metrics_env = std::env::var("PUSHPULL_METRICS").ok();
+        let metrics_addr = pushpull_metrics::listen_addr(
+            metrics_env.as_deref().map(|v| ("PUSHPULL_METRICS", v)),
+            &config,
+        )
+        .map_err(|e| to_py(WorkerError::Config(e)))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("pushpull-worker")
@@ -415,11 +424,34 @@ impl Worker {
         let worker = py
             .detach(|| runtime.block_on(pushpull_worker::Worker::join(&config, identity, opts)))
             .map_err(to_py)?;
+        let metrics = match metrics_addr {
+            Some(addr) => {
+                let _in_runtime = runtime.enter();
+                let endpoint =
+                    pushpull_metrics::worker::serve_worker(addr, &worker).map_err(|e| {
+                        PushPullError::new_err(format!("cannot serve metrics on {addr}: {e}"))
+                    })?;
+                eprintln!(
+                    "{}",
+                    pushpull_metrics::metrics_line("pushpull-worker", endpoint.local_addr())
+                );
+                Some(endpoint)
+            }
+            None => None,
+        };
         Ok(Worker {
             runtime: Arc::new(runtime),
             worker: Mutex::new(Some(worker)),
             devices: Devices::default(),
+            metrics,
         })
+    }
+
+    /// The address of this worker's Prometheus endpoint (`PUSHPULL_METRICS=ADDR` or the cluster
+    /// file's `[metrics] listen`), `"IP:PORT"`, or None when it serves none.
+    #[getter]
+    fn metrics_address(&self) -> Option<String> {
+        self.metrics.as_ref().map(|m| m.local_addr().to_string())
     }
 
     /// This worker's rank, `0..num_workers`.

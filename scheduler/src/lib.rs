@@ -5,6 +5,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`state`] | [`SchedulerState`]: the whole scheduler as a pure, deterministic state machine (no sockets, no clock): [`Event`]s in, [`Action`]s out; registration and refusals, ids, Welcome, declare collectives and placement, barriers, heartbeat loss, clean finish. Tested without a network. |
+//! | [`stats`] | [`SchedulerStats`]: the nodes' liveness (missed heartbeats, silence) and QUIC's counters of their connections, published a few times per heartbeat interval (the metrics endpoint's source) |
 //! | [`service`] | [`Scheduler`]: the thin async shell: binds the QUIC endpoint, one task per connection (control stream reader + writer), the timer, executes actions, shuts down with a bounded grace period. |
 //!
 //! Entry points (used by the `pushpull` binaries):
@@ -20,6 +21,8 @@
 
 pub mod service;
 pub mod state;
+pub mod stats;
 
 pub use service::{Scheduler, SchedulerError};
-pub use state::{Action, ConnId, Event, JobFailure, SchedulerState, StateConfig};
+pub use state::{Action, ConnId, Event, JobFailure, Liveness, SchedulerState, StateConfig};
+pub use stats::{SchedulerSnapshot, SchedulerStats};

@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::state::{Action, ConnId, Event, JobFailure, SchedulerState, StateConfig};
+use crate::stats::{Published, SchedulerStats};
 
 /// How long the scheduler waits, after the job is over, for nodes to close their connections
 /// (so that the final `Shutdown` messages are delivered) before closing them itself. A refused
@@ -61,6 +62,7 @@ pub struct Scheduler {
     config: Config,
     endpoint: Endpoint,
     job_seed: u64,
+    stats: SchedulerStats,
 }
 
 impl Scheduler {
@@ -95,6 +97,7 @@ impl Scheduler {
             config,
             endpoint,
             job_seed,
+            stats: SchedulerStats::default(),
         })
     }
 
@@ -106,6 +109,13 @@ impl Scheduler {
     /// The QUIC endpoint (e.g. to count its open connections).
     pub fn quinn_endpoint(&self) -> quinn::Endpoint {
         self.endpoint.quinn.clone()
+    }
+
+    /// A handle to the liveness and connection counters [`Scheduler::run`] publishes (when
+    /// nodes connect, leave or are welcomed, else at most every heartbeat interval / 4, and at
+    /// the end); take it before `run`.
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats.clone()
     }
 
     /// The job seed every node will receive in its cluster map.
@@ -122,6 +132,7 @@ impl Scheduler {
             config,
             endpoint,
             job_seed,
+            stats,
         } = self;
         let timeout = config.heartbeat_timeout();
         let tick = (config.heartbeat_interval() / 4).max(Duration::from_millis(5));
@@ -136,6 +147,8 @@ impl Scheduler {
             check_roles,
         ));
         let mut conns: HashMap<ConnId, ConnHandle> = HashMap::new();
+        // When the stats were last published, and the members then.
+        let mut published = (now(), (0, false));
 
         let result = 'main: loop {
             let deadline = state
@@ -166,6 +179,13 @@ impl Scheduler {
                 },
                 _ = tokio::time::sleep_until(deadline.into()) => state.handle(now(), Event::Tick),
             }
+            // For the metrics endpoint: when the members change, else at most once a tick
+            // (messages may keep the timer from firing).
+            let members = (state.connection_count(), state.is_running());
+            if members != published.1 || now() >= published.0 + tick {
+                publish(&stats, &state, &conns);
+                published = (now(), members);
+            }
             while let Some(action) = state.poll_action() {
                 match action {
                     Action::Send(conn, msg) => {
@@ -183,6 +203,7 @@ impl Scheduler {
             }
         };
         // No action follows Finish: it is always the last one.
+        publish(&stats, &state, &conns);
 
         match &result {
             Ok(()) => tracing::info!("job finished: every worker finished cleanly"),
@@ -204,6 +225,20 @@ impl Scheduler {
         let _ = tokio::time::timeout(IDLE_WAIT, endpoint.quinn.wait_idle()).await;
         result
     }
+}
+
+/// Publishes the nodes' liveness and their connections for [`SchedulerStats`].
+fn publish(stats: &SchedulerStats, state: &SchedulerState, conns: &HashMap<ConnId, ConnHandle>) {
+    let nodes = state.liveness(now());
+    let mut conns: Vec<(String, quinn::Connection)> = conns
+        .iter()
+        .filter_map(|(&id, h)| {
+            let n = state.node_name(id)?;
+            Some((format!("{} {}", n.role, n.id), h.quic.clone()))
+        })
+        .collect();
+    conns.sort_by(|a, b| a.0.cmp(&b.0));
+    stats.publish(Published { nodes, conns });
 }
 
 /// The current time on tokio's clock (so paused-time tests work) as a std instant.
@@ -262,6 +297,8 @@ fn blamed(id: ConnId, close: &quinn::ConnectionError) -> Option<Inbound> {
 struct ConnHandle {
     tx: mpsc::UnboundedSender<WriterCmd>,
     writer: JoinHandle<()>,
+    /// The connection (for its QUIC counters).
+    quic: quinn::Connection,
 }
 
 /// What a writer task does next.
@@ -332,7 +369,11 @@ async fn serve_conn(
     let (sender, mut receiver) = ControlStream::new(send, recv, format!("node at {addr}")).split();
     let (wtx, wrx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(writer(sender, conn.clone(), wrx));
-    let handle = ConnHandle { tx: wtx, writer };
+    let handle = ConnHandle {
+        tx: wtx,
+        writer,
+        quic: conn.clone(),
+    };
     if tx
         .send(Inbound::Accepted {
             conn: id,

@@ -229,6 +229,25 @@ struct Conn {
     finished: bool,
     /// The transport reported the connection gone.
     disconnected: bool,
+    /// Heartbeat ticks at which the node had been silent for more than two heartbeat
+    /// intervals.
+    missed_heartbeats: u64,
+}
+
+/// How a welcomed node's heartbeats look to the scheduler ([`SchedulerState::liveness`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Liveness {
+    /// The node.
+    pub name: NodeName,
+    /// Time since anything was heard from it.
+    pub silent: Duration,
+    /// Heartbeat ticks at which it had been silent for more than two heartbeat intervals
+    /// (a heartbeat, or more, missed; the node is lost past `cluster.heartbeat_timeout_ms`).
+    pub missed_heartbeats: u64,
+    /// A worker that sent `Finished`.
+    pub finished: bool,
+    /// Its connection is gone (after finishing, or lost).
+    pub disconnected: bool,
 }
 
 /// A member of the running cluster.
@@ -346,6 +365,24 @@ impl SchedulerState {
         }
     }
 
+    /// Every welcomed node's heartbeat record at `now`, servers then workers, by id.
+    pub fn liveness(&self, now: Instant) -> Vec<Liveness> {
+        self.servers
+            .iter()
+            .chain(&self.workers)
+            .filter_map(|m| {
+                let c = self.conns.get(&m.conn)?;
+                Some(Liveness {
+                    name: m.name.clone(),
+                    silent: now.saturating_duration_since(c.last_heard),
+                    missed_heartbeats: c.missed_heartbeats,
+                    finished: c.finished,
+                    disconnected: c.disconnected,
+                })
+            })
+            .collect()
+    }
+
     /// The next action to execute, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
@@ -393,6 +430,7 @@ impl SchedulerState {
                         last_heard: now,
                         finished: false,
                         disconnected: false,
+                        missed_heartbeats: 0,
                     },
                 );
                 let cap =

@@ -11,6 +11,8 @@ use dashmap::DashMap;
 use pushpull_net::sender::{FrameSender, OnError, Peer};
 use pushpull_net::transport::{Endpoint, TransportError};
 use pushpull_proto::pool::BufPool;
+
+use crate::stats::KeyStats;
 use pushpull_proto::protocol::{
     max_payload_len, FrameFlags, FrameHeader, FrameKind, ReduceOp, FRAME_HEADER_LEN,
 };
@@ -90,6 +92,8 @@ pub(crate) struct Shared {
     pub(crate) awaiting_hello: AtomicUsize,
     pub(crate) server_id: OnceLock<u32>,
     pub(crate) keys: DashMap<u64, Arc<Mutex<KeyRounds>>>,
+    /// Each key's counters (`crate::stats`), inserted with the key.
+    pub(crate) key_stats: DashMap<u64, Arc<KeyStats>>,
     /// Data connections by rank.
     pub(crate) workers: RwLock<Vec<Option<WorkerConn>>>,
     /// Sends every result and abort in priority order within `cluster.send_window_bytes`.
@@ -126,6 +130,7 @@ impl Shared {
             awaiting_hello: AtomicUsize::new(0),
             server_id: OnceLock::new(),
             keys: DashMap::new(),
+            key_stats: DashMap::new(),
             workers: RwLock::new(vec![None; w as usize]),
             sender,
             pool: BufPool::new(RESULT_POOL_BYTES),
@@ -181,6 +186,7 @@ impl Shared {
     /// Carries out a state machine's actions for `key`, each to the ranks it names, whose
     /// results go out at `priority` (aborts, small and urgent, always at the highest).
     pub(crate) fn execute(self: &Arc<Self>, key: u64, priority: i32, actions: Vec<Action>) {
+        let stats = || self.key_stats.get(&key).map(|e| e.value().clone());
         for action in actions {
             match action {
                 Action::SendResult {
@@ -188,12 +194,19 @@ impl Shared {
                     ranks,
                     payload,
                 } => {
+                    if let Some(s) = stats() {
+                        KeyStats::add(&s.rounds, 1);
+                        KeyStats::add(&s.bytes_sent, payload.len() as u64 * ranks.len() as u64);
+                    }
                     for rank in ranks {
                         let frame = (result(false), key, round, payload.clone());
                         self.send_to_rank(rank, frame, priority);
                     }
                 }
                 Action::SendNonFinite { round, ranks } => {
+                    if let Some(s) = stats() {
+                        KeyStats::add(&s.rounds, 1);
+                    }
                     debug!(key, round, "non-finite sum");
                     for rank in ranks {
                         self.send_to_rank(rank, (result(true), key, round, Bytes::new()), priority);
@@ -480,6 +493,9 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
         w.send(rank, frame, ABORT_PRIORITY);
         return;
     };
+    if let Some(s) = shared.key_stats.get(&key) {
+        KeyStats::add(&s.bytes_received, payload.len() as u64);
+    }
     let (priority, actions) = {
         let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
         let actions = if let Some(why) = bad {

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
 //! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
+//! | [`stats`] | [`ServerStats`]: per-tensor rounds and bytes and each connection's QUIC counters, read at any time (the metrics endpoint's source) |
 //! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], the scheduler session (registration, placements, heartbeats, shutdown) |
 //!
 //! # Life of a server
@@ -33,6 +34,8 @@
 mod data;
 pub mod rounds;
 pub mod service;
+pub mod stats;
 
 pub use pushpull_codecs::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
 pub use service::{Server, ServerError};
+pub use stats::{ServerSnapshot, ServerStats, ServerTensorStats};

@@ -45,6 +45,7 @@ use tracing::{error, info, warn};
 
 use crate::data::{accept_loop, Shared};
 use crate::rounds::{KeyInfo, KeyRounds};
+use crate::stats::{KeyStats, ServerStats};
 
 /// How long the server waits, when it exits, for frames it is still sending (aborts, last
 /// results) before it closes its endpoint.
@@ -124,6 +125,7 @@ pub struct Server {
     endpoint: Endpoint,
     factory: Arc<dyn CodecFactory>,
     requested_id: Option<u32>,
+    stats: ServerStats,
 }
 
 impl std::fmt::Debug for Server {
@@ -162,6 +164,7 @@ impl Server {
             endpoint,
             factory: Arc::new(KernelsFactory),
             requested_id: None,
+            stats: ServerStats::default(),
         })
     }
 
@@ -183,6 +186,12 @@ impl Server {
         self.endpoint.local_addr()
     }
 
+    /// A handle to this server's counters (per-tensor rounds and bytes, QUIC's counters of
+    /// its connections), filled once [`Server::run`] runs; take it before `run`.
+    pub fn stats(&self) -> ServerStats {
+        self.stats.clone()
+    }
+
     /// Registers with the scheduler at `cluster.scheduler` (retrying for `connect_timeout`),
     /// then serves workers until the job ends. `Ok(())` after a clean `Shutdown`; an error
     /// naming the scheduler, the lost node or the refusal otherwise. Open rounds are aborted
@@ -193,12 +202,14 @@ impl Server {
             endpoint,
             factory,
             requested_id,
+            stats,
         } = self;
         let scheduler_addr = resolve_scheduler(&config.scheduler_addr(), config.connect_timeout())
             .await
             .map_err(ServerError::Resolve)?;
         let (shared, sender) = Shared::new(&config);
         let shared = Arc::new(shared);
+        stats.attach(&shared);
         let sender = tokio::spawn(sender);
         let accept = tokio::spawn(accept_loop(endpoint.clone(), shared.clone()));
         let mut control = Control {
@@ -214,6 +225,7 @@ impl Server {
             sender: None,
             conn: None,
             job_seed: None,
+            stats: &stats,
         };
         let result = control.run(requested_id).await;
         if let Err(e) = &result {
@@ -247,6 +259,8 @@ impl Server {
         if let Some(conn) = control.conn.take() {
             conn.close(code, &reason);
         }
+        // The counters as the job left them, for a scrape after the end.
+        let _ = stats.snapshot();
         accept.abort();
         endpoint.quinn.close(code, &reason);
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.quinn.wait_idle()).await;
@@ -305,6 +319,7 @@ struct Control<'a> {
     sender: Option<ControlSender>,
     conn: Option<quinn::Connection>,
     job_seed: Option<u64>,
+    stats: &'a ServerStats,
 }
 
 impl Control<'_> {
@@ -336,6 +351,7 @@ impl Control<'_> {
             .allows(NodeRole::Scheduler, None)
             .map_err(|why| self.sched_err(format!("refused: {why}")))?;
         self.conn = Some(conn.clone());
+        self.stats.set_scheduler(&conn);
         let (send, recv) = conn
             .open_bi()
             .await
@@ -562,7 +578,12 @@ fn place_keys(
     }
     let n = new.len();
     for (key, rounds) in new {
+        let tensor = rounds.info().tensor.clone();
         shared.keys.insert(key, Arc::new(Mutex::new(rounds)));
+        shared
+            .key_stats
+            .entry(key)
+            .or_insert_with(|| Arc::new(KeyStats::new(&tensor)));
     }
     info!(tensor = %p.name, keys = n, "placed");
     Ok(())

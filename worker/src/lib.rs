@@ -23,7 +23,7 @@
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
 //! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
-//! | [`Metrics`], [`TensorMetrics`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing; per tensor and in total |
+//! | [`Metrics`], [`TensorMetrics`], [`RoundTimes`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing, a histogram of round times; per tensor and in total; [`Worker::connection_stats`]: QUIC's counters (lost packets, datagrams) per connection |
 //! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | re-exported from `pushpull_codecs::chunk` (through `pushpull_kernels`), the one codec plug-in of workers and servers: what builds each chunk's [`Compressor`] (by default the chain of the tensor's parameter map, worker role) |
 //! | [`reference`](mod@reference) | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
 //!
@@ -89,6 +89,7 @@ mod error;
 mod local;
 pub mod reference;
 mod round;
+mod round_times;
 mod shared;
 mod tensor;
 mod worker;
@@ -100,6 +101,7 @@ pub use pushpull_kernels::cuda::Device as Place;
 pub use pushpull_kernels::cuda::{CudaDevice, CudaError, GpuContext};
 pub use pushpull_kernels::device::{Device, EmulatedDevice};
 pub use pushpull_kernels::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};
+pub use round_times::{RoundTimes, ROUND_SECONDS_BUCKETS};
 pub use tensor::{Metrics, Reduce, Tensor, TensorMetrics};
 pub use worker::{JoinOptions, RoundHandle, Worker};
 

@@ -10,6 +10,8 @@ use pushpull_kernels::Compressor;
 use pushpull_proto::protocol::TensorPlacement;
 use pushpull_proto::ParamMap;
 
+use crate::round_times::{RoundClock, RoundTimes};
+
 /// How [`crate::Worker::push_pull`] combines the workers' buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reduce {
@@ -81,6 +83,8 @@ pub(crate) struct TensorInner {
     pub(crate) compress_nanos: AtomicU64,
     pub(crate) wait_nanos: AtomicU64,
     pub(crate) decompress_nanos: AtomicU64,
+    /// Wall-clock times of the completed rounds.
+    pub(crate) round_clock: RoundClock,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).
@@ -211,6 +215,7 @@ impl Tensor {
             device: residence.compressed_on,
             buffer_device: residence.buffer_on,
             device_bytes: residence.device_bytes,
+            round_times: self.inner.round_clock.snapshot(),
         }
     }
 }
@@ -269,6 +274,8 @@ pub struct TensorMetrics {
     /// Device and page-locked host bytes the tensor's device state holds (residual, momentum,
     /// scratch, the staging of its pulled payloads): 0 for host buffers.
     pub device_bytes: u64,
+    /// How long the completed rounds took (a histogram).
+    pub round_times: RoundTimes,
 }
 
 impl TensorMetrics {

@@ -21,7 +21,7 @@ use pushpull_net::sender::{FrameSender, SendHold};
 use pushpull_net::transport::Endpoint;
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{ClusterMap, ToScheduler};
-use pushpull_proto::{Config, ParamMap};
+use pushpull_proto::{Config, NodeName, ParamMap};
 use tokio::task::JoinHandle;
 
 use crate::chunks::chunk_ranges;
@@ -69,6 +69,8 @@ pub struct Worker {
 struct WorkerInner {
     shared: Arc<Shared>,
     links: Arc<Vec<ServerLink>>,
+    /// The connection to the scheduler (its control stream is `shared`'s).
+    scheduler_conn: quinn::Connection,
     /// Sends every push, in priority order within `cluster.send_window_bytes`.
     sender: FrameSender,
     endpoint: Endpoint,
@@ -170,6 +172,23 @@ impl Worker {
         let mut m = Metrics::from_tensors(tensors.values());
         m.device_bytes += self.inner.batches.bytes();
         m
+    }
+
+    /// QUIC's counters of this worker's connections, the scheduler's first, then each
+    /// server's, each with the peer's name: lost packets, datagrams and bytes sent and
+    /// received, congestion events, the RTT estimate. Read from quinn at the time of the call.
+    pub fn connection_stats(&self) -> Vec<(NodeName, quinn::ConnectionStats)> {
+        let mut v = vec![(
+            self.inner.shared.scheduler.clone(),
+            self.inner.scheduler_conn.stats(),
+        )];
+        v.extend(
+            self.inner
+                .links
+                .iter()
+                .map(|l| (l.name.clone(), l.peer.conn.stats())),
+        );
+        v
     }
 
     /// Declares tensor `name` of `len` f32 elements, a collective: returns once every worker of
@@ -331,6 +350,7 @@ impl Worker {
                 bytes_pushed: AtomicU64::new(0),
                 bytes_pulled: AtomicU64::new(0),
                 rounds_done: AtomicU64::new(0),
+                round_clock: Default::default(),
                 rounds_non_finite: AtomicU64::new(0),
                 compress_nanos: AtomicU64::new(0),
                 wait_nanos: AtomicU64::new(0),
@@ -715,6 +735,7 @@ impl<R: RoundData> Prepared<R> {
         } = self;
         tokio::spawn(async move {
             let _guard = guard;
+            let started = std::time::Instant::now();
             let round = *next_round;
             *next_round += 1;
             t.rounds_started.store(*next_round, Ordering::Relaxed);
@@ -736,6 +757,7 @@ impl<R: RoundData> Prepared<R> {
             }
             if result.is_ok() {
                 t.rounds_done.fetch_add(1, Ordering::Relaxed);
+                t.round_clock.observe(started.elapsed());
             }
             result.map(|()| data)
         })

@@ -245,3 +245,27 @@ fn local_groups_divide_the_workers() {
     let (key, _, _) = c.digest().first_difference(&d.digest()).unwrap();
     assert_eq!(key, "cluster.local_size");
 }
+
+#[test]
+fn metrics_listen_is_optional_checked_and_not_compared() {
+    let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+    assert_eq!(c.metrics.listen, None);
+    let text = format!("{MINIMAL}\n[metrics]\nlisten = \"127.0.0.1:0\"\n");
+    let m = Config::from_toml_str(&text, "t.toml").unwrap();
+    assert_eq!(m.metrics.listen.as_deref(), Some("127.0.0.1:0"));
+    // It changes no result: nodes with and without it may join one cluster.
+    assert!(c.digest().first_difference(&m.digest()).is_none());
+    let bad = format!("{MINIMAL}\n[metrics]\nlisten = \"localhost\"\n");
+    let e = Config::from_toml_str(&bad, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("metrics.listen") && e.contains("localhost"),
+        "{e}"
+    );
+    let typo = format!("{MINIMAL}\n[metrics]\nlisen = \"127.0.0.1:0\"\n");
+    let e = Config::from_toml_str(&typo, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lisen"), "{e}");
+}

@@ -105,6 +105,9 @@ impl Config {
             parse_addr(adv)
                 .map_err(|allowed| bad("server.advertise", format!("{adv:?}"), &allowed))?;
         }
+        if let Some(m) = &self.metrics.listen {
+            parse_addr(m).map_err(|allowed| bad("metrics.listen", format!("{m:?}"), &allowed))?;
+        }
         let d = self.worker.device.as_str();
         let ordinal = d.strip_prefix("cuda:").map(|n| n.parse::<u32>().is_ok());
         if !(["auto", "cpu", "cuda"].contains(&d) || ordinal == Some(true)) {

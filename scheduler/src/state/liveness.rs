@@ -144,7 +144,13 @@ impl SchedulerState {
                 })
                 .map(|(&k, _)| k)
                 .collect();
+            let missed = 2 * self.cfg.heartbeat_interval;
             for conn in targets {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if !c.finished && now.saturating_duration_since(c.last_heard) > missed {
+                        c.missed_heartbeats += 1;
+                    }
+                }
                 self.send(conn, FromScheduler::Heartbeat);
             }
             self.next_heartbeat = now + self.cfg.heartbeat_interval;

@@ -325,6 +325,7 @@ impl Worker {
             inner: Arc::new(WorkerInner {
                 shared,
                 links: Arc::new(links),
+                scheduler_conn: conn,
                 sender,
                 endpoint,
                 rank,

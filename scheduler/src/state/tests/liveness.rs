@@ -86,6 +86,33 @@ fn the_scheduler_sends_heartbeats_every_interval_to_every_registered_node() {
     assert!(h.s.next_timeout().unwrap() <= h.now + Duration::from_millis(1000));
 }
 
+#[test]
+fn liveness_counts_the_heartbeats_a_silent_node_missed() {
+    let (mut h, srv, wrk) = H::start(2, 2);
+    let everyone: Vec<ConnId> = srv.iter().chain(&wrk).copied().collect();
+    let silent = wrk[1];
+    // 6 s of heartbeats every 500 ms from everyone but `silent`; the scheduler's go out every
+    // second, and from the one at which `silent` has been quiet for more than two intervals
+    // (at 3 s) on, each counts one missed heartbeat: 3, 4, 5 and 6 s.
+    for _ in 0..12 {
+        h.heartbeat_all_but(&everyone, silent);
+        h.advance(500);
+    }
+    let live = h.s.liveness(h.now);
+    assert_eq!(live.len(), 4);
+    let silent_name = h.s.node_name(silent).unwrap();
+    for l in &live {
+        if l.name == silent_name {
+            assert_eq!(l.missed_heartbeats, 4, "{l:?}");
+            assert_eq!(l.silent, Duration::from_millis(6000));
+        } else {
+            assert_eq!(l.missed_heartbeats, 0, "{l:?}");
+            assert!(l.silent <= Duration::from_millis(500), "{l:?}");
+        }
+        assert!(!l.finished && !l.disconnected);
+    }
+}
+
 fn check_loss(lost_is_server: bool) {
     let (mut h, srv, wrk) = H::start(2, 2);
     let everyone: Vec<ConnId> = srv.iter().chain(&wrk).copied().collect();
