@@ -83,6 +83,10 @@ pub enum CodecSpec {
     OneBitColumns {
         /// Column count: column-major, a column is `len / columns` contiguous elements.
         columns: usize,
+        /// The columns of one chunk of a tensor (the chunk's codec reads `chunk_columns`
+        /// columns of its own; [`CompressorSpec::for_chunk`]); `None` for a codec built alone,
+        /// whose columns are `columns`. Not part of the map or the name.
+        chunk_columns: Option<usize>,
     },
     /// The k largest magnitudes.
     TopK {
@@ -191,7 +195,7 @@ impl CodecSpec {
         match self {
             CodecSpec::None | CodecSpec::Fp16 | CodecSpec::Bf16 => {}
             CodecSpec::OneBit { scaling } => put("scaling", scaling.to_string()),
-            CodecSpec::OneBitColumns { columns } => put("columns", columns.to_string()),
+            CodecSpec::OneBitColumns { columns, .. } => put("columns", columns.to_string()),
             CodecSpec::TopK { k } => put("k", k.to_string()),
             CodecSpec::RandomK { k, unbiased } => {
                 put("k", k.to_string());
@@ -237,7 +241,7 @@ impl CodecSpec {
             CodecSpec::Fp16 => "fp16".into(),
             CodecSpec::Bf16 => "bf16".into(),
             CodecSpec::OneBit { scaling } => format!("onebit(scaling={scaling})"),
-            CodecSpec::OneBitColumns { columns } => format!("onebit(columns={columns})"),
+            CodecSpec::OneBitColumns { columns, .. } => format!("onebit(columns={columns})"),
             CodecSpec::TopK { k } => format!("topk(k={k})"),
             CodecSpec::RandomK { k, unbiased } => format!("randomk(k={k}, unbiased={unbiased})"),
             CodecSpec::Dithering {
@@ -303,7 +307,7 @@ impl CompressorSpec {
     /// `None` for other compressors, or when `columns` does not divide `tensor_len`.
     pub fn column_len(&self, tensor_len: u64) -> Option<u64> {
         match self.codec {
-            CodecSpec::OneBitColumns { columns } => {
+            CodecSpec::OneBitColumns { columns, .. } => {
                 let c = columns as u64;
                 (c > 0 && tensor_len > 0 && tensor_len % c == 0).then(|| tensor_len / c)
             }
@@ -312,11 +316,11 @@ impl CompressorSpec {
     }
 
     /// The spec of one chunk of `chunk_len` elements of a tensor of `tensor_len`: the same,
-    /// except that column-wise onebit's `columns` becomes the chunk's own count of whole
-    /// columns. Errors name the tensor's length, the columns and the chunk when the columns do
+    /// except that column-wise onebit gets the chunk's own count of whole columns
+    /// (`chunk_columns`; its name stays the tensor's). Errors name the tensor's length, the columns and the chunk when the columns do
     /// not divide the tensor or the chunk does not hold whole columns.
     pub fn for_chunk(&self, tensor_len: u64, chunk_len: u64) -> Result<CompressorSpec, String> {
-        let CodecSpec::OneBitColumns { columns } = self.codec else {
+        let CodecSpec::OneBitColumns { columns, .. } = self.codec else {
             return Ok(self.clone());
         };
         let Some(col) = self.column_len(tensor_len) else {
@@ -333,7 +337,8 @@ impl CompressorSpec {
         }
         Ok(CompressorSpec {
             codec: CodecSpec::OneBitColumns {
-                columns: (chunk_len / col) as usize,
+                columns,
+                chunk_columns: Some((chunk_len / col) as usize),
             },
             ..self.clone()
         })

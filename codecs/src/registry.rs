@@ -99,7 +99,10 @@ pub(crate) fn build_codec(
         CodecSpec::Fp16 => Box::new(CastCodec::new(base, Cast::Fp16)),
         CodecSpec::Bf16 => Box::new(CastCodec::new(base, Cast::Bf16)),
         CodecSpec::OneBit { scaling } => Box::new(OneBit::new(base, scaling)),
-        CodecSpec::OneBitColumns { columns } => Box::new(OneBitColumns::new(base, columns)),
+        CodecSpec::OneBitColumns {
+            columns,
+            chunk_columns,
+        } => Box::new(OneBitColumns::new(base, chunk_columns.unwrap_or(columns))),
         CodecSpec::TopK { .. } => Box::new(TopK::new(base, k.expect("topk has k"))),
         CodecSpec::RandomK { unbiased, .. } => {
             Box::new(RandomK::new(base, k.expect("randomk has k"), unbiased))

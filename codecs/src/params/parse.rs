@@ -239,7 +239,10 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
                         ),
                     });
                 }
-                CodecSpec::OneBitColumns { columns }
+                CodecSpec::OneBitColumns {
+                    columns,
+                    chunk_columns: None,
+                }
             }
         },
         "topk" => {
