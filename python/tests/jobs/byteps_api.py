@@ -10,6 +10,7 @@ import torch
 
 import pushpull
 import pushpull.torch as bps
+from job_common import expect
 from pushpull.torch.parallel import DistributedDataParallel
 
 out, seed = sys.argv[1], int(sys.argv[2])
@@ -19,19 +20,6 @@ r, n = bps.rank(), bps.size()
 gen = torch.Generator().manual_seed(seed * 1000 + r)
 saved = {"rank": r, "size": n, "job_seed": bps._w().job_seed, "local_size": bps.local_size(),
          "num_servers": bps._w().num_servers}
-
-
-def expect(case, exc_type, *words):
-    def run(f):
-        try:
-            f()
-        except exc_type as e:
-            missing = [w for w in words if w not in str(e)]
-            assert not missing, f"{case}: {missing} not in {e!r}"
-            print(f"ok {case}: {e}")
-            return
-        raise AssertionError(f"{case}: no {exc_type.__name__} raised")
-    return run
 
 
 def randn(*shape):

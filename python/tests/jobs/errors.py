@@ -5,22 +5,10 @@ import torch
 
 import pushpull
 import pushpull.torch as bps
+from job_common import expect
 
 bps.init()
 r = bps.rank()
-
-
-def expect(case, exc_type, *words):
-    def run(f):
-        try:
-            f()
-        except exc_type as e:
-            missing = [w for w in words if w not in str(e)]
-            assert not missing, f"{case}: {missing} not in {e!r}"
-            print(f"ok {case}: {e}")
-            return
-        raise AssertionError(f"{case}: no {exc_type.__name__} raised")
-    return run
 
 
 expect("dtype", TypeError, "'cplx'", "torch.complex64")(

@@ -1,6 +1,7 @@
-"""What the test jobs (rounds.py, gpu.py) share: the compressed tensor the tests compare with the
-single-process reference (conftest.assert_onebit_matches_the_reference), with an overflowing,
-discarded round."""
+"""What the test jobs share: the compressed tensor the tests compare with the single-process
+reference (rounds.py, gpu.py: conftest.assert_onebit_matches_the_reference), with an
+overflowing, discarded round; and `expect`, a call that must raise naming given words
+(errors.py, byteps_api.py)."""
 
 import torch
 
@@ -35,3 +36,18 @@ def onebit_rounds(saved: dict, gen: torch.Generator, device: torch.device) -> No
         saved["onebit_out"].append([g.cpu() for g in got])
         if step == OVERFLOW_ROUND:
             bps.discard_last_round(list(ONEBIT_TENSORS))
+
+
+def expect(case, exc_type, *words):
+    """A decorator running ``f`` at once: it must raise ``exc_type`` whose message holds every
+    one of ``words``; prints ``ok CASE: message``."""
+    def run(f):
+        try:
+            f()
+        except exc_type as e:
+            missing = [w for w in words if w not in str(e)]
+            assert not missing, f"{case}: {missing} not in {e!r}"
+            print(f"ok {case}: {e}")
+            return
+        raise AssertionError(f"{case}: no {exc_type.__name__} raised")
+    return run
