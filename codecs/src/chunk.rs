@@ -34,7 +34,7 @@ use pushpull_proto::Config;
 
 use crate::codecs::cast::{Cast, CastCodec};
 use crate::codecs::Base;
-use crate::params::{parse_params, CodecSpec, CompressorSpec};
+use crate::params::{parse_params, CodecSpec, CompressorSpec, Exchange};
 use crate::registry::{build_codec, build_from_spec, BuildOptions, Purpose};
 use crate::rng::Role;
 use crate::{Compressor, NodeIdentity};
@@ -237,14 +237,20 @@ fn chunk_spec(
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
     let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
         .map_err(|_| format!("chunk of {} elements is too large", info.full_chunk_len))?;
+    let gossip = spec.exchange == Exchange::Gossip;
     let who = NodeIdentity {
         job_seed: info.job_seed,
         key: info.key,
         role: info.node.role(),
-        rank: info.node.draw_rank(),
+        // Gossip's rounding draws are shared: every worker draws as rank 0.
+        rank: if gossip { 0 } else { info.node.draw_rank() },
     };
     let opts = BuildOptions {
-        purpose: Purpose::Gradient,
+        purpose: if gossip {
+            Purpose::ModelAveraging
+        } else {
+            Purpose::Gradient
+        },
         full_chunk_len: (full != len).then_some(full),
     };
     Ok((spec, len, who, opts))

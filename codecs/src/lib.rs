@@ -133,8 +133,9 @@
 //! [`RoundCtx::reference`] carries the reference on both sides: compress ignores it (checking
 //! its length when given); decompress and decompress-add require it (the receiver's own copy,
 //! within θ of the sender's values). Building Moniqua for gradient push_pull is refused
-//! ([`Purpose::Gradient`], what [`build_compressor`] uses); the kernel is available through
-//! [`build_from_spec`] with [`Purpose::ModelAveraging`] until the model-averaging mode exists.
+//! ([`Purpose::Gradient`], what [`build_compressor`] uses); a tensor whose map says
+//! `exchange = "gossip"` is built with [`Purpose::ModelAveraging`] ([`chunk::chunk_codec`]),
+//! and [`gossip`] averages the decoded messages.
 //!
 //! # Errors, non-finite input, overflow
 //! No map, payload or length panics. NaN or ±Inf input is refused with the index of the first
@@ -174,8 +175,8 @@ pub use chunk::{
 pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
 pub use params::{
-    overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
-    Normalize, Partition, Rounding, KEYS,
+    overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange, KSpec,
+    KeyInfo, Normalize, Partition, Rounding, KEYS,
 };
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};

@@ -156,6 +156,25 @@ pub struct CompressorSpec {
     /// The intra-host codec (`intra_compressor`): what a local group's members round their
     /// gradients to before the host sum ([`crate::reduce::host_fold`]).
     pub intra: IntraCodec,
+    /// How the tensor is exchanged (`exchange`): summed through the servers, or averaged
+    /// with the worker's graph neighbours.
+    pub exchange: Exchange,
+}
+
+/// The `exchange` key: what a round of the tensor does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Exchange {
+    /// `push_pull` (the default): every worker's values summed (or averaged) through the
+    /// servers; what gradients need.
+    #[default]
+    PushPull,
+    /// `gossip`: decentralised averaging of model parameters (Moniqua's Algorithm 1): each
+    /// worker's encoded values go to its neighbours in the cluster's mixing matrix (relayed
+    /// by the servers, undecoded), and each worker averages what it receives with its own
+    /// (`pushpull_codecs::gossip`). Takes the compressors with a fixed payload (none, fp16,
+    /// bf16, minmax, moniqua) and no error feedback or momentum; the workers' rounding draws
+    /// are shared (the same for every rank).
+    Gossip,
 }
 
 impl Default for CompressorSpec {
@@ -166,6 +185,7 @@ impl Default for CompressorSpec {
             momentum_mu: None,
             seed: None,
             intra: IntraCodec::None,
+            exchange: Exchange::PushPull,
         }
     }
 }
@@ -365,6 +385,9 @@ impl CompressorSpec {
         }
         if self.intra != IntraCodec::None {
             m.insert("intra_compressor".into(), self.intra.name().into());
+        }
+        if self.exchange == Exchange::Gossip {
+            m.insert("exchange".into(), "gossip".into());
         }
         m
     }

@@ -26,8 +26,8 @@ pub enum Purpose {
     /// θ of the values, which gradients do not have.
     #[default]
     Gradient,
-    /// Model parameters in a model-averaging exchange (Moniqua's setting: the reference is the
-    /// previous average on the server and each worker's own parameters on the way back).
+    /// Model parameters in decentralised averaging (`exchange = "gossip"`, Moniqua's setting:
+    /// the reference is the receiver's own parameters).
     ModelAveraging,
 }
 
@@ -127,8 +127,9 @@ pub(crate) fn build_codec(
                     compressor: base.name,
                     why: "moniqua cannot compress gradients for push_pull: it sends values \
                           modulo B_theta and needs a reference within theta of them on the \
-                          receiver, which only a model-averaging exchange has (not implemented \
-                          yet); use another compressor for gradients"
+                          receiver, which only decentralised averaging has: declare the \
+                          model's parameters with exchange = \"gossip\" (and keep another \
+                          compressor for gradients)"
                         .into(),
                 });
             }

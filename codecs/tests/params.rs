@@ -479,3 +479,45 @@ fn no_map_panics() {
         }
     });
 }
+
+#[test]
+fn gossip_takes_fixed_size_messages_and_no_gradient_decorators() {
+    let g = ("exchange", "gossip");
+    assert_err(
+        &[("compressor", "topk"), ("k", "0.1"), g],
+        1000,
+        &["exchange", "fixed size"],
+    );
+    assert_err(
+        &[("compressor", "onebit"), g],
+        1000,
+        &["exchange", "onebit"],
+    );
+    assert_err(
+        &[("compressor", "fp16"), ("ef", "vanilla"), g],
+        1000,
+        &["ef", "error feedback"],
+    );
+    assert_err(
+        &[("compressor", "none"), ("momentum", "nesterov"), g],
+        1000,
+        &["momentum"],
+    );
+    assert_err(
+        &[("exchange", "allreduce")],
+        1000,
+        &["exchange", "push_pull or gossip"],
+    );
+    // Moniqua for push_pull is refused, and the error says how to gossip instead.
+    assert_err(
+        &[("compressor", "moniqua"), ("theta", "1")],
+        1000,
+        &["exchange = \"gossip\""],
+    );
+    let spec = parse_params(&map(&[("compressor", "moniqua"), ("theta", "1"), g])).unwrap();
+    assert_eq!(spec.exchange, pushpull_codecs::Exchange::Gossip);
+    assert_eq!(
+        spec.to_params().get("exchange").map(String::as_str),
+        Some("gossip")
+    );
+}

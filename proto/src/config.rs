@@ -34,6 +34,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::gossip::Mixing;
 use serde::{Deserialize, Serialize};
 
 /// The largest `cluster.send_window_bytes` (1 GiB).
@@ -108,6 +109,10 @@ pub struct Config {
     /// [`ClusterDigest`]: it changes no result.
     #[serde(default, skip_serializing_if = "MetricsConfig::is_off")]
     pub metrics: MetricsConfig,
+    /// `[gossip]`: the workers' graph for tensors exchanged by gossip (`exchange = "gossip"`
+    /// in their map: decentralised averaging, Moniqua). Part of the [`ClusterDigest`].
+    #[serde(default, skip_serializing_if = "GossipConfig::is_default")]
+    pub gossip: GossipConfig,
     /// `[job]`: the built-in job that `pushpull-worker` and `pushpull local` run. Its keys are
     /// the job's (`pushpull_jobs::JobConfig` reads and checks them); a node that runs no job
     /// accepts the table as it is.
@@ -342,6 +347,64 @@ impl MetricsConfig {
     }
 }
 
+/// `[gossip]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GossipConfig {
+    /// `mixing`: the mixing matrix `W`, one row per worker (`W[i][j]`: the weight worker `i`
+    /// gives worker `j`'s model; `j` is a neighbour of `i` where it is above 0). It must be
+    /// symmetric, doubly stochastic, non-negative, with spectral gap `ρ < 1`
+    /// ([`Mixing::new`] names what is wrong). Absent (the default): a ring, ⅓ on each
+    /// neighbour and on itself ([`Mixing::ring`]).
+    #[serde(default)]
+    pub mixing: Option<Vec<Vec<f64>>>,
+    /// `gamma`: the slack `γ` in `0 < γ ≤ 1`; the exchange averages with `γW + (1−γ)I` (what
+    /// Moniqua's 1-bit variant, with nearest rounding, needs). Default 1: `W` itself.
+    #[serde(default = "default_gamma")]
+    pub gamma: f64,
+}
+
+fn default_gamma() -> f64 {
+    1.0
+}
+
+impl Default for GossipConfig {
+    fn default() -> Self {
+        GossipConfig {
+            mixing: None,
+            gamma: default_gamma(),
+        }
+    }
+}
+
+impl GossipConfig {
+    /// The defaults: a ring, no slack.
+    pub fn is_default(&self) -> bool {
+        *self == GossipConfig::default()
+    }
+
+    /// The matrix a job of `num_workers` averages with: `mixing` (or the ring) with the slack
+    /// applied. Errors name the row, the entry or the eigenvalue.
+    pub fn matrix(&self, num_workers: u32) -> Result<Mixing, String> {
+        let w = match &self.mixing {
+            Some(rows) if rows.len() != num_workers as usize => {
+                return Err(format!(
+                    "the mixing matrix has {} rows; cluster.num_workers is {num_workers}, one row \
+                     per worker",
+                    rows.len()
+                ))
+            }
+            Some(rows) => Mixing::new(rows)?,
+            None => Mixing::ring(num_workers as usize),
+        };
+        if self.gamma == 1.0 {
+            Ok(w)
+        } else {
+            w.slack(self.gamma)
+        }
+    }
+}
+
 /// `[tensors]`: `default` applies to every tensor; a table named after a tensor overrides
 /// single keys for it. Values may be TOML strings, numbers or booleans; they are turned into
 /// the strings the compressor registry parses.
@@ -451,6 +514,7 @@ impl Config {
             },
             worker: WorkerConfig::default(),
             metrics: MetricsConfig::default(),
+            gossip: GossipConfig::default(),
             job: toml::Table::new(),
             tensors: TensorsConfig::default(),
         }

@@ -13,6 +13,7 @@
 //! | [`placement`] | pure arithmetic: equal-size chunks, each tensor's cut ([`placement::cut_bytes`]: fp32 and fp16 tensors finer), keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
 //! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery) and [`sendq::DeliveryRate`] (the delivery rate that sizes the window), as pure state machines |
 //! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
+//! | [`gossip`] | [`gossip::Mixing`]: the mixing matrix of a decentralised (gossip) exchange, checked (symmetric, doubly stochastic, spectral gap below 1) |
 //! | [`grant`] | [`grant::Grant`]: the role (and id) a node's certificate lets it play, as a `pushpull://ROLE/ID` URI, and the checks every node makes |
 //! | [`departure`] | [`departure::Departure`]: why a node closed its connections (the QUIC close code and reason), so peers name the node really at fault |
 //! | [`pool`] | [`pool::Pool`] (and [`pool::BufPool`] of `Vec<u8>`s): reused buffers for encoded payloads, returned when the last `Bytes` handle drops |
@@ -24,6 +25,7 @@
 
 pub mod config;
 pub mod departure;
+pub mod gossip;
 pub mod grant;
 pub mod placement;
 pub mod pool;

@@ -35,6 +35,16 @@
 //! The payload of a push or result is the chunk's encoded bytes; of an abort, a UTF-8 error
 //! message; of a hello, empty.
 //!
+//! # Gossip rounds (decentralised averaging)
+//! A key of a tensor exchanged by gossip (`exchange = "gossip"` in its map) runs
+//! [`ReduceOp::Gossip`] rounds: every worker pushes its chunk's message (its own model,
+//! encoded; `aux` 0, no flags) and the server, which decodes nothing, relays: the result for
+//! rank `i` is the pushes of `i`'s neighbours in the cluster's mixing matrix (`[gossip]`,
+//! `W[i][j] > 0`, `j ≠ i`), concatenated in ascending rank order. Every push of a gossip key
+//! has the same length (its codec's fixed payload), so the result splits into equal parts
+//! ([`split_gossip_result`]). A result is at most [`max_payload_len`] times the largest number
+//! of neighbours.
+//!
 //! # Non-finite rounds (mixed precision)
 //! A worker whose chunk holds inf or NaN (or whose compression of it overflows f32) pushes it
 //! flagged [`FrameFlags::non_finite`] with an empty payload, its compressor state unchanged.
@@ -171,6 +181,28 @@ pub enum ReduceOp {
     Sum = 0,
     /// Everyone receives the root's payload (the root rank is the header's `aux`).
     Broadcast = 1,
+    /// Each worker receives its graph neighbours' payloads, relayed undecoded (see the
+    /// [module docs](self) on gossip rounds).
+    Gossip = 2,
+}
+
+/// Splits a gossip result into the `neighbours` payloads it carries (in ascending rank
+/// order), each `part` bytes. An error says what the length should have been.
+pub fn split_gossip_result(
+    payload: &[u8],
+    neighbours: usize,
+    part: usize,
+) -> Result<Vec<&[u8]>, String> {
+    let want = neighbours.checked_mul(part);
+    if want != Some(payload.len()) || (part == 0 && neighbours > 0) {
+        return Err(format!(
+            "a gossip result for {neighbours} neighbours of {part}-byte messages has {} bytes, \
+             not {}",
+            payload.len(),
+            want.map_or("more than fits in memory".to_string(), |w| w.to_string())
+        ));
+    }
+    Ok(payload.chunks_exact(part.max(1)).take(neighbours).collect())
 }
 
 /// The flags of a data frame (see the [module docs](self) on non-finite rounds).
@@ -287,6 +319,7 @@ impl FrameHeader {
         let op = match buf.get_u8() {
             0 => ReduceOp::Sum,
             1 => ReduceOp::Broadcast,
+            2 => ReduceOp::Gossip,
             o => return Err(ProtocolError::BadOp(o)),
         };
         let flag_bits = buf.get_u16_le();

@@ -136,6 +136,10 @@ fn to_scheduler(r: &mut Rng) -> ToScheduler {
                 local_size: r.next() as u32,
                 force_distributed: r.next() % 2 == 1,
                 server_name: r.text(),
+                gossip_mixing: (0..r.below(3))
+                    .map(|_| (0..r.below(3)).map(|_| r.next()).collect())
+                    .collect(),
+                gossip_gamma: r.next(),
                 tensors: (0..r.below(3)).map(|_| (r.text(), r.params())).collect(),
             },
         },

@@ -203,6 +203,16 @@ impl Shared {
                         self.send_to_rank(rank, frame, priority);
                     }
                 }
+                Action::SendEach { round, results } => {
+                    if let Some(s) = stats() {
+                        KeyStats::add(&s.rounds, 1);
+                        let sent = results.iter().map(|(_, p)| p.len() as u64).sum();
+                        KeyStats::add(&s.bytes_sent, sent);
+                    }
+                    for (rank, payload) in results {
+                        self.send_to_rank(rank, (result(false), key, round, payload), priority);
+                    }
+                }
                 Action::SendNonFinite { round, ranks } => {
                     if let Some(s) = stats() {
                         KeyStats::add(&s.rounds, 1);

@@ -37,6 +37,12 @@
 //!   `aux / G`; that host's owner pushes the root's encoded chunk (checked by decoding it
 //!   once), every other host's owner pushes an empty payload; the result is the root host's
 //!   payload, unchanged.
+//! * **Gossip** rounds (a key made with [`KeyRounds::with_gossip`]; `local_size` 1): every
+//!   rank pushes its message (exactly the codec's `max_compressed_len` bytes, aux 0, no
+//!   flags), which is held undecoded; when all are in, each rank gets its own result, its
+//!   neighbours' messages concatenated in ascending rank order ([`Action::SendEach`]). A
+//!   sum push to a gossip key, or a gossip push to a summed key, is rejected; broadcasts
+//!   (the initial model) run on either.
 //! * A **rejected** push (out-of-range rank, a rank that does not own its host's push of this
 //!   key, payload too long or undecodable, op/aux that disagree with the round's first push, a
 //!   second push from the same host, a round that is older than the current one and not a
@@ -100,6 +106,14 @@ pub enum Action {
         ranks: Vec<u32>,
         /// The encoded sum (or the broadcast root's payload).
         payload: Bytes,
+    },
+    /// Send a `Result` frame for `round` to each rank with its own payload: a gossip round's
+    /// relay, each worker's neighbours' pushes concatenated in ascending rank order.
+    SendEach {
+        /// The completed round.
+        round: u64,
+        /// `(rank, payload)` for every worker, ascending.
+        results: Vec<(u32, Bytes)>,
     },
     /// Send an empty `Result` frame for `round` flagged non-finite to each of `ranks`: a push
     /// or the sum was not finite (see the module docs).
@@ -173,6 +187,9 @@ pub struct KeyRounds {
     departed: Option<String>,
     /// The last sum round that completed: what a push flagged undo-previous undoes.
     last_sum: Option<u64>,
+    /// A gossip key's graph: each rank's neighbours, ascending ([`KeyRounds::with_gossip`]);
+    /// `None` for a key summed by push_pull.
+    gossip: Option<Arc<Vec<Vec<u32>>>>,
 }
 
 impl fmt::Debug for KeyRounds {
@@ -201,7 +218,16 @@ impl KeyRounds {
             failed: None,
             departed: None,
             last_sum: None,
+            gossip: None,
         }
+    }
+
+    /// Makes this a gossip key (`exchange = "gossip"`): its rounds are [`ReduceOp::Gossip`],
+    /// relayed to each rank's `neighbours[rank]` (ascending, self excluded; every rank of
+    /// `0..num_workers` has a list). Gossip runs without local groups (`local_size` 1).
+    pub fn with_gossip(mut self, neighbours: Arc<Vec<Vec<u32>>>) -> KeyRounds {
+        self.gossip = Some(neighbours);
+        self
     }
 
     /// Encodes sums into buffers of `pool` (shared by a server's keys), which get them back
@@ -513,7 +539,30 @@ impl KeyRounds {
                 return Err((rank, format!("rank {rank} pushed twice in this round")));
             }
         }
+        if self.gossip.is_some() != (op == ReduceOp::Gossip) && op != ReduceOp::Broadcast {
+            let what = if op == ReduceOp::Gossip {
+                "a gossip push to a key that is summed (its tensor's map has no exchange = \
+                 \"gossip\")"
+            } else {
+                "a sum push to a gossip key (its tensor's map says exchange = \"gossip\")"
+            };
+            return Err((rank, what.to_string()));
+        }
         match op {
+            ReduceOp::Gossip => {
+                let want = self.codec.max_compressed_len();
+                if payload.len() != want || aux != 0 || flags != FrameFlags::default() {
+                    return Err((
+                        rank,
+                        format!(
+                            "a gossip push carries the codec's {want}-byte message, aux 0 and \
+                             no flags; got {} bytes, aux {aux}, flags {:#06x}",
+                            payload.len(),
+                            flags.bits()
+                        ),
+                    ));
+                }
+            }
             ReduceOp::Sum => {
                 let max = self.codec.max_compressed_len();
                 if payload.len() > max {
@@ -640,6 +689,24 @@ impl KeyRounds {
             return;
         };
         let payload = match o.op {
+            ReduceOp::Gossip => {
+                let neighbours = self.gossip.clone().unwrap_or_default();
+                let results = (0..self.info.num_workers)
+                    .map(|rank| {
+                        let mine = neighbours.get(rank as usize).map_or(&[][..], |n| &n[..]);
+                        let mut relay = bytes::BytesMut::new();
+                        for &j in mine {
+                            if let Some(Some(p)) = o.held.get(j as usize) {
+                                relay.extend_from_slice(p);
+                            }
+                        }
+                        (rank, relay.freeze())
+                    })
+                    .collect();
+                self.current = self.current.wrapping_add(1);
+                out.push(Action::SendEach { round, results });
+                return;
+            }
             ReduceOp::Broadcast => {
                 let root_host = o.aux / self.info.group();
                 o.held[root_host as usize].take().unwrap_or_default()
@@ -740,6 +807,7 @@ fn describe_op(op: ReduceOp, aux: u32) -> String {
         ReduceOp::Sum if aux == 0 => "op Sum".to_string(),
         ReduceOp::Sum => format!("op Sum (learning rate {})", f32::from_bits(aux)),
         ReduceOp::Broadcast => format!("op Broadcast (root {aux})"),
+        ReduceOp::Gossip => "op Gossip".to_string(),
     }
 }
 

@@ -514,6 +514,7 @@ fn place_keys(
     job_seed: u64,
     p: &TensorPlacement,
 ) -> Result<(), String> {
+    let gossip = gossip_graph(config, p)?;
     let mut new = Vec::new();
     for (index, chunk) in p.chunks.iter().enumerate() {
         if chunk.server != server_id {
@@ -571,10 +572,11 @@ fn place_keys(
             local_size: shared.local_size,
             priority: p.priority,
         };
-        new.push((
-            chunk.key,
-            KeyRounds::new(info, codec).with_pool(shared.pool.clone()),
-        ));
+        let mut rounds = KeyRounds::new(info, codec).with_pool(shared.pool.clone());
+        if let Some(graph) = &gossip {
+            rounds = rounds.with_gossip(graph.clone());
+        }
+        new.push((chunk.key, rounds));
     }
     let n = new.len();
     for (key, rounds) in new {
@@ -587,6 +589,36 @@ fn place_keys(
     }
     info!(tensor = %p.name, keys = n, "placed");
     Ok(())
+}
+
+/// A gossip tensor's graph (each rank's neighbours in the cluster's mixing matrix), or `None`
+/// for a tensor summed by push_pull. A map the codecs refuse is left to the codec factory,
+/// which names what is wrong.
+fn gossip_graph(
+    config: &Config,
+    p: &TensorPlacement,
+) -> Result<Option<Arc<Vec<Vec<u32>>>>, String> {
+    let gossip = pushpull_codecs::parse_params(&p.params)
+        .is_ok_and(|s| s.exchange == pushpull_codecs::Exchange::Gossip);
+    if !gossip {
+        return Ok(None);
+    }
+    let c = &config.cluster;
+    if c.local_size > 1 {
+        return Err(format!(
+            "tensor {:?}: exchange = \"gossip\" runs without local groups (cluster.local_size \
+             is {}; set it to 1)",
+            p.name, c.local_size
+        ));
+    }
+    let w = config
+        .gossip
+        .matrix(c.num_workers)
+        .map_err(|e| format!("tensor {:?}: gossip.mixing: {e}", p.name))?;
+    let graph = (0..w.len())
+        .map(|i| w.neighbours(i).into_iter().map(|(j, _)| j as u32).collect())
+        .collect();
+    Ok(Some(Arc::new(graph)))
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {

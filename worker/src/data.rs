@@ -222,7 +222,9 @@ pub(crate) fn encode_host(
         // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
         // arrive exactly, and no compressor state (error feedback, momentum) is touched.
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).compress(slice, &ctx, &mut out),
-        RoundKind::Sum { .. } => tensor.codec(index).compress(slice, &ctx, &mut out),
+        RoundKind::Sum { .. } | RoundKind::Gossip => {
+            tensor.codec(index).compress(slice, &ctx, &mut out)
+        }
     };
     match encoded {
         Ok(()) => Ok(Encoded::Payload(pool.freeze(out))),
@@ -257,6 +259,9 @@ pub(crate) fn decode_host(
     match kind {
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).decompress(payload, &ctx, slice),
         RoundKind::Sum { .. } => tensor.codec(index).decompress(payload, &ctx, slice),
+        RoundKind::Gossip => {
+            return crate::worker::average_gossip(tensor, index, slice, round, payload)
+        }
     }
     .map_err(|e| e.to_string())?;
     if let RoundKind::Sum { average: true } = kind {
@@ -280,7 +285,7 @@ pub(crate) fn contribute(
         RoundKind::Broadcast { root } if root == rank => host_fold(IntraCodec::None, first, x, acc),
         // `a + -0.0 == a` for every `a`: only a first writer has something to do.
         RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
-        RoundKind::Broadcast { .. } => {}
+        RoundKind::Broadcast { .. } | RoundKind::Gossip => {}
     }
 }
 

@@ -166,6 +166,19 @@ pub enum WorkerError {
         message: String,
     },
 
+    /// A call that does not fit how the tensor is exchanged: `push_pull` of a tensor declared
+    /// with `exchange = "gossip"`, or `gossip` of one that is summed. Nothing was sent and no
+    /// round was used.
+    #[error("{op} of tensor {name:?}: {message}")]
+    WrongExchange {
+        /// The call (`push_pull`, `gossip`).
+        op: &'static str,
+        /// The tensor.
+        name: String,
+        /// What the tensor is exchanged by and what to call instead.
+        message: String,
+    },
+
     /// A broadcast root that is not a rank of the job. Nothing was sent.
     #[error("broadcast of tensor {name:?}: root {root} is not a rank (the job has {num_workers} workers)")]
     BadRoot {

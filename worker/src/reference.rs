@@ -23,6 +23,11 @@
 //! With a single host and `cluster.force_distributed` unset, the result is the host sum itself:
 //! no chain, no server.
 //!
+//! [`Reference::gossip`] plays a round of decentralised averaging (`exchange = "gossip"`):
+//! every rank encodes its slice with its chain, and every rank decodes its own message and
+//! its neighbours' (the cluster's `[gossip]` mixing matrix) against its own values and
+//! averages them ([`pushpull_kernels::gossip::average_step`]); no server takes part.
+//!
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
 
@@ -158,6 +163,79 @@ impl Reference {
     /// The placement-independent part of a declared tensor: name, length, agreed map, chunks.
     pub fn placement(&self, t: RefTensor) -> &TensorPlacement {
         &self.tensors[t.0].placement
+    }
+
+    /// One gossip round of `t` (declared with `exchange = "gossip"`): `inputs[r]` is rank r's
+    /// model; returns every rank's average with its neighbours (see the module docs).
+    ///
+    /// # Errors
+    /// A wrong number of inputs or a wrong length, a tensor that is summed, a job with local
+    /// groups, or the kernels' message (a value that is not finite); the tensor's round
+    /// counter still advances, as in a cluster.
+    pub fn gossip(&mut self, t: RefTensor, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, String> {
+        let w = self.num_workers as usize;
+        let mixing = self.config.gossip.matrix(self.num_workers)?;
+        let state = &mut self.tensors[t.0];
+        let round = state.round;
+        state.round += 1;
+        let len = state.placement.len as usize;
+        if inputs.len() != w || inputs.iter().any(|x| x.len() != len) {
+            return Err(format!("{w} inputs of {len} elements needed"));
+        }
+        let spec =
+            pushpull_kernels::parse_params(&state.placement.params).map_err(|e| e.to_string())?;
+        if spec.exchange != pushpull_kernels::Exchange::Gossip || self.local_size != 1 {
+            return Err(format!(
+                "tensor {:?} is not gossiped in this job (its map needs exchange = \"gossip\", \
+                 the job cluster.local_size = 1)",
+                state.placement.name
+            ));
+        }
+        let mut outputs = inputs.to_vec();
+        for (c, chunk) in state.placement.chunks.iter().enumerate() {
+            let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
+            let ctx = RoundCtx::new(round);
+            let what = |r: usize, e: pushpull_kernels::KernelError| {
+                format!(
+                    "tensor {:?} chunk {c} round {round}: rank {r}: {e}",
+                    state.placement.name
+                )
+            };
+            let mut payloads = Vec::with_capacity(w);
+            for (r, x) in inputs.iter().enumerate() {
+                let mut p = Vec::new();
+                state.hosts[r][c]
+                    .compress(&x[range.clone()], &ctx, &mut p)
+                    .map_err(|e| what(r, e))?;
+                payloads.push(p);
+            }
+            for (i, x) in inputs.iter().enumerate() {
+                let x = &x[range.clone()];
+                let at = RoundCtx::new(round).with_reference(x);
+                let decode = |p: &[u8]| -> Result<Vec<f32>, String> {
+                    let mut v = vec![0.0f32; x.len()];
+                    state.hosts[i][c]
+                        .decompress(p, &at, &mut v)
+                        .map_err(|e| what(i, e))?;
+                    Ok(v)
+                };
+                let own = decode(&payloads[i])?;
+                let theirs = mixing
+                    .neighbours(i)
+                    .into_iter()
+                    .map(|(j, wij)| Ok((wij, decode(&payloads[j])?)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                let views: Vec<(f64, &[f32])> =
+                    theirs.iter().map(|(wij, v)| (*wij, &v[..])).collect();
+                pushpull_kernels::gossip::average_step(
+                    x,
+                    &own,
+                    &views,
+                    &mut outputs[i][range.clone()],
+                );
+            }
+        }
+        Ok(outputs)
     }
 
     /// One round of `t`: `inputs[r]` is rank r's buffer; returns every rank's result.

@@ -69,7 +69,7 @@ impl RoundCtx {
 /// the root for a broadcast.
 fn encodes(kind: RoundKind, rank: u32) -> bool {
     match kind {
-        RoundKind::Sum { .. } => true,
+        RoundKind::Sum { .. } | RoundKind::Gossip => true,
         RoundKind::Broadcast { root } => root == rank,
     }
 }
@@ -220,7 +220,7 @@ async fn chunk_round<R: RoundData>(
     let encoded = encodes(kind, ctx.rank).then(|| {
         let t0 = std::time::Instant::now();
         let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
-        if let RoundKind::Sum { .. } = kind {
+        if let RoundKind::Sum { .. } | RoundKind::Gossip = kind {
             add_nanos(&tensor.compress_nanos, t0);
         }
         encoded
@@ -243,8 +243,9 @@ async fn chunk_round<R: RoundData>(
             .map(|()| Pulled::NonFinite)
             .map_err(|e| codec_error(format!("filling the chunk with NaN: {e}"))),
         Outcome::NonFinite => Err(codec_error(format!(
-            "{} sent a non-finite result for a broadcast",
-            link.name
+            "{} sent a non-finite result for a {}",
+            link.name,
+            kind.op_name()
         ))),
         Outcome::Abort(message) => Err(aborted(ctx, tensor, index, round, kind, message)),
     }
@@ -308,6 +309,7 @@ pub(crate) async fn push_await(
     let (op, aux) = match kind {
         RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate),
         RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root),
+        RoundKind::Gossip => (ReduceOp::Gossip, 0),
     };
     let mut encode_error = None;
     let mut flags = FrameFlags {

@@ -38,6 +38,9 @@ pub(crate) enum RoundKind {
         /// The root rank.
         root: u32,
     },
+    /// Decentralised averaging with the graph neighbours (a tensor whose map says
+    /// `exchange = "gossip"`; `crate::Worker::gossip`).
+    Gossip,
 }
 
 impl RoundKind {
@@ -46,6 +49,7 @@ impl RoundKind {
         match self {
             RoundKind::Sum { .. } => "push_pull",
             RoundKind::Broadcast { .. } => "broadcast",
+            RoundKind::Gossip => "gossip",
         }
     }
 }
@@ -85,6 +89,9 @@ pub(crate) struct TensorInner {
     pub(crate) decompress_nanos: AtomicU64,
     /// Wall-clock times of the completed rounds.
     pub(crate) round_clock: RoundClock,
+    /// A gossip tensor's neighbours of this worker and their weights `W[rank][j]`, ascending
+    /// (`None`: a tensor summed by push_pull).
+    pub(crate) gossip: Option<Vec<(u32, f64)>>,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).

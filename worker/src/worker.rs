@@ -4,9 +4,11 @@
 mod close;
 mod device;
 mod discard;
+mod gossip;
 mod group;
 mod join;
 
+pub(crate) use gossip::average_gossip;
 pub use group::RoundHandle;
 pub use join::JoinOptions;
 
@@ -313,6 +315,8 @@ impl Worker {
         }
         let num_servers = self.num_servers();
         let ranges = chunk_ranges(placement.len, &placement.chunks, num_servers).map_err(bad)?;
+        let gossip =
+            gossip::row(&self.inner.config, self.inner.rank, &placement.params).map_err(bad)?;
         let factory = lock(&self.inner.codec_factory).clone();
         let mut codecs = Vec::with_capacity(placement.chunks.len());
         for (i, (c, r)) in placement.chunks.iter().zip(&ranges).enumerate() {
@@ -355,6 +359,7 @@ impl Worker {
                 compress_nanos: AtomicU64::new(0),
                 wait_nanos: AtomicU64::new(0),
                 decompress_nanos: AtomicU64::new(0),
+                gossip,
             }),
         };
         if let Some(local) = &self.inner.local {
@@ -567,6 +572,7 @@ impl Worker {
         kind: RoundKind,
     ) -> Result<Prepared<R>, WorkerError> {
         self.check_tensor(tensor)?;
+        gossip::check_exchange(&tensor.inner, kind)?;
         if let Some(got) = data.wrong_len(tensor.len()) {
             return Err(WorkerError::LengthMismatch {
                 name: tensor.name().to_string(),
@@ -587,7 +593,7 @@ impl Worker {
         data.begin(&tensor.inner, kind)?;
         let undone = match kind {
             RoundKind::Sum { .. } => tensor.inner.residence().discarded,
-            RoundKind::Broadcast { .. } => None,
+            RoundKind::Broadcast { .. } | RoundKind::Gossip => None,
         };
         if let Some(round) = undone {
             data.undo(&tensor.inner, round);

@@ -139,6 +139,15 @@ pub const KEYS: &[KeyInfo] = &[
         default: "none",
     },
     KeyInfo {
+        name: "exchange",
+        aliases: &[],
+        applies_to: "none, fp16, bf16, minmax, moniqua (gossip); all (push_pull)",
+        values: "push_pull (summed through the servers) or gossip (model parameters averaged \
+                 with the neighbours of the cluster's [gossip] mixing matrix, relayed by the \
+                 servers; no ef or momentum)",
+        default: "push_pull",
+    },
+    KeyInfo {
         name: "seed",
         aliases: &["byteps_seed"],
         applies_to: "all",

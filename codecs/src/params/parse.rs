@@ -121,6 +121,7 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
         "mu",
         "seed",
         "intra_compressor",
+        "exchange",
     ];
     for (&short, &(k, v)) in &r.m {
         if general.contains(&short) || applicable.contains(&short) {
@@ -365,11 +366,48 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
         }
         _ => unreachable!("checked above"),
     };
+    let exchange = match r.get("exchange") {
+        None | Some((_, "push_pull")) => Exchange::PushPull,
+        Some((_, "gossip")) => Exchange::Gossip,
+        Some((k, v)) => return Err(KernelError::bad(k, v, "expected push_pull or gossip")),
+    };
+    if exchange == Exchange::Gossip {
+        let (k, v) = r.get("exchange").expect("gossip came from the map");
+        if !matches!(
+            codec,
+            CodecSpec::None
+                | CodecSpec::Fp16
+                | CodecSpec::Bf16
+                | CodecSpec::MinMax { .. }
+                | CodecSpec::Moniqua { .. }
+        ) {
+            return Err(KernelError::NotApplicable {
+                key: k.to_string(),
+                value: v.to_string(),
+                why: format!(
+                    "compressor \"{compressor}\" cannot be gossiped: gossip relays messages of \
+                     a fixed size (none, fp16, bf16, minmax or moniqua)"
+                ),
+            });
+        }
+        for key in ["ef", "momentum"] {
+            if let Some((ek, ev)) = r.get(key).filter(|(_, v)| *v != "none") {
+                return Err(KernelError::NotApplicable {
+                    key: ek.to_string(),
+                    value: ev.to_string(),
+                    why: "exchange = gossip averages model parameters: error feedback and \
+                          momentum are for gradients (keep them in the optimizer)"
+                        .into(),
+                });
+            }
+        }
+    }
     Ok(CompressorSpec {
         codec,
         ef,
         momentum_mu,
         seed,
         intra,
+        exchange,
     })
 }

@@ -24,6 +24,14 @@ impl Config {
             local_size: self.cluster.local_size,
             force_distributed: self.cluster.force_distributed,
             server_name: self.tls.server_name.clone(),
+            gossip_mixing: self
+                .gossip
+                .mixing
+                .iter()
+                .flatten()
+                .map(|row| row.iter().map(|v| v.to_bits()).collect())
+                .collect(),
+            gossip_gamma: self.gossip.gamma.to_bits(),
             tensors: self
                 .tensors
                 .tables
@@ -71,6 +79,10 @@ pub struct ClusterDigest {
     pub force_distributed: bool,
     /// `tls.server_name`.
     pub server_name: String,
+    /// `gossip.mixing`, each entry's f64 bits (empty: the default ring).
+    pub gossip_mixing: Vec<Vec<u64>>,
+    /// `gossip.gamma`'s f64 bits.
+    pub gossip_gamma: u64,
     /// `[tensors.*]`, values as strings.
     pub tensors: BTreeMap<String, ParamMap>,
 }
@@ -102,6 +114,8 @@ impl ClusterDigest {
         cmp!(local_size, "cluster.local_size");
         cmp!(force_distributed, "cluster.force_distributed");
         cmp!(server_name, "tls.server_name");
+        cmp!(gossip_mixing, "gossip.mixing");
+        cmp!(gossip_gamma, "gossip.gamma");
         let tables: std::collections::BTreeSet<&String> =
             self.tensors.keys().chain(theirs.tensors.keys()).collect();
         for t in tables {

@@ -269,3 +269,46 @@ fn metrics_listen_is_optional_checked_and_not_compared() {
         .to_string();
     assert!(e.contains("lisen"), "{e}");
 }
+
+#[test]
+fn a_gossip_graph_is_checked_when_the_file_is_read() {
+    let four = MINIMAL.replace("num_workers = 2", "num_workers = 4");
+    let read =
+        |gossip: &str| Config::from_toml_str(&format!("{four}\n[gossip]\n{gossip}\n"), "g.toml");
+    let q = 0.25;
+    // A ring of four with ¼ on each neighbour and ½ on itself is fine; the ring's default too.
+    let good = format!(
+        "mixing = [[0.5, {q}, 0, {q}], [{q}, 0.5, {q}, 0], [0, {q}, 0.5, {q}], [{q}, 0, {q}, 0.5]]"
+    );
+    let c = read(&good).unwrap();
+    assert_eq!(
+        c.gossip.matrix(4).unwrap().neighbours(0),
+        vec![(1, q), (3, q)]
+    );
+    assert_ne!(
+        c.digest(),
+        Config::from_toml_str(&four, "g.toml").unwrap().digest()
+    );
+    let cases = [
+        // A ring of four with ½ to each neighbour and nothing on itself is bipartite.
+        (
+            "mixing = [[0, 0.5, 0, 0.5], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5], [0.5, 0, 0.5, 0]]",
+            "eigenvalue",
+        ),
+        ("mixing = [[1.0]]", "one row per worker"),
+        (
+            "mixing = [[0.5, 0.5, 0, 0], [0.25, 0.5, 0.25, 0], [0, 0.25, 0.5, 0.25], [0.25, 0, 0.25, 0.5]]",
+            "symmetric",
+        ),
+        ("gamma = 0", "0 < gamma <= 1"),
+        ("gamma = 1.5", "0 < gamma <= 1"),
+        ("mixing = 3", "mixing"),
+        ("graph = \"ring\"", "graph"),
+    ];
+    for (text, want) in cases {
+        let e = read(text).unwrap_err().to_string();
+        assert!(e.contains(want), "{text}: {e}");
+        let key = text.split(' ').next().unwrap();
+        assert!(e.contains(key), "{text}: the error names {key}: {e}");
+    }
+}

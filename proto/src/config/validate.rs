@@ -29,6 +29,14 @@ impl Config {
                 ),
             ));
         }
+        let g = &self.gossip;
+        if !(g.gamma > 0.0 && g.gamma <= 1.0) {
+            return Err(bad("gossip.gamma", g.gamma.to_string(), "0 < gamma <= 1"));
+        }
+        if g.mixing.is_some() {
+            g.matrix(c.num_workers)
+                .map_err(|allowed| bad("gossip.mixing", format!("{:?}", g.mixing), &allowed))?;
+        }
         if c.num_servers == 0 {
             return Err(bad("cluster.num_servers", "0".into(), "must be at least 1"));
         }

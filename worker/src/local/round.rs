@@ -133,7 +133,7 @@ async fn owner_round(
     let range = tensor.ranges[index].clone();
     let host = ctx.rank / local.local_size;
     let encodes = match kind {
-        RoundKind::Sum { .. } => true,
+        RoundKind::Sum { .. } | RoundKind::Gossip => true,
         RoundKind::Broadcast { root } => root / local.local_size == host,
     };
     let encoded = encodes.then(|| {

@@ -271,7 +271,13 @@ impl Worker {
                 name,
             })
             .collect();
-        let max_payload = max_payload_len(config.cluster.partition_bytes);
+        // A gossip result carries a message from each of this worker's neighbours.
+        let neighbours = config
+            .gossip
+            .matrix(config.cluster.num_workers)
+            .map_or(1, |w| w.neighbours(rank as usize).len().max(1));
+        let max_payload =
+            max_payload_len(config.cluster.partition_bytes).saturating_mul(neighbours as u64);
         for link in &links {
             cleanup.tasks.push(tokio::spawn(server_reader(
                 shared.clone(),

@@ -1,0 +1,137 @@
+//! Decentralised averaging of a tensor declared with `exchange = "gossip"` (Moniqua's
+//! Algorithm 1, line 3–5, `shared/design/seeds/moniqua-paper.txt`): [`Worker::gossip`] encodes
+//! each chunk of this worker's model with the chunk's codec and pushes it; the chunk's server
+//! relays the pushes of this worker's graph neighbours (the cluster's `[gossip]` mixing
+//! matrix) undecoded; [`average_gossip`] decodes each against this worker's own values (the
+//! moniqua codec's reference), decodes this worker's own message the same way (the paper's
+//! `x̂_i`, re-encoded here: encoding is deterministic in the round, and shared rounding draws
+//! make it the same on every worker), and writes
+//! `x + Σ_j W_ij (x̂_j − x̂_i)` ([`pushpull_kernels::gossip::average_step`]).
+
+use pushpull_kernels::gossip::average_step;
+use pushpull_kernels::{Exchange, RoundCtx as CodecRound};
+use pushpull_proto::protocol::split_gossip_result;
+
+use super::*;
+
+/// A tensor's gossip row on worker `rank`: its neighbours `j` and weights `W[rank][j]`,
+/// ascending, when its map says `exchange = "gossip"`; `None` for a summed tensor (a map the
+/// codecs refuse is named by the codec factory).
+pub(crate) fn row(
+    config: &Config,
+    rank: u32,
+    params: &ParamMap,
+) -> Result<Option<Vec<(u32, f64)>>, String> {
+    let gossip =
+        pushpull_kernels::parse_params(params).is_ok_and(|s| s.exchange == Exchange::Gossip);
+    if !gossip {
+        return Ok(None);
+    }
+    let c = &config.cluster;
+    if c.local_size > 1 {
+        return Err(format!(
+            "exchange = \"gossip\" runs without local groups (cluster.local_size is {}; set it \
+             to 1)",
+            c.local_size
+        ));
+    }
+    let w = config
+        .gossip
+        .matrix(c.num_workers)
+        .map_err(|e| format!("gossip.mixing: {e}"))?;
+    Ok(Some(
+        w.neighbours(rank as usize)
+            .into_iter()
+            .map(|(j, wij)| (j as u32, wij))
+            .collect(),
+    ))
+}
+
+/// Chunk `index` of a gossip round: `slice` holds this worker's values `x` and receives the
+/// average with the neighbours' messages in `payload` (see the module docs).
+pub(crate) fn average_gossip(
+    tensor: &TensorInner,
+    index: usize,
+    slice: &mut [f32],
+    round: u64,
+    payload: &[u8],
+) -> Result<(), String> {
+    let Some(row) = &tensor.gossip else {
+        return Err("a gossip result for a tensor that is summed".into());
+    };
+    let mut codec = tensor.codec(index);
+    let x = slice.to_vec();
+    let mut mine = Vec::new();
+    codec
+        .compress(&x, &CodecRound::new(round), &mut mine)
+        .map_err(|e| format!("encoding this worker's own message: {e}"))?;
+    let parts = split_gossip_result(payload, row.len(), mine.len())?;
+    let ctx = CodecRound::new(round).with_reference(&x);
+    let decode = |bytes: &[u8], from: String| -> Result<Vec<f32>, String> {
+        let mut v = vec![0.0f32; x.len()];
+        codec
+            .decompress(bytes, &ctx, &mut v)
+            .map_err(|e| format!("decoding {from}'s message: {e}"))?;
+        Ok(v)
+    };
+    let own = decode(&mine, "this worker".into())?;
+    let theirs = row
+        .iter()
+        .zip(parts)
+        .map(|(&(j, _), bytes)| decode(bytes, format!("worker {j}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let neighbours: Vec<(f64, &[f32])> = row
+        .iter()
+        .zip(&theirs)
+        .map(|(&(_, w), v)| (w, &v[..]))
+        .collect();
+    average_step(&x, &own, &neighbours, slice);
+    Ok(())
+}
+
+impl Worker {
+    /// One step of decentralised averaging of `tensor` (declared with `exchange = "gossip"`
+    /// in its map): `buf` holds this worker's values (its model's parameters) and is replaced
+    /// by `x + Σ_j W_ij (x̂_j − x̂_i)` over this worker's neighbours `j` in the cluster's
+    /// mixing matrix (`[gossip]`; by default a ring with ⅓ each), where `x̂` are the messages
+    /// as decoded against `x` (exact for `compressor = "none"`; within `δ·B_θ` for
+    /// `moniqua` while neighbours stay within θ). Each call is one round of the tensor, like a
+    /// push_pull; every worker must call it.
+    ///
+    /// Moniqua's Algorithm 1 is: compute the gradient at `x`, `gossip` the model, then apply
+    /// `−α·g` to the result. Start every worker from the same model ([`Worker::broadcast`]).
+    ///
+    /// # Errors
+    /// [`WorkerError::WrongExchange`] for a tensor that is summed (nothing sent); otherwise as
+    /// [`Worker::push_pull`] (a lost neighbour, or any lost node, ends the job naming it).
+    pub async fn gossip<B>(&self, tensor: &Tensor, buf: B) -> Result<B, WorkerError>
+    where
+        B: AsMut<[f32]> + Send + 'static,
+    {
+        self.submit(tensor, HostData(buf), RoundKind::Gossip)
+            .await
+            .map(|d| d.0)
+    }
+}
+
+/// Refuses a call whose kind does not fit how `tensor` is exchanged (before anything is sent).
+pub(crate) fn check_exchange(tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
+    let wrong = |message: &str| {
+        Err(WorkerError::WrongExchange {
+            op: kind.op_name(),
+            name: tensor.placement.name.clone(),
+            message: message.to_string(),
+        })
+    };
+    match (kind, tensor.gossip.is_some()) {
+        (RoundKind::Sum { .. }, true) => wrong(
+            "its map says exchange = \"gossip\": its rounds average models with the graph \
+             neighbours (call gossip), they are not summed",
+        ),
+        (RoundKind::Gossip, false) => wrong(
+            "it is summed by push_pull; declare it with exchange = \"gossip\" in its map to \
+             average it with the graph neighbours",
+        ),
+        _ => Ok(()),
+    }
+}
