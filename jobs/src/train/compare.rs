@@ -12,6 +12,12 @@
 //! | `randomk` | `compressor=randomk k=0.1 ef=vanilla momentum=nesterov` |
 //! | `dithering` | `compressor=dithering k=15 bucket=512` (QSGD, linear levels, max norm) |
 //! | `minmax` | `compressor=minmax bits=8 bucket=512` |
+//! | `dpsgd` | `compressor=none exchange=gossip`: decentralised SGD, full-precision models averaged with the graph neighbours (the baseline of the next two) |
+//! | `moniqua` | `compressor=moniqua theta=0.05 bits=2 exchange=gossip`: Moniqua (stochastic rounding, shared draws) |
+//! | `minmax-gossip` | `compressor=minmax bits=2 bucket=512 exchange=gossip`: naive quantised averaging (Moniqua's equation 4: min-max per bucket, no modulo) |
+//!
+//! The gossip presets run decentralised SGD (see the [module docs](super)) over the cluster's
+//! `[gossip]` graph (a ring by default).
 //!
 //! `logistic` in a `--compare` list is not a compressor: it is the baseline row, logistic
 //! regression on the same data, uncompressed.
@@ -34,6 +40,9 @@ pub const PRESETS: &[&str] = &[
     "dithering",
     "dithering-elias",
     "minmax",
+    "dpsgd",
+    "moniqua",
+    "minmax-gossip",
 ];
 
 /// The row name of the logistic-regression baseline.
@@ -76,6 +85,19 @@ pub fn preset(name: &str) -> Result<BTreeMap<String, String>, String> {
             ("encoding", "elias"),
         ],
         "minmax" => &[("compressor", "minmax"), ("bits", "8"), ("bucket", "512")],
+        "dpsgd" => &[("compressor", "none"), ("exchange", "gossip")],
+        "moniqua" => &[
+            ("compressor", "moniqua"),
+            ("theta", "0.05"),
+            ("bits", "2"),
+            ("exchange", "gossip"),
+        ],
+        "minmax-gossip" => &[
+            ("compressor", "minmax"),
+            ("bits", "2"),
+            ("bucket", "512"),
+            ("exchange", "gossip"),
+        ],
         other => {
             return Err(format!(
                 "unknown compressor {other:?}: one of {}",

@@ -29,6 +29,18 @@
 //! Every worker starts from the same weights (the same seeded init), pulls the same averages
 //! and applies the same update, so all workers hold the same model throughout; the test
 //! accuracy is the same on every rank.
+//!
+//! # Decentralised SGD (the maps say `exchange = "gossip"`)
+//! When every parameter's map says `exchange = "gossip"` (the presets `dpsgd`, `moniqua`,
+//! `minmax-gossip`), the loop is D-PSGD in the order of Moniqua's Algorithm 1: each worker
+//! keeps its own model `x_i`; rank 0's initial model is broadcast; each step computes the
+//! gradient `g_i` at `x_i` on the worker's own batch, gossips the model
+//! (`x_i ← x_i + Σ_j W_ij (x̂_j − x̂_i)` with the neighbours of the cluster's `[gossip]` mixing
+//! matrix, [`pushpull_worker::Worker::gossip`]) and then applies the local update
+//! `v ← μ·v + g_i; x_i ← x_i − η·v` to the average. Gradients are never exchanged. What is
+//! evaluated (test and train loss, accuracy) is the average of the workers' models, as the
+//! paper reports, gathered with one broadcast per rank (its bytes are not counted in the
+//! report's).
 
 pub mod check;
 pub mod compare;
@@ -43,7 +55,7 @@ use crate::JobConfig;
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-pub use exchange::{Exchange, InRuntime};
+pub use exchange::{Exchange, InRuntime, Op};
 
 use data::TaskSpec;
 use model::Model;
@@ -200,6 +212,11 @@ pub struct TrainReport {
     pub wall_seconds: f64,
     /// CPU seconds of this process at the time of the report.
     pub cpu_seconds: f64,
+    /// Decentralised SGD: how far the workers' models are from their mean at the end, the
+    /// largest over workers of the root mean square of `x_i − x̄` over all parameters (0 for
+    /// data-parallel SGD, whose workers hold one model).
+    #[serde(default)]
+    pub consensus_distance: f64,
 }
 
 impl TrainReport {
@@ -264,6 +281,87 @@ pub fn device() -> Device {
     Device::Cpu
 }
 
+/// Whether the tensors are gossiped (every map says `exchange = "gossip"`) or summed (none
+/// does); a mix is refused, naming one of each.
+fn gossiped(tensors: &[pushpull_worker::Tensor]) -> CliResult<bool> {
+    let is = |t: &pushpull_worker::Tensor| {
+        pushpull_kernels::parse_params(t.params())
+            .is_ok_and(|s| s.exchange == pushpull_kernels::Exchange::Gossip)
+    };
+    match (
+        tensors.iter().find(|t| is(t)),
+        tensors.iter().find(|t| !is(t)),
+    ) {
+        (Some(g), Some(p)) => Err(CliError::failed(format!(
+            "training: tensor {:?} is gossiped (exchange = \"gossip\") but {:?} is summed: \
+             the loop runs decentralised SGD or data-parallel SGD, so give every parameter the \
+             same exchange",
+            g.name(),
+            p.name()
+        ))),
+        (g, _) => Ok(g.is_some()),
+    }
+}
+
+/// Sets the model's variables to `weights`.
+fn set_vars(model: &Model, weights: &[Vec<f32>], dev: &Device) -> CliResult<()> {
+    for (p, w) in model.params.iter().zip(weights) {
+        let t = Tensor::from_slice(w, p.shape.as_slice(), dev).map_err(candle_err("update"))?;
+        p.var.set(&t).map_err(candle_err("update"))?;
+    }
+    Ok(())
+}
+
+/// Sets the model's variables to the mean of every worker's `weights` (decentralised SGD's
+/// evaluated model): each rank's model broadcast in turn, summed in rank order in f64, the
+/// same on every worker. Adds the bytes this moved (raw, pushed, pulled) to `bytes`; returns
+/// the consensus distance ([`TrainReport::consensus_distance`]).
+fn mean_model(
+    ex: &impl Exchange,
+    tensors: &[pushpull_worker::Tensor],
+    weights: &[Vec<f32>],
+    model: &Model,
+    dev: &Device,
+    bytes: &mut (u64, u64, u64),
+) -> CliResult<f64> {
+    let before = ex.metrics();
+    let mut sum: Vec<Vec<f64>> = weights.iter().map(|w| vec![0.0; w.len()]).collect();
+    let mut all = Vec::new();
+    for root in 0..ex.num_workers() {
+        let mut theirs = weights.to_vec();
+        ex.all(Op::Broadcast(root), tensors, &mut theirs)
+            .map_err(|e| CliError::failed(format!("gathering the mean model failed: {e}")))?;
+        for (s, t) in sum.iter_mut().zip(&theirs) {
+            s.iter_mut().zip(t).for_each(|(s, &t)| *s += t as f64);
+        }
+        all.push(theirs);
+    }
+    let n = ex.num_workers() as f64;
+    let mean: Vec<Vec<f32>> = sum
+        .iter()
+        .map(|s| s.iter().map(|&v| (v / n) as f32).collect())
+        .collect();
+    let elements: usize = mean.iter().map(Vec::len).sum();
+    let distance = all
+        .iter()
+        .map(|x| {
+            let sq: f64 = x
+                .iter()
+                .zip(&mean)
+                .flat_map(|(a, m)| a.iter().zip(m))
+                .map(|(&a, &m)| (a as f64 - m as f64).powi(2))
+                .sum();
+            (sq / elements.max(1) as f64).sqrt()
+        })
+        .fold(0.0, f64::max);
+    set_vars(model, &mean, dev)?;
+    let after = ex.metrics();
+    bytes.0 += after.raw_bytes - before.raw_bytes;
+    bytes.1 += after.bytes_pushed - before.bytes_pushed;
+    bytes.2 += after.bytes_pulled - before.bytes_pulled;
+    Ok(distance)
+}
+
 fn shuffled(seed: u64, rank: u32, epoch: u64, n: usize) -> Vec<u32> {
     let mut idx: Vec<u32> = (0..n as u32).collect();
     let mut r = rng::Rng::new(
@@ -299,14 +397,16 @@ pub fn run_train(
     let sx = Tensor::from_slice(&task.test.x, (nt, d), &dev).map_err(candle_err("data"))?;
     let sy = Tensor::from_slice(&task.test.y, nt, &dev).map_err(candle_err("data"))?;
 
-    // Declare every parameter's gradient, in the same order on every worker.
+    // Declare every parameter's gradient (or, gossiped, the parameter itself), in the same
+    // order on every worker.
     let mut tensors = Vec::new();
     for p in &model.params {
         let t = ex
-            .declare(&p.name, p.len() as u64)
+            .declare(&p.name, p.len() as u64, Default::default())
             .map_err(|e| CliError::failed(format!("declare of tensor {:?} failed: {e}", p.name)))?;
         tensors.push(t);
     }
+    let gossip = gossiped(&tensors)?;
     let mus: Vec<f32> = tensors
         .iter()
         .map(|t| {
@@ -339,7 +439,16 @@ pub fn run_train(
         .collect::<candle_core::Result<_>>()
         .map_err(candle_err("weights"))?;
     let mut velocity: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; w.len()]).collect();
+    if gossip && !opts.skip_push_pull {
+        // Identical initial models (the seeded init already is; the paper's assumption).
+        ex.all(Op::Broadcast(0), &tensors, &mut weights)
+            .map_err(|e| CliError::failed(format!("broadcast of the initial model failed: {e}")))?;
+        set_vars(&model, &weights, &dev)?;
+    }
     let m0 = ex.metrics();
+    // Bytes of the evaluations' gathering of the mean model (gossip), left out of the report.
+    let mut eval_bytes = (0u64, 0u64, 0u64);
+    let mut consensus_distance = 0.0;
 
     let batch = opts.batch_size.min(n);
     let mut order = shuffled(seed, rank, 0, n);
@@ -386,7 +495,11 @@ pub fn run_train(
 
         let lr = opts.lr_at(step) as f32;
         let t1 = Instant::now();
-        if !opts.skip_push_pull {
+        if !opts.skip_push_pull && gossip {
+            ex.all(Op::Gossip, &tensors, &mut weights).map_err(|e| {
+                CliError::failed(format!("gossip of the model (step {step}) failed: {e}"))
+            })?;
+        } else if !opts.skip_push_pull {
             ex.set_learning_rate(lr);
             ex.push_pull_all(&tensors, &mut bufs).map_err(|e| {
                 CliError::failed(format!(
@@ -397,20 +510,23 @@ pub fn run_train(
         exchange += t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
-        for (i, p) in model.params.iter().enumerate() {
-            let mu = mus[i];
+        for (i, mu) in mus.iter().enumerate() {
             for ((w, v), g) in weights[i].iter_mut().zip(&mut velocity[i]).zip(&bufs[i]) {
                 *v = mu * *v + g;
                 *w -= lr * *v;
             }
-            let t = Tensor::from_slice(&weights[i], p.shape.as_slice(), &dev)
-                .map_err(candle_err("update"))?;
-            p.var.set(&t).map_err(candle_err("update"))?;
         }
+        set_vars(&model, &weights, &dev)?;
         compute += t2.elapsed().as_secs_f64();
         if opts.eval_every > 0 && (step + 1) % opts.eval_every == 0 && step + 1 < opts.steps {
+            if gossip {
+                mean_model(ex, &tensors, &weights, &model, &dev, &mut eval_bytes)?;
+            }
             let (test_loss, test_accuracy) =
                 model::evaluate(&model, &sx, &sy, EVAL_BATCH).map_err(candle_err("evaluate"))?;
+            if gossip {
+                set_vars(&model, &weights, &dev)?;
+            }
             history.push(EvalPoint {
                 step: step + 1,
                 test_loss,
@@ -420,6 +536,9 @@ pub fn run_train(
         progress(step + 1, opts.steps);
     }
 
+    if gossip && !opts.skip_push_pull {
+        consensus_distance = mean_model(ex, &tensors, &weights, &model, &dev, &mut eval_bytes)?;
+    }
     let (test_loss, test_accuracy) =
         model::evaluate(&model, &sx, &sy, EVAL_BATCH).map_err(candle_err("evaluate"))?;
     history.push(EvalPoint {
@@ -436,8 +555,10 @@ pub fn run_train(
     )
     .map_err(candle_err("evaluate"))?;
     let m = ex.metrics();
-    let raw = m.raw_bytes.saturating_sub(m0.raw_bytes);
-    let pushed = m.bytes_pushed.saturating_sub(m0.bytes_pushed);
+    let raw = m.raw_bytes.saturating_sub(m0.raw_bytes + eval_bytes.0);
+    let pushed = m
+        .bytes_pushed
+        .saturating_sub(m0.bytes_pushed + eval_bytes.1);
     Ok(TrainReport {
         rank,
         num_workers: nw,
@@ -458,7 +579,9 @@ pub fn run_train(
         history,
         raw_bytes: raw,
         bytes_pushed: pushed,
-        bytes_pulled: m.bytes_pulled.saturating_sub(m0.bytes_pulled),
+        bytes_pulled: m
+            .bytes_pulled
+            .saturating_sub(m0.bytes_pulled + eval_bytes.2),
         compression_ratio: if pushed == 0 {
             1.0
         } else {
@@ -471,5 +594,6 @@ pub fn run_train(
         exchange_seconds: exchange,
         wall_seconds: start.elapsed().as_secs_f64(),
         cpu_seconds: pushpull_node::cpu::process_cpu_seconds(),
+        consensus_distance,
     })
 }
