@@ -188,8 +188,8 @@ pub struct LocalArgs {
     #[arg(long, value_name = "KIND")]
     pub job: Option<String>,
     /// Train (or run the benchmark job) with this compressor preset: none, fp16, bf16, onebit,
-    /// topk, randomk, dithering, dithering-elias, minmax (sets `[tensors.default]`; see
-    /// `--param`).
+    /// topk, randomk, dithering, dithering-elias, minmax, or decentralised SGD's dpsgd, moniqua,
+    /// minmax-gossip (sets `[tensors.default]`; see `--param`).
     #[arg(long, value_name = "NAME", conflicts_with = "compare")]
     pub compressor: Option<String>,
     /// Override one key of the compressor map, e.g. `--param k=0.05` (repeatable).

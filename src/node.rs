@@ -54,7 +54,7 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     })?;
     let rank = worker.rank();
     let _metrics = start_metrics("pushpull-worker", metrics, |a| {
-        pushpull_metrics::worker::serve_worker(a, &worker)
+        pushpull_worker::prometheus::serve_worker(a, &worker)
     })?;
     let progress = opts.progress;
     let show = move |done: u32, total: u32| {

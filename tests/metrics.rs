@@ -1,6 +1,6 @@
 //! The opt-in Prometheus endpoints of a running cluster (`[metrics] listen`): the real
 //! scheduler and server binaries as processes, two workers in process serving theirs as
-//! `pushpull-worker --metrics` does (`pushpull_metrics::worker::serve_worker`). Each node is
+//! `pushpull-worker --metrics` does (`pushpull_worker::prometheus::serve_worker`). Each node is
 //! scraped over HTTP with a plain `GET /metrics`, and the numbers are checked against what the
 //! job did: rounds, payload bytes (the workers' own counters, and servers' sums equal to the
 //! workers' sums), the compression ratio, the round-time histogram, the nodes the scheduler
@@ -109,7 +109,8 @@ fn every_node_serves_metrics_that_match_the_job() {
         let endpoints: Vec<_> = workers
             .iter()
             .map(|w| {
-                pushpull_metrics::worker::serve_worker("127.0.0.1:0".parse().unwrap(), w).unwrap()
+                pushpull_worker::prometheus::serve_worker("127.0.0.1:0".parse().unwrap(), w)
+                    .unwrap()
             })
             .collect();
         let mut set = tokio::task::JoinSet::new();

@@ -1,19 +1,17 @@
 //! pushpull's opt-in Prometheus endpoint: each node (scheduler, server, worker) may serve its
 //! counters as Prometheus text over HTTP (`GET /metrics`) at `[metrics] listen` or the
 //! node's `--metrics ADDR` (`PUSHPULL_METRICS` for a Python worker). Nothing is counted for
-//! it: a scrape reads the counters the roles keep anyway ([`pushpull_worker::Worker::metrics`],
-//! [`pushpull_server::ServerStats`], [`pushpull_scheduler::SchedulerStats`]) and quinn's
-//! counters of each connection, and renders them with the `prometheus` crate's text encoder.
-//! The HTTP side is hyper's.
+//! it: a scrape reads the counters the roles keep anyway and quinn's counters of each
+//! connection, and renders them with the `prometheus` crate's text encoder. The HTTP side is
+//! hyper's. This crate knows no role: each role's crate turns its counters into families
+//! (`pushpull_worker::prometheus`, `pushpull_server::prometheus`,
+//! `pushpull_scheduler::prometheus`, each a [`Source`]), so a node links only its own.
 //!
 //! | module | what it holds |
 //! |---|---|
 //! | [`families`] | [`Families`]: the metric families of one scrape, built from plain numbers (counters, gauges, histograms from cumulative buckets), and their text rendering |
 //! | [`http`] | [`serve`]: the HTTP listener ([`MetricsEndpoint`]), what a request gets (`/metrics` or `/`: the text; anything else: 404) |
 //! | [`quic`] | the `pushpull_quic_*` families from quinn's `ConnectionStats`, per peer |
-//! | `worker` (feature `worker`) | the worker's families: rounds, bytes, compression ratio, round-time histogram per tensor and in total |
-//! | `server` (feature `server`) | the server's families: key rounds and bytes per tensor and in total |
-//! | `scheduler` (feature `scheduler`) | the scheduler's families: missed heartbeats and silence per node |
 //!
 //! Metric names and labels are listed in the README ("Metrics").
 
@@ -22,12 +20,6 @@
 pub mod families;
 pub mod http;
 pub mod quic;
-#[cfg(feature = "scheduler")]
-pub mod scheduler;
-#[cfg(feature = "server")]
-pub mod server;
-#[cfg(feature = "worker")]
-pub mod worker;
 
 pub use families::{Families, Labels};
 pub use http::{serve, MetricsEndpoint, Source};

@@ -123,7 +123,7 @@ pub fn metrics_addr(args: &NodeArgs, config: &Config) -> CliResult<Option<Socket
 }
 
 /// Starts a node's metrics endpoint at `addr` with `start` (e.g.
-/// `pushpull_metrics::server::serve_server`) and prints `PROGRAM metrics on ADDR`; the
+/// `pushpull_server::prometheus::serve_server`) and prints `PROGRAM metrics on ADDR`; the
 /// endpoint serves until dropped. A bind failure is bad input naming the address.
 pub fn start_metrics(
     program: &str,
@@ -163,7 +163,7 @@ pub async fn run_scheduler(args: &NodeArgs) -> CliResult<()> {
     print_line(&format!("{SCHEDULER_LISTENING}{}", scheduler.local_addr()));
     let stats = scheduler.stats();
     let _metrics = start_metrics("pushpull-scheduler", metrics, |a| {
-        pushpull_metrics::scheduler::serve_scheduler(a, stats)
+        pushpull_scheduler::prometheus::serve_scheduler(a, stats)
     })?;
     let result = scheduler.run().await;
     print_line(&cpu_line("pushpull-scheduler"));
@@ -187,7 +187,7 @@ pub async fn run_server(args: &NodeArgs, listen: Option<&str>) -> CliResult<()> 
     print_line(&format!("{SERVER_LISTENING}{}", server.local_addr()));
     let stats = server.stats();
     let _metrics = start_metrics("pushpull-server", metrics, |a| {
-        pushpull_metrics::server::serve_server(a, stats)
+        pushpull_server::prometheus::serve_server(a, stats)
     })?;
     let result = server.run().await;
     print_line(&cpu_line("pushpull-server"));

@@ -428,7 +428,7 @@ impl Worker {
             Some(addr) => {
                 let _in_runtime = runtime.enter();
                 let endpoint =
-                    pushpull_metrics::worker::serve_worker(addr, &worker).map_err(|e| {
+                    pushpull_worker::prometheus::serve_worker(addr, &worker).map_err(|e| {
                         PushPullError::new_err(format!("cannot serve metrics on {addr}: {e}"))
                     })?;
                 eprintln!(

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`state`] | [`SchedulerState`]: the whole scheduler as a pure, deterministic state machine (no sockets, no clock): [`Event`]s in, [`Action`]s out; registration and refusals, ids, Welcome, declare collectives and placement, barriers, heartbeat loss, clean finish. Tested without a network. |
 //! | [`stats`] | [`SchedulerStats`]: the nodes' liveness (missed heartbeats, silence) and QUIC's counters of their connections, published a few times per heartbeat interval (the metrics endpoint's source) |
+//! | [`prometheus`] | the scheduler's Prometheus families (missed heartbeats and silence per node) from [`SchedulerStats`], served with `pushpull_metrics` |
 //! | [`service`] | [`Scheduler`]: the thin async shell: binds the QUIC endpoint, one task per connection (control stream reader + writer), the timer, executes actions, shuts down with a bounded grace period. |
 //!
 //! Entry points (used by the `pushpull` binaries):
@@ -19,6 +20,7 @@
 //! # }
 //! ```
 
+pub mod prometheus;
 pub mod service;
 pub mod state;
 pub mod stats;

@@ -25,6 +25,7 @@
 //! | [`WorkerError`] | every failure; names the tensor (chunk, key, round) or the lost node |
 //! | [`Metrics`], [`TensorMetrics`], [`RoundTimes`] | raw and payload bytes pushed and pulled, compression ratio, seconds compressing, waiting, decompressing, a histogram of round times; per tensor and in total; [`Worker::connection_stats`]: QUIC's counters (lost packets, datagrams) per connection |
 //! | [`CodecFactory`], [`CodecContext`], [`KernelsFactory`], [`Fp32Factory`] | re-exported from `pushpull_codecs::chunk` (through `pushpull_kernels`), the one codec plug-in of workers and servers: what builds each chunk's [`Compressor`] (by default the chain of the tensor's parameter map, worker role) |
+//! | [`prometheus`] | the worker's Prometheus families (rounds, bytes, compression ratio, round-time histogram per tensor and in total) from [`Worker::metrics`], served with `pushpull_metrics` |
 //! | [`reference`](mod@reference) | [`reference::Reference`]: the whole job's push_pull in one process, the bit-exact reference for tests and the benchmark's check |
 //!
 //! Internals: `shared` (state shared with the background tasks: the control writer and
@@ -87,6 +88,7 @@ mod data;
 mod dispatch;
 mod error;
 mod local;
+pub mod prometheus;
 pub mod reference;
 mod round;
 mod round_times;

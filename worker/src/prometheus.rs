@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use pushpull_worker::{RoundTimes, Worker};
+use crate::{RoundTimes, Worker};
 
-use crate::families::{Families, HistogramSample, Labels};
-use crate::http::{serve, MetricsEndpoint, Source};
+use pushpull_metrics::families::{Families, HistogramSample, Labels};
+use pushpull_metrics::http::{serve, MetricsEndpoint, Source};
 
 /// A worker as a metrics [`Source`] (holds a handle: the worker's counters stay readable after
 /// [`Worker::finish`]).
@@ -49,7 +49,7 @@ impl Source for WorkerSource {
 
     fn collect(&self, out: &mut Families) {
         let m = self.worker.metrics();
-        let per = |f: &dyn Fn(&pushpull_worker::TensorMetrics) -> f64| -> Vec<(Labels, f64)> {
+        let per = |f: &dyn Fn(&crate::TensorMetrics) -> f64| -> Vec<(Labels, f64)> {
             m.tensors
                 .iter()
                 .map(|(name, t)| (vec![("tensor", name.clone())], f(t)))
@@ -145,8 +145,8 @@ impl Source for WorkerSource {
             .worker
             .connection_stats()
             .into_iter()
-            .map(|(n, s)| (crate::peer_label(&n), s))
+            .map(|(n, s)| (pushpull_metrics::peer_label(&n), s))
             .collect();
-        crate::quic::add_connections(out, &conns);
+        pushpull_metrics::quic::add_connections(out, &conns);
     }
 }

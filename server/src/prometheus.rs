@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use pushpull_server::{ServerStats, ServerTensorStats};
+use crate::{ServerStats, ServerTensorStats};
 
-use crate::families::{Families, Labels};
-use crate::http::{serve, MetricsEndpoint, Source};
+use pushpull_metrics::families::{Families, Labels};
+use pushpull_metrics::http::{serve, MetricsEndpoint, Source};
 
 /// A server as a metrics [`Source`].
 #[derive(Debug, Clone)]
@@ -78,6 +78,6 @@ impl Source for ServerSource {
             "Payload bytes of the tensor's results this server sent to the workers.",
             per(&|t| t.bytes_sent),
         );
-        crate::quic::add_connections(out, &s.connections);
+        pushpull_metrics::quic::add_connections(out, &s.connections);
     }
 }

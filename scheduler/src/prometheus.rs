@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use pushpull_scheduler::SchedulerStats;
+use crate::SchedulerStats;
 
-use crate::families::{Families, Labels};
-use crate::http::{serve, MetricsEndpoint, Source};
+use pushpull_metrics::families::{Families, Labels};
+use pushpull_metrics::http::{serve, MetricsEndpoint, Source};
 
 /// A scheduler as a metrics [`Source`].
 #[derive(Debug, Clone)]
@@ -29,10 +29,10 @@ impl Source for SchedulerSource {
 
     fn collect(&self, out: &mut Families) {
         let s = self.stats.snapshot();
-        let per = |f: &dyn Fn(&pushpull_scheduler::Liveness) -> f64| -> Vec<(Labels, f64)> {
+        let per = |f: &dyn Fn(&crate::Liveness) -> f64| -> Vec<(Labels, f64)> {
             s.nodes
                 .iter()
-                .map(|n| (vec![("peer", crate::peer_label(&n.name))], f(n)))
+                .map(|n| (vec![("peer", pushpull_metrics::peer_label(&n.name))], f(n)))
                 .collect()
         };
         out.gauge(
@@ -55,6 +55,6 @@ impl Source for SchedulerSource {
             "1 while the node's connection is open and it has not finished, else 0.",
             per(&|n| f64::from(u8::from(!n.disconnected && !n.finished))),
         );
-        crate::quic::add_connections(out, &s.connections);
+        pushpull_metrics::quic::add_connections(out, &s.connections);
     }
 }
