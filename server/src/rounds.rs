@@ -92,51 +92,6 @@ pub const ABORT_MEMORY: usize = 16;
 /// up on the rounds in between" (see the module docs); a push further ahead is rejected.
 pub const MAX_SKIP: u64 = 1024;
 
-/// Something the shell must do on the key's behalf: send a frame to each of `ranks`. Frames
-/// carry the key of the [`KeyRounds`] that produced the action.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Send a `Result` frame for `round` with this payload to each of `ranks` (the same bytes
-    /// to everyone).
-    SendResult {
-        /// The completed round.
-        round: u64,
-        /// The key's owner ranks ([`KeyInfo::owner_ranks`]: every worker rank
-        /// `0..num_workers` when `local_size` is 1).
-        ranks: Vec<u32>,
-        /// The encoded sum (or the broadcast root's payload).
-        payload: Bytes,
-    },
-    /// Send a `Result` frame for `round` to each rank with its own payload: a gossip round's
-    /// relay, each worker's neighbours' pushes concatenated in ascending rank order.
-    SendEach {
-        /// The completed round.
-        round: u64,
-        /// `(rank, payload)` for every worker, ascending.
-        results: Vec<(u32, Bytes)>,
-    },
-    /// Send an empty `Result` frame for `round` flagged non-finite to each of `ranks`: a push
-    /// or the sum was not finite (see the module docs).
-    SendNonFinite {
-        /// The completed round.
-        round: u64,
-        /// The key's owner ranks, as for [`Action::SendResult`].
-        ranks: Vec<u32>,
-    },
-    /// Send an `Abort` frame for `round` whose payload is `message` (UTF-8) to each of `ranks`.
-    SendAbort {
-        /// The aborted round.
-        round: u64,
-        /// The ranks to tell: every owner rank ([`KeyInfo::owner_ranks`]) when a round is
-        /// aborted (with a rejected push's sender if it is not one of them), the sender alone
-        /// when a push is answered for an already aborted round.
-        ranks: Vec<u32>,
-        /// Names the tensor, chunk index, key, round, the offending rank or lost node, and what
-        /// was wrong.
-        message: String,
-    },
-}
-
 /// The round being collected.
 struct OpenRound {
     /// Op and aux of the round's first push, and that push's rank.
@@ -690,19 +645,8 @@ impl KeyRounds {
         };
         let payload = match o.op {
             ReduceOp::Gossip => {
-                let neighbours = self.gossip.clone().unwrap_or_default();
-                let results = (0..self.info.num_workers)
-                    .map(|rank| {
-                        let mine = neighbours.get(rank as usize).map_or(&[][..], |n| &n[..]);
-                        let mut relay = bytes::BytesMut::new();
-                        for &j in mine {
-                            if let Some(Some(p)) = o.held.get(j as usize) {
-                                relay.extend_from_slice(p);
-                            }
-                        }
-                        (rank, relay.freeze())
-                    })
-                    .collect();
+                let graph = self.gossip.clone().unwrap_or_default();
+                let results = relay(&graph, &o.held, self.info.num_workers);
                 self.current = self.current.wrapping_add(1);
                 out.push(Action::SendEach { round, results });
                 return;
@@ -802,6 +746,22 @@ impl KeyRounds {
     }
 }
 
+/// A gossip round's results: for each rank of `0..num_workers`, the messages `held` of its
+/// neighbours in `graph` (ascending), concatenated.
+fn relay(graph: &[Vec<u32>], held: &[Option<Bytes>], num_workers: u32) -> Vec<(u32, Bytes)> {
+    (0..num_workers)
+        .map(|rank| {
+            let mut out = bytes::BytesMut::new();
+            for &j in graph.get(rank as usize).into_iter().flatten() {
+                if let Some(Some(p)) = held.get(j as usize) {
+                    out.extend_from_slice(p);
+                }
+            }
+            (rank, out.freeze())
+        })
+        .collect()
+}
+
 fn describe_op(op: ReduceOp, aux: u32) -> String {
     match op {
         ReduceOp::Sum if aux == 0 => "op Sum".to_string(),
@@ -811,7 +771,9 @@ fn describe_op(op: ReduceOp, aux: u32) -> String {
     }
 }
 
+mod action;
 mod info;
+pub use action::Action;
 pub use info::KeyInfo;
 
 #[cfg(test)]

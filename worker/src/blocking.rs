@@ -142,6 +142,16 @@ impl BlockingWorker {
             .map(drop)
     }
 
+    /// Blocking [`Worker::gossip`]: `buf` (this worker's model) is replaced by its average with
+    /// the graph neighbours', in place. Errors as `Worker::gossip`; on error `buf` holds the
+    /// average for the chunks that completed.
+    pub fn gossip(&self, tensor: &Tensor, buf: &mut [f32]) -> Result<(), WorkerError> {
+        let lent = Lent::new(buf);
+        self.runtime
+            .block_on(self.worker().gossip(tensor, lent))
+            .map(drop)
+    }
+
     /// Blocking [`Worker::discard_last_round`].
     pub fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
         self.runtime
