@@ -386,6 +386,16 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
     drop(hello_wait);
     let rank = match hello {
         Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
+        // A Hello read with a payload limit of 0: say what was wrong with it, not its kind.
+        Incoming::Bad(h, _) if h.kind == FrameKind::Hello && h.payload_len > 0 => {
+            return refuse(format!(
+                "a Hello frame carries no payload, got {} bytes",
+                h.payload_len
+            ))
+        }
+        Incoming::Bad(h, why) if h.kind == FrameKind::Hello => {
+            return refuse(format!("bad Hello frame: {why}"))
+        }
         Incoming::Frame(h, _) | Incoming::Bad(h, _) => {
             return refuse(format!("the first frame must be Hello, got {:?}", h.kind))
         }
