@@ -123,6 +123,22 @@ pub enum Action {
     },
 }
 
+/// A phase of a key's round, for the shell's timeline ([`KeyRounds::with_observer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Decoding host `host`'s push into the sum (host 0's) or adding it (the others').
+    Add {
+        /// The host (participant) whose push it is.
+        host: u32,
+    },
+    /// Encoding the round's sum.
+    Encode,
+}
+
+/// Told of each [`Phase`] of a round: the round, the phase, and `true` at its start, `false`
+/// at its end. The shell reads the clock; the state machine only says when.
+pub type Observer = Box<dyn FnMut(u64, Phase, bool) + Send>;
+
 /// The round being collected.
 struct OpenRound {
     /// Op and aux of the round's first push, and that push's rank.
@@ -173,6 +189,8 @@ pub struct KeyRounds {
     departed: Option<String>,
     /// The last sum round that completed: what a push flagged undo-previous undoes.
     last_sum: Option<u64>,
+    /// Told of each phase of a round (the timeline), if set.
+    observer: Option<Observer>,
 }
 
 impl fmt::Debug for KeyRounds {
@@ -201,7 +219,15 @@ impl KeyRounds {
             failed: None,
             departed: None,
             last_sum: None,
+            observer: None,
         }
+    }
+
+    /// Tells `observer` when each round's adds and encode start and end (the shell's
+    /// timeline); nothing else changes.
+    pub fn with_observer(mut self, observer: Observer) -> KeyRounds {
+        self.observer = Some(observer);
+        self
     }
 
     /// Encodes sums into buffers of `pool` (shared by a server's keys), which get them back
@@ -616,10 +642,16 @@ impl KeyRounds {
         {
             let host = o.sum.next_rank();
             let ctx = RoundCtx::new(round);
-            if let Err(e) = o
+            if let Some(f) = self.observer.as_mut() {
+                f(round, Phase::Add { host }, true);
+            }
+            let added = o
                 .sum
-                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc)
-            {
+                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc);
+            if let Some(f) = self.observer.as_mut() {
+                f(round, Phase::Add { host }, false);
+            }
+            if let Err(e) = added {
                 return Err((
                     self.info.owner_rank(host),
                     format!("undecodable payload of {} bytes: {e}", payload.len()),
@@ -661,7 +693,14 @@ impl KeyRounds {
                     ..RoundCtx::new(round)
                 };
                 let mut bytes = self.pool.take();
-                if let Err(e) = self.codec.compress(&self.acc, &ctx, &mut bytes) {
+                if let Some(f) = self.observer.as_mut() {
+                    f(round, Phase::Encode, true);
+                }
+                let encoded = self.codec.compress(&self.acc, &ctx, &mut bytes);
+                if let Some(f) = self.observer.as_mut() {
+                    f(round, Phase::Encode, false);
+                }
+                if let Err(e) = encoded {
                     self.pool.give_back(bytes);
                     if e.is_non_finite() {
                         // Finite pushes whose sum overflows: as if one was not finite.

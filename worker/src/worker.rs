@@ -688,6 +688,7 @@ impl Worker {
         };
         self.inner.close(&Departure::Done("worker finished".into()));
         let _ = tokio::time::timeout(WAIT_IDLE_BOUND, self.inner.endpoint.quinn.wait_idle()).await;
+        pushpull_net::timeline::write();
         result
     }
 }
@@ -746,6 +747,7 @@ impl<R: RoundData> Prepared<R> {
                 res.discarded = None;
             }
             let data = std::sync::Mutex::new(data);
+            let span = crate::spans::round(ctx.rank, &t, round, kind);
             let mut result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
             let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
             let t0 = std::time::Instant::now();
@@ -755,6 +757,7 @@ impl<R: RoundData> Prepared<R> {
                 let settled = settling.await;
                 result = result.and(settled);
             }
+            drop(span);
             if result.is_ok() {
                 t.rounds_done.fetch_add(1, Ordering::Relaxed);
                 t.round_clock.observe(started.elapsed());
