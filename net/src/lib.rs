@@ -17,7 +17,7 @@ pub mod cap;
 pub mod certs;
 pub mod lossy;
 pub mod sender;
-pub mod tls;
 pub mod timeline;
+pub mod tls;
 pub mod trace;
 pub mod transport;

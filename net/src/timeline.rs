@@ -270,7 +270,12 @@ pub struct Span {
 
 impl Span {
     /// Begins a span now.
-    pub fn begin(cat: &'static str, name: impl Into<Cow<'static, str>>, id: u64, args: Args) -> Span {
+    pub fn begin(
+        cat: &'static str,
+        name: impl Into<Cow<'static, str>>,
+        id: u64,
+        args: Args,
+    ) -> Span {
         Span::begin_at(now(), cat, name, id, args)
     }
 
@@ -339,7 +344,10 @@ pub fn write() {
     let pid = std::process::id();
     let text = render(&events, &nodes, pid, now());
     let first = nodes.first().map(String::as_str).unwrap_or("node");
-    let stem: String = first.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
+    let stem: String = first
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect();
     let path = state.dir.join(format!("{stem}-{pid}.json"));
     let tmp = state.dir.join(format!(".{stem}-{pid}.json.tmp"));
     let done = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &path));

@@ -139,6 +139,13 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         "queued" => timeline::record(Ph::Begin, ts, FRAME, kind, id, Some(args())),
         "acked" => timeline::record(Ph::End, ts, FRAME, kind, id, None),
         "written" => timeline::record(Ph::Instant, ts, FRAME, "written", id, None),
-        _ => timeline::record(Ph::Instant, ts, FRAME, format!("{kind} {event}"), id, Some(args())),
+        _ => timeline::record(
+            Ph::Instant,
+            ts,
+            FRAME,
+            format!("{kind} {event}"),
+            id,
+            Some(args()),
+        ),
     }
 }

@@ -36,7 +36,12 @@ pub(crate) fn round(rank: u32, tensor: &TensorInner, round: u64, kind: RoundKind
         RoundKind::Sum { .. } => name,
         RoundKind::Broadcast { .. } => format!("{name} (broadcast)"),
     };
-    Some(Span::begin("round", name, round_id(rank, tensor, round), args))
+    Some(Span::begin(
+        "round",
+        name,
+        round_id(rank, tensor, round),
+        args,
+    ))
 }
 
 /// A phase (`compress`, `wait`, `decompress`) of chunk `index` of `tensor` in `round`, when
@@ -60,7 +65,12 @@ pub(crate) fn chunk(
         rank: Some(rank),
         ..Args::default()
     };
-    Some(Span::begin("chunk", phase, chunk_id(rank, key, round), args))
+    Some(Span::begin(
+        "chunk",
+        phase,
+        chunk_id(rank, key, round),
+        args,
+    ))
 }
 
 /// A result frame of `key` and `round` that reached worker `rank`: its `pull`, from `accepted`

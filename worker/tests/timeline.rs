@@ -45,7 +45,10 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
             let calls = (0..2usize).flat_map(|r| {
                 [(&a, 40usize), (&b, 20)].map(|(t, len)| {
                     let (w, t) = (s.workers[r].clone(), t[r].clone());
-                    async move { w.push_pull(&t, data(round ^ r as u64, len), Reduce::Sum).await }
+                    async move {
+                        w.push_pull(&t, data(round ^ r as u64, len), Reduce::Sum)
+                            .await
+                    }
                 })
             });
             for result in futures_util::future::join_all(calls).await {
@@ -140,7 +143,10 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
     let window: BTreeSet<u64> = (START_STEP - 1..END_STEP).collect();
     let round_of = |s: &Span| s.args["round"].as_u64().expect("round in args");
     for s in &spans {
-        assert!(window.contains(&round_of(s)), "outside the step window: {s:?}");
+        assert!(
+            window.contains(&round_of(s)),
+            "outside the step window: {s:?}"
+        );
     }
     for e in events.iter().filter(|e| e["ph"] == "n") {
         if let Some(r) = e["args"]["round"].as_u64() {
@@ -176,7 +182,10 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
             r.b,
             r.e
         );
-        phases.entry((rank, key, round)).or_default().insert(s.name.clone());
+        phases
+            .entry((rank, key, round))
+            .or_default()
+            .insert(s.name.clone());
     }
     let want: BTreeSet<String> = ["compress", "wait", "pull", "decompress"]
         .map(String::from)

@@ -239,7 +239,10 @@ fn key_value(config: &Config, key: &str) -> String {
         "cluster.min_compress_bytes" => c.min_compress_bytes.to_string(),
         "cluster.force_distributed" => u8::from(c.force_distributed).to_string(),
         "trace.start_step" => config.trace.start_step.to_string(),
-        "trace.end_step" => config.trace.end_step.map_or(String::new(), |e| e.to_string()),
+        "trace.end_step" => config
+            .trace
+            .end_step
+            .map_or(String::new(), |e| e.to_string()),
         _ => String::new(),
     }
 }

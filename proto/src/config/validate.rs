@@ -110,10 +110,18 @@ impl Config {
         }
         let t = &self.trace;
         if t.dir.as_deref() == Some("") {
-            return Err(bad("trace.dir", "\"\"".into(), "a folder path, or leave it out"));
+            return Err(bad(
+                "trace.dir",
+                "\"\"".into(),
+                "a folder path, or leave it out",
+            ));
         }
         if t.start_step == 0 {
-            return Err(bad("trace.start_step", "0".into(), "a step ≥ 1 (steps count from 1)"));
+            return Err(bad(
+                "trace.start_step",
+                "0".into(),
+                "a step ≥ 1 (steps count from 1)",
+            ));
         }
         if let Some(end) = t.end_step {
             if end < t.start_step {
