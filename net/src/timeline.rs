@@ -252,7 +252,8 @@ pub fn record(
         id,
         args: args.map(Box::new),
     };
-    LOCAL.with(|b| {
+    // `try_with`: a span dropped while its thread is being torn down is lost, not a panic.
+    let _ = LOCAL.try_with(|b| {
         if let Some(b) = b {
             lock(&b.events).push(event);
         }

@@ -639,7 +639,8 @@ impl Worker {
     /// push_pulls/broadcasts (detached ones included) to complete (they complete when the other
     /// workers push their share, or fail when a node is lost), tells the scheduler
     /// `Finished`, waits for its `Shutdown` (sent once every worker has finished) for at most
-    /// `cluster.heartbeat_timeout_ms`, and closes every connection.
+    /// `cluster.heartbeat_timeout_ms`, and closes every connection. With a timeline
+    /// (`[trace] dir`, `PUSHPULL_TRACE`), it then writes this process's trace file.
     ///
     /// Returns `Ok` when this worker's part ended cleanly, or the error that ended the job
     /// (e.g. another node was lost before the scheduler could shut the job down).

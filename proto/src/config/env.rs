@@ -377,17 +377,17 @@ fn trace_on(
     if !explicit.contains("trace.end_step") && !var("BYTEPS_TRACE_END_STEP") {
         t.end_step = Some(20);
     }
-    if explicit.contains("trace.dir") {
-        let dir = t.dir.clone().unwrap_or_default();
-        return Some(format!(
-            "BYTEPS_TRACE_DIR is not used: the cluster file sets trace.dir = {dir:?}"
-        ))
-        .filter(|_| var("BYTEPS_TRACE_DIR"));
-    }
     let dir = vars
         .iter()
         .find(|(k, v)| k == "BYTEPS_TRACE_DIR" && !v.trim().is_empty())
         .map_or("./trace".to_string(), |(_, v)| v.trim().to_string());
+    if explicit.contains("trace.dir") {
+        // `pushpull local` writes the variables' values into the file it gives its nodes.
+        let file = t.dir.clone().unwrap_or_default();
+        return (file != dir).then(|| {
+            format!("BYTEPS_TRACE_ON's folder {dir:?} is not used: the cluster file sets trace.dir = {file:?}")
+        });
+    }
     t.dir = Some(dir);
     None
 }
