@@ -1,7 +1,8 @@
 //! The timeline (`[trace] dir`): a small job with tracing on and a step window, then every
 //! trace file read back with serde_json: spans well formed, each chunk's phases inside its
 //! round on the worker, every phase of every node present for the rounds in the window and
-//! nothing recorded outside it. One test per binary: the recorder is the process's.
+//! nothing recorded outside it. One cluster test per binary (the recorder is the process's);
+//! the checks themselves are tried on events made here (`the_checks`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -163,7 +164,6 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
         let old = rounds.insert((rank, tensor, round_of(s)), s);
         assert!(old.is_none(), "two spans of one round: {s:?}");
     }
-    assert_eq!(rounds.len(), 2 * 2 * window.len(), "{:?}", rounds.keys());
     let mut phases: HashMap<(u64, u64, u64), BTreeSet<String>> = HashMap::new();
     for s in spans.iter().filter(|s| s.cat == "chunk") {
         let rank = s.args["rank"].as_u64().unwrap();
@@ -187,6 +187,7 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
             .or_default()
             .insert(s.name.clone());
     }
+    assert_eq!(rounds.len(), 2 * 2 * window.len(), "{:?}", rounds.keys());
     let want: BTreeSet<String> = ["compress", "wait", "pull", "decompress"]
         .map(String::from)
         .into();
@@ -227,4 +228,43 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
     };
     let per = 2 * tensor_of_key.len() * window.len();
     assert_eq!((count("push"), count("result")), (per, per));
+}
+
+/// The checks fail on what they must catch (no cluster: events written here).
+mod the_checks {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(ph: &str, ts: u64, cat: &str, name: &str, id: &str, round: u64) -> Value {
+        json!({"ph": ph, "ts": ts, "cat": cat, "name": name, "id": id, "pid": 1, "tid": 1,
+               "args": {"round": round, "rank": 0, "tensor": "a", "key": 7}})
+    }
+
+    #[test]
+    #[should_panic(expected = "begins without an end")]
+    fn an_orphan_begin_fails() {
+        check(&[ev("b", 1, "chunk", "wait", "0x1", 1)], &HashMap::new());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the step window")]
+    fn a_round_outside_the_window_fails() {
+        let events = [
+            ev("b", 1, "round", "a", "0x1", 0),
+            ev("e", 2, "round", "a", "0x1", 0),
+        ];
+        check(&events, &HashMap::new());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its round")]
+    fn a_phase_outside_its_round_fails() {
+        let events = [
+            ev("b", 1, "round", "a", "0x1", 1),
+            ev("b", 2, "chunk", "compress", "0x2", 1),
+            ev("e", 3, "round", "a", "0x1", 1),
+            ev("e", 4, "chunk", "compress", "0x2", 1),
+        ];
+        check(&events, &HashMap::from([(7, "a".to_string())]));
+    }
 }
