@@ -416,9 +416,6 @@ fn event_json(out: &mut String, e: &Event, pid: u32, tid: u64, extra: Option<&st
         e.id,
         e.ts
     );
-    if e.ph == Ph::Instant {
-        out.push_str(",\"s\":\"t\"");
-    }
     let mut fields: Vec<String> = Vec::new();
     if let Some(a) = &e.args {
         if let Some(t) = &a.tensor {
