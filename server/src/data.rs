@@ -460,7 +460,9 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
     let arrived = pushpull_net::timeline::on().then(pushpull_net::timeline::now);
     if pushpull_net::trace::enabled() || arrived.is_some() {
         if let (Some(id), Incoming::Frame(h, _)) = (shared.server_id.get(), &frame) {
-            pushpull_net::trace::set_node(format!("server{id}"));
+            if pushpull_net::trace::enabled() {
+                pushpull_net::trace::set_node(format!("server{id}"));
+            }
             pushpull_net::trace::frame("arrived", h, &w.peer.name);
         }
     }

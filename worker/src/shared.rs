@@ -387,8 +387,10 @@ impl Shared {
         h: FrameHeader,
         payload: Bytes,
     ) {
-        if pushpull_net::trace::enabled() || pushpull_net::timeline::on() {
+        if pushpull_net::trace::enabled() {
             pushpull_net::trace::set_node(format!("worker{rank}"));
+        }
+        if pushpull_net::trace::enabled() || pushpull_net::timeline::on() {
             pushpull_net::trace::frame("arrived", &h, &server.to_string());
         }
         let Some(dispatch) = self.dispatch.get(server.id as usize) else {
