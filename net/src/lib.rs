@@ -9,6 +9,7 @@
 //! | [`transport`] | quinn endpoints with the measured settings, control streams, one data frame per unidirectional stream, the socket-wrapper hook tests use |
 //! | [`lossy`] | [`lossy::LossySocket`]: quinn's UDP socket behind seeded drops, duplicates and delays, for tests (no netem here) |
 //! | [`trace`] | the optional per-frame timeline (`PUSHPULL_FRAME_TRACE=DIR`): when each frame was queued, handed to quinn, acknowledged, read |
+//! | [`timeline`] | the optional Chrome trace of a process (`[trace] dir`, `PUSHPULL_TRACE=DIR`): async spans per tensor round, chunk phase, server key phase and frame, buffered in memory and written when the node ends |
 //! | [`cap`] | [`cap::WindowCap`]: a ceiling on the congestion windows of an endpoint's connections (Cubic under it), set by the node's sender |
 //! | [`sender`] | [`sender::FrameSender`]: the async shell that drives one `SendQueue` over all of a node's data connections |
 
@@ -16,6 +17,7 @@ pub mod cap;
 pub mod certs;
 pub mod lossy;
 pub mod sender;
+pub mod timeline;
 pub mod tls;
 pub mod trace;
 pub mod transport;

@@ -18,13 +18,18 @@
 //! Timestamps come from one clock, so the
 //! files of all the processes of one machine (e.g. `pushpull bench net`'s namespaces) merge
 //! into one timeline. Unset (the default), each call is one relaxed load.
+//!
+//! The frame events are also the `frame` tracks of the Chrome-trace timeline
+//! ([`crate::timeline`], `PUSHPULL_TRACE=DIR`): [`frame`] is the one site of each event for
+//! both outputs. The text lines stay, for `bench/wire_idle.py` and the `window` lines, which
+//! describe the sender rather than a frame.
 
 use std::fs::File;
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use pushpull_proto::protocol::FrameHeader;
+use pushpull_proto::protocol::{FrameHeader, FrameKind};
 
 /// The environment variable naming the trace folder.
 pub const ENV: &str = "PUSHPULL_FRAME_TRACE";
@@ -83,7 +88,11 @@ pub fn window(window: u64, rate: Option<f64>, in_flight: u64, queued: u64, paths
 }
 
 /// Records one event of frame `h` (see the [module docs](self)); `peer` names the other end.
+/// The same call feeds the timeline's `frame` tracks ([`crate::timeline`]) when that is on.
 pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
+    if crate::timeline::traced(h.round) {
+        frame_span(event, h, peer);
+    }
     if !enabled() {
         return;
     }
@@ -95,4 +104,48 @@ pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
         h.kind, h.key, h.round, h.rank, h.payload_len
     );
     write_line(&line);
+}
+
+/// The timeline's side of [`frame`]: a span per frame sent, from `queued` to `acked`, with
+/// `written` as an instant; `arrived` as an instant on the receiver's own track.
+fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
+    use crate::timeline::{self, Args, Ph, FRAME};
+    let ts = timeline::now();
+    let kind = match h.kind {
+        FrameKind::Push => "push",
+        FrameKind::Result => "result",
+        FrameKind::Abort => "abort",
+        FrameKind::Hello => "hello",
+    };
+    let side = u64::from(event == "arrived");
+    let id = timeline::id(&[
+        0xf4a3e,
+        side,
+        h.kind as u64,
+        h.key,
+        h.round,
+        u64::from(h.rank),
+        timeline::name_hash(peer),
+    ]);
+    let args = || Args {
+        key: Some(h.key),
+        round: Some(h.round),
+        rank: Some(h.rank),
+        bytes: Some(h.payload_len),
+        peer: Some(peer.into()),
+        ..Args::default()
+    };
+    match event {
+        "queued" => timeline::record(Ph::Begin, ts, FRAME, kind, id, Some(args())),
+        "acked" => timeline::record(Ph::End, ts, FRAME, kind, id, None),
+        "written" => timeline::record(Ph::Instant, ts, FRAME, "written", id, None),
+        _ => timeline::record(
+            Ph::Instant,
+            ts,
+            FRAME,
+            format!("{kind} {event}"),
+            id,
+            Some(args()),
+        ),
+    }
 }

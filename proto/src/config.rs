@@ -109,6 +109,10 @@ pub struct Config {
     /// [`ClusterDigest`]: it changes no result.
     #[serde(default, skip_serializing_if = "MetricsConfig::is_off")]
     pub metrics: MetricsConfig,
+    /// `[trace]`: the opt-in timeline, a Chrome trace file per process. Not part of the
+    /// [`ClusterDigest`]: it changes no result.
+    #[serde(default, skip_serializing_if = "TraceConfig::is_off")]
+    pub trace: TraceConfig,
     /// `[gossip]`: the workers' graph for tensors exchanged by gossip (`exchange = "gossip"`
     /// in their map: decentralised averaging, Moniqua). Part of the [`ClusterDigest`].
     #[serde(default, skip_serializing_if = "GossipConfig::is_default")]
@@ -347,6 +351,47 @@ impl MetricsConfig {
     }
 }
 
+/// `[trace]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TraceConfig {
+    /// `dir`: the folder where every node (scheduler, server, worker) writes its timeline,
+    /// `<node>-<pid>.json` in the Chrome trace format (chrome://tracing, ui.perfetto.dev), when
+    /// it ends; absent (the default): no timeline. The environment variable `PUSHPULL_TRACE`
+    /// overrides it per process.
+    #[serde(default)]
+    pub dir: Option<String>,
+    /// `start_step`: the first step recorded, from 1 (BytePS's `BYTEPS_TRACE_START_STEP`). A
+    /// tensor's round `r` (from 0) is its step `r + 1`, on workers and servers alike.
+    #[serde(default = "default_trace_start_step")]
+    pub start_step: u64,
+    /// `end_step`: the last step recorded (BytePS's `BYTEPS_TRACE_END_STEP`); absent: every
+    /// step from `start_step` on.
+    #[serde(default)]
+    pub end_step: Option<u64>,
+}
+
+fn default_trace_start_step() -> u64 {
+    1
+}
+
+impl Default for TraceConfig {
+    fn default() -> TraceConfig {
+        TraceConfig {
+            dir: None,
+            start_step: default_trace_start_step(),
+            end_step: None,
+        }
+    }
+}
+
+impl TraceConfig {
+    /// Nothing set: no timeline unless `PUSHPULL_TRACE` asks for one.
+    pub fn is_off(&self) -> bool {
+        *self == TraceConfig::default()
+    }
+}
+
 /// `[gossip]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -514,6 +559,7 @@ impl Config {
             },
             worker: WorkerConfig::default(),
             metrics: MetricsConfig::default(),
+            trace: TraceConfig::default(),
             gossip: GossipConfig::default(),
             job: toml::Table::new(),
             tensors: TensorsConfig::default(),

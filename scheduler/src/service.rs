@@ -134,6 +134,9 @@ impl Scheduler {
             job_seed,
             stats,
         } = self;
+        // The timeline (`[trace] dir`, `PUSHPULL_TRACE`): the scheduler records no spans, but
+        // its process writes a file like every node's, at the end of `run`.
+        pushpull_net::timeline::start(&config.trace, "scheduler");
         let timeout = config.heartbeat_timeout();
         let tick = (config.heartbeat_interval() / 4).max(Duration::from_millis(5));
         let mut state = SchedulerState::new(StateConfig::from_config(&config, job_seed), now());
@@ -223,6 +226,7 @@ impl Scheduler {
         accept.abort();
         endpoint.quinn.close(0u32.into(), b"job over");
         let _ = tokio::time::timeout(IDLE_WAIT, endpoint.quinn.wait_idle()).await;
+        pushpull_net::timeline::write();
         result
     }
 }

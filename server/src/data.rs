@@ -396,6 +396,16 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
     drop(hello_wait);
     let rank = match hello {
         Incoming::Frame(h, _) if h.kind == FrameKind::Hello => h.rank,
+        // A Hello read with a payload limit of 0: say what was wrong with it, not its kind.
+        Incoming::Bad(h, _) if h.kind == FrameKind::Hello && h.payload_len > 0 => {
+            return refuse(format!(
+                "a Hello frame carries no payload, got {} bytes",
+                h.payload_len
+            ))
+        }
+        Incoming::Bad(h, why) if h.kind == FrameKind::Hello => {
+            return refuse(format!("bad Hello frame: {why}"))
+        }
         Incoming::Frame(h, _) | Incoming::Bad(h, _) => {
             return refuse(format!("the first frame must be Hello, got {:?}", h.kind))
         }
@@ -457,9 +467,12 @@ pub(crate) async fn serve_worker(shared: Arc<Shared>, conn: quinn::Connection) {
 
 /// Feeds one frame from worker `rank` to its key and carries out the actions.
 pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, frame: Incoming) {
-    if pushpull_net::trace::enabled() {
+    let arrived = pushpull_net::timeline::on().then(pushpull_net::timeline::now);
+    if pushpull_net::trace::enabled() || arrived.is_some() {
         if let (Some(id), Incoming::Frame(h, _)) = (shared.server_id.get(), &frame) {
-            pushpull_net::trace::set_node(format!("server{id}"));
+            if pushpull_net::trace::enabled() {
+                pushpull_net::trace::set_node(format!("server{id}"));
+            }
             pushpull_net::trace::frame("arrived", h, &w.peer.name);
         }
     }
@@ -517,7 +530,12 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             );
             k.reject(rank, round, &why)
         } else {
-            k.push_flagged(rank, round, header.op, header.aux, header.flags, payload)
+            let was = (k.is_open(), k.current_round());
+            let actions = k.push_flagged(rank, round, header.op, header.aux, header.flags, payload);
+            if let (Some(at), Some(&id)) = (arrived, shared.server_id.get()) {
+                crate::spans::receive(id, k.info(), round, at, was, &actions);
+            }
+            actions
         };
         (k.info().priority, actions)
     };

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
 //! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
+//! | `spans` | the server's spans in the timeline (`[trace] dir`): per key and round `receive`, `sum (host H)`, `encode` |
 //! | [`stats`] | [`ServerStats`]: per-tensor rounds and bytes and each connection's QUIC counters, read at any time (the metrics endpoint's source) |
 //! | [`prometheus`] | the server's Prometheus families (key rounds and bytes per tensor and in total) from [`ServerStats`], served with `pushpull_metrics` |
 //! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], the scheduler session (registration, placements, heartbeats, shutdown) |
@@ -36,6 +37,7 @@ mod data;
 pub mod prometheus;
 pub mod rounds;
 pub mod service;
+mod spans;
 pub mod stats;
 
 pub use pushpull_codecs::{CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node};

@@ -145,6 +145,8 @@ pub struct KeyRounds {
     /// A gossip key's graph: each rank's neighbours, ascending ([`KeyRounds::with_gossip`]);
     /// `None` for a key summed by push_pull.
     gossip: Option<Arc<Vec<Vec<u32>>>>,
+    /// Told of each phase of a round (the timeline), if set.
+    observer: Option<Observer>,
 }
 
 impl fmt::Debug for KeyRounds {
@@ -174,6 +176,7 @@ impl KeyRounds {
             departed: None,
             last_sum: None,
             gossip: None,
+            observer: None,
         }
     }
 
@@ -182,6 +185,13 @@ impl KeyRounds {
     /// `0..num_workers` has a list). Gossip runs without local groups (`local_size` 1).
     pub fn with_gossip(mut self, neighbours: Arc<Vec<Vec<u32>>>) -> KeyRounds {
         self.gossip = Some(neighbours);
+        self
+    }
+
+    /// Tells `observer` when each round's adds and encode start and end (the shell's
+    /// timeline); nothing else changes.
+    pub fn with_observer(mut self, observer: Observer) -> KeyRounds {
+        self.observer = Some(observer);
         self
     }
 
@@ -620,10 +630,16 @@ impl KeyRounds {
         {
             let host = o.sum.next_rank();
             let ctx = RoundCtx::new(round);
-            if let Err(e) = o
+            if let Some(f) = self.observer.as_mut() {
+                f(round, Phase::Add { host }, true);
+            }
+            let added = o
                 .sum
-                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc)
-            {
+                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc);
+            if let Some(f) = self.observer.as_mut() {
+                f(round, Phase::Add { host }, false);
+            }
+            if let Err(e) = added {
                 return Err((
                     self.info.owner_rank(host),
                     format!("undecodable payload of {} bytes: {e}", payload.len()),
@@ -672,7 +688,14 @@ impl KeyRounds {
                     ..RoundCtx::new(round)
                 };
                 let mut bytes = self.pool.take();
-                if let Err(e) = self.codec.compress(&self.acc, &ctx, &mut bytes) {
+                if let Some(f) = self.observer.as_mut() {
+                    f(round, Phase::Encode, true);
+                }
+                let encoded = self.codec.compress(&self.acc, &ctx, &mut bytes);
+                if let Some(f) = self.observer.as_mut() {
+                    f(round, Phase::Encode, false);
+                }
+                if let Err(e) = encoded {
                     self.pool.give_back(bytes);
                     if e.is_non_finite() {
                         // Finite pushes whose sum overflows: as if one was not finite.
@@ -746,22 +769,6 @@ impl KeyRounds {
     }
 }
 
-/// A gossip round's results: for each rank of `0..num_workers`, the messages `held` of its
-/// neighbours in `graph` (ascending), concatenated.
-fn relay(graph: &[Vec<u32>], held: &[Option<Bytes>], num_workers: u32) -> Vec<(u32, Bytes)> {
-    (0..num_workers)
-        .map(|rank| {
-            let mut out = bytes::BytesMut::new();
-            for &j in graph.get(rank as usize).into_iter().flatten() {
-                if let Some(Some(p)) = held.get(j as usize) {
-                    out.extend_from_slice(p);
-                }
-            }
-            (rank, out.freeze())
-        })
-        .collect()
-}
-
 fn describe_op(op: ReduceOp, aux: u32) -> String {
     match op {
         ReduceOp::Sum if aux == 0 => "op Sum".to_string(),
@@ -773,8 +780,10 @@ fn describe_op(op: ReduceOp, aux: u32) -> String {
 
 mod action;
 mod info;
-pub use action::Action;
+mod relay;
+pub use action::{Action, Observer, Phase};
 pub use info::KeyInfo;
+use relay::relay;
 
 #[cfg(test)]
 mod tests;

@@ -265,6 +265,7 @@ impl Server {
         endpoint.quinn.close(code, &reason);
         let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.quinn.wait_idle()).await;
         sender.abort();
+        pushpull_net::timeline::write();
         result
     }
 }
@@ -441,6 +442,8 @@ impl Control<'_> {
             Output::Welcomed { id, map } => {
                 // The session passes on only the first Welcome.
                 let _ = self.shared.server_id.set(id);
+                // The timeline (`[trace] dir`, `PUSHPULL_TRACE`), written when `run` ends.
+                pushpull_net::timeline::start(&self.config.trace, &format!("server {id}"));
                 self.job_seed = Some(map.job_seed);
                 info!(id, job_seed = map.job_seed, servers = ?map.servers, "welcomed");
             }
@@ -575,6 +578,10 @@ fn place_keys(
         let mut rounds = KeyRounds::new(info, codec).with_pool(shared.pool.clone());
         if let Some(graph) = &gossip {
             rounds = rounds.with_gossip(graph.clone());
+        }
+        if pushpull_net::timeline::on() {
+            let observer = crate::spans::observer(server_id, rounds.info());
+            rounds = rounds.with_observer(observer);
         }
         new.push((chunk.key, rounds));
     }

@@ -292,6 +292,38 @@ async fn a_stalled_hello_is_refused_within_the_heartbeat_timeout() {
     finished(s.run).await.unwrap();
 }
 
+/// A Hello that carries a payload is refused naming that, not as "must be Hello, got Hello".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_with_a_payload_is_refused_naming_its_size() {
+    let s = setup(Config::local(1, 1), true, true).await;
+    let ep = Endpoint::bind("127.0.0.1:0".parse().unwrap(), &s.certs.workers[0], &s.cfg).unwrap();
+    let conn = ep.connect(s.server_addr).await.unwrap();
+    let hello = FrameHeader {
+        kind: FrameKind::Hello,
+        op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
+        rank: 0,
+        aux: 0,
+        key: 0,
+        round: 0,
+        payload_len: 5,
+    };
+    send_frame(&conn, &hello, Bytes::from_static(b"hello"), "server")
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("the server kept the connection")
+        .to_string();
+    assert!(
+        reason.contains("a Hello frame carries no payload, got 5 bytes"),
+        "{reason}"
+    );
+    assert!(!reason.contains("got Hello"), "{reason}");
+    s.sched.send(FromScheduler::Shutdown { error: None }).await;
+    finished(s.run).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_config_is_refused_at_bind_naming_the_key() {
     // `run` used to panic on an unparsable scheduler address (Config::scheduler_addr expects

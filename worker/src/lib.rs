@@ -34,7 +34,8 @@
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
 //! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
 //! device chains launched in batches, and where a tensor's rounds live),
-//! `chunks` (u64 placement ↔ buffer slices), `local` (a local group's rounds when
+//! `chunks` (u64 placement ↔ buffer slices), `spans` (the worker's spans in the timeline,
+//! `[trace] dir`: a tensor's rounds and each chunk's phases), `local` (a local group's rounds when
 //! `cluster.local_size` > 1: the notes between a host's workers, their shared memory, the
 //! chunk's turn, the owner's push; ARCHITECTURE.md "Two levels"). The protocol itself is
 //! documented in [`pushpull_proto::protocol`].
@@ -93,6 +94,7 @@ pub mod reference;
 mod round;
 mod round_times;
 mod shared;
+mod spans;
 mod tensor;
 mod worker;
 

@@ -219,6 +219,7 @@ async fn chunk_round<R: RoundData>(
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
     let encoded = encodes(kind, ctx.rank).then(|| {
         let t0 = std::time::Instant::now();
+        let _span = crate::spans::chunk("compress", ctx.rank, tensor, index, round);
         let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
         if let RoundKind::Sum { .. } | RoundKind::Gossip = kind {
             add_nanos(&tensor.compress_nanos, t0);
@@ -232,7 +233,9 @@ async fn chunk_round<R: RoundData>(
     match outcome {
         Outcome::Result(payload) => {
             let t0 = std::time::Instant::now();
+            let span = crate::spans::chunk("decompress", ctx.rank, tensor, index, round);
             let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
+            drop(span);
             add_nanos(&tensor.decompress_nanos, t0);
             decoded
                 .map(|()| Pulled::Sum)
@@ -353,6 +356,8 @@ pub(crate) async fn push_await(
                 payload_len: payload.len() as u64,
             };
             let pushed = payload.len() as u64;
+            // Until the result is handed over (or the chunk ends on another path).
+            let _wait = crate::spans::chunk("wait", ctx.rank, tensor, index, round);
             // A failed write makes the server's loss the job's fatal error, which fails this
             // chunk's waiter.
             ctx.sender

@@ -389,6 +389,8 @@ impl Shared {
     ) {
         if pushpull_net::trace::enabled() {
             pushpull_net::trace::set_node(format!("worker{rank}"));
+        }
+        if pushpull_net::trace::enabled() || pushpull_net::timeline::on() {
             pushpull_net::trace::frame("arrived", &h, &server.to_string());
         }
         let Some(dispatch) = self.dispatch.get(server.id as usize) else {
@@ -553,9 +555,16 @@ pub(crate) async fn server_reader(
             }
         };
         let (shared, server, peer) = (shared.clone(), server.clone(), peer.clone());
+        let accepted = pushpull_net::timeline::on().then(pushpull_net::timeline::now);
         tokio::spawn(async move {
             match read_frame(&mut stream, max_payload, &peer).await {
-                Ok((header, payload)) => shared.on_server_frame(&server, rank, header, payload),
+                Ok((header, payload)) => {
+                    if let Some(at) = accepted {
+                        let bytes = header.payload_len;
+                        crate::spans::pull(rank, header.key, header.round, at, bytes);
+                    }
+                    shared.on_server_frame(&server, rank, header, payload)
+                }
                 Err(e @ TransportError::Connection { .. }) => {
                     shared.server_gone(&server, WorkerError::server_lost(&server, &e))
                 }

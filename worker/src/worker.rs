@@ -645,7 +645,8 @@ impl Worker {
     /// push_pulls/broadcasts (detached ones included) to complete (they complete when the other
     /// workers push their share, or fail when a node is lost), tells the scheduler
     /// `Finished`, waits for its `Shutdown` (sent once every worker has finished) for at most
-    /// `cluster.heartbeat_timeout_ms`, and closes every connection.
+    /// `cluster.heartbeat_timeout_ms`, and closes every connection. With a timeline
+    /// (`[trace] dir`, `PUSHPULL_TRACE`), it then writes this process's trace file.
     ///
     /// Returns `Ok` when this worker's part ended cleanly, or the error that ended the job
     /// (e.g. another node was lost before the scheduler could shut the job down).
@@ -694,6 +695,7 @@ impl Worker {
         };
         self.inner.close(&Departure::Done("worker finished".into()));
         let _ = tokio::time::timeout(WAIT_IDLE_BOUND, self.inner.endpoint.quinn.wait_idle()).await;
+        pushpull_net::timeline::write();
         result
     }
 }
@@ -752,6 +754,7 @@ impl<R: RoundData> Prepared<R> {
                 res.discarded = None;
             }
             let data = std::sync::Mutex::new(data);
+            let span = crate::spans::round(ctx.rank, &t, round, kind);
             let mut result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
             let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
             let t0 = std::time::Instant::now();
@@ -761,6 +764,7 @@ impl<R: RoundData> Prepared<R> {
                 let settled = settling.await;
                 result = result.and(settled);
             }
+            drop(span);
             if result.is_ok() {
                 t.rounds_done.fetch_add(1, Ordering::Relaxed);
                 t.round_clock.observe(started.elapsed());

@@ -13,6 +13,10 @@
 //!   wherever a node loads its cluster file; a key the file sets explicitly wins, and the
 //!   variable that lost is logged.
 //! * **The log level** ([`Use::LogLevel`]): `BYTEPS_LOG_LEVEL` when `RUST_LOG` is not set.
+//! * **The timeline** ([`Use::TraceOn`], with `BYTEPS_TRACE_DIR` ([`Use::With`]) and the step
+//!   window's two [`Use::Key`] variables): `BYTEPS_TRACE_ON=1` sets `trace.dir` (to
+//!   `BYTEPS_TRACE_DIR`, else BytePS's `./trace`) and, where neither the file nor a variable
+//!   sets them, BytePS's window of steps 10 to 20; the file's `trace.dir` wins.
 //!
 //! Variables for what pushpull does one fixed way ([`Use::Fixed`]) accept that way's value and
 //! refuse the others; the rest ([`Use::Refused`]) are refused whatever their value.
@@ -34,6 +38,11 @@ pub enum Use {
     Fixed(&'static [&'static str], &'static str),
     /// No equivalent in pushpull: refused, saying why.
     Refused(&'static str),
+    /// `BYTEPS_TRACE_ON`: `1` turns the timeline on (`trace.dir`), `0` leaves it off.
+    TraceOn,
+    /// Read only together with the named variable (what it is for, in words); logged as not
+    /// used without it.
+    With(&'static str, &'static str),
 }
 
 /// The type of a [`Use::Key`] variable's value.
@@ -138,25 +147,21 @@ pub const VARIABLES: &[Variable] = &[
     v("BYTEPS_CPU_BLACKLIST", Use::Refused(NO_NUMA)),
     v("BYTEPS_VISIBLE_CPU_CORES", Use::Refused(NO_NUMA)),
     v("BYTEPS_MULTITHREADED_CPU", Use::Refused(NO_NUMA)),
-    v(
-        "BYTEPS_TRACE_ON",
-        Use::Refused(
-            "pushpull's timeline is not built yet; PUSHPULL_FRAME_TRACE=DIR traces frames",
-        ),
-    ),
+    v("BYTEPS_TRACE_ON", Use::TraceOn),
     v(
         "BYTEPS_TRACE_DIR",
-        Use::Refused(
-            "pushpull's timeline is not built yet; PUSHPULL_FRAME_TRACE=DIR traces frames",
+        Use::With(
+            "BYTEPS_TRACE_ON",
+            "the timeline's folder, `trace.dir` (BytePS's default `./trace` without it)",
         ),
     ),
     v(
         "BYTEPS_TRACE_START_STEP",
-        Use::Refused("pushpull's timeline is not built yet"),
+        Use::Key("trace.start_step", Kind::Bytes),
     ),
     v(
         "BYTEPS_TRACE_END_STEP",
-        Use::Refused("pushpull's timeline is not built yet"),
+        Use::Key("trace.end_step", Kind::Bytes),
     ),
     v(
         "BYTEPS_ENABLE_GDB",
@@ -233,6 +238,11 @@ fn key_value(config: &Config, key: &str) -> String {
         "cluster.partition_bytes" => c.partition_bytes.to_string(),
         "cluster.min_compress_bytes" => c.min_compress_bytes.to_string(),
         "cluster.force_distributed" => u8::from(c.force_distributed).to_string(),
+        "trace.start_step" => config.trace.start_step.to_string(),
+        "trace.end_step" => config
+            .trace
+            .end_step
+            .map_or(String::new(), |e| e.to_string()),
         _ => String::new(),
     }
 }
@@ -245,6 +255,8 @@ fn set_key(config: &mut Config, key: &str, value: &str) {
         "cluster.partition_bytes" => c.partition_bytes = n,
         "cluster.min_compress_bytes" => c.min_compress_bytes = n,
         "cluster.force_distributed" => c.force_distributed = value == "1",
+        "trace.start_step" => config.trace.start_step = n,
+        "trace.end_step" => config.trace.end_step = Some(n),
         _ => {}
     }
 }
@@ -272,6 +284,22 @@ pub fn apply_tuning(
         };
         match var.what {
             Use::Launch(_) => {}
+            Use::With(other, _) => {
+                let with = vars.iter().any(|(k, v)| k == other && v.trim() == "1");
+                if !with {
+                    notes.push(format!("{name}={value} is not used: {other} is not 1"));
+                }
+            }
+            Use::TraceOn => {
+                let on = match value.trim() {
+                    "0" => false,
+                    "1" => true,
+                    _ => return Err(error(name, value, "0 or 1".to_string())),
+                };
+                if on {
+                    notes.extend(trace_on(config, explicit, vars));
+                }
+            }
             Use::LogLevel => {
                 log_level(value).map_err(|_| {
                     error(
@@ -331,6 +359,37 @@ pub fn apply_tuning(
         }
     }
     Ok(notes)
+}
+
+/// `BYTEPS_TRACE_ON=1`: `trace.dir` from `BYTEPS_TRACE_DIR` (BytePS's default `./trace`), and
+/// BytePS's window (steps 10 to 20) where neither the file nor a variable sets its ends; the
+/// file's `trace.dir` wins (returned as a note).
+fn trace_on(
+    config: &mut Config,
+    explicit: &BTreeSet<String>,
+    vars: &[(String, String)],
+) -> Option<String> {
+    let var = |name: &str| vars.iter().any(|(k, _)| k == name);
+    let t = &mut config.trace;
+    if !explicit.contains("trace.start_step") && !var("BYTEPS_TRACE_START_STEP") {
+        t.start_step = 10;
+    }
+    if !explicit.contains("trace.end_step") && !var("BYTEPS_TRACE_END_STEP") {
+        t.end_step = Some(20);
+    }
+    let dir = vars
+        .iter()
+        .find(|(k, v)| k == "BYTEPS_TRACE_DIR" && !v.trim().is_empty())
+        .map_or("./trace".to_string(), |(_, v)| v.trim().to_string());
+    if explicit.contains("trace.dir") {
+        // `pushpull local` writes the variables' values into the file it gives its nodes.
+        let file = t.dir.clone().unwrap_or_default();
+        return (file != dir).then(|| {
+            format!("BYTEPS_TRACE_ON's folder {dir:?} is not used: the cluster file sets trace.dir = {file:?}")
+        });
+    }
+    t.dir = Some(dir);
+    None
 }
 
 /// The node a binary runs, for `DMLC_ROLE`.
@@ -526,6 +585,11 @@ pub fn markdown_table() -> String {
                 format!("only `{}` is accepted: {why}", accepted.join("` or `"))
             }
             Use::Refused(why) => format!("refused: {why}"),
+            Use::TraceOn => "honoured: `1` turns the timeline on: `trace.dir` = BYTEPS_TRACE_DIR \
+                             (default `./trace`), steps 10 to 20 unless set (BytePS's window), \
+                             unless the cluster file sets `trace.dir`; `0`: off"
+                .to_string(),
+            Use::With(other, doc) => format!("honoured with `{other}=1`: {doc}"),
         };
         s.push_str(&format!("| `{}` | {what} |\n", var.name));
     }
@@ -593,6 +657,40 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(name) && e.contains(words), "{name}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn byteps_trace_variables_set_the_timeline() {
+        let mut c = Config::local(2, 1);
+        let none = BTreeSet::new();
+        let env = vars(&[("BYTEPS_TRACE_ON", "1"), ("BYTEPS_TRACE_DIR", "/tmp/t")]);
+        assert!(apply_tuning(&mut c, &none, &env).unwrap().is_empty());
+        assert_eq!(c.trace.dir.as_deref(), Some("/tmp/t"));
+        assert_eq!((c.trace.start_step, c.trace.end_step), (10, Some(20)));
+        let mut c = Config::local(2, 1);
+        let env = vars(&[
+            ("BYTEPS_TRACE_START_STEP", "2"),
+            ("BYTEPS_TRACE_ON", "1"),
+            ("BYTEPS_TRACE_END_STEP", "3"),
+        ]);
+        apply_tuning(&mut c, &none, &env).unwrap();
+        assert_eq!(c.trace.dir.as_deref(), Some("./trace"));
+        assert_eq!((c.trace.start_step, c.trace.end_step), (2, Some(3)));
+        // Without BYTEPS_TRACE_ON the folder is not used, and said so.
+        let mut c = Config::local(2, 1);
+        let notes = apply_tuning(&mut c, &none, &vars(&[("BYTEPS_TRACE_DIR", "/x")])).unwrap();
+        assert_eq!(c.trace.dir, None);
+        assert!(notes[0].contains("BYTEPS_TRACE_ON"), "{notes:?}");
+        for (name, value, words) in [
+            ("BYTEPS_TRACE_ON", "yes", "0 or 1"),
+            ("BYTEPS_TRACE_START_STEP", "0", "trace.start_step"),
+        ] {
+            let mut c = Config::local(2, 1);
+            let e = apply_tuning(&mut c, &none, &vars(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(name) && e.contains(words), "{e}");
         }
     }
 

@@ -312,3 +312,28 @@ fn a_gossip_graph_is_checked_when_the_file_is_read() {
         assert!(e.contains(key), "{text}: the error names {key}: {e}");
     }
 }
+
+#[test]
+fn trace_keys_are_optional_checked_and_not_compared() {
+    let c = Config::from_toml_str(MINIMAL, "t.toml").unwrap();
+    assert_eq!(c.trace, TraceConfig::default());
+    assert!(c.trace.is_off());
+    let text = format!("{MINIMAL}\n[trace]\ndir = \"/tmp/tl\"\nstart_step = 3\nend_step = 5\n");
+    let t = Config::from_toml_str(&text, "t.toml").unwrap();
+    assert_eq!(t.trace.dir.as_deref(), Some("/tmp/tl"));
+    assert_eq!((t.trace.start_step, t.trace.end_step), (3, Some(5)));
+    // It changes no result: nodes with and without it may join one cluster.
+    assert!(c.digest().first_difference(&t.digest()).is_none());
+    for (bad, key) in [
+        ("start_step = 0", "trace.start_step"),
+        ("start_step = 4\nend_step = 3", "trace.end_step"),
+        ("dir = \"\"", "trace.dir"),
+        ("stop_step = 3", "stop_step"),
+    ] {
+        let text = format!("{MINIMAL}\n[trace]\n{bad}\n");
+        let e = Config::from_toml_str(&text, "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{bad}: {e}");
+    }
+}

@@ -116,6 +116,30 @@ impl Config {
         if let Some(m) = &self.metrics.listen {
             parse_addr(m).map_err(|allowed| bad("metrics.listen", format!("{m:?}"), &allowed))?;
         }
+        let t = &self.trace;
+        if t.dir.as_deref() == Some("") {
+            return Err(bad(
+                "trace.dir",
+                "\"\"".into(),
+                "a folder path, or leave it out",
+            ));
+        }
+        if t.start_step == 0 {
+            return Err(bad(
+                "trace.start_step",
+                "0".into(),
+                "a step ≥ 1 (steps count from 1)",
+            ));
+        }
+        if let Some(end) = t.end_step {
+            if end < t.start_step {
+                return Err(bad(
+                    "trace.end_step",
+                    end.to_string(),
+                    &format!("a step ≥ trace.start_step ({})", t.start_step),
+                ));
+            }
+        }
         let d = self.worker.device.as_str();
         let ordinal = d.strip_prefix("cuda:").map(|n| n.parse::<u32>().is_ok());
         if !(["auto", "cpu", "cuda"].contains(&d) || ordinal == Some(true)) {

@@ -1,4 +1,5 @@
-//! [`Action`]: what a key's state machine asks its shell to send.
+//! [`Action`]: what a key's state machine asks its shell to send; [`Phase`] and [`Observer`]:
+//! what it tells the shell's timeline.
 
 use bytes::Bytes;
 
@@ -46,3 +47,19 @@ pub enum Action {
         message: String,
     },
 }
+
+/// A phase of a key's round, for the shell's timeline ([`KeyRounds::with_observer`](super::KeyRounds::with_observer)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Decoding host `host`'s push into the sum (host 0's) or adding it (the others').
+    Add {
+        /// The host (participant) whose push it is.
+        host: u32,
+    },
+    /// Encoding the round's sum.
+    Encode,
+}
+
+/// Told of each [`Phase`] of a round: the round, the phase, and `true` at its start, `false`
+/// at its end. The shell reads the clock; the state machine only says when.
+pub type Observer = Box<dyn FnMut(u64, Phase, bool) + Send>;

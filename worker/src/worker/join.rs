@@ -197,6 +197,8 @@ impl Worker {
             });
         }
 
+        // The timeline (`[trace] dir`, `PUSHPULL_TRACE`), written at `finish`.
+        pushpull_net::timeline::start(&config.trace, &format!("worker {rank}"));
         tracing::debug!(
             "worker: welcomed as rank {rank}; connecting to {} servers",
             map.servers.len()

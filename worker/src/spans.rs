@@ -1,0 +1,93 @@
+//! The worker's spans in the timeline ([`pushpull_net::timeline`], `[trace] dir`): one per
+//! round of a tensor (`cat` `round`, named after the tensor) and, per chunk and round, its
+//! phases on one track (`cat` `chunk`): `compress`, `wait` (from queuing the push to the
+//! result handed to the chunk), inside it `pull` (the result's stream, accepted to read;
+//! recorded by the connection's reader) and `decompress`. Each is a [`Span`] that ends when
+//! dropped, so a span ends on every path; off, each site costs one relaxed load.
+
+use pushpull_net::timeline::{self, Args, Ph, Span};
+
+use crate::tensor::{RoundKind, TensorInner};
+
+/// The track of one round of a tensor on worker `rank`.
+fn round_id(rank: u32, tensor: &TensorInner, round: u64) -> u64 {
+    let name = timeline::name_hash(&tensor.placement.name);
+    timeline::id(&[0x20d, u64::from(rank), name, round])
+}
+
+/// The track of chunk `key`'s phases in `round` on worker `rank`.
+pub(crate) fn chunk_id(rank: u32, key: u64, round: u64) -> u64 {
+    timeline::id(&[0xc4a, u64::from(rank), key, round])
+}
+
+/// The span of `round` of `tensor` (a push_pull or broadcast call), when traced.
+pub(crate) fn round(rank: u32, tensor: &TensorInner, round: u64, kind: RoundKind) -> Option<Span> {
+    if !timeline::traced(round) {
+        return None;
+    }
+    let name = tensor.placement.name.clone();
+    let args = Args {
+        tensor: Some(name.as_str().into()),
+        round: Some(round),
+        rank: Some(rank),
+        ..Args::default()
+    };
+    let name = match kind {
+        RoundKind::Sum { .. } => name,
+        RoundKind::Broadcast { .. } => format!("{name} (broadcast)"),
+        RoundKind::Gossip => format!("{name} (gossip)"),
+    };
+    Some(Span::begin(
+        "round",
+        name,
+        round_id(rank, tensor, round),
+        args,
+    ))
+}
+
+/// A phase (`compress`, `wait`, `decompress`) of chunk `index` of `tensor` in `round`, when
+/// traced.
+pub(crate) fn chunk(
+    phase: &'static str,
+    rank: u32,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+) -> Option<Span> {
+    if !timeline::traced(round) {
+        return None;
+    }
+    let key = tensor.placement.chunks[index].key;
+    let args = Args {
+        tensor: Some(tensor.placement.name.as_str().into()),
+        chunk: Some(index as u32),
+        key: Some(key),
+        round: Some(round),
+        rank: Some(rank),
+        ..Args::default()
+    };
+    Some(Span::begin(
+        "chunk",
+        phase,
+        chunk_id(rank, key, round),
+        args,
+    ))
+}
+
+/// A result frame of `key` and `round` that reached worker `rank`: its `pull`, from `accepted`
+/// (its stream accepted) to now.
+pub(crate) fn pull(rank: u32, key: u64, round: u64, accepted: u64, bytes: u64) {
+    if !timeline::traced(round) {
+        return;
+    }
+    let id = chunk_id(rank, key, round);
+    let args = Args {
+        key: Some(key),
+        round: Some(round),
+        rank: Some(rank),
+        bytes: Some(bytes),
+        ..Args::default()
+    };
+    timeline::record(Ph::Begin, accepted, "chunk", "pull", id, Some(args));
+    timeline::record(Ph::End, timeline::now(), "chunk", "pull", id, None);
+}

@@ -1,0 +1,270 @@
+//! The timeline (`[trace] dir`): a small job with tracing on and a step window, then every
+//! trace file read back with serde_json: spans well formed, each chunk's phases inside its
+//! round on the worker, every phase of every node present for the rounds in the window and
+//! nothing recorded outside it. One cluster test per binary (the recorder is the process's);
+//! the checks themselves are tried on events made here (`the_checks`).
+
+use std::collections::{BTreeSet, HashMap};
+
+use pushpull_worker::Reduce;
+use serde_json::Value;
+
+mod common;
+use common::*;
+
+/// Steps 2..=3: rounds 1 and 2 of each tensor (rounds count from 0).
+const START_STEP: u64 = 2;
+const END_STEP: u64 = 3;
+const ROUNDS: u64 = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_dir = dir.path().to_path_buf();
+    let s = tokio::time::timeout(TIMEOUT, async {
+        // 64-byte partitions: 16 elements per chunk, so "a" has 3 chunks and "b" 2.
+        stack_with(2, 2, 64, |c| {
+            c.trace.dir = Some(trace_dir.to_string_lossy().into_owned());
+            c.trace.start_step = START_STEP;
+            c.trace.end_step = Some(END_STEP);
+        })
+        .await
+    })
+    .await
+    .unwrap();
+    let a = declare_all(&s, "a", 40).await;
+    let b = declare_all(&s, "b", 20).await;
+    assert_eq!((a[0].num_chunks(), b[0].num_chunks()), (3, 2));
+    let mut tensor_of_key = HashMap::new();
+    for t in [&a[0], &b[0]] {
+        for c in &t.placement().chunks {
+            tensor_of_key.insert(c.key, t.name().to_string());
+        }
+    }
+    tokio::time::timeout(TIMEOUT, async {
+        for round in 0..ROUNDS {
+            let calls = (0..2usize).flat_map(|r| {
+                [(&a, 40usize), (&b, 20)].map(|(t, len)| {
+                    let (w, t) = (s.workers[r].clone(), t[r].clone());
+                    async move {
+                        w.push_pull(&t, data(round ^ r as u64, len), Reduce::Sum)
+                            .await
+                    }
+                })
+            });
+            for result in futures_util::future::join_all(calls).await {
+                result.unwrap();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    s.finish_all().await;
+
+    let files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    // In-process nodes share one file (named after the first node, the scheduler).
+    assert_eq!(files.len(), 1, "{files:?}");
+    let mut events = Vec::new();
+    for f in &files {
+        let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap())
+            .unwrap_or_else(|e| panic!("{}: not JSON: {e}", f.display()));
+        let list = v["traceEvents"].as_array().expect("traceEvents").clone();
+        let names = list
+            .iter()
+            .find(|e| e["ph"] == "M" && e["name"] == "process_name")
+            .expect("process_name metadata");
+        let names = names["args"]["name"].as_str().unwrap();
+        for node in ["scheduler", "server 0", "server 1", "worker 0", "worker 1"] {
+            assert!(names.contains(node), "{names}");
+        }
+        events.extend(list.into_iter().filter(|e| e["ph"] != "M"));
+    }
+    check(&events, &tensor_of_key);
+}
+
+/// One span: begin and end times and the begin's args.
+#[derive(Debug)]
+struct Span {
+    cat: String,
+    name: String,
+    b: u64,
+    e: u64,
+    args: Value,
+}
+
+fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
+    // Well formed: every `b` has exactly one `e` of the same cat, id and name after it, and
+    // every `e` a `b` (events in time order, pairs of one track and name in order).
+    let mut open: HashMap<(String, String, String), Vec<(u64, Value)>> = HashMap::new();
+    let mut spans = Vec::new();
+    let mut last_ts = 0;
+    for e in events {
+        let ph = e["ph"].as_str().unwrap();
+        let ts = e["ts"].as_u64().expect("ts in µs");
+        assert!(ts >= last_ts, "events out of time order: {e}");
+        last_ts = ts;
+        for field in ["pid", "tid"] {
+            assert!(e[field].is_u64(), "{field}: {e}");
+        }
+        let cat = e["cat"].as_str().expect("cat").to_string();
+        let id = e["id"].as_str().expect("id").to_string();
+        let name = e["name"].as_str().expect("name").to_string();
+        assert!(id.starts_with("0x"), "{e}");
+        let track = (cat.clone(), id, name.clone());
+        match ph {
+            "b" => open.entry(track).or_default().push((ts, e["args"].clone())),
+            "e" => {
+                let Some((b, args)) = open.get_mut(&track).and_then(|v| v.pop()) else {
+                    panic!("an end without a begin: {e}");
+                };
+                assert!(ts >= b, "ends before it begins: {e}");
+                if e["args"]["unacknowledged"] == true {
+                    assert_eq!(cat, "frame", "only frame spans are closed at the end: {e}");
+                }
+                spans.push(Span {
+                    cat,
+                    name,
+                    b,
+                    e: ts,
+                    args,
+                });
+            }
+            "n" => {}
+            other => panic!("unexpected ph {other}: {e}"),
+        }
+    }
+    let orphans: Vec<_> = open.iter().filter(|(_, v)| !v.is_empty()).collect();
+    assert!(orphans.is_empty(), "begins without an end: {orphans:?}");
+
+    // The window: only rounds 1 and 2 (steps 2 and 3), of every kind of span.
+    let window: BTreeSet<u64> = (START_STEP - 1..END_STEP).collect();
+    let round_of = |s: &Span| s.args["round"].as_u64().expect("round in args");
+    for s in &spans {
+        assert!(
+            window.contains(&round_of(s)),
+            "outside the step window: {s:?}"
+        );
+    }
+    for e in events.iter().filter(|e| e["ph"] == "n") {
+        if let Some(r) = e["args"]["round"].as_u64() {
+            assert!(window.contains(&r), "outside the step window: {e}");
+        }
+    }
+
+    // The worker: a round span per (rank, tensor, round), and each chunk's phases inside it.
+    let mut rounds: HashMap<(u64, String, u64), &Span> = HashMap::new();
+    for s in spans.iter().filter(|s| s.cat == "round") {
+        let rank = s.args["rank"].as_u64().unwrap();
+        let tensor = s.args["tensor"].as_str().unwrap().to_string();
+        assert_eq!(s.name, tensor);
+        let old = rounds.insert((rank, tensor, round_of(s)), s);
+        assert!(old.is_none(), "two spans of one round: {s:?}");
+    }
+    let mut phases: HashMap<(u64, u64, u64), BTreeSet<String>> = HashMap::new();
+    for s in spans.iter().filter(|s| s.cat == "chunk") {
+        let rank = s.args["rank"].as_u64().unwrap();
+        let key = s.args["key"].as_u64().unwrap();
+        let round = round_of(s);
+        let tensor = tensor_of_key[&key].clone();
+        let r = rounds
+            .get(&(rank, tensor, round))
+            .unwrap_or_else(|| panic!("a chunk phase without its round: {s:?}"));
+        assert!(
+            r.b <= s.b && s.e <= r.e,
+            "{} of key {key:#x} round {round} on worker {rank} ({}..{}) outside its round ({}..{})",
+            s.name,
+            s.b,
+            s.e,
+            r.b,
+            r.e
+        );
+        phases
+            .entry((rank, key, round))
+            .or_default()
+            .insert(s.name.clone());
+    }
+    assert_eq!(rounds.len(), 2 * 2 * window.len(), "{:?}", rounds.keys());
+    let want: BTreeSet<String> = ["compress", "wait", "pull", "decompress"]
+        .map(String::from)
+        .into();
+    assert_eq!(phases.len(), 2 * tensor_of_key.len() * window.len());
+    for (at, got) in &phases {
+        assert_eq!(got, &want, "{at:?}");
+    }
+
+    // The servers: per key and round, receive, a sum per worker and the encode, after them.
+    let mut keyed: HashMap<(u64, u64), Vec<&Span>> = HashMap::new();
+    for s in spans.iter().filter(|s| s.cat == "key") {
+        keyed
+            .entry((s.args["key"].as_u64().unwrap(), round_of(s)))
+            .or_default()
+            .push(s);
+    }
+    assert_eq!(keyed.len(), tensor_of_key.len() * window.len());
+    for (at, list) in &keyed {
+        let mut names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["encode", "receive", "sum (host 0)", "sum (host 1)"],
+            "{at:?}"
+        );
+        let encode = list.iter().find(|s| s.name == "encode").unwrap();
+        for s in list.iter().filter(|s| s.name.starts_with("sum")) {
+            assert!(s.e <= encode.b, "{at:?}: a sum after the encode");
+        }
+    }
+
+    // Frames: every push and result of the window, from both sides.
+    let count = |name: &str| {
+        spans
+            .iter()
+            .filter(|s| s.cat == "frame" && s.name == name)
+            .count()
+    };
+    let per = 2 * tensor_of_key.len() * window.len();
+    assert_eq!((count("push"), count("result")), (per, per));
+}
+
+/// The checks fail on what they must catch (no cluster: events written here).
+mod the_checks {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(ph: &str, ts: u64, cat: &str, name: &str, id: &str, round: u64) -> Value {
+        json!({"ph": ph, "ts": ts, "cat": cat, "name": name, "id": id, "pid": 1, "tid": 1,
+               "args": {"round": round, "rank": 0, "tensor": "a", "key": 7}})
+    }
+
+    #[test]
+    #[should_panic(expected = "begins without an end")]
+    fn an_orphan_begin_fails() {
+        check(&[ev("b", 1, "chunk", "wait", "0x1", 1)], &HashMap::new());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the step window")]
+    fn a_round_outside_the_window_fails() {
+        let events = [
+            ev("b", 1, "round", "a", "0x1", 0),
+            ev("e", 2, "round", "a", "0x1", 0),
+        ];
+        check(&events, &HashMap::new());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its round")]
+    fn a_phase_outside_its_round_fails() {
+        let events = [
+            ev("b", 1, "round", "a", "0x1", 1),
+            ev("b", 2, "chunk", "compress", "0x2", 1),
+            ev("e", 3, "round", "a", "0x1", 1),
+            ev("e", 4, "chunk", "compress", "0x2", 1),
+        ];
+        check(&events, &HashMap::from([(7, "a".to_string())]));
+    }
+}
