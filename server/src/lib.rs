@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
 //! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
+//! | `checkpoint` | the state frames: a key's [`rounds::KeyRounds::save_state`] to the worker that asks (`StateGet`), a restarted job's [`rounds::KeyRounds::load_state`] (`StatePut`); servers write no file, their state lands in rank 0's checkpoint |
 //! | [`stats`] | [`ServerStats`]: per-tensor rounds and bytes and each connection's QUIC counters, read at any time (the metrics endpoint's source) |
 //! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], the scheduler session (registration, placements, heartbeats, shutdown) |
 //!
@@ -31,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+mod checkpoint;
 mod data;
 pub mod rounds;
 pub mod service;

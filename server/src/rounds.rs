@@ -744,6 +744,7 @@ fn describe_op(op: ReduceOp, aux: u32) -> String {
 }
 
 mod info;
+mod state;
 pub use info::KeyInfo;
 
 #[cfg(test)]

@@ -81,6 +81,7 @@
 #![warn(missing_docs)]
 
 mod blocking;
+mod checkpoint;
 mod chunks;
 mod control;
 mod data;
@@ -95,6 +96,7 @@ mod tensor;
 mod worker;
 
 pub use blocking::BlockingWorker;
+pub use checkpoint::{Checkpoint, CHECKPOINT_VERSION};
 pub use error::WorkerError;
 pub use pushpull_kernels::cuda::Device as Place;
 #[cfg(feature = "cuda")]

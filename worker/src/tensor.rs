@@ -105,6 +105,9 @@ pub(crate) struct Residence {
     /// A discarded round, undone when the next push_pull round begins (where the state is
     /// at hand), whose pushes ask the servers to undo it too.
     pub(crate) discarded: Option<u64>,
+    /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
+    /// is not empty: the host chains hold it, so the tensor cannot build device chains.
+    pub(crate) restored: bool,
 }
 
 impl Residence {
@@ -117,6 +120,7 @@ impl Residence {
             device_bytes: 0,
             last_sum: None,
             discarded: None,
+            restored: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! [`Worker`]: the handle and the collective operations; joining the cluster is in
 //! [`join`].
 
+mod checkpoint;
 mod close;
 mod device;
 mod discard;
