@@ -218,7 +218,12 @@ impl Compressor for ErrorFeedback {
             ));
         };
         if e.len() != self.e.len() {
-            return Err(KernelError::len(&self.name, "saved residual", self.e.len(), e.len()));
+            return Err(KernelError::len(
+                &self.name,
+                "saved residual",
+                self.e.len(),
+                e.len(),
+            ));
         }
         if self.kind == EfKind::Vanilla && state.prev_lr.is_some() {
             return Err(KernelError::context(
@@ -364,7 +369,12 @@ impl Compressor for Momentum {
             ));
         };
         if m.len() != self.m.len() {
-            return Err(KernelError::len(&self.name, "saved momentum", self.m.len(), m.len()));
+            return Err(KernelError::len(
+                &self.name,
+                "saved momentum",
+                self.m.len(),
+                m.len(),
+            ));
         }
         let rest = ChainState {
             momentum: None,

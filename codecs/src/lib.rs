@@ -173,11 +173,11 @@ pub use chunk::{
 };
 pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
-pub use pushpull_proto::checkpoint::ChainState;
 pub use params::{
     overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, KSpec, KeyInfo,
     Normalize, Partition, Rounding, KEYS,
 };
+pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;

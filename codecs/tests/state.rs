@@ -54,11 +54,7 @@ fn a_restored_chain_continues_bit_for_bit() {
                 .unwrap();
         }
         let saved = run.state();
-        assert_eq!(
-            saved.residual.is_some(),
-            run.residual().is_some(),
-            "{kv:?}"
-        );
+        assert_eq!(saved.residual.is_some(), run.residual().is_some(), "{kv:?}");
         fresh.set_state(&saved).unwrap();
         assert_eq!(fresh.state(), saved, "seed {seed} {kv:?}");
         for round in 3..6u64 {

@@ -29,7 +29,12 @@ pub(crate) fn handle_state_frame(
     let key = header.key;
     let answer = answer(shared, header, payload, bad);
     let frame = match answer {
-        Ok(state) => ((FrameKind::State, FrameFlags::default()), key, STATE_ROUND, state),
+        Ok(state) => (
+            (FrameKind::State, FrameFlags::default()),
+            key,
+            STATE_ROUND,
+            state,
+        ),
         Err(why) => {
             warn!(key, "state frame from {} refused: {why}", w.peer.name);
             let abort = (FrameKind::Abort, FrameFlags::default());
@@ -49,7 +54,9 @@ fn answer(
     let (key, kind) = (header.key, header.kind);
     let server = shared.id_str();
     if let Some(why) = bad {
-        return Err(format!("{server}: {kind:?} frame for key {key:#018x}: {why}"));
+        return Err(format!(
+            "{server}: {kind:?} frame for key {key:#018x}: {why}"
+        ));
     }
     if header.round != STATE_ROUND {
         return Err(format!(
@@ -64,9 +71,7 @@ fn answer(
     };
     let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
     match kind {
-        FrameKind::StateGet if payload.is_empty() => {
-            Ok(Bytes::from(k.save_state()?.encode()))
-        }
+        FrameKind::StateGet if payload.is_empty() => Ok(Bytes::from(k.save_state()?.encode())),
         FrameKind::StateGet => Err(format!(
             "{server}: StateGet frame for key {key:#018x} carries {} bytes; it must be empty",
             payload.len()

@@ -329,7 +329,13 @@ mod tests {
             let mut d = b.clone();
             d[i] ^= 0x10;
             let e = Checkpoint::from_bytes(&d).unwrap_err();
-            let named = ["not a pushpull", "version", "corrupted", "truncated", "after the"];
+            let named = [
+                "not a pushpull",
+                "version",
+                "corrupted",
+                "truncated",
+                "after the",
+            ];
             assert!(named.iter().any(|n| e.contains(n)), "byte {i}: {e}");
         }
     }
@@ -339,13 +345,22 @@ mod tests {
         let c = sample().settings;
         let mut d = c.clone();
         d.cluster.num_workers += 1;
-        assert!(c.first_difference(&d).unwrap().contains("cluster.num_workers"));
+        assert!(c
+            .first_difference(&d)
+            .unwrap()
+            .contains("cluster.num_workers"));
         let mut d = c.clone();
         d.job_seed = 7;
-        assert!(c.first_difference(&d).unwrap().contains("cluster.seed = 42"));
+        assert!(c
+            .first_difference(&d)
+            .unwrap()
+            .contains("cluster.seed = 42"));
         let mut d = c.clone();
         d.tensors.get_mut("w").unwrap().len = 4;
-        assert!(c.first_difference(&d).unwrap().contains("tensor \"w\": length 3"));
+        assert!(c
+            .first_difference(&d)
+            .unwrap()
+            .contains("tensor \"w\": length 3"));
         let mut d = c.clone();
         d.tensors.get_mut("w").unwrap().chunks[0].server = 1;
         assert!(c.first_difference(&d).unwrap().contains("chunks"));

@@ -156,7 +156,12 @@ async fn a_restarted_job_continues_bit_for_bit() {
         let ts = declare(&s).await;
         let whole = run(&s, &ts, seed, 0, 2 * K).await;
         s.finish_all().await;
-        compare(&before, &whole[..K as usize], 0, "rounds before the checkpoint");
+        compare(
+            &before,
+            &whole[..K as usize],
+            0,
+            "rounds before the checkpoint",
+        );
 
         // The restart: a fresh cluster told the seed, with settings that do not change
         // results changed, loads the checkpoint and runs rounds K..2K.

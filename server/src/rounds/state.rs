@@ -113,7 +113,11 @@ mod tests {
     fn a_restored_key_continues_as_the_one_saved() {
         let mut a = key(2);
         let x: Vec<Vec<f32>> = (0..6)
-            .map(|i| (0..16).map(|j| ((i * 16 + j) as f32 * 0.37).sin()).collect())
+            .map(|i| {
+                (0..16)
+                    .map(|j| ((i * 16 + j) as f32 * 0.37).sin())
+                    .collect()
+            })
             .collect();
         for r in 0..3u64 {
             push(&mut a, 0, r, &x[r as usize]);

@@ -187,7 +187,10 @@ impl Worker {
             let answers = self.exchange(FrameKind::StateGet, asks, path).await?;
             for (key, payload) in answers {
                 let state = KeyState::decode(&payload).map_err(|e| {
-                    refused(path, format!("the state of key {key:#018x} from its server: {e}"))
+                    refused(
+                        path,
+                        format!("the state of key {key:#018x} from its server: {e}"),
+                    )
                 })?;
                 servers.insert(key, state);
             }
@@ -205,7 +208,10 @@ impl Worker {
     async fn restore_at(&self, checkpoint: &Checkpoint, path: &str) -> Result<(), WorkerError> {
         self.inner.shared.check()?;
         let tensors = self.tensors_by_name();
-        if let Some(why) = checkpoint.settings.first_difference(&self.settings(&tensors)) {
+        if let Some(why) = checkpoint
+            .settings
+            .first_difference(&self.settings(&tensors))
+        {
             return Err(refused(path, format!("refused: {why}")));
         }
         let mut held = Vec::with_capacity(tensors.len());
@@ -339,7 +345,10 @@ impl Worker {
                 shared.dispatch.get(server as usize),
                 self.inner.links.get(server as usize),
             ) else {
-                return Err(refused(path, format!("key {key:#018x}: no server {server}")));
+                return Err(refused(
+                    path,
+                    format!("key {key:#018x}: no server {server}"),
+                ));
             };
             let waiter = dispatch.register(key, STATE_ROUND)?;
             let header = FrameHeader {
@@ -352,7 +361,9 @@ impl Worker {
                 round: STATE_ROUND,
                 payload_len: payload.len() as u64,
             };
-            self.inner.sender.send(&link.peer, header, payload, i32::MAX);
+            self.inner
+                .sender
+                .send(&link.peer, header, payload, i32::MAX);
             waiting.push((key, waiter));
         }
         let mut answers = Vec::with_capacity(waiting.len());
