@@ -64,6 +64,19 @@ fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: u64) -> Vec<f32> 
     data(seed ^ mix, len as usize)
 }
 
+/// Declares the parameters' tensor (no compressor state) and broadcasts it from rank 0, as a
+/// training script does at start, before loading a checkpoint.
+async fn broadcast_parameters(s: &Stack) {
+    let ts = declare_all(s, "parameters", 100).await;
+    let calls = s.workers.iter().zip(&ts).map(|(w, t)| {
+        let buf = vec![w.rank() as f32; 100];
+        w.broadcast(t, buf, 0)
+    });
+    for r in futures_util::future::join_all(calls).await {
+        assert!(same_bits(&r.unwrap(), &[0.0; 100]));
+    }
+}
+
 async fn declare(s: &Stack) -> Vec<Vec<Tensor>> {
     let mut out = Vec::new();
     for (name, len, params) in tensors() {
@@ -138,6 +151,7 @@ async fn a_restarted_job_continues_bit_for_bit() {
         let job_seed = s.workers[0].job_seed();
         println!("job seed {job_seed}");
         let ts = declare(&s).await;
+        broadcast_parameters(&s).await;
         assert!(ts[0][0].num_chunks() > 1, "several chunks, on both servers");
         let before = run(&s, &ts, seed, 0, K).await;
         let d = dir.path().to_path_buf();
@@ -154,6 +168,7 @@ async fn a_restarted_job_continues_bit_for_bit() {
         // The job that never stops: the same seed, 2K rounds.
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
         let ts = declare(&s).await;
+        broadcast_parameters(&s).await;
         let whole = run(&s, &ts, seed, 0, 2 * K).await;
         s.finish_all().await;
         compare(
@@ -172,6 +187,8 @@ async fn a_restarted_job_continues_bit_for_bit() {
         };
         let s = stack_with(WORKERS, SERVERS, 4096, restart).await;
         let ts = declare(&s).await;
+        // Broadcast before loading: the checkpoint has no state for it, so it is kept.
+        broadcast_parameters(&s).await;
         let d = dir.path().to_path_buf();
         for r in all(&s, move |w| {
             let path = file(&d, w.rank());

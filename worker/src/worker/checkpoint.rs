@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use pushpull_proto::checkpoint::{KeyState, STATE_ROUND};
+use pushpull_proto::checkpoint::{ChainState, KeyState, STATE_ROUND};
 use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
 
 use super::{lock, Worker};
@@ -73,7 +73,10 @@ impl Worker {
     /// `num_servers`, `partition_bytes`, `max_chunk_payload_bytes`, `min_compress_bytes`,
     /// `local_size`, `force_distributed`, and each tensor's length, parameter map and chunks.
     /// Timeouts, windows, metrics and priorities may differ. Rank 0 restores the servers' keys;
-    /// then every worker meets at a barrier, so no round starts before they are restored.
+    /// then every worker meets at a barrier, so no round starts before they are restored. A
+    /// tensor that has already run rounds in this job (the parameters' broadcast at start,
+    /// say) is left as it is if the checkpoint holds no compressor state for it (no chain
+    /// state, here or on its servers), and refused otherwise.
     ///
     /// # Errors
     /// [`WorkerError::Checkpoint`] naming the file and why: unreadable, not a checkpoint,
@@ -178,24 +181,14 @@ impl Worker {
             };
             states.insert(name.clone(), state);
         }
-        let mut servers = BTreeMap::new();
-        if self.rank() == 0 && self.inner.config.cluster.uses_servers() {
-            let asks = tensors
-                .values()
-                .flat_map(|t| t.placement().chunks.iter())
-                .map(|c| (c.server, c.key, Bytes::new()));
-            let answers = self.exchange(FrameKind::StateGet, asks, path).await?;
-            for (key, payload) in answers {
-                let state = KeyState::decode(&payload).map_err(|e| {
-                    refused(
-                        path,
-                        format!("the state of key {key:#018x} from its server: {e}"),
-                    )
-                })?;
-                servers.insert(key, state);
-            }
-        }
+        let servers = if self.rank() == 0 && self.inner.config.cluster.uses_servers() {
+            self.server_states(&tensors, path).await
+        } else {
+            Ok(BTreeMap::new())
+        };
+        // Met even when reading the servers failed: the others are not left waiting.
         self.barrier().await?;
+        let servers = servers?;
         let learning_rate = self.inner.learning_rate.load(Ordering::Relaxed);
         Ok(Checkpoint {
             settings: self.settings(&tensors),
@@ -203,6 +196,29 @@ impl Worker {
             tensors: states,
             servers,
         })
+    }
+
+    /// Every server key's state (rank 0, between the barriers of a checkpoint).
+    async fn server_states(
+        &self,
+        tensors: &BTreeMap<String, Tensor>,
+        path: &str,
+    ) -> Result<BTreeMap<u64, KeyState>, WorkerError> {
+        let asks = tensors
+            .values()
+            .flat_map(|t| t.placement().chunks.iter())
+            .map(|c| (c.server, c.key, Bytes::new()));
+        let mut servers = BTreeMap::new();
+        for (key, payload) in self.exchange(FrameKind::StateGet, asks, path).await? {
+            let state = KeyState::decode(&payload).map_err(|e| {
+                refused(
+                    path,
+                    format!("the state of key {key:#018x} from its server: {e}"),
+                )
+            })?;
+            servers.insert(key, state);
+        }
+        Ok(servers)
     }
 
     async fn restore_at(&self, checkpoint: &Checkpoint, path: &str) -> Result<(), WorkerError> {
@@ -218,15 +234,33 @@ impl Worker {
         for t in tensors.values() {
             held.push(t.inner.round.clone().lock_owned().await);
         }
-        for ((name, t), next) in tensors.iter().zip(&held) {
+        // A tensor that has already run rounds here (a broadcast of the parameters before
+        // loading, say) is kept as it is when the checkpoint has no state for it, here or on
+        // its servers; with state, it is refused.
+        let empty = ChainState::default();
+        let mut restored = Vec::with_capacity(tensors.len());
+        for ((name, t), next) in tensors.iter().zip(held) {
             let chunks = t.inner.codecs.len();
             let saved = checkpoint.tensors.get(name).map_or(0, |s| s.chains.len());
-            if **next != 0 || t.inner.residence().last_sum.is_some() {
+            if *next != 0 || t.inner.residence().last_sum.is_some() {
+                let stateless = checkpoint
+                    .tensors
+                    .get(name)
+                    .is_some_and(|s| s.chains.iter().all(|c| *c == empty))
+                    && t.placement().chunks.iter().all(|c| {
+                        checkpoint
+                            .servers
+                            .get(&c.key)
+                            .is_none_or(|k| k.chain == empty)
+                    });
+                if stateless {
+                    continue;
+                }
                 return Err(refused(
                     path,
                     format!(
-                        "tensor {name:?} has already run {} rounds in this job; load a checkpoint before the first round",
-                        **next
+                        "tensor {name:?} has already run {} rounds in this job, and the checkpoint holds compressor state for it; load the checkpoint before its first round",
+                        *next
                     ),
                 ));
             }
@@ -236,10 +270,11 @@ impl Worker {
                     format!("tensor {name:?}: {saved} chunk states saved, {chunks} chunks here"),
                 ));
             }
+            restored.push((name.clone(), t.clone(), next));
         }
-        let keys: Vec<(u32, u64)> = tensors
-            .values()
-            .flat_map(|t| t.placement().chunks.iter())
+        let keys: Vec<(u32, u64)> = restored
+            .iter()
+            .flat_map(|(_, t, _)| t.placement().chunks.iter())
             .map(|c| (c.server, c.key))
             .collect();
         let restores_servers = self.rank() == 0 && self.inner.config.cluster.uses_servers();
@@ -259,8 +294,12 @@ impl Worker {
                 "refused: it carries server state, which only rank 0's checkpoint does in a job with servers",
             ));
         }
-        self.restore_chains(checkpoint, &tensors, path)?;
-        for ((name, t), next) in tensors.iter().zip(held.iter_mut()) {
+        let restoring: BTreeMap<String, Tensor> = restored
+            .iter()
+            .map(|(name, t, _)| (name.clone(), t.clone()))
+            .collect();
+        self.restore_chains(checkpoint, &restoring, path)?;
+        for (name, t, next) in restored.iter_mut() {
             let round = checkpoint.tensors.get(name).map_or(0, |s| s.next_round);
             **next = round;
             t.inner.rounds_started.store(round, Ordering::Relaxed);
@@ -268,7 +307,7 @@ impl Worker {
         self.inner
             .learning_rate
             .store(checkpoint.learning_rate, Ordering::Relaxed);
-        drop(held);
+        drop(restored);
         if restores_servers {
             let puts = keys.iter().map(|(server, key)| {
                 let state = checkpoint.servers.get(key).cloned().unwrap_or_default();
@@ -287,7 +326,7 @@ impl Worker {
         tensors: &BTreeMap<String, Tensor>,
         path: &str,
     ) -> Result<(), WorkerError> {
-        let mut done: Vec<(&Tensor, usize, pushpull_proto::checkpoint::ChainState)> = Vec::new();
+        let mut done: Vec<(&Tensor, usize, ChainState)> = Vec::new();
         let mut failure = None;
         'all: for (name, t) in tensors {
             let Some(saved) = checkpoint.tensors.get(name) else {
