@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use pushpull_codecs::{ChainState, Compressor, RoundCtx};
+use pushpull_codecs::{ChainState, RoundCtx};
 
 /// Every compressor alone and under every decorator.
 fn chains() -> Vec<Vec<(&'static str, &'static str)>> {

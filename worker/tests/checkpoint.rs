@@ -60,7 +60,8 @@ fn lr(round: u64) -> f32 {
 }
 
 fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: u64) -> Vec<f32> {
-    let mix = (round + 1) * 0x9e37_79b9 ^ (u64::from(rank) + 1) << 32 ^ (tensor as u64 + 1) << 48;
+    let mix =
+        ((round + 1) * 0x9e37_79b9) ^ ((u64::from(rank) + 1) << 32) ^ ((tensor as u64 + 1) << 48);
     data(seed ^ mix, len as usize)
 }
 
