@@ -278,3 +278,49 @@ async fn changed_settings_and_damaged_files_are_refused_by_name() {
     .await
     .expect("timed out");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_kept_on_a_device_is_refused_by_name() {
+    use pushpull_worker::{Device, EmulatedDevice};
+    use std::sync::Arc;
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        let dir = tempfile::tempdir().unwrap();
+        let s = stack_with(2, 1, 4096, tweak(Some(seed))).await;
+        let (name, len, params) = tensors().remove(0);
+        let ts = declare_all_with(&s, name, len, params).await;
+        let calls = s.workers.iter().zip(&ts).map(|(w, t)| {
+            let device = Arc::new(EmulatedDevice::new());
+            let x = input(seed, 0, w.rank(), 0, len);
+            let mem = device.alloc_zeros(x.len()).unwrap();
+            // SAFETY: `mem` holds x.len() elements.
+            unsafe { device.upload(&x, device.mem_addr(&mem)).unwrap() };
+            let w = w.clone();
+            let t = t.clone();
+            async move {
+                w.push_pull_device(&t, &device, mem, Reduce::Sum)
+                    .await
+                    .map(drop)
+            }
+        });
+        for r in futures_util::future::join_all(calls).await {
+            r.unwrap();
+        }
+        let d = dir.path().to_path_buf();
+        for r in all(&s, move |w| {
+            let path = file(&d, w.rank());
+            Box::pin(async move { w.save_state(path).await })
+        })
+        .await
+        {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("\"onebit\"") && e.contains("do not save yet"),
+                "{e}"
+            );
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
