@@ -29,6 +29,11 @@ def main(mode: str, out: Path, seed: int) -> None:
     rank = bps.rank()
     for name, (n, params) in TENSORS.items():
         bps.declare(name, torch.zeros(n), params)
+    # As a training script does at start: its tensors carry no compressor state, so loading
+    # after it keeps them as they are.
+    params = {"w": torch.full((10,), float(rank))}
+    bps.broadcast_parameters(params, root_rank=0)
+    assert torch.equal(params["w"], torch.zeros(10))
     first, last = {"stop": (0, K), "restart": (K, 2 * K), "whole": (0, 2 * K)}[mode]
     if mode == "restart":
         bps.load_state(out / f"ckpt-{rank}.bin")
