@@ -74,6 +74,9 @@ pub(crate) struct TensorInner {
     /// The next round number; holding this lock is holding the tensor.
     pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
     pub(crate) rounds_started: AtomicU64,
+    /// The first round this job runs (0, or a checkpoint's: [`crate::Worker::load_state`]):
+    /// a local group's member 0 waits for the round before only after it.
+    pub(crate) first_round: AtomicU64,
     pub(crate) bytes_pushed: AtomicU64,
     pub(crate) bytes_pulled: AtomicU64,
     /// Rounds (push_pull and broadcast calls) that completed without error.

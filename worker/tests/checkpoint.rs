@@ -143,12 +143,28 @@ fn compare(a: &[Vec<Vec<Vec<f32>>>], b: &[Vec<Vec<Vec<f32>>>], first_round: u64,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_job_continues_bit_for_bit() {
+    restart_case(WORKERS, 1).await;
+}
+
+/// Two hosts of two workers (`cluster.local_size` 2): each chunk's chain lives with its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_two_level_job_continues_bit_for_bit() {
+    restart_case(4, 2).await;
+}
+
+async fn restart_case(workers: u32, local_size: u32) {
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         let dir = tempfile::tempdir().unwrap();
+        let tweak = move |seed: Option<u64>| {
+            move |c: &mut Config| {
+                tweak(seed)(c);
+                c.cluster.local_size = local_size;
+            }
+        };
 
         // The job that stops: no cluster.seed (the scheduler picks one), K rounds, a checkpoint.
-        let s = stack_with(WORKERS, SERVERS, 4096, tweak(None)).await;
+        let s = stack_with(workers, SERVERS, 4096, tweak(None)).await;
         let job_seed = s.workers[0].job_seed();
         println!("job seed {job_seed}");
         let ts = declare(&s).await;
@@ -167,7 +183,7 @@ async fn a_restarted_job_continues_bit_for_bit() {
         s.finish_all().await;
 
         // The job that never stops: the same seed, 2K rounds.
-        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
+        let s = stack_with(workers, SERVERS, 4096, tweak(Some(job_seed))).await;
         let ts = declare(&s).await;
         broadcast_parameters(&s).await;
         let whole = run(&s, &ts, seed, 0, 2 * K).await;
@@ -186,7 +202,7 @@ async fn a_restarted_job_continues_bit_for_bit() {
             c.cluster.send_window_bytes = 1 << 20;
             c.cluster.heartbeat_interval_ms = 300;
         };
-        let s = stack_with(WORKERS, SERVERS, 4096, restart).await;
+        let s = stack_with(workers, SERVERS, 4096, restart).await;
         let ts = declare(&s).await;
         // Broadcast before loading: the checkpoint has no state for it, so it is kept.
         broadcast_parameters(&s).await;

@@ -303,6 +303,7 @@ impl Worker {
             let round = checkpoint.tensors.get(name).map_or(0, |s| s.next_round);
             **next = round;
             t.inner.rounds_started.store(round, Ordering::Relaxed);
+            t.inner.first_round.store(round, Ordering::Relaxed);
         }
         self.inner
             .learning_rate
