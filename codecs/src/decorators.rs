@@ -11,7 +11,7 @@
 use crate::error::KernelError;
 use crate::params::EfKind;
 use crate::simd::multiversion;
-use crate::{Codec, Compressor, RoundCtx};
+use crate::{ChainState, Codec, Compressor, RoundCtx};
 
 /// Error feedback: `p = g + e` (vanilla) or `p = g + (η_{t−1}/η_t)·e` (corrected), send
 /// `C(p)`, keep `e ← p − D(C(p))`.
@@ -203,6 +203,51 @@ impl Compressor for ErrorFeedback {
         self.undo = None;
         self.inner.reset();
     }
+    fn state(&self) -> ChainState {
+        ChainState {
+            residual: Some(self.e.clone()),
+            prev_lr: self.prev_lr,
+            ..self.inner.state()
+        }
+    }
+    fn set_state(&mut self, state: &ChainState) -> Result<(), KernelError> {
+        let Some(e) = &state.residual else {
+            return Err(KernelError::context(
+                &self.name,
+                "the saved state has no error-feedback residual, which this chain keeps",
+            ));
+        };
+        if e.len() != self.e.len() {
+            return Err(KernelError::len(
+                &self.name,
+                "saved residual",
+                self.e.len(),
+                e.len(),
+            ));
+        }
+        if self.kind == EfKind::Vanilla && state.prev_lr.is_some() {
+            return Err(KernelError::context(
+                &self.name,
+                "the saved state has a previous learning rate, which vanilla error feedback does not keep",
+            ));
+        }
+        if let Some(lr) = state.prev_lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
+            return Err(KernelError::context(
+                &self.name,
+                format!("the saved previous learning rate {lr} is not finite and > 0"),
+            ));
+        }
+        let rest = ChainState {
+            residual: None,
+            prev_lr: None,
+            ..state.clone()
+        };
+        self.inner.set_state(&rest)?;
+        self.e.copy_from_slice(e);
+        self.prev_lr = state.prev_lr;
+        self.undo = None;
+        Ok(())
+    }
     fn undo(&mut self, round: u64) {
         if let Some(u) = self.undo.take_if(|u| u.round == round) {
             let old = if u.in_p { &mut self.p } else { &mut self.d };
@@ -309,6 +354,36 @@ impl Compressor for Momentum {
         self.m.fill(0.0);
         self.undo = None;
         self.inner.reset();
+    }
+    fn state(&self) -> ChainState {
+        ChainState {
+            momentum: Some(self.m.clone()),
+            ..self.inner.state()
+        }
+    }
+    fn set_state(&mut self, state: &ChainState) -> Result<(), KernelError> {
+        let Some(m) = &state.momentum else {
+            return Err(KernelError::context(
+                &self.name,
+                "the saved state has no momentum buffer, which this chain keeps",
+            ));
+        };
+        if m.len() != self.m.len() {
+            return Err(KernelError::len(
+                &self.name,
+                "saved momentum",
+                self.m.len(),
+                m.len(),
+            ));
+        }
+        let rest = ChainState {
+            momentum: None,
+            ..state.clone()
+        };
+        self.inner.set_state(&rest)?;
+        self.m.copy_from_slice(m);
+        self.undo = None;
+        Ok(())
     }
     fn undo(&mut self, round: u64) {
         // The inner chain committed with this one: undone with it, or not at all (a round

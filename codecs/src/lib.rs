@@ -178,6 +178,7 @@ pub use params::{
     overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange, KSpec,
     KeyInfo, Normalize, Partition, Rounding, KEYS,
 };
+pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};
 pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
 pub use rng::Role;
@@ -371,6 +372,29 @@ pub trait Compressor: Send {
     }
     /// Zeroes the decorators' state (residual, momentum, previous learning rate).
     fn reset(&mut self) {}
+    /// The decorators' state that later rounds depend on (residual, momentum, previous
+    /// learning rate), for a checkpoint: empty for a chain without decorators.
+    fn state(&self) -> ChainState {
+        ChainState::default()
+    }
+    /// Restores [`Compressor::state`] of a chain built alike (same parameters and length);
+    /// what a round could undo is forgotten. Refuses, naming the chain and what differs, a
+    /// state with a part this chain lacks or without one it has, or of another length; the
+    /// state is then unchanged.
+    fn set_state(&mut self, state: &ChainState) -> Result<(), KernelError> {
+        let extra = [
+            (state.residual.is_some(), "an error-feedback residual"),
+            (state.momentum.is_some(), "a momentum buffer"),
+            (state.prev_lr.is_some(), "a previous learning rate"),
+        ];
+        match extra.iter().find(|(has, _)| *has) {
+            Some((_, what)) => Err(KernelError::Context {
+                compressor: self.name().to_string(),
+                detail: format!("the saved state has {what}, which this chain does not keep"),
+            }),
+            None => Ok(()),
+        }
+    }
     /// Undoes round `round`'s change of the decorators' state (residual, momentum, previous
     /// learning rate), if `round` is the last round compressed successfully and it was not
     /// undone yet; otherwise (that round failed, was never compressed here, or a later one

@@ -116,6 +116,9 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         FrameKind::Result => "result",
         FrameKind::Abort => "abort",
         FrameKind::Hello => "hello",
+        FrameKind::StateGet => "state get",
+        FrameKind::StatePut => "state put",
+        FrameKind::State => "state",
     };
     let side = u64::from(event == "arrived");
     let id = timeline::id(&[

@@ -8,6 +8,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
+//! | [`checkpoint`] | the compressor state a checkpoint carries: a chain's ([`checkpoint::ChainState`]) and a server key's ([`checkpoint::KeyState`]), which travels in the state frames |
 //! | [`config`] | the TOML cluster file ([`config::Config`]), validation with errors that name the key, the digest of settings that must agree across nodes |
 //! | [`protocol`] | control messages (node ↔ scheduler, bincode 2) and the fixed 40-byte data-frame header (worker ↔ server), with the rules that keep stream credit from running out |
 //! | [`placement`] | pure arithmetic: equal-size chunks, each tensor's cut ([`placement::cut_bytes`]: fp32 and fp16 tensors finer), keys from names, least-loaded-by-bytes placement; [`placement::mix64`] |
@@ -23,6 +24,7 @@
 //! server use the codecs, the worker the kernels ← `pushpull` (the CLI)
 //! and `pushpull-python` (the Python package's binding, on the worker).
 
+pub mod checkpoint;
 pub mod config;
 pub mod departure;
 pub mod gossip;

@@ -33,7 +33,10 @@
 //! | 32 | 8 | payload length in bytes (u64; bounded by [`max_payload_len`]) |
 //!
 //! The payload of a push or result is the chunk's encoded bytes; of an abort, a UTF-8 error
-//! message; of a hello, empty.
+//! message; of a hello, empty. The state frames (a checkpoint: a worker asks for a key's state,
+//! `StateGet`, or restores it, `StatePut`; the server answers `State`) carry round
+//! [`STATE_ROUND`](crate::checkpoint::STATE_ROUND) and a
+//! [`KeyState`](crate::checkpoint::KeyState) (or nothing) as payload.
 //!
 //! # Gossip rounds (decentralised averaging)
 //! A key of a tensor exchanged by gossip (`exchange = "gossip"` in its map) runs
@@ -83,7 +86,12 @@ use crate::config::{ClusterDigest, ParamMap};
 /// * Version 7: column-wise onebit's wire format 2 (`columns` counts a tensor's columns,
 ///   column-major, and the scheduler cuts such a tensor at column boundaries; format 1 read a
 ///   chunk row-major, mixing a tensor's columns up across chunks).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// * Version 8: the state frames ([`FrameKind::StateGet`], [`FrameKind::StatePut`],
+///   [`FrameKind::State`]) that carry a server's compressor state to a worker's checkpoint and
+///   back.
+/// * Version 9: gossip rounds ([`ReduceOp::Gossip`]), and the registration's digest carries the
+///   `[gossip]` table.
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.
@@ -170,6 +178,16 @@ pub enum FrameKind {
     Result = 3,
     /// Server → worker: `(key, round)` was aborted; the payload is the error message.
     Abort = 4,
+    /// Worker → server, round [`STATE_ROUND`](crate::checkpoint::STATE_ROUND), empty: "send me
+    /// the key's state" (a checkpoint, between rounds).
+    StateGet = 5,
+    /// Worker → server, round [`STATE_ROUND`](crate::checkpoint::STATE_ROUND): the key's state
+    /// ([`KeyState`](crate::checkpoint::KeyState)) to restore before its first round.
+    StatePut = 6,
+    /// Server → worker, round [`STATE_ROUND`](crate::checkpoint::STATE_ROUND): the answer to
+    /// `StateGet` (the key's [`KeyState`](crate::checkpoint::KeyState)) or to `StatePut`
+    /// (empty); a refusal is an `Abort` at that round.
+    State = 7,
 }
 
 /// How a round combines the pushes.
@@ -314,6 +332,9 @@ impl FrameHeader {
             2 => FrameKind::Push,
             3 => FrameKind::Result,
             4 => FrameKind::Abort,
+            5 => FrameKind::StateGet,
+            6 => FrameKind::StatePut,
+            7 => FrameKind::State,
             k => return Err(ProtocolError::BadKind(k)),
         };
         let op = match buf.get_u8() {

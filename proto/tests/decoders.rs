@@ -266,6 +266,9 @@ fn reference_header(b: &[u8], max: u64) -> Result<FrameHeader, ProtocolError> {
         FrameKind::Push,
         FrameKind::Result,
         FrameKind::Abort,
+        FrameKind::StateGet,
+        FrameKind::StatePut,
+        FrameKind::State,
     ]
     .into_iter()
     .find(|k| *k as u8 == b[4])

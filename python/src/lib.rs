@@ -5,8 +5,9 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`], and its Prometheus endpoint when `PUSHPULL_METRICS=ADDR` or `[metrics] listen` asks for one (`metrics_address`; `pushpull_metrics`); `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `metrics`, `finish` |
-//! | [`Handle`] | one round in flight: `poll()`, `wait()` |
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`], and its Prometheus endpoint when `PUSHPULL_METRICS=ADDR` or `[metrics] listen` asks for one (`metrics_address`; `pushpull_metrics`); `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `save_state` / `load_state` (checkpoint and restart), `metrics`, `finish` |
+//! | [`Handle`] (`handle.rs`) | one round in flight: `poll()`, `wait()` |
+//! | `config.rs`, `devices.rs` | the join settings (cluster file, BytePS's variables, overrides); the emulated and CUDA devices of device rounds |
 //! | [`Reference`] (`reference.rs`) | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
 //!
@@ -16,7 +17,7 @@
 //! # Device memory
 //! `push_pull_group_device` takes buffers in a device's memory by address, as `push_pull`
 //! takes host buffers, and hands them to [`pushpull_worker::Worker::push_pull_group_borrowed`]:
-//! on `cuda:N` (torch's CUDA tensors, compressed on their GPU by the worker's [`CudaDevice`]
+//! on `cuda:N` (torch's CUDA tensors, compressed on their GPU by the worker's [`CudaDevice`](pushpull_worker::CudaDevice)
 //! for that GPU, on a stream of its own whose handle `device_stream` gives, so that the Python
 //! side can order torch's streams with it), or on `emulated` (host memory run through the
 //! device path's host twin: how the binding's device logic is tested without a GPU).
@@ -30,18 +31,25 @@
 
 #![warn(missing_docs)]
 
+mod config;
+mod devices;
+mod handle;
 mod reference;
 
+pub use handle::Handle;
 pub use reference::Reference;
+
+use config::join_config;
+use devices::{Devices, Route};
+use handle::HandleState;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pushpull_net::tls::TlsIdentity;
-use pushpull_proto::{Config, ParamMap};
-use pushpull_worker::{CudaDevice, CudaError, EmulatedDevice, GpuContext};
-use pushpull_worker::{Device, JoinOptions, Place, Reduce, RoundHandle, WorkerError};
+use pushpull_proto::ParamMap;
+use pushpull_worker::{JoinOptions, Place, Reduce, RoundHandle, WorkerError};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -107,141 +115,6 @@ impl AsMut<[f32]> for PyBuf {
         // unaliased while the round holds the buffer.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
-}
-
-/// How to join: `config` (a cluster file, or the defaults of a loopback cluster) with the
-/// overrides given. `None` keeps the file's value.
-#[allow(clippy::too_many_arguments)]
-fn join_config(
-    config: Option<PathBuf>,
-    scheduler: Option<String>,
-    (num_workers, num_servers, local_size): (Option<u32>, Option<u32>, Option<u32>),
-    tls_ca: Option<PathBuf>,
-    tls_cert: Option<PathBuf>,
-    tls_key: Option<PathBuf>,
-    server_name: Option<String>,
-) -> Result<Config, WorkerError> {
-    let bad = |e: String| WorkerError::Config(e);
-    let (mut c, text) = match &config {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| bad(format!("cannot read config file {}: {e}", p.display())))?;
-            let c = Config::from_toml_str(&text, &p.display().to_string())
-                .map_err(|e| bad(e.to_string()))?;
-            (c, text)
-        }
-        None => (
-            Config::local(num_workers.unwrap_or(1), num_servers.unwrap_or(1)),
-            String::new(),
-        ),
-    };
-    // BytePS's tuning variables (the launch ones are read by pushpull/_env.py into the
-    // arguments): a key the file sets wins, and the variable is logged; any other BYTEPS_* or
-    // DMLC_* variable is refused by name.
-    let vars: Vec<(String, String)> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
-    let explicit = pushpull_proto::config::env::explicit_keys(&text);
-    for note in pushpull_proto::config::env::apply_tuning(&mut c, &explicit, &vars)
-        .map_err(|e| bad(e.to_string()))?
-    {
-        eprintln!("pushpull: {note}");
-    }
-    if let Some(s) = scheduler {
-        pushpull_proto::config::SchedulerAddr::parse(&s)
-            .map_err(|e| bad(format!("scheduler address {s:?}: {e}")))?;
-        c.cluster.scheduler = s;
-    }
-    if let Some(n) = num_workers {
-        c.cluster.num_workers = n;
-    }
-    if let Some(n) = num_servers {
-        c.cluster.num_servers = n;
-    }
-    if let Some(g) = local_size {
-        c.cluster.local_size = g;
-    }
-    if tls_ca.is_some() {
-        c.tls.ca = tls_ca;
-    }
-    if tls_cert.is_some() {
-        c.tls.cert = tls_cert;
-    }
-    if tls_key.is_some() {
-        c.tls.key = tls_key;
-    }
-    if let Some(n) = server_name {
-        c.tls.server_name = n;
-    }
-    let origin = config.map_or("(worker settings)".to_string(), |p| {
-        format!("{} with the given overrides", p.display())
-    });
-    c.validate(&origin).map_err(|e| bad(e.to_string()))?;
-    Ok(c)
-}
-
-/// The devices a worker's device rounds run on, made at first use: the emulated one, and
-/// one [`CudaDevice`] (its context's stream, its loaded kernels) per GPU.
-#[derive(Default)]
-struct Devices {
-    emulated: Arc<EmulatedDevice>,
-    cuda: Mutex<BTreeMap<usize, Arc<CudaDevice>>>,
-}
-
-/// Where a device round runs.
-enum Route {
-    Emulated(Arc<EmulatedDevice>),
-    Cuda(Arc<CudaDevice>),
-}
-
-impl Devices {
-    /// The device `name` names: `emulated` or `cuda:N`.
-    fn get(&self, name: &str) -> Result<Route, WorkerError> {
-        if name == "emulated" {
-            return Ok(Route::Emulated(self.emulated.clone()));
-        }
-        let ordinal = name
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok())
-            .ok_or_else(|| {
-                WorkerError::Config(format!(
-                    "device {name:?}: expected \"emulated\" or \"cuda:N\""
-                ))
-            })?;
-        let mut cuda = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = cuda.get(&ordinal) {
-            return Ok(Route::Cuda(d.clone()));
-        }
-        let gpu = process_gpu(ordinal)
-            .map_err(|e| WorkerError::Config(format!("opening {name} for device buffers: {e}")))?;
-        let d = Arc::new(CudaDevice::new(gpu));
-        cuda.insert(ordinal, d.clone());
-        Ok(Route::Cuda(d))
-    }
-
-    /// Driver calls the worker's devices made so far.
-    fn driver_calls(&self) -> u64 {
-        let cuda = self.cuda.lock().unwrap_or_else(|p| p.into_inner());
-        self.emulated.driver_calls() + cuda.values().map(|d| d.driver_calls()).sum::<u64>()
-    }
-}
-
-/// The process's context on GPU `ordinal` (its primary context, the worker stream, the
-/// kernels), opened on first use and never closed, whichever worker asked: torch's caching
-/// allocator records events on that stream for every tensor that crossed it
-/// (`record_stream` in `pushpull.torch`) when the tensor is freed, which can be during the
-/// interpreter's shutdown, after every worker is gone (torch keeps its own streams for the
-/// life of the process the same way). Closing it with the worker crashed such a process at
-/// exit ("context is destroyed", seen on an H100).
-fn process_gpu(ordinal: usize) -> Result<Arc<GpuContext>, CudaError> {
-    static GPUS: Mutex<BTreeMap<usize, Arc<GpuContext>>> = Mutex::new(BTreeMap::new());
-    let mut gpus = GPUS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(gpu) = gpus.get(&ordinal) {
-        return Ok(gpu.clone());
-    }
-    let gpu = GpuContext::new(ordinal)?;
-    gpus.insert(ordinal, gpu.clone());
-    Ok(gpu)
 }
 
 /// A joined worker (`pushpull._native.Worker`).
@@ -642,6 +515,24 @@ impl Worker {
             .map_err(to_py)
     }
 
+    /// Saves this worker's compressor state to `path` (`Worker::save_state`), a collective:
+    /// every worker at the same point between steps, each with its own file; rank 0's also
+    /// carries the servers' state. Raises `PushPullError` naming the file and why.
+    fn save_state(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let w = self.get()?;
+        py.detach(|| self.runtime.block_on(w.save_state(path)))
+            .map_err(to_py)
+    }
+
+    /// Restores the state `save_state` wrote to `path` (`Worker::load_state`), a collective of
+    /// a fresh job, after every tensor of the checkpoint is declared and before any round.
+    /// Raises `PushPullError` naming the file and the setting that differs, or the damage.
+    fn load_state(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let w = self.get()?;
+        py.detach(|| self.runtime.block_on(w.load_state(path)))
+            .map_err(to_py)
+    }
+
     /// The learning rate that corrected error feedback (`ef = "corrected"`) uses from the
     /// next round on.
     fn set_learning_rate(&self, lr: f32) -> PyResult<()> {
@@ -707,81 +598,6 @@ impl Worker {
             .ok_or_else(|| to_py(WorkerError::Finished))?;
         py.detach(|| self.runtime.block_on(w.finish()))
             .map_err(to_py)
-    }
-}
-
-enum HandleState {
-    Running(JoinHandle<Result<(), WorkerError>>),
-    /// A thread is in `wait()` with the task.
-    Waiting,
-    /// The outcome: the error's message and whether it was a lost node.
-    Done(Result<(), (String, bool)>),
-}
-
-/// One round in flight (`pushpull._native.Handle`).
-#[pyclass(module = "pushpull._native", frozen)]
-pub struct Handle {
-    runtime: Arc<Runtime>,
-    /// Never held while waiting: a thread that holds the GIL may ask for it (`poll`).
-    state: Mutex<HandleState>,
-}
-
-impl Handle {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HandleState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[pymethods]
-impl Handle {
-    /// Whether the round has finished (`wait()` then returns at once).
-    fn poll(&self) -> bool {
-        match &*self.lock() {
-            HandleState::Running(task) => task.is_finished(),
-            HandleState::Waiting => false,
-            HandleState::Done(_) => true,
-        }
-    }
-
-    /// Waits for the round (releasing the GIL) and raises its error, if any; the buffer then
-    /// holds the result. Waiting again, or from several threads, returns (or raises) the same.
-    fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let task = {
-            let mut state = self.lock();
-            match std::mem::replace(&mut *state, HandleState::Waiting) {
-                HandleState::Running(task) => Some(task),
-                other => {
-                    *state = other;
-                    None
-                }
-            }
-        };
-        if let Some(task) = task {
-            let outcome = match py.detach(|| self.runtime.block_on(task)) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => {
-                    let lost = matches!(
-                        e,
-                        WorkerError::NodeLost { .. } | WorkerError::JobFailed { .. }
-                    );
-                    Err((e.to_string(), lost))
-                }
-                Err(e) => Err((format!("the round's task failed: {e}"), false)),
-            };
-            *self.lock() = HandleState::Done(outcome);
-        }
-        loop {
-            match &*self.lock() {
-                HandleState::Done(Ok(())) => return Ok(()),
-                HandleState::Done(Err((m, true))) => return Err(NodeLostError::new_err(m.clone())),
-                HandleState::Done(Err((m, false))) => {
-                    return Err(PushPullError::new_err(m.clone()))
-                }
-                HandleState::Running(_) | HandleState::Waiting => {}
-            }
-            // Another thread is waiting for the task: wait for its outcome without the GIL.
-            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
-        }
     }
 }
 

@@ -484,6 +484,9 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             return;
         }
     };
+    if matches!(header.kind, FrameKind::StateGet | FrameKind::StatePut) {
+        return crate::checkpoint::handle_state_frame(shared, w, rank, &header, &payload, bad);
+    }
     let key = header.key;
     let round = header.round;
     if header.kind != FrameKind::Push {

@@ -7,6 +7,7 @@
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
 //! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
 //! | `spans` | the server's spans in the timeline (`[trace] dir`): per key and round `receive`, `sum (host H)`, `encode` |
+//! | `checkpoint` | the state frames: a key's [`rounds::KeyRounds::save_state`] to the worker that asks (`StateGet`), a restarted job's [`rounds::KeyRounds::load_state`] (`StatePut`); servers write no file, their state lands in rank 0's checkpoint |
 //! | [`stats`] | [`ServerStats`]: per-tensor rounds and bytes and each connection's QUIC counters, read at any time (the metrics endpoint's source) |
 //! | [`prometheus`] | the server's Prometheus families (key rounds and bytes per tensor and in total) from [`ServerStats`], served with `pushpull_metrics` |
 //! | [`service`] | the async shell: [`Server::bind`] / [`Server::run`], the scheduler session (registration, placements, heartbeats, shutdown) |
@@ -33,6 +34,7 @@
 
 #![warn(missing_docs)]
 
+mod checkpoint;
 mod data;
 pub mod prometheus;
 pub mod rounds;

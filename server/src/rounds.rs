@@ -781,6 +781,7 @@ fn describe_op(op: ReduceOp, aux: u32) -> String {
 mod action;
 mod info;
 mod relay;
+mod state;
 pub use action::{Action, Observer, Phase};
 pub use info::KeyInfo;
 use relay::relay;

@@ -163,6 +163,16 @@ impl BlockingWorker {
         self.runtime.block_on(self.worker().barrier())
     }
 
+    /// Blocking [`Worker::save_state`].
+    pub fn save_state(&self, path: impl AsRef<std::path::Path>) -> Result<(), WorkerError> {
+        self.runtime.block_on(self.worker().save_state(path))
+    }
+
+    /// Blocking [`Worker::load_state`].
+    pub fn load_state(&self, path: impl AsRef<std::path::Path>) -> Result<(), WorkerError> {
+        self.runtime.block_on(self.worker().load_state(path))
+    }
+
     /// Blocking [`Worker::finish`], then shuts the runtime down.
     pub fn finish(mut self) -> Result<(), WorkerError> {
         let worker = self.worker.take().expect("present until drop or finish");

@@ -240,6 +240,19 @@ pub enum WorkerError {
         message: String,
     },
 
+    /// A checkpoint could not be saved or loaded ([`crate::Worker::save_state`],
+    /// [`crate::Worker::load_state`]): the file could not be read or written, is not a
+    /// checkpoint, is truncated or corrupted, or was saved with a setting that changes results
+    /// and differs here (the message names the setting and both values), or the job is not in
+    /// a state to save or restore (named).
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file, or `(in memory)` for [`crate::Checkpoint`] values.
+        path: String,
+        /// What was wrong.
+        message: String,
+    },
+
     /// A bug or a runtime failure (a background task panicked, the blocking wrapper could not
     /// start its runtime).
     #[error("internal worker error: {0}")]

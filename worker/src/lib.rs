@@ -19,6 +19,7 @@
 //! |---|---|
 //! | [`Worker`] | the async API: [`Worker::join`], [`Worker::declare`], [`Worker::push_pull`] (in place) and [`Worker::push_pull_into`] (out of place), [`Worker::push_pull_group`] and [`Worker::push_pull_group_into`] (a step's tensors together, sent in priority order, each call a [`RoundHandle`]), [`Worker::broadcast`], [`Worker::gossip`] (decentralised averaging of a tensor declared with `exchange = "gossip"`), [`Worker::barrier`], [`Worker::finish`], [`Worker::metrics`], [`Worker::discard_last_round`] (a step a loss scaler skipped); [`Worker::push_pull_device`], [`Worker::push_pull_group_device`] (a step's tensors as one batch on the device: a dozen driver calls), [`Worker::push_pull_group_borrowed`] (device memory lent by address, e.g. torch's), [`Worker::broadcast_device`] and [`Worker::cuda_route`] for tensors in device memory |
 //! | [`Device`], [`EmulatedDevice`], `CudaDevice` and `GpuContext` (feature `cuda`), [`Place`] | re-exported from `pushpull_kernels`: where device buffers live and are compressed |
+//! | [`Worker::save_state`], [`Worker::load_state`], [`Checkpoint`] | checkpoint and restart (`checkpoint`, `worker/checkpoint`): at a barrier each worker saves its chains' state (error-feedback residuals, momentum, the previous learning rate), each tensor's round, the learning rate, the job seed and the settings that change results; rank 0's file also the servers' keys, fetched over the data connections; a fresh job with the same settings loads them and continues bit for bit, and a setting that differs is refused by name. Device chains' state is not saved yet (refused, naming the tensor) |
 //! | [`BlockingWorker`] | the same for synchronous code (owns a tokio runtime; `&mut [f32]` buffers) |
 //! | [`Tensor`] | a declared tensor: name, length, placement, round counter (cheap `Clone`) |
 //! | [`Reduce`] | `Sum` or `Average` (sum divided by the number of workers on the worker) |
@@ -35,7 +36,9 @@
 //! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
 //! device chains launched in batches, and where a tensor's rounds live),
 //! `chunks` (u64 placement ↔ buffer slices), `spans` (the worker's spans in the timeline,
-//! `[trace] dir`: a tensor's rounds and each chunk's phases), `local` (a local group's rounds when
+//! `[trace] dir`: a tensor's rounds and each chunk's phases), `checkpoint` (the [`Checkpoint`]
+//! file format and the settings a restart must share; `worker/checkpoint.rs` is the shell that
+//! saves and loads), `local` (a local group's rounds when
 //! `cluster.local_size` > 1: the notes between a host's workers, their shared memory, the
 //! chunk's turn, the owner's push; ARCHITECTURE.md "Two levels"). The protocol itself is
 //! documented in [`pushpull_proto::protocol`].
@@ -83,6 +86,7 @@
 #![warn(missing_docs)]
 
 mod blocking;
+mod checkpoint;
 mod chunks;
 mod control;
 mod data;
@@ -99,6 +103,7 @@ mod tensor;
 mod worker;
 
 pub use blocking::BlockingWorker;
+pub use checkpoint::{Checkpoint, CHECKPOINT_VERSION};
 pub use error::WorkerError;
 pub use pushpull_kernels::cuda::Device as Place;
 #[cfg(feature = "cuda")]

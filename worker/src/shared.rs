@@ -399,12 +399,17 @@ impl Shared {
         let outcome = match h.kind {
             FrameKind::Result if h.rank == rank && h.flags.non_finite => Outcome::NonFinite,
             FrameKind::Result if h.rank == rank => Outcome::Result(payload),
+            // The answer to a checkpoint's state frame (at round `STATE_ROUND`).
+            FrameKind::State if h.rank == rank => Outcome::Result(payload),
             FrameKind::Abort => Outcome::Abort(String::from_utf8_lossy(&payload).into_owned()),
-            FrameKind::Result => Outcome::Abort(format!(
+            FrameKind::Result | FrameKind::State => Outcome::Abort(format!(
                 "{server} sent rank {rank} a result addressed to rank {}",
                 h.rank
             )),
-            kind @ (FrameKind::Hello | FrameKind::Push) => Outcome::Abort(format!(
+            kind @ (FrameKind::Hello
+            | FrameKind::Push
+            | FrameKind::StateGet
+            | FrameKind::StatePut) => Outcome::Abort(format!(
                 "{server} sent a worker an unexpected {kind:?} frame"
             )),
         };

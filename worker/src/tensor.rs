@@ -78,6 +78,9 @@ pub(crate) struct TensorInner {
     /// The next round number; holding this lock is holding the tensor.
     pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
     pub(crate) rounds_started: AtomicU64,
+    /// The first round this job runs (0, or a checkpoint's: [`crate::Worker::load_state`]):
+    /// a local group's member 0 waits for the round before only after it.
+    pub(crate) first_round: AtomicU64,
     pub(crate) bytes_pushed: AtomicU64,
     pub(crate) bytes_pulled: AtomicU64,
     /// Rounds (push_pull and broadcast calls) that completed without error.
@@ -112,6 +115,9 @@ pub(crate) struct Residence {
     /// A discarded round, undone when the next push_pull round begins (where the state is
     /// at hand), whose pushes ask the servers to undo it too.
     pub(crate) discarded: Option<u64>,
+    /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
+    /// is not empty: the host chains hold it, so the tensor cannot build device chains.
+    pub(crate) restored: bool,
 }
 
 impl Residence {
@@ -124,6 +130,7 @@ impl Residence {
             device_bytes: 0,
             last_sum: None,
             discarded: None,
+            restored: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! [`Worker`]: the handle and the collective operations; joining the cluster is in
 //! [`join`].
 
+mod checkpoint;
 mod close;
 mod device;
 mod discard;
@@ -351,6 +352,7 @@ impl Worker {
                 residence: Mutex::new(crate::tensor::Residence::new()),
                 round: Arc::new(tokio::sync::Mutex::new(0)),
                 rounds_started: AtomicU64::new(0),
+                first_round: AtomicU64::new(0),
                 bytes_pushed: AtomicU64::new(0),
                 bytes_pulled: AtomicU64::new(0),
                 rounds_done: AtomicU64::new(0),

@@ -97,6 +97,13 @@ torch's DistributedDataParallel
     gradient buckets through pushpull's rounds, each bucket a tensor with its own compressor
     state (see :func:`push_pull_hook`); DDP keeps its own process group for its setup.
 
+Checkpoint and restart
+    :func:`save_state` (every worker, between steps, its own file) saves what the compressors
+    carry: error-feedback residuals, momentum, each tensor's round, the learning rate, and in
+    rank 0's file the servers' state; :func:`load_state` in a fresh job with the same settings
+    (``cluster.seed`` set to the saved seed), after the tensors are declared and before the
+    first step, continues bit for bit. Save the model and optimizer as usual beside it.
+
 Failures
     Errors raise :class:`pushpull.PushPullError` (naming the tensor and the key or value);
     when a node is lost every waiting and later call raises :class:`pushpull.NodeLostError`
@@ -109,6 +116,7 @@ Modules
     ``_declare``      declare, and the declaration checks of a round's tensor
     ``_round``        one round in flight: dtypes, integer tensors, CUDA stream ordering
     ``_push_pull``    push_pull's forms, poll, synchronize, discard_last_round
+    ``_checkpoint``   save_state, load_state: the compressors' state across a restart
     ``_broadcast``    broadcast, broadcast_parameters / optimizer_state / object
     ``compression``   ``Compression``: BytePS's compression choices as parameter maps
     ``optimizer``     ``DistributedOptimizer``
@@ -128,6 +136,7 @@ from ._broadcast import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from ._checkpoint import load_state, save_state
 from ._declare import ParamMap, _check_sync_args, _ensure_declared, declare
 from ._push_pull import (
     _new_name,
@@ -202,6 +211,7 @@ __all__ = [
     "discard_last_round",
     "init",
     "join",
+    "load_state",
     "local_rank",
     "local_size",
     "metrics",
@@ -215,6 +225,7 @@ __all__ = [
     "push_pull_inplace",
     "rank",
     "resume",
+    "save_state",
     "shutdown",
     "size",
     "suspend",

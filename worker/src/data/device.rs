@@ -209,6 +209,15 @@ impl<D: Device, K> DeviceData<D, K> {
         if self.setup.custom_factory || self.setup.local_group {
             return Ok(DeviceState { chains: None });
         }
+        if tensor.residence().restored {
+            return Err(self.device_error(
+                tensor,
+                "its compressor state was restored from a checkpoint into the host chains, and \
+                 device chains cannot take a checkpoint's state yet: push_pull it from host \
+                 memory, or set worker.device = \"cpu\""
+                    .into(),
+            ));
+        }
         let p = &tensor.placement;
         let full = p.chunks.first().map_or(0, |c| c.len);
         let infos: Vec<ChunkInfo<'_>> = p

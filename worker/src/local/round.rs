@@ -33,7 +33,11 @@ pub(crate) async fn chunk_round<R: RoundData>(
     // 1. The turn: member 0 once everyone copied the last round out, the others after the
     // member before them.
     if l == 0 {
-        if round > 0 {
+        if round
+            > tensor
+                .first_round
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             local.wait(Channel::Copied, key, round - 1, g - 1).await?;
         }
     } else {

@@ -1,0 +1,158 @@
+//! A key's state for a checkpoint, between rounds: [`KeyRounds::save_state`] (what a
+//! `StateGet` frame asks for) and [`KeyRounds::load_state`] (a restarted job's `StatePut`,
+//! before the key's first round). Pure, like the rest of [`KeyRounds`].
+
+use pushpull_proto::checkpoint::KeyState;
+
+use super::KeyRounds;
+
+impl KeyRounds {
+    /// The key's next round and its chain's state ([`pushpull_codecs::Compressor::state`]).
+    ///
+    /// # Errors
+    /// A message naming the key when a round is open (ranks have pushed to it: a checkpoint is
+    /// taken between rounds, at a barrier) or the key has failed.
+    pub fn save_state(&self) -> Result<KeyState, String> {
+        self.check_quiet("save")?;
+        Ok(KeyState {
+            round: self.current,
+            chain: self.codec.state(),
+        })
+    }
+
+    /// Restores a state [`KeyRounds::save_state`] gave, on a key that has run no round yet:
+    /// the key continues at `state.round` with the chain's saved state. What a round could
+    /// undo is gone: the restored job's first push of the key must not ask to undo the round
+    /// before it.
+    ///
+    /// # Errors
+    /// A message naming the key and what is wrong, with nothing changed: the key has run or
+    /// opened a round, has failed, or the chain refused the state (another shape or length).
+    pub fn load_state(&mut self, state: &KeyState) -> Result<(), String> {
+        self.check_quiet("restore")?;
+        if self.current != 0 || self.last_sum.is_some() || !self.aborted.is_empty() {
+            return Err(format!(
+                "{}: cannot restore a saved state: the key has already run rounds here (it is at round {}); restore before the first round",
+                self.info, self.current
+            ));
+        }
+        self.codec
+            .set_state(&state.chain)
+            .map_err(|e| format!("{}: the saved state does not fit its chain: {e}", self.info))?;
+        self.current = state.round;
+        Ok(())
+    }
+
+    fn check_quiet(&self, what: &str) -> Result<(), String> {
+        if let Some(why) = &self.failed {
+            return Err(format!("{}: cannot {what} its state: {why}", self.info));
+        }
+        if self.open.is_some() {
+            return Err(format!(
+                "{}: cannot {what} its state while round {} is open (ranks {:?} pushed to it); checkpoints are taken between rounds",
+                self.info,
+                self.current,
+                self.open_ranks()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rounds::{Action, KeyInfo};
+    use bytes::Bytes;
+    use pushpull_codecs::{build_compressor, NodeIdentity};
+    use pushpull_proto::protocol::{FrameFlags, ReduceOp};
+
+    fn key(num_workers: u32) -> KeyRounds {
+        let params = [("compressor", "onebit"), ("ef", "vanilla")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let n = 16;
+        let codec = build_compressor(&params, n, &NodeIdentity::server(7, 3, 0)).unwrap();
+        let info = KeyInfo {
+            tensor: "w".into(),
+            chunk: 0,
+            key: 3,
+            len: n,
+            num_workers,
+            local_size: 1,
+            priority: 0,
+        };
+        KeyRounds::new(info, codec)
+    }
+
+    fn push(k: &mut KeyRounds, rank: u32, round: u64, x: &[f32]) -> Vec<Action> {
+        let mut payload = Vec::new();
+        let params = [("compressor", "onebit")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut c = build_compressor(&params, x.len(), &NodeIdentity::worker(7, 3, rank)).unwrap();
+        c.compress(x, &pushpull_codecs::RoundCtx::new(round), &mut payload)
+            .unwrap();
+        let flags = FrameFlags::default();
+        k.push_flagged(rank, round, ReduceOp::Sum, 0, flags, Bytes::from(payload))
+    }
+
+    fn results(actions: &[Action]) -> Vec<Bytes> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::SendResult { payload, .. } => Some(payload.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_restored_key_continues_as_the_one_saved() {
+        let mut a = key(2);
+        let x: Vec<Vec<f32>> = (0..6)
+            .map(|i| {
+                (0..16)
+                    .map(|j| ((i * 16 + j) as f32 * 0.37).sin())
+                    .collect()
+            })
+            .collect();
+        for r in 0..3u64 {
+            push(&mut a, 0, r, &x[r as usize]);
+            push(&mut a, 1, r, &x[r as usize + 1]);
+        }
+        let saved = KeyState::decode(&a.save_state().unwrap().encode()).unwrap();
+        assert_eq!(saved.round, 3);
+        let mut b = key(2);
+        b.load_state(&saved).unwrap();
+        assert_eq!(b.current_round(), 3);
+        for r in 3..5u64 {
+            let mut ra = push(&mut a, 0, r, &x[r as usize]);
+            ra.extend(push(&mut a, 1, r, &x[r as usize + 1]));
+            let mut rb = push(&mut b, 0, r, &x[r as usize]);
+            rb.extend(push(&mut b, 1, r, &x[r as usize + 1]));
+            assert_eq!(results(&ra), results(&rb), "round {r}");
+            assert_eq!(results(&ra).len(), 1);
+        }
+    }
+
+    #[test]
+    fn open_rounds_used_keys_and_other_shapes_are_refused() {
+        let mut a = key(2);
+        push(&mut a, 0, 0, &[1.0; 16]);
+        let e = a.save_state().unwrap_err();
+        assert!(e.contains("round 0 is open") && e.contains("[0]"), "{e}");
+        push(&mut a, 1, 0, &[1.0; 16]);
+        let saved = a.save_state().unwrap();
+        let e = a.load_state(&saved).unwrap_err();
+        assert!(e.contains("already run rounds"), "{e}");
+        let mut b = key(2);
+        let mut wrong = saved.clone();
+        wrong.chain.residual = Some(vec![0.0; 15]);
+        let e = b.load_state(&wrong).unwrap_err();
+        assert!(e.contains("residual") && e.contains("16"), "{e}");
+        assert_eq!(b.current_round(), 0);
+    }
+}

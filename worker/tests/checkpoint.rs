@@ -1,0 +1,342 @@
+//! Checkpoint and restart (`Worker::save_state` / `Worker::load_state`): a job checkpointed at
+//! a barrier after K rounds, shut down, and restarted from the files in a fresh cluster
+//! continues bit for bit as a job that never stopped (rounds K..2K on every worker), with
+//! stateful chains (onebit with vanilla error feedback; top-k with momentum; dithering,
+//! stochastic, with corrected error feedback and a learning rate that changes every step) on
+//! workers and servers; a setting that changes results is refused naming it, a damaged file
+//! gives an error naming the damage, and neither changes anything.
+
+mod common;
+
+use common::*;
+use pushpull_proto::Config;
+use pushpull_worker::{ParamMap, Reduce, Tensor, Worker, WorkerError};
+
+const WORKERS: u32 = 3;
+const SERVERS: u32 = 2;
+const K: u64 = 3;
+
+fn map(kv: &[(&str, &str)]) -> ParamMap {
+    kv.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The job's tensors: name, length, parameter map.
+fn tensors() -> Vec<(&'static str, u64, ParamMap)> {
+    vec![
+        (
+            "onebit",
+            5_000,
+            map(&[("compressor", "onebit"), ("ef", "vanilla")]),
+        ),
+        (
+            "topk",
+            4_000,
+            map(&[
+                ("compressor", "topk"),
+                ("k", "0.05"),
+                ("ef", "vanilla"),
+                ("momentum", "nesterov"),
+            ]),
+        ),
+        (
+            "dithering",
+            3_000,
+            map(&[("compressor", "dithering"), ("k", "7"), ("ef", "corrected")]),
+        ),
+    ]
+}
+
+fn tweak(seed: Option<u64>) -> impl FnOnce(&mut Config) {
+    move |c: &mut Config| {
+        c.cluster.min_compress_bytes = 0;
+        c.cluster.seed = seed;
+    }
+}
+
+fn lr(round: u64) -> f32 {
+    0.1 / (1 + round % 4) as f32
+}
+
+fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: u64) -> Vec<f32> {
+    let mix =
+        ((round + 1) * 0x9e37_79b9) ^ ((u64::from(rank) + 1) << 32) ^ ((tensor as u64 + 1) << 48);
+    data(seed ^ mix, len as usize)
+}
+
+/// Declares the parameters' tensor (no compressor state) and broadcasts it from rank 0, as a
+/// training script does at start, before loading a checkpoint.
+async fn broadcast_parameters(s: &Stack) {
+    let ts = declare_all(s, "parameters", 100).await;
+    let calls = s.workers.iter().zip(&ts).map(|(w, t)| {
+        let buf = vec![w.rank() as f32; 100];
+        w.broadcast(t, buf, 0)
+    });
+    for r in futures_util::future::join_all(calls).await {
+        assert!(same_bits(&r.unwrap(), &[0.0; 100]));
+    }
+}
+
+async fn declare(s: &Stack) -> Vec<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for (name, len, params) in tensors() {
+        out.push(declare_all_with(s, name, len, params).await);
+    }
+    out
+}
+
+/// Rounds `from..to` of every tensor on every worker: `[round][tensor][rank]`.
+async fn run(
+    s: &Stack,
+    ts: &[Vec<Tensor>],
+    seed: u64,
+    from: u64,
+    to: u64,
+) -> Vec<Vec<Vec<Vec<f32>>>> {
+    let set = tensors();
+    let mut out = Vec::new();
+    for round in from..to {
+        let mut per_tensor = Vec::new();
+        for (i, (_, len, _)) in set.iter().enumerate() {
+            let calls = s.workers.iter().zip(&ts[i]).map(|(w, t)| {
+                w.set_learning_rate(lr(round));
+                let buf = input(seed, round, w.rank(), i, *len);
+                let reduce = if i == 1 { Reduce::Average } else { Reduce::Sum };
+                w.push_pull(t, buf, reduce)
+            });
+            let results = futures_util::future::join_all(calls).await;
+            per_tensor.push(results.into_iter().map(|r| r.unwrap()).collect());
+        }
+        out.push(per_tensor);
+    }
+    out
+}
+
+async fn all<T>(
+    s: &Stack,
+    f: impl Fn(Worker) -> futures_util::future::BoxFuture<'static, Result<T, WorkerError>>,
+) -> Vec<Result<T, WorkerError>> {
+    futures_util::future::join_all(s.workers.iter().map(|w| f(w.clone()))).await
+}
+
+fn file(dir: &std::path::Path, rank: u32) -> std::path::PathBuf {
+    dir.join(format!("ckpt-rank{rank}.bin"))
+}
+
+fn compare(a: &[Vec<Vec<Vec<f32>>>], b: &[Vec<Vec<Vec<f32>>>], first_round: u64, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let names = tensors();
+    for (r, (ra, rb)) in a.iter().zip(b).enumerate() {
+        for (t, (ta, tb)) in ra.iter().zip(rb).enumerate() {
+            for (w, (wa, wb)) in ta.iter().zip(tb).enumerate() {
+                assert!(
+                    same_bits(wa, wb),
+                    "{what}: round {} tensor {:?} rank {w} differs",
+                    first_round + r as u64,
+                    names[t].0
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_job_continues_bit_for_bit() {
+    restart_case(WORKERS, 1).await;
+}
+
+/// Two hosts of two workers (`cluster.local_size` 2): each chunk's chain lives with its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_two_level_job_continues_bit_for_bit() {
+    restart_case(4, 2).await;
+}
+
+async fn restart_case(workers: u32, local_size: u32) {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        let seed = seed();
+        let dir = tempfile::tempdir().unwrap();
+        let tweak = move |seed: Option<u64>| {
+            move |c: &mut Config| {
+                tweak(seed)(c);
+                c.cluster.local_size = local_size;
+            }
+        };
+
+        // The job that stops: no cluster.seed (the scheduler picks one), K rounds, a checkpoint.
+        let s = stack_with(workers, SERVERS, 4096, tweak(None)).await;
+        let job_seed = s.workers[0].job_seed();
+        println!("job seed {job_seed}");
+        let ts = declare(&s).await;
+        broadcast_parameters(&s).await;
+        assert!(ts[0][0].num_chunks() > 1, "several chunks, on both servers");
+        let before = run(&s, &ts, seed, 0, K).await;
+        let d = dir.path().to_path_buf();
+        for r in all(&s, move |w| {
+            let path = file(&d, w.rank());
+            Box::pin(async move { w.save_state(path).await })
+        })
+        .await
+        {
+            r.unwrap();
+        }
+        s.finish_all().await;
+
+        // The job that never stops: the same seed, 2K rounds.
+        let s = stack_with(workers, SERVERS, 4096, tweak(Some(job_seed))).await;
+        let ts = declare(&s).await;
+        broadcast_parameters(&s).await;
+        let whole = run(&s, &ts, seed, 0, 2 * K).await;
+        s.finish_all().await;
+        compare(
+            &before,
+            &whole[..K as usize],
+            0,
+            "rounds before the checkpoint",
+        );
+
+        // The restart: a fresh cluster told the seed, with settings that do not change
+        // results changed, loads the checkpoint and runs rounds K..2K.
+        let restart = |c: &mut Config| {
+            tweak(Some(job_seed))(c);
+            c.cluster.send_window_bytes = 1 << 20;
+            c.cluster.heartbeat_interval_ms = 300;
+        };
+        let s = stack_with(workers, SERVERS, 4096, restart).await;
+        let ts = declare(&s).await;
+        // Broadcast before loading: the checkpoint has no state for it, so it is kept.
+        broadcast_parameters(&s).await;
+        let d = dir.path().to_path_buf();
+        for r in all(&s, move |w| {
+            let path = file(&d, w.rank());
+            Box::pin(async move { w.load_state(path).await })
+        })
+        .await
+        {
+            r.unwrap();
+        }
+        assert_eq!(ts[2][1].rounds_started(), K);
+        let after = run(&s, &ts, seed, K, 2 * K).await;
+        s.finish_all().await;
+        compare(&after, &whole[K as usize..], K, "rounds after the restart");
+    })
+    .await
+    .expect("timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_settings_and_damaged_files_are_refused_by_name() {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        let seed = seed();
+        let dir = tempfile::tempdir().unwrap();
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(seed))).await;
+        let ts = declare(&s).await;
+        run(&s, &ts, seed, 0, 1).await;
+        let d = dir.path().to_path_buf();
+        for r in all(&s, move |w| {
+            let path = file(&d, w.rank());
+            Box::pin(async move { w.save_state(path).await })
+        })
+        .await
+        {
+            r.unwrap();
+        }
+        s.finish_all().await;
+
+        // Another top-k fraction: a parameter map that differs.
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(seed))).await;
+        let mut set = tensors();
+        set[1].2.insert("k".into(), "0.1".into());
+        for (name, len, params) in set {
+            declare_all_with(&s, name, len, params).await;
+        }
+        let w = &s.workers[0];
+        let message = |e: WorkerError| e.to_string();
+        let e = message(w.load_state(file(dir.path(), 0)).await.unwrap_err());
+        assert!(
+            e.contains("ckpt-rank0.bin") && e.contains("\"topk\"") && e.contains("parameter map"),
+            "{e}"
+        );
+        // Another rank's file.
+        let e = message(w.load_state(file(dir.path(), 1)).await.unwrap_err());
+        assert!(e.contains("rank 1") && e.contains("rank 0"), "{e}");
+        // Damaged files: truncated, a flipped byte, not a checkpoint, missing.
+        let good = std::fs::read(file(dir.path(), 0)).unwrap();
+        let bad = dir.path().join("bad.bin");
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (good[..good.len() / 2].to_vec(), "truncated"),
+            (good[..10].to_vec(), "truncated"),
+            (
+                {
+                    let mut g = good.clone();
+                    let i = g.len() - 5;
+                    g[i] ^= 1;
+                    g
+                },
+                "corrupted",
+            ),
+            (
+                b"# a TOML file, not a checkpoint: [cluster]\nnum_workers = 3\n".to_vec(),
+                "not a pushpull checkpoint",
+            ),
+        ];
+        for (bytes, want) in cases {
+            std::fs::write(&bad, &bytes).unwrap();
+            let e = message(w.load_state(&bad).await.unwrap_err());
+            assert!(e.contains("bad.bin") && e.contains(want), "{want}: {e}");
+        }
+        let e = message(w.load_state(dir.path().join("none.bin")).await.unwrap_err());
+        assert!(e.contains("none.bin") && e.contains("reading"), "{e}");
+        // Nothing changed: the job still runs its rounds from 0.
+        assert_eq!(s.workers[0].tensor("onebit").unwrap().rounds_started(), 0);
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_kept_on_a_device_is_refused_by_name() {
+    use pushpull_worker::{Device, EmulatedDevice};
+    use std::sync::Arc;
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        let dir = tempfile::tempdir().unwrap();
+        let s = stack_with(2, 1, 4096, tweak(Some(seed))).await;
+        let (name, len, params) = tensors().remove(0);
+        let ts = declare_all_with(&s, name, len, params).await;
+        let calls = s.workers.iter().zip(&ts).map(|(w, t)| {
+            let device = Arc::new(EmulatedDevice::new());
+            let x = input(seed, 0, w.rank(), 0, len);
+            let mem = device.alloc_zeros(x.len()).unwrap();
+            // SAFETY: `mem` holds x.len() elements.
+            unsafe { device.upload(&x, device.mem_addr(&mem)).unwrap() };
+            let w = w.clone();
+            let t = t.clone();
+            async move {
+                w.push_pull_device(&t, &device, mem, Reduce::Sum)
+                    .await
+                    .map(drop)
+            }
+        });
+        for r in futures_util::future::join_all(calls).await {
+            r.unwrap();
+        }
+        let d = dir.path().to_path_buf();
+        for r in all(&s, move |w| {
+            let path = file(&d, w.rank());
+            Box::pin(async move { w.save_state(path).await })
+        })
+        .await
+        {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("\"onebit\"") && e.contains("do not save yet"),
+                "{e}"
+            );
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
