@@ -239,6 +239,7 @@ impl Worker {
             match kind {
                 Kind::Sum(op) => w.push_pull(&t, buf, op).await.map(drop),
                 Kind::Broadcast(root) => w.broadcast(&t, buf, root).await.map(drop),
+                Kind::Gossip => w.gossip(&t, buf).await.map(drop),
             }
         });
         Ok(self.handle(task))
@@ -248,6 +249,7 @@ impl Worker {
 enum Kind {
     Sum(Reduce),
     Broadcast(u32),
+    Gossip,
 }
 
 #[pymethods]
@@ -470,6 +472,13 @@ impl Worker {
             Route::Emulated(_) => Ok(0),
             Route::Cuda(d) => Ok(d.stream()),
         }
+    }
+
+    /// As `push_pull`, but one step of decentralised averaging of a tensor declared with
+    /// `exchange = "gossip"` (`Worker::gossip`): the buffer, this worker's parameters, becomes
+    /// their average with its graph neighbours' (the cluster's `[gossip]` mixing matrix).
+    fn gossip(&self, name: &str, owner: Py<PyAny>, ptr: usize, length: usize) -> PyResult<Handle> {
+        self.start(name, owner, ptr, length, Kind::Gossip)
     }
 
     /// As `push_pull`, but the buffer becomes the `root` worker's, bit for bit.

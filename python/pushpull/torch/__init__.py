@@ -120,6 +120,7 @@ Modules
     ``_broadcast``    broadcast, broadcast_parameters / optimizer_state / object
     ``compression``   ``Compression``: BytePS's compression choices as parameter maps
     ``optimizer``     ``DistributedOptimizer``
+    ``_gossip``       ``DecentralizedOptimizer``: decentralised SGD (Moniqua, D-PSGD)
     ``horovod``       Horovod's spellings: allreduce, allgather, join, barrier
     ``parallel``      ``DistributedDataParallel``
     ``ddp_comm_hook`` ``push_pull_hook`` and ``PushPullHookState``: torch's own
@@ -169,6 +170,7 @@ from ._state import (
 # rebound. The state that init() and shutdown() rebind is read through _state only.
 from ._state import handles as _handles
 from .compression import Compression, _Compressor
+from ._gossip import DecentralizedOptimizer
 from .ddp_comm_hook import PushPullHookState, push_pull_hook
 from .horovod import (
     Adasum,
@@ -190,6 +192,7 @@ __all__ = [
     "Adasum",
     "Average",
     "Compression",
+    "DecentralizedOptimizer",
     "DistributedOptimizer",
     "NodeLostError",
     "PushPullError",
