@@ -69,7 +69,7 @@ pub(crate) struct State {
 /// Work for the control writer.
 pub(crate) enum Outgoing {
     /// Write this message; acknowledge once it is written to the stream.
-    Msg(ToScheduler, Option<oneshot::Sender<()>>),
+    Msg(Box<ToScheduler>, Option<oneshot::Sender<()>>),
     /// Finish the stream and acknowledge once the scheduler has received all of it.
     Close(oneshot::Sender<()>),
 }
@@ -350,7 +350,7 @@ impl Shared {
     /// Queues a message for the scheduler (cancel-safe: the writer task writes it whole).
     pub(crate) fn send(&self, msg: ToScheduler) -> Result<(), WorkerError> {
         self.outgoing
-            .send(Outgoing::Msg(msg, None))
+            .send(Outgoing::Msg(Box::new(msg), None))
             .map_err(|_| self.closed_error())
     }
 
@@ -358,7 +358,7 @@ impl Shared {
     pub(crate) async fn send_flushed(&self, msg: ToScheduler) -> Result<(), WorkerError> {
         let (tx, rx) = oneshot::channel();
         self.outgoing
-            .send(Outgoing::Msg(msg, Some(tx)))
+            .send(Outgoing::Msg(Box::new(msg), Some(tx)))
             .map_err(|_| self.closed_error())?;
         rx.await.map_err(|_| self.closed_error())
     }

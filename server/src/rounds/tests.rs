@@ -803,8 +803,8 @@ fn gossip_relays_each_rank_its_neighbours_messages() {
     };
     let cat = |rs: &[usize]| -> Bytes { rs.iter().flat_map(|&r| msgs[r].to_vec()).collect() };
     assert_eq!(results[0], (0, cat(&[1, 2, 3])), "seed {seed}");
-    for r in 1..4 {
-        assert_eq!(results[r], (r as u32, cat(&[0])), "seed {seed}");
+    for (r, result) in results.iter().enumerate().skip(1) {
+        assert_eq!(*result, (r as u32, cat(&[0])), "seed {seed}");
     }
     // Round 1: the wrong op, the wrong length and a second push are each refused.
     let refused = |acts: Vec<Action>, what: &str| {
