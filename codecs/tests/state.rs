@@ -6,51 +6,20 @@
 mod common;
 
 use common::*;
-use pushpull_codecs::{ChainState, RoundCtx};
-
-/// Every compressor alone and under every decorator.
-fn chains() -> Vec<Vec<(&'static str, &'static str)>> {
-    let mut v = Vec::new();
-    for kv in all_configs() {
-        v.push(kv.clone());
-        if kv.contains(&("compressor", "moniqua")) {
-            continue;
-        }
-        for extra in [
-            vec![("ef", "vanilla")],
-            vec![("ef", "corrected")],
-            vec![("ef", "vanilla"), ("momentum", "nesterov"), ("mu", "0.9")],
-            vec![("momentum", "nesterov")],
-        ] {
-            let mut c = kv.clone();
-            c.extend(extra);
-            v.push(c);
-        }
-    }
-    v
-}
-
-fn round_ctx(round: u64) -> RoundCtx<'static> {
-    // A learning rate that changes every round, so corrected error feedback's previous rate
-    // matters.
-    RoundCtx {
-        lr: Some(0.1 / (1 + round) as f32),
-        ..RoundCtx::new(round)
-    }
-}
+use pushpull_codecs::ChainState;
 
 #[test]
 fn a_restored_chain_continues_bit_for_bit() {
     let seed = seed("a_restored_chain_continues_bit_for_bit");
     let mut rng = TestRng::new(seed);
-    for kv in chains() {
+    for kv in decorated_chains(true) {
         let n = 1 + rng.below(300) as usize;
         let (Some(mut run), Some(mut fresh)) = (try_build(&kv, n), try_build(&kv, n)) else {
             continue;
         };
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for round in 0..3u64 {
-            run.compress(&rng.gradient(n, 1.0), &round_ctx(round), &mut a)
+            run.compress(&rng.gradient(n, 1.0), &changing_lr(round), &mut a)
                 .unwrap();
         }
         let saved = run.state();
@@ -59,8 +28,8 @@ fn a_restored_chain_continues_bit_for_bit() {
         assert_eq!(fresh.state(), saved, "seed {seed} {kv:?}");
         for round in 3..6u64 {
             let x = rng.gradient(n, 1.0);
-            run.compress(&x, &round_ctx(round), &mut a).unwrap();
-            fresh.compress(&x, &round_ctx(round), &mut b).unwrap();
+            run.compress(&x, &changing_lr(round), &mut a).unwrap();
+            fresh.compress(&x, &changing_lr(round), &mut b).unwrap();
             assert_eq!(a, b, "seed {seed} {kv:?} round {round}: payloads");
             assert_eq!(run.state(), fresh.state(), "seed {seed} {kv:?}");
         }
@@ -80,7 +49,8 @@ fn a_state_of_another_shape_is_refused_and_changes_nothing() {
     let plain = [("compressor", "onebit")];
     let mut c = try_build(&both, n).unwrap();
     let mut out = Vec::new();
-    c.compress(&vec![0.5; n], &round_ctx(0), &mut out).unwrap();
+    c.compress(&vec![0.5; n], &changing_lr(0), &mut out)
+        .unwrap();
     let kept = c.state();
     let cases: Vec<(ChainState, &str)> = vec![
         (ChainState::default(), "no momentum buffer"),

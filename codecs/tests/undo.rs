@@ -6,37 +6,7 @@
 mod common;
 
 use common::*;
-use pushpull_codecs::{Compressor, RoundCtx};
-
-/// Every compressor under every decorator: vanilla and corrected error feedback, and Nesterov
-/// momentum over error feedback (Moniqua has no error feedback).
-fn chains() -> Vec<Vec<(&'static str, &'static str)>> {
-    let mut v = Vec::new();
-    for kv in all_configs() {
-        if kv.contains(&("compressor", "moniqua")) {
-            continue;
-        }
-        for extra in [
-            vec![("ef", "vanilla")],
-            vec![("ef", "corrected")],
-            vec![("ef", "vanilla"), ("momentum", "nesterov"), ("mu", "0.9")],
-        ] {
-            let mut c = kv.clone();
-            c.extend(extra);
-            v.push(c);
-        }
-    }
-    v
-}
-
-fn round_ctx(round: u64) -> RoundCtx<'static> {
-    // A learning rate that changes every round, so corrected error feedback's previous rate
-    // matters.
-    RoundCtx {
-        lr: Some(0.1 / (1 + round) as f32),
-        ..RoundCtx::new(round)
-    }
-}
+use pushpull_codecs::Compressor;
 
 fn state(c: &dyn Compressor) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
     (
@@ -49,7 +19,7 @@ fn state(c: &dyn Compressor) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
 fn an_undone_round_leaves_the_chain_as_if_it_never_ran() {
     let seed = seed("an_undone_round_leaves_the_chain_as_if_it_never_ran");
     let mut rng = TestRng::new(seed);
-    for kv in chains() {
+    for kv in decorated_chains(false) {
         let n = 1 + rng.below(300) as usize;
         let (Some(mut undone), Some(mut plain)) = (try_build(&kv, n), try_build(&kv, n)) else {
             continue;
@@ -57,12 +27,12 @@ fn an_undone_round_leaves_the_chain_as_if_it_never_ran() {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for round in 0..3u64 {
             let x = rng.gradient(n, 1.0);
-            undone.compress(&x, &round_ctx(round), &mut a).unwrap();
-            plain.compress(&x, &round_ctx(round), &mut b).unwrap();
+            undone.compress(&x, &changing_lr(round), &mut a).unwrap();
+            plain.compress(&x, &changing_lr(round), &mut b).unwrap();
         }
         // Round 3 runs on one chain only, then is undone.
         let x = rng.gradient(n, 1.0);
-        undone.compress(&x, &round_ctx(3), &mut a).unwrap();
+        undone.compress(&x, &changing_lr(3), &mut a).unwrap();
         let after = state(undone.as_ref());
         undone.undo(2); // not the last round: nothing
         assert_eq!(state(undone.as_ref()), after, "seed {seed} {kv:?}: undo(2)");
@@ -81,8 +51,8 @@ fn an_undone_round_leaves_the_chain_as_if_it_never_ran() {
         // Both continue with round 4, bit for bit.
         for round in 4..6u64 {
             let x = rng.gradient(n, 1.0);
-            undone.compress(&x, &round_ctx(round), &mut a).unwrap();
-            plain.compress(&x, &round_ctx(round), &mut b).unwrap();
+            undone.compress(&x, &changing_lr(round), &mut a).unwrap();
+            plain.compress(&x, &changing_lr(round), &mut b).unwrap();
             assert_eq!(a, b, "seed {seed} {kv:?} round {round}: payloads");
             assert_eq!(
                 state(undone.as_ref()),
@@ -97,20 +67,20 @@ fn an_undone_round_leaves_the_chain_as_if_it_never_ran() {
 fn undo_after_a_failed_round_does_nothing() {
     let seed = seed("undo_after_a_failed_round_does_nothing");
     let mut rng = TestRng::new(seed);
-    for kv in chains() {
+    for kv in decorated_chains(false) {
         let n = 2 + rng.below(300) as usize;
         let Some(mut c) = try_build(&kv, n) else {
             continue;
         };
         let mut out = Vec::new();
         for round in 0..2u64 {
-            c.compress(&rng.gradient(n, 1.0), &round_ctx(round), &mut out)
+            c.compress(&rng.gradient(n, 1.0), &changing_lr(round), &mut out)
                 .unwrap();
         }
         let kept = state(c.as_ref());
         let mut x = rng.gradient(n, 1.0);
         x[rng.below(n as u64) as usize] = f32::INFINITY;
-        let e = c.compress(&x, &round_ctx(2), &mut out).unwrap_err();
+        let e = c.compress(&x, &changing_lr(2), &mut out).unwrap_err();
         assert!(e.is_non_finite(), "{kv:?}: {e}");
         // Round 2 failed and changed nothing; round 1's change is no longer undoable.
         c.undo(2);

@@ -218,3 +218,41 @@ pub fn buckets(n: usize, b: Option<usize>) -> Vec<std::ops::Range<usize>> {
         .map(|k| k * size..((k + 1) * size).min(n))
         .collect()
 }
+
+/// Every compressor of [`all_configs`] under decorators: vanilla and corrected error feedback,
+/// Nesterov momentum over error feedback, and with `alone` also the codec alone and momentum
+/// alone (Moniqua has no decorators: it appears only alone).
+pub fn decorated_chains(alone: bool) -> Vec<Vec<(&'static str, &'static str)>> {
+    let mut v = Vec::new();
+    for kv in all_configs() {
+        if alone {
+            v.push(kv.clone());
+        }
+        if kv.contains(&("compressor", "moniqua")) {
+            continue;
+        }
+        let mut extras = vec![
+            vec![("ef", "vanilla")],
+            vec![("ef", "corrected")],
+            vec![("ef", "vanilla"), ("momentum", "nesterov"), ("mu", "0.9")],
+        ];
+        if alone {
+            extras.push(vec![("momentum", "nesterov")]);
+        }
+        for extra in extras {
+            let mut c = kv.clone();
+            c.extend(extra);
+            v.push(c);
+        }
+    }
+    v
+}
+
+/// Round `round`'s context with a learning rate that changes every round, so corrected error
+/// feedback's previous rate matters.
+pub fn changing_lr(round: u64) -> RoundCtx<'static> {
+    RoundCtx {
+        lr: Some(0.1 / (1 + round) as f32),
+        ..RoundCtx::new(round)
+    }
+}
