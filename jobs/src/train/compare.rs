@@ -455,9 +455,21 @@ mod tests {
     #[test]
     fn presets_and_params_parse() {
         for p in PRESETS {
-            // A preset is named after its compressor (and, after a dash, its variant).
-            let codec = p.split('-').next().unwrap();
-            assert_eq!(preset(p).unwrap()["compressor"], codec);
+            // A preset is named after its compressor (and, after a dash, its variant);
+            // decentralised SGD's full-precision baseline after its algorithm.
+            let map = preset(p).unwrap();
+            let gossip = map.get("exchange").map(String::as_str) == Some("gossip");
+            let codec = if *p == "dpsgd" {
+                "none"
+            } else {
+                p.split('-').next().unwrap()
+            };
+            assert_eq!(map["compressor"], codec, "{p}");
+            assert_eq!(
+                gossip,
+                ["dpsgd", "moniqua", "minmax-gossip"].contains(p),
+                "{p}"
+            );
         }
         assert_eq!(preset("dithering-elias").unwrap()["encoding"], "elias");
         assert!(preset("zip").unwrap_err().contains("onebit"));

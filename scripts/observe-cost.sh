@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# What metrics and the timeline cost a round (BENCHMARKS.md, "Watching a job"): the benchmark
+# job (onebit, the ResNet-50 set at --scale, 2 workers × 2 servers on loopback: CPU-bound),
+# alternately with nothing on and with both on (every node serving /metrics, and writing a
+# Chrome trace of every round), RUNS times each; prints each run's median round time and the
+# medians' ratio.
+#   scripts/observe-cost.sh [RUNS] [SCALE] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-5} scale=${2:-0.25} rounds=${3:-20}
+cargo build --release --bins >&2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+base=(target/release/pushpull local --job benchmark --compressor onebit --scale "$scale"
+      --rounds "$rounds" --warmup 2 --workers 2 --servers 2 --json)
+sed -e '/^\[server\]/i [metrics]\nlisten = "127.0.0.1:0"\n\n[trace]\ndir = "'"$tmp"'/trace"\n' \
+  configs/local.toml > "$tmp/on.toml"
+for i in $(seq "$runs"); do
+  "${base[@]}" > "$tmp/off-$i.json"
+  rm -rf "$tmp/trace"
+  "${base[@]}" --config "$tmp/on.toml" > "$tmp/on-$i.json"
+done
+python3 - "$tmp" "$runs" <<'PY'
+import json, statistics, sys
+tmp, runs = sys.argv[1], int(sys.argv[2])
+def median_round(path):
+    r = json.load(open(path))
+    return statistics.median(s for w in r["workers"] for s in w["round_seconds"])
+off = [median_round(f"{tmp}/off-{i}.json") for i in range(1, runs + 1)]
+on = [median_round(f"{tmp}/on-{i}.json") for i in range(1, runs + 1)]
+print("off (s/round):", " ".join(f"{x:.4f}" for x in off))
+print("on  (s/round):", " ".join(f"{x:.4f}" for x in on))
+print(f"median off {statistics.median(off):.4f}, on {statistics.median(on):.4f}: "
+      f"{statistics.median(on) / statistics.median(off):.3f}x")
+PY
