@@ -273,7 +273,7 @@ fn reference_header(b: &[u8], max: u64) -> Result<FrameHeader, ProtocolError> {
     .into_iter()
     .find(|k| *k as u8 == b[4])
     .ok_or(ProtocolError::BadKind(b[4]))?;
-    let op = [ReduceOp::Sum, ReduceOp::Broadcast]
+    let op = [ReduceOp::Sum, ReduceOp::Broadcast, ReduceOp::Gossip]
         .into_iter()
         .find(|o| *o as u8 == b[5])
         .ok_or(ProtocolError::BadOp(b[5]))?;
@@ -329,7 +329,7 @@ fn frame_headers_decode_as_the_layout_says_and_refusals_name_the_field() {
             // A valid header (kind and op drawn past the valid ones now and then), mutated.
             let mut h = FrameHeader {
                 kind: [FrameKind::Hello, FrameKind::Push, FrameKind::Result, FrameKind::Abort][r.below(4) as usize],
-                op: [ReduceOp::Sum, ReduceOp::Broadcast][r.below(2) as usize],
+                op: [ReduceOp::Sum, ReduceOp::Broadcast, ReduceOp::Gossip][r.below(3) as usize],
                 flags: FrameFlags::default(),
                 rank: r.next() as u32,
                 aux: r.next() as u32,
