@@ -3,8 +3,8 @@
 # job (onebit, the ResNet-50 set at --scale, 2 workers × 2 servers on loopback: CPU-bound),
 # alternately with nothing on and with both on (every node serving /metrics, and writing a
 # Chrome trace of every round), RUNS times each; prints each run's median round time and the
-# medians' ratio.
-#   scripts/observe-cost.sh [RUNS] [SCALE] [ROUNDS]
+# medians' ratio. ON=metrics or ON=trace turns on one of them only.
+#   [ON=both|metrics|trace] scripts/observe-cost.sh [RUNS] [SCALE] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5} scale=${2:-0.25} rounds=${3:-20}
@@ -13,8 +13,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 base=(target/release/pushpull local --job benchmark --compressor onebit --scale "$scale"
       --rounds "$rounds" --warmup 2 --workers 2 --servers 2 --json)
-sed -e '/^\[server\]/i [metrics]\nlisten = "127.0.0.1:0"\n\n[trace]\ndir = "'"$tmp"'/trace"\n' \
-  configs/local.toml > "$tmp/on.toml"
+metrics='[metrics]\nlisten = "127.0.0.1:0"\n' trace='[trace]\ndir = "'"$tmp"'/trace"\n'
+case ${ON:-both} in
+  both) add="$metrics\n$trace" ;; metrics) add=$metrics ;; trace) add=$trace ;;
+  *) echo "ON=$ON: expected both, metrics or trace" >&2; exit 2 ;;
+esac
+sed -e "/^\[server\]/i $add" configs/local.toml > "$tmp/on.toml"
 for i in $(seq "$runs"); do
   "${base[@]}" > "$tmp/off-$i.json"
   rm -rf "$tmp/trace"
