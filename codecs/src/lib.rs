@@ -175,8 +175,8 @@ pub use chunk::{
 pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
 pub use params::{
-    overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange, KSpec,
-    KeyInfo, Normalize, Partition, Rounding, KEYS,
+    is_gossip, overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange,
+    KSpec, KeyInfo, Normalize, Partition, Rounding, KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};

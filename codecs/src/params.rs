@@ -161,6 +161,12 @@ pub struct CompressorSpec {
     pub exchange: Exchange,
 }
 
+/// Whether a tensor with map `params` is gossiped (`exchange = "gossip"`); a map the codecs
+/// refuse is not (its codec's factory names what is wrong).
+pub fn is_gossip(params: &BTreeMap<String, String>) -> bool {
+    parse_params(params).is_ok_and(|s| s.exchange == Exchange::Gossip)
+}
+
 /// The `exchange` key: what a round of the tensor does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Exchange {

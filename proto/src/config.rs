@@ -428,6 +428,31 @@ impl GossipConfig {
         *self == GossipConfig::default()
     }
 
+    /// Each worker's neighbours `j` and weights `W[i][j]`, ascending (what a gossip round
+    /// relays and averages), for the job of `cluster`: [`GossipConfig::matrix`]'s rows. Errors
+    /// name the setting: gossip runs without local groups (`cluster.local_size` 1), and the
+    /// matrix must be valid.
+    pub fn graph(&self, cluster: &ClusterConfig) -> Result<Vec<Vec<(u32, f64)>>, String> {
+        if cluster.local_size > 1 {
+            return Err(format!(
+                "exchange = \"gossip\" runs without local groups (cluster.local_size is {}; \
+                 set it to 1)",
+                cluster.local_size
+            ));
+        }
+        let w = self
+            .matrix(cluster.num_workers)
+            .map_err(|e| format!("gossip.mixing: {e}"))?;
+        Ok((0..w.len())
+            .map(|i| {
+                w.neighbours(i)
+                    .into_iter()
+                    .map(|(j, wij)| (j as u32, wij))
+                    .collect()
+            })
+            .collect())
+    }
+
     /// The matrix a job of `num_workers` averages with: `mixing` (or the ring) with the slack
     /// applied. Errors name the row, the entry or the eigenvalue.
     pub fn matrix(&self, num_workers: u32) -> Result<Mixing, String> {

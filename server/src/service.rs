@@ -599,33 +599,23 @@ fn place_keys(
 }
 
 /// A gossip tensor's graph (each rank's neighbours in the cluster's mixing matrix), or `None`
-/// for a tensor summed by push_pull. A map the codecs refuse is left to the codec factory,
-/// which names what is wrong.
+/// for a tensor summed by push_pull.
 fn gossip_graph(
     config: &Config,
     p: &TensorPlacement,
 ) -> Result<Option<Arc<Vec<Vec<u32>>>>, String> {
-    let gossip = pushpull_codecs::parse_params(&p.params)
-        .is_ok_and(|s| s.exchange == pushpull_codecs::Exchange::Gossip);
-    if !gossip {
+    if !pushpull_codecs::is_gossip(&p.params) {
         return Ok(None);
     }
-    let c = &config.cluster;
-    if c.local_size > 1 {
-        return Err(format!(
-            "tensor {:?}: exchange = \"gossip\" runs without local groups (cluster.local_size \
-             is {}; set it to 1)",
-            p.name, c.local_size
-        ));
-    }
-    let w = config
+    let graph = config
         .gossip
-        .matrix(c.num_workers)
-        .map_err(|e| format!("tensor {:?}: gossip.mixing: {e}", p.name))?;
-    let graph = (0..w.len())
-        .map(|i| w.neighbours(i).into_iter().map(|(j, _)| j as u32).collect())
+        .graph(&config.cluster)
+        .map_err(|e| format!("tensor {:?}: {e}", p.name))?;
+    let ranks = graph
+        .into_iter()
+        .map(|row| row.into_iter().map(|(j, _)| j).collect())
         .collect();
-    Ok(Some(Arc::new(graph)))
+    Ok(Some(Arc::new(ranks)))
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {

@@ -174,7 +174,7 @@ impl Reference {
     /// counter still advances, as in a cluster.
     pub fn gossip(&mut self, t: RefTensor, inputs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>, String> {
         let w = self.num_workers as usize;
-        let mixing = self.config.gossip.matrix(self.num_workers)?;
+        let graph = self.config.gossip.graph(&self.config.cluster)?;
         let state = &mut self.tensors[t.0];
         let round = state.round;
         state.round += 1;
@@ -182,12 +182,9 @@ impl Reference {
         if inputs.len() != w || inputs.iter().any(|x| x.len() != len) {
             return Err(format!("{w} inputs of {len} elements needed"));
         }
-        let spec =
-            pushpull_kernels::parse_params(&state.placement.params).map_err(|e| e.to_string())?;
-        if spec.exchange != pushpull_kernels::Exchange::Gossip || self.local_size != 1 {
+        if !pushpull_kernels::is_gossip(&state.placement.params) {
             return Err(format!(
-                "tensor {:?} is not gossiped in this job (its map needs exchange = \"gossip\", \
-                 the job cluster.local_size = 1)",
+                "tensor {:?} is summed: its map needs exchange = \"gossip\"",
                 state.placement.name
             ));
         }
@@ -220,10 +217,9 @@ impl Reference {
                     Ok(v)
                 };
                 let own = decode(&payloads[i])?;
-                let theirs = mixing
-                    .neighbours(i)
-                    .into_iter()
-                    .map(|(j, wij)| Ok((wij, decode(&payloads[j])?)))
+                let theirs = graph[i]
+                    .iter()
+                    .map(|&(j, wij)| Ok((wij, decode(&payloads[j as usize])?)))
                     .collect::<Result<Vec<_>, String>>()?;
                 let views: Vec<(f64, &[f32])> =
                     theirs.iter().map(|(wij, v)| (*wij, &v[..])).collect();

@@ -120,6 +120,19 @@ async fn all<T>(
     futures_util::future::join_all(s.workers.iter().map(|w| f(w.clone()))).await
 }
 
+/// Every worker saves its checkpoint into `dir` (a collective), and it must succeed.
+async fn save_all(s: &Stack, dir: &std::path::Path) {
+    let d = dir.to_path_buf();
+    for r in all(s, move |w| {
+        let path = file(&d, w.rank());
+        Box::pin(async move { w.save_state(path).await })
+    })
+    .await
+    {
+        r.unwrap();
+    }
+}
+
 fn file(dir: &std::path::Path, rank: u32) -> std::path::PathBuf {
     dir.join(format!("ckpt-rank{rank}.bin"))
 }
@@ -171,15 +184,7 @@ async fn restart_case(workers: u32, local_size: u32) {
         broadcast_parameters(&s).await;
         assert!(ts[0][0].num_chunks() > 1, "several chunks, on both servers");
         let before = run(&s, &ts, seed, 0, K).await;
-        let d = dir.path().to_path_buf();
-        for r in all(&s, move |w| {
-            let path = file(&d, w.rank());
-            Box::pin(async move { w.save_state(path).await })
-        })
-        .await
-        {
-            r.unwrap();
-        }
+        save_all(&s, dir.path()).await;
         s.finish_all().await;
 
         // The job that never stops: the same seed, 2K rounds.
@@ -232,15 +237,7 @@ async fn changed_settings_and_damaged_files_are_refused_by_name() {
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(seed))).await;
         let ts = declare(&s).await;
         run(&s, &ts, seed, 0, 1).await;
-        let d = dir.path().to_path_buf();
-        for r in all(&s, move |w| {
-            let path = file(&d, w.rank());
-            Box::pin(async move { w.save_state(path).await })
-        })
-        .await
-        {
-            r.unwrap();
-        }
+        save_all(&s, dir.path()).await;
         s.finish_all().await;
 
         // Another top-k fraction: a parameter map that differs.

@@ -284,10 +284,7 @@ pub fn device() -> Device {
 /// Whether the tensors are gossiped (every map says `exchange = "gossip"`) or summed (none
 /// does); a mix is refused, naming one of each.
 fn gossiped(tensors: &[pushpull_worker::Tensor]) -> CliResult<bool> {
-    let is = |t: &pushpull_worker::Tensor| {
-        pushpull_kernels::parse_params(t.params())
-            .is_ok_and(|s| s.exchange == pushpull_kernels::Exchange::Gossip)
-    };
+    let is = |t: &pushpull_worker::Tensor| pushpull_kernels::is_gossip(t.params());
     match (
         tensors.iter().find(|t| is(t)),
         tensors.iter().find(|t| !is(t)),

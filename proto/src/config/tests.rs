@@ -289,6 +289,12 @@ fn a_gossip_graph_is_checked_when_the_file_is_read() {
         c.digest(),
         Config::from_toml_str(&four, "g.toml").unwrap().digest()
     );
+    // The graph: each worker's neighbours and weights; none with local groups.
+    assert_eq!(c.gossip.graph(&c.cluster).unwrap()[2], vec![(1, q), (3, q)]);
+    let mut grouped = c.cluster.clone();
+    grouped.local_size = 2;
+    let e = c.gossip.graph(&grouped).unwrap_err();
+    assert!(e.contains("cluster.local_size is 2"), "{e}");
     let cases = [
         // A ring of four with ½ to each neighbour and nothing on itself is bipartite.
         (

@@ -9,42 +9,27 @@
 //! `x + Σ_j W_ij (x̂_j − x̂_i)` ([`pushpull_kernels::gossip::average_step`]).
 
 use pushpull_kernels::gossip::average_step;
-use pushpull_kernels::{Exchange, RoundCtx as CodecRound};
+use pushpull_kernels::RoundCtx as CodecRound;
 use pushpull_proto::protocol::split_gossip_result;
 
 use super::*;
 
 /// A tensor's gossip row on worker `rank`: its neighbours `j` and weights `W[rank][j]`,
-/// ascending, when its map says `exchange = "gossip"`; `None` for a summed tensor (a map the
-/// codecs refuse is named by the codec factory).
+/// ascending, when its map says `exchange = "gossip"`; `None` for a summed tensor.
 pub(crate) fn row(
     config: &Config,
     rank: u32,
     params: &ParamMap,
 ) -> Result<Option<Vec<(u32, f64)>>, String> {
-    let gossip =
-        pushpull_kernels::parse_params(params).is_ok_and(|s| s.exchange == Exchange::Gossip);
-    if !gossip {
+    if !pushpull_kernels::is_gossip(params) {
         return Ok(None);
     }
-    let c = &config.cluster;
-    if c.local_size > 1 {
-        return Err(format!(
-            "exchange = \"gossip\" runs without local groups (cluster.local_size is {}; set it \
-             to 1)",
-            c.local_size
-        ));
-    }
-    let w = config
-        .gossip
-        .matrix(c.num_workers)
-        .map_err(|e| format!("gossip.mixing: {e}"))?;
-    Ok(Some(
-        w.neighbours(rank as usize)
-            .into_iter()
-            .map(|(j, wij)| (j as u32, wij))
-            .collect(),
-    ))
+    let graph = config.gossip.graph(&config.cluster)?;
+    graph
+        .into_iter()
+        .nth(rank as usize)
+        .map(Some)
+        .ok_or_else(|| format!("rank {rank} is not a worker of the gossip graph"))
 }
 
 /// Chunk `index` of a gossip round: `slice` holds this worker's values `x` and receives the
