@@ -7,8 +7,9 @@
 //!   would carry more than `cluster.max_chunk_payload_bytes` on the wire ([`cut_bytes`]).
 //! * A chunk's key is derived from the tensor's *name* and the chunk index ([`chunk_key`]),
 //!   never from a declaration counter, so workers may declare in any order.
-//! * The scheduler assigns each chunk to the server with the fewest bytes so far (ties: the
-//!   lowest id), chunk by chunk ([`Placer`]). Results never depend on placement.
+//! * The scheduler assigns each chunk to the server with the fewest bytes so far among the
+//!   tensors declared with the same parameter map (ties: the fewest bytes of all tensors, then
+//!   the lowest id), chunk by chunk ([`Placer`]). Results never depend on placement.
 //! * With local groups (`cluster.local_size` G > 1), one member of each host owns a chunk: it
 //!   compresses the host's sum, pushes it and shares the result ([`chunk_owner`]: the key
 //!   modulo G, so owners spread evenly whatever the tensors' sizes).
@@ -124,9 +125,19 @@ pub fn cut_bytes(
 
 /// Assigns chunks to servers, least-loaded by bytes first: by default fp32 bytes, or with
 /// [`Placer::place_cut`] the bytes each chunk really carries (its payload).
+///
+/// The load that decides is that of the tensors declared with the same parameter map (ties:
+/// the load of all tensors, then the lowest id). Tensors with one map are exchanged together
+/// (a model's gradients), while others may travel once: a job that first broadcasts its
+/// parameters as fp32 (4 MB chunks with `configs/gpu-local.toml`) leaves the servers up to one
+/// such chunk apart, more than a step's onebit gradients weigh, and balancing the gradients
+/// against that total put 152 of a ResNet-50 step's 175 chunks on one server (BENCHMARKS.md,
+/// "PyTorch on GPUs"). Within a map, servers stay within one chunk's weight of each other.
 #[derive(Debug, Clone)]
 pub struct Placer {
     load_bytes: Vec<u64>,
+    /// The load of the tensors of each parameter map.
+    map_bytes: std::collections::BTreeMap<ParamMap, Vec<u64>>,
     partition_bytes: u64,
 }
 
@@ -135,6 +146,7 @@ impl Placer {
     pub fn new(num_servers: u32, partition_bytes: u64) -> Placer {
         Placer {
             load_bytes: vec![0; num_servers as usize],
+            map_bytes: Default::default(),
             partition_bytes,
         }
     }
@@ -167,17 +179,22 @@ impl Placer {
         params: ParamMap,
         mut bytes: impl FnMut(u64) -> u64,
     ) -> TensorPlacement {
+        let servers = self.load_bytes.len();
+        let map_bytes = self
+            .map_bytes
+            .entry(params.clone())
+            .or_insert_with(|| vec![0; servers]);
         let chunks = chunk_ranges_in(len, partition_bytes, unit)
             .enumerate()
             .map(|(i, (offset, clen))| {
-                let server = self
-                    .load_bytes
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|&(id, &bytes)| (bytes, id))
-                    .map(|(id, _)| id)
+                let server = (0..servers)
+                    .min_by_key(|&id| (map_bytes[id], self.load_bytes[id], id))
                     .unwrap_or(0);
-                self.load_bytes[server] += bytes(clen);
+                let w = bytes(clen);
+                if let Some(load) = self.load_bytes.get_mut(server) {
+                    *load += w;
+                    map_bytes[server] += w;
+                }
                 ChunkPlacement {
                     key: chunk_key(name, i as u64),
                     offset,
@@ -259,6 +276,26 @@ mod tests {
         assert_eq!(small.chunks[0].server, 1);
         let small2 = placer.place("b", 10, ParamMap::new()); // server 1 still lighter
         assert_eq!(small2.chunks[0].server, 1);
+    }
+
+    #[test]
+    fn each_map_is_balanced_on_its_own() {
+        let onebit: ParamMap = [("compressor".to_string(), "onebit".to_string())].into();
+        // Broadcast-like fp32 tensors first: server 0 ends one 4 MB chunk ahead.
+        let mut placer = Placer::new(2, P);
+        placer.place("Parameter.a", 3 * 1_024_000, ParamMap::new());
+        assert_eq!(placer.load_bytes(), &[2 * P, P]);
+        // Then 40 gradients of one map, each 1/100 of a chunk: they split 20/20 (against the
+        // total load they would all go to server 1).
+        let mut on = [0; 2];
+        for i in 0..40 {
+            let t = placer.place(&format!("Gradient.{i}"), 10_240, onebit.clone());
+            on[t.chunks[0].server as usize] += 1;
+        }
+        assert_eq!(on, [20, 20]);
+        // A new map starts where the total is lighter (server 1, the tie-break).
+        let fp16: ParamMap = [("compressor".to_string(), "fp16".to_string())].into();
+        assert_eq!(placer.place("x", 10, fp16).chunks[0].server, 1);
     }
 
     #[test]
