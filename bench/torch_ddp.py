@@ -26,7 +26,9 @@ cross entropy, SGD with lr 0.01 and momentum 0.9 (momentum 0 when the compressor
 momentum of its own), `cudnn.benchmark` on, TF32 for matmuls and convolutions per `--tf32`
 (default on), `--warmup` untimed steps, a barrier of the ranks, then `--steps` timed steps with
 `torch.cuda.synchronize()` before each of the two clock readings (none inside the steps).
-img/s of a rank = batch x steps / seconds.
+img/s of a rank = batch x steps / seconds. With `--profile DIR`, 5 more steps run afterwards
+under `torch.profiler` (CPU and CUDA activity) and each rank writes a Chrome trace
+`DIR/MODE-rankR.json` (open it in Perfetto; the timed steps are not profiled).
 
 Each rank prints one line, `BENCH {json}`: mode, rank, world, model, batch, image, compressor
 and its map, img_per_s, seconds, device and its name, torch version, tf32; pushpull adds the
@@ -46,7 +48,8 @@ Modes:
   feedback), dithering (k = 15, bucket 512), minmax (8 bits, bucket 512); `--params k=v,k=v`
   adds or replaces keys (alone, with `--compressor none`, it is the whole map).
 * `ddp`: spawns `--world` ranks (torch.multiprocessing), `init_method` tcp on 127.0.0.1 (a free
-  port, or `--port`), DDP with its default buckets. `--backend auto` takes nccl when every rank
+  port, or `--port`), DDP with buckets of `--bucket-mb` MiB (default 25,
+  DDP's and `DistributedOptimizer`'s). `--backend auto` takes nccl when every rank
   has a GPU of its own and gloo otherwise (NCCL refuses two ranks on one GPU) or on the CPU.
 * `none`: spawns `--world` ranks that train without exchanging anything (a multiprocessing
   barrier aligns the start of the timed steps).
@@ -108,12 +111,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9,
                    help="SGD momentum (0 is used when the compressor map has momentum)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="pushpull, ddp: gradient bucket size in MiB (DDP's bucket_cap_mb, "
+                   "DistributedOptimizer's; default 25, both defaults)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="after the timed steps, profile 5 more (torch.profiler, CPU and CUDA) "
+                   "and write DIR/MODE-rankR.json, a Chrome trace")
     a = p.parse_args(argv)
     for name in ("batch", "image", "classes", "steps"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
     if a.warmup < 0:
         p.error("--warmup must be >= 0")
+    if not a.bucket_mb > 0:
+        p.error("--bucket-mb must be > 0")
     if a.world is not None and a.world < 1:
         p.error("--world must be >= 1")
     try:
@@ -216,8 +227,9 @@ def sync(dev) -> None:
         torch.cuda.synchronize(dev)
 
 
-def run_steps(a, dev, model, opt, x, y, barrier):
-    """Warm-up steps, the barrier, then the timed steps: returns their seconds."""
+def run_steps(a, dev, model, opt, x, y, barrier, rank: int, timed_done=lambda: None):
+    """Warm-up steps, the barrier, then the timed steps: returns their seconds; `timed_done`
+    is called right after them (then, with `--profile`, 5 profiled steps run, untimed)."""
     import torch
 
     def step():
@@ -234,7 +246,21 @@ def run_steps(a, dev, model, opt, x, y, barrier):
     for _ in range(a.steps):
         step()
     sync(dev)
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    timed_done()
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if dev.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        with profile(activities=activities) as prof:
+            for _ in range(5):
+                step()
+            sync(dev)
+        os.makedirs(a.profile, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(a.profile, f"{a.mode}-rank{rank}.json"))
+    return seconds
 
 
 def report(a, mode: str, rank: int, world: int, dev, seconds: float, threads: int, extra=None):
@@ -246,6 +272,7 @@ def report(a, mode: str, rank: int, world: int, dev, seconds: float, threads: in
         "world": world,
         "model": a.model,
         "batch": a.batch,
+        "bucket_mb": a.bucket_mb,
         "image": a.image,
         "compressor": compressor_label(a),
         "params": a.param_map if mode == "pushpull" else None,
@@ -288,7 +315,8 @@ def run_pushpull(a) -> None:
     bps.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = make_sgd(a, model, map_has_momentum(a.param_map))
     opt = bps.DistributedOptimizer(
-        opt, named_parameters=model.named_parameters(), compression_params=a.param_map
+        opt, named_parameters=model.named_parameters(), compression_params=a.param_map,
+        bucket_cap_mb=a.bucket_mb,
     )
     # A push_pull of one element: returns once every worker has pushed it.
     token = torch.zeros(1)
@@ -303,9 +331,11 @@ def run_pushpull(a) -> None:
         state["before"] = bps.metrics()
 
     # The snapshot is taken before the clock starts (run_steps reads it right after barrier()).
-    seconds = run_steps(a, dev, model, opt, x, y, barrier_then_snapshot)
-    after = bps.metrics()
-    before = state["before"]
+    def snapshot_after():
+        state["after"] = bps.metrics()
+
+    seconds = run_steps(a, dev, model, opt, x, y, barrier_then_snapshot, rank, snapshot_after)
+    before, after = state["before"], state["after"]
     per_step = lambda k: (after[k] - before[k]) / a.steps  # noqa: E731
     grads = {n: t for n, t in after["tensors"].items() if n.startswith("Gradient.")}
     codecs = collections.Counter(
@@ -364,7 +394,11 @@ def spawned_rank(rank: int, a, world: int, port: int, backend: str, start_barrie
             world_size=world,
             timeout=datetime.timedelta(seconds=300),
         )
-        model = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        model = DDP(
+            model,
+            device_ids=[dev.index] if dev.type == "cuda" else None,
+            bucket_cap_mb=a.bucket_mb,
+        )
         if backend == "nccl":
             barrier = lambda: dist.barrier(device_ids=[dev.index])  # noqa: E731
         else:
@@ -373,7 +407,7 @@ def spawned_rank(rank: int, a, world: int, port: int, backend: str, start_barrie
     else:
         barrier = start_barrier.wait
     opt = make_sgd(a, model, False)
-    seconds = run_steps(a, dev, model, opt, x, y, barrier)
+    seconds = run_steps(a, dev, model, opt, x, y, barrier, rank)
     report(a, a.mode, rank, world, dev, seconds, threads, extra)
     if a.mode == "ddp":
         import torch.distributed as dist

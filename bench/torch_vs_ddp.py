@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="DDP's")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0: auto)")
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="bucket size of DDP and of pushpull's DistributedOptimizer (default 25)")
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error("--workers must be >= 1")
@@ -107,6 +109,7 @@ def common_args(a) -> list:
         "--model", a.model, "--batch", str(a.batch), "--image", str(a.image),
         "--classes", str(a.classes), "--warmup", str(a.warmup), "--steps", str(a.steps),
         "--tf32", a.tf32, "--device", a.device, "--threads", str(a.threads),
+        "--bucket-mb", str(a.bucket_mb),
     ]
 
 
