@@ -277,7 +277,7 @@ fn decentralised_sgd_trains_on_a_ring() {
             reports[0].test_accuracy, reports[0].compression_ratio, reports[0].consensus_distance
         );
         // Full precision reaches consensus (the learning rate decays to 0); Moniqua's models
-        // stay apart by about its quantisation error (δ·B_θ = 0.05 with a fixed θ of 0.05).
+        // stay apart by about its quantisation error (δ·B_θ, θ the decaying learning rate).
         let bound = if name == "dpsgd" { 1e-3 } else { 0.5 } * alone;
         assert!(
             reports[0].consensus_distance < bound,

@@ -72,6 +72,7 @@
 //! | `bits` | | minmax, moniqua | 1..=8 (moniqua with stochastic rounding: 2..=8, δ < ½) | `8` |
 //! | `theta` | | moniqua | θ, a finite number > 0 | required |
 //! | `rounding` | | moniqua | `stochastic` (δ = 2^-bits), `nearest` (δ = 2^-(bits+1)) | `stochastic` |
+//! | `theta_schedule` | | moniqua | `fixed`, `lr` (θ is `theta` × the round's learning rate, [`RoundCtx::lr`], which must be set: the paper's θ ∝ α) | `fixed` |
 //! | `ef` | `byteps_error_feedback_type`, `byteps_ef_type` | all | `none`, `vanilla`, `corrected` | `none` |
 //! | `momentum` | `byteps_momentum_type` | all (workers only) | `none`, `nesterov` | `none` |
 //! | `mu` | `byteps_momentum_mu` | momentum=nesterov | a number in [0, 1) | `0.9` |
@@ -176,7 +177,7 @@ pub use decorators::{ErrorFeedback, Momentum};
 pub use error::KernelError;
 pub use params::{
     is_gossip, overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange,
-    KSpec, KeyInfo, Normalize, Partition, Rounding, KEYS,
+    KSpec, KeyInfo, Normalize, Partition, Rounding, ThetaSchedule, KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};

@@ -11,7 +11,7 @@
 mod keys;
 mod parse;
 
-pub use crate::codecs::moniqua::Rounding;
+pub use crate::codecs::moniqua::{Rounding, ThetaSchedule};
 use crate::error::KernelError;
 pub use crate::reduce::IntraCodec;
 use std::collections::BTreeMap;
@@ -128,6 +128,8 @@ pub enum CodecSpec {
         bits: u32,
         /// Rounding mode.
         rounding: Rounding,
+        /// Whether θ follows the learning rate.
+        schedule: ThetaSchedule,
     },
 }
 
@@ -252,10 +254,14 @@ impl CodecSpec {
                 theta,
                 bits,
                 rounding,
+                schedule,
             } => {
                 put("theta", theta.to_string());
                 put("bits", bits.to_string());
                 put("rounding", rounding_name(*rounding).to_string());
+                if *schedule == ThetaSchedule::Lr {
+                    put("theta_schedule", "lr".to_string());
+                }
             }
         }
     }
@@ -293,10 +299,18 @@ impl CodecSpec {
                 theta,
                 bits,
                 rounding,
-            } => format!(
-                "moniqua(theta={theta}, bits={bits}, {})",
-                rounding_name(*rounding)
-            ),
+                schedule,
+            } => {
+                let per_lr = if *schedule == ThetaSchedule::Lr {
+                    " x lr"
+                } else {
+                    ""
+                };
+                format!(
+                    "moniqua(theta={theta}{per_lr}, bits={bits}, {})",
+                    rounding_name(*rounding)
+                )
+            }
         }
     }
 }

@@ -121,6 +121,7 @@ pub(crate) fn build_codec(
             theta,
             bits,
             rounding,
+            schedule,
         } => {
             if opts.purpose == Purpose::Gradient {
                 return Err(KernelError::Refused {
@@ -133,7 +134,7 @@ pub(crate) fn build_codec(
                         .into(),
                 });
             }
-            Box::new(Moniqua::new(base, theta, bits, rounding))
+            Box::new(Moniqua::new(base, theta, bits, rounding, schedule))
         }
     })
 }

@@ -90,3 +90,78 @@ fn moniqua_is_refused_for_gradients_and_delta_must_stay_below_half() {
     ]))
     .unwrap();
 }
+
+#[test]
+fn theta_schedule_lr_scales_theta_by_the_rounds_learning_rate() {
+    // theta = 0.5 per unit of learning rate: at lr 0.02 the bound is theta 0.01, so values
+    // within 0.01 of the reference are recovered within delta * B_theta(0.01), and a fixed
+    // theta of 0.5 would be 50 times coarser.
+    let mut rng = TestRng::new(seed(
+        "theta_schedule_lr_scales_theta_by_the_rounds_learning_rate",
+    ));
+    let n = 1000;
+    let (c, lr, bits) = (0.5f64, 0.02f32, 4u32);
+    let theta = c * lr as f64;
+    let x: Vec<f32> = (0..n).map(|_| (3.0 + rng.normal()) as f32).collect();
+    let y: Vec<f32> = x
+        .iter()
+        .map(|&v| (v as f64 + (rng.unit() * 2.0 - 1.0) * theta * 0.9) as f32)
+        .collect();
+    let kv = [
+        ("compressor", "moniqua"),
+        ("theta", "0.5"),
+        ("bits", "4"),
+        ("theta_schedule", "lr"),
+    ];
+    let mut codec = build(&kv, n);
+    let ctx = RoundCtx::new(7).with_lr(lr);
+    let mut out = Vec::new();
+    codec.compress(&x, &ctx, &mut out).unwrap();
+    let mut xh = vec![0f32; n];
+    codec
+        .decompress(&out, &ctx.with_reference(&y), &mut xh)
+        .unwrap();
+    let b_theta = 2.0 * theta / (1.0 - 2.0 * delta(bits, false));
+    let bound = delta(bits, false) * b_theta;
+    let worst = x
+        .iter()
+        .zip(&xh)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= bound * (1.0 + 1e-6) + 4.0 * 2f64.powi(-22),
+        "{worst} > {bound}"
+    );
+    // The fixed schedule with the same map would be 50x coarser: its error is larger.
+    let mut fixed = build(&kv[..3], n);
+    let mut coarse = Vec::new();
+    fixed.compress(&x, &RoundCtx::new(7), &mut coarse).unwrap();
+    fixed
+        .decompress(&coarse, &RoundCtx::new(7).with_reference(&y), &mut xh)
+        .unwrap();
+    let worst_fixed = x
+        .iter()
+        .zip(&xh)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .fold(0.0, f64::max);
+    assert!(worst_fixed > 10.0 * worst, "{worst_fixed} vs {worst}");
+    // A round without a learning rate is refused, naming the key, both ways.
+    let e = codec.compress(&x, &RoundCtx::new(8), &mut out).unwrap_err();
+    assert!(e.to_string().contains("theta_schedule = lr"), "{e}");
+    let e = codec
+        .decompress(&out, &RoundCtx::new(8).with_reference(&y), &mut xh)
+        .unwrap_err();
+    assert!(e.to_string().contains("learning rate"), "{e}");
+    // An unknown schedule names the key and what is allowed.
+    let e = pushpull_codecs::parse_params(&map(&[
+        ("compressor", "moniqua"),
+        ("theta", "1"),
+        ("theta_schedule", "cosine"),
+    ]))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("\"theta_schedule\" = \"cosine\""),
+        "{e}"
+    );
+    assert!(e.to_string().contains("fixed or lr"), "{e}");
+}

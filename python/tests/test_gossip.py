@@ -40,7 +40,7 @@ def plain_dpsgd(saved):
 
 
 def test_dpsgd_is_the_plain_algorithm_and_moniqua_stays_close(pushpull, seed, tmp_path):
-    for mode in ["dpsgd", "moniqua"]:
+    for mode in ["dpsgd", "moniqua", "moniqua-lr"]:
         p = run_job(pushpull, "gossip.py", mode, tmp_path, seed, workers=N, config=SMALL)
         assert p.returncode == 0, f"{mode}: {p.stderr}"
     dpsgd, moniqua = load(tmp_path, "dpsgd"), load(tmp_path, "moniqua")
@@ -61,6 +61,16 @@ def test_dpsgd_is_the_plain_algorithm_and_moniqua_stays_close(pushpull, seed, tm
             d = np.abs(moniqua[r]["steps"][last][n].numpy() - want[last][r][n]).max()
             assert d < 2.0, f"seed {seed}: rank {r} {n}: {d}"
             assert (d > 0) == (n == "w"), f"seed {seed}: rank {r} {n}: {d}"
+    # θ from the learning rate (0.5 × lr 1) is θ = 0.5: the same bits, so the rate reached the
+    # codec on every worker (a round without one is refused).
+    moniqua_lr = load(tmp_path, "moniqua-lr")
+    for r in range(N):
+        for step in range(len(want)):
+            for n, x in moniqua[r]["steps"][step].items():
+                got = moniqua_lr[r]["steps"][step][n].numpy()
+                assert np.array_equal(got.view(np.uint32), x.numpy().view(np.uint32)), (
+                    f"seed {seed}: theta_schedule = lr: rank {r} step {step} {n}"
+                )
     # The mean model: the workers' mean, the same on every rank.
     for n in want[last][0]:
         mean = np.mean([want[last][r][n].astype(np.float64) for r in range(N)], axis=0)

@@ -116,13 +116,15 @@ pub(crate) trait RoundData: Send + 'static {
     ) -> Result<Encoded, String>;
 
     /// Decodes chunk `index`'s result into the buffer (and divides by `num_workers` for an
-    /// average).
+    /// average); `lr` is the round's learning rate, as at [`RoundData::encode`].
+    #[allow(clippy::too_many_arguments)]
     fn decode(
         &mut self,
         tensor: &TensorInner,
         index: usize,
         round: u64,
         kind: RoundKind,
+        lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
     ) -> Result<(), String>;
@@ -245,13 +247,16 @@ pub(crate) fn undo_host(tensor: &TensorInner, round: u64) {
     }
 }
 
-/// Decodes a result into `slice` (chunk `index`) on the host.
+/// Decodes a result into `slice` (chunk `index`) on the host; `lr`, the round's learning rate,
+/// matters to a gossip round only (moniqua's `theta_schedule = lr`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_host(
     tensor: &TensorInner,
     index: usize,
     slice: &mut [f32],
     round: u64,
     kind: RoundKind,
+    lr: Option<f32>,
     num_workers: u32,
     payload: &[u8],
 ) -> Result<(), String> {
@@ -260,7 +265,7 @@ pub(crate) fn decode_host(
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).decompress(payload, &ctx, slice),
         RoundKind::Sum { .. } => tensor.codec(index).decompress(payload, &ctx, slice),
         RoundKind::Gossip => {
-            return crate::worker::average_gossip(tensor, index, slice, round, payload)
+            return crate::worker::average_gossip(tensor, index, slice, round, lr, payload)
         }
     }
     .map_err(|e| e.to_string())?;
@@ -413,11 +418,12 @@ impl<H: HostBuffers> RoundData for H {
         index: usize,
         round: u64,
         kind: RoundKind,
+        lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
     ) -> Result<(), String> {
         let slice = &mut self.output()[tensor.ranges[index].clone()];
-        decode_host(tensor, index, slice, round, kind, num_workers, payload)
+        decode_host(tensor, index, slice, round, kind, lr, num_workers, payload)
     }
 
     fn end(&mut self, _tensor: &TensorInner) -> Option<Settling> {

@@ -191,7 +191,11 @@ impl Reference {
         let mut outputs = inputs.to_vec();
         for (c, chunk) in state.placement.chunks.iter().enumerate() {
             let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
-            let ctx = RoundCtx::new(round);
+            // The learning rate last set (moniqua's `theta_schedule = lr` reads it).
+            let ctx = RoundCtx {
+                lr: self.lr,
+                ..RoundCtx::new(round)
+            };
             let what = |r: usize, e: pushpull_kernels::KernelError| {
                 format!(
                     "tensor {:?} chunk {c} round {round}: rank {r}: {e}",
@@ -208,7 +212,7 @@ impl Reference {
             }
             for (i, x) in inputs.iter().enumerate() {
                 let x = &x[range.clone()];
-                let at = RoundCtx::new(round).with_reference(x);
+                let at = ctx.with_reference(x);
                 let decode = |p: &[u8]| -> Result<Vec<f32>, String> {
                     let mut v = vec![0.0f32; x.len()];
                     state.hosts[i][c]

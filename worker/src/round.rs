@@ -234,7 +234,15 @@ async fn chunk_round<R: RoundData>(
         Outcome::Result(payload) => {
             let t0 = std::time::Instant::now();
             let span = crate::spans::chunk("decompress", ctx.rank, tensor, index, round);
-            let decoded = lock().decode(tensor, index, round, kind, ctx.num_workers, &payload);
+            let decoded = lock().decode(
+                tensor,
+                index,
+                round,
+                kind,
+                ctx.lr(),
+                ctx.num_workers,
+                &payload,
+            );
             drop(span);
             add_nanos(&tensor.decompress_nanos, t0);
             decoded

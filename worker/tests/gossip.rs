@@ -17,7 +17,8 @@ use common::*;
 const WORKERS: u32 = 5;
 const LEN: usize = 40_000;
 
-/// The maps gossiped here: full precision, Moniqua at 2 bits, naive min-max at 2 bits.
+/// The maps gossiped here: full precision, Moniqua at 2 bits (θ fixed, and θ = 5 × a learning
+/// rate that changes every round), naive min-max at 2 bits.
 fn maps() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     vec![
         ("none", vec![("compressor", "none"), ("exchange", "gossip")]),
@@ -27,6 +28,16 @@ fn maps() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
                 ("compressor", "moniqua"),
                 ("theta", "0.5"),
                 ("bits", "2"),
+                ("exchange", "gossip"),
+            ],
+        ),
+        (
+            "moniqua-lr",
+            vec![
+                ("compressor", "moniqua"),
+                ("theta", "5"),
+                ("bits", "2"),
+                ("theta_schedule", "lr"),
                 ("exchange", "gossip"),
             ],
         ),
@@ -107,6 +118,12 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
             let mut xs = models(seed ^ name.len() as u64);
             let before = spread(&xs);
             for round in 0..3u64 {
+                if name == "moniqua-lr" {
+                    // θ = 0.5, 0.25, 0.1667: the codec reads the rate of each round.
+                    let lr = 0.1 / (round + 1) as f32;
+                    s.workers.iter().for_each(|w| w.set_learning_rate(lr));
+                    reference.set_learning_rate(lr);
+                }
                 let calls = s
                     .workers
                     .iter()

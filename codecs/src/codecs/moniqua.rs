@@ -15,6 +15,12 @@
 //! Lemma 2: if `|x - y| < θ` then `|x̂ - x| <= δ B_θ = 2θδ / (1 - 2δ)` (plus the final f32
 //! rounding of `x̂`), however large `|x|` is.
 //!
+//! With `theta_schedule = lr` ([`ThetaSchedule::Lr`]) the round's θ is `theta · α` with `α`
+//! the round's learning rate ([`RoundCtx::lr`], required), as in the paper's Theorem 1, where
+//! θ grows with the step size: workers' models differ by about `α·G / (1 − ρ)`, so a bound
+//! that shrinks with a decaying rate quantises finer as training settles. `B_θ` is then the
+//! fixed `B_θ` of `theta` times `α` (in f64, `α` widened from f32), the same on every worker.
+//!
 //! Wire format: a bit stream of `n` codes of `b` bits. Size `4 * ceil(n * b / 32)`.
 //!
 //! # The reference
@@ -38,12 +44,22 @@ pub enum Rounding {
     Nearest,
 }
 
+/// How Moniqua's θ follows training (the `theta_schedule` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThetaSchedule {
+    /// `fixed`: θ is `theta` in every round.
+    Fixed,
+    /// `lr`: θ is `theta · α`, `α` the round's learning rate.
+    Lr,
+}
+
 /// The Moniqua compressor.
 pub(crate) struct Moniqua {
     base: Base,
     bits: u32,
     rounding: Rounding,
-    /// `B_θ`.
+    schedule: ThetaSchedule,
+    /// `B_θ` of `theta` (of `theta · α` once scaled by the round's `α`).
     b_theta: f64,
 }
 
@@ -61,12 +77,34 @@ pub fn b_theta(theta: f64, bits: u32, rounding: Rounding) -> f64 {
 }
 
 impl Moniqua {
-    pub fn new(base: Base, theta: f64, bits: u32, rounding: Rounding) -> Moniqua {
+    pub fn new(
+        base: Base,
+        theta: f64,
+        bits: u32,
+        rounding: Rounding,
+        schedule: ThetaSchedule,
+    ) -> Moniqua {
         Moniqua {
             base,
             bits,
             rounding,
+            schedule,
             b_theta: b_theta(theta, bits, rounding),
+        }
+    }
+
+    /// `B_θ` of this round: fixed, or scaled by the round's learning rate.
+    fn round_b(&self, ctx: &RoundCtx) -> Result<f64, KernelError> {
+        match self.schedule {
+            ThetaSchedule::Fixed => Ok(self.b_theta),
+            ThetaSchedule::Lr => match ctx.lr {
+                Some(lr) if lr.is_finite() && lr > 0.0 => Ok(self.b_theta * lr as f64),
+                _ => Err(KernelError::context(
+                    &self.base.name,
+                    "theta_schedule = lr scales theta by the round's learning rate, and this \
+                     round has none (set it every step: Worker::set_learning_rate)",
+                )),
+            },
         }
     }
 }
@@ -227,10 +265,11 @@ impl Format for Moniqua {
             self.base.check("reference", r.len())?;
         }
         self.base.require_finite(input)?;
+        let b = self.round_b(ctx)?;
         let stream = self.base.rounding(ctx.round);
         let stochastic = self.rounding == Rounding::Stochastic;
         let dst = prepare(out, self.size());
-        let (b, bits) = (self.b_theta, self.bits);
+        let bits = self.bits;
         par_segments(input, bits, dst, |xs, i0, d| {
             encode(xs, i0, d, stream, b, bits, stochastic)
         });
@@ -251,6 +290,7 @@ impl Format for Moniqua {
             ));
         }
         let r = self.reference(ctx)?;
+        let b = self.round_b(ctx)?;
         let f = if add { decode_add } else { decode };
         let seg = crate::par::SEG;
         if crate::par::enabled(out.len()) {
@@ -260,9 +300,9 @@ impl Format for Moniqua {
                 .zip(payload.par_chunks(seg_bytes))
                 .zip(r.par_chunks(seg))
                 .enumerate()
-                .for_each(|(i, ((o, s), rr))| f(s, i * seg, o, rr, self.b_theta, self.bits));
+                .for_each(|(i, ((o, s), rr))| f(s, i * seg, o, rr, b, self.bits));
         } else {
-            f(payload, 0, out, r, self.b_theta, self.bits);
+            f(payload, 0, out, r, b, self.bits);
         }
         Ok(())
     }

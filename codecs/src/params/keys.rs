@@ -109,6 +109,14 @@ pub const KEYS: &[KeyInfo] = &[
         default: "stochastic",
     },
     KeyInfo {
+        name: "theta_schedule",
+        aliases: &[],
+        applies_to: "moniqua",
+        values: "fixed (theta in every round), lr (theta times the round's learning rate, \
+                 which must be set every round)",
+        default: "fixed",
+    },
+    KeyInfo {
         name: "ef",
         aliases: &["byteps_error_feedback_type", "byteps_ef_type"],
         applies_to: "all (decorator)",

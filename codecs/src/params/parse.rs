@@ -102,7 +102,7 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
         "randomk" => &["k", "unbiased"],
         "dithering" => &["k", "partition", "normalize", "encoding", "bucket"],
         "minmax" => &["bits", "bucket"],
-        "moniqua" => &["theta", "bits", "rounding"],
+        "moniqua" => &["theta", "bits", "rounding", "theta_schedule"],
         _ => {
             let (k, v) = r
                 .get("compressor")
@@ -358,10 +358,16 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
                     "theta is too large: B_theta overflows",
                 ));
             }
+            let schedule = match r.get("theta_schedule") {
+                None | Some((_, "fixed")) => ThetaSchedule::Fixed,
+                Some((_, "lr")) => ThetaSchedule::Lr,
+                Some((k, v)) => return Err(KernelError::bad(k, v, "expected fixed or lr")),
+            };
             CodecSpec::Moniqua {
                 theta,
                 bits: b,
                 rounding,
+                schedule,
             }
         }
         _ => unreachable!("checked above"),

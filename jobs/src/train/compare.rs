@@ -13,7 +13,7 @@
 //! | `dithering` | `compressor=dithering k=15 bucket=512` (QSGD, linear levels, max norm) |
 //! | `minmax` | `compressor=minmax bits=8 bucket=512` |
 //! | `dpsgd` | `compressor=none exchange=gossip`: decentralised SGD, full-precision models averaged with the graph neighbours (the baseline of the next two) |
-//! | `moniqua` | `compressor=moniqua theta=0.05 bits=2 exchange=gossip`: Moniqua (stochastic rounding, shared draws) |
+//! | `moniqua` | `compressor=moniqua theta=1 theta_schedule=lr bits=2 exchange=gossip`: Moniqua (θ = the step's learning rate, the paper's θ ∝ α; stochastic rounding, shared draws) |
 //! | `minmax-gossip` | `compressor=minmax bits=2 bucket=512 exchange=gossip`: naive quantised averaging (Moniqua's equation 4: min-max per bucket, no modulo) |
 //!
 //! The gossip presets run decentralised SGD (see the [module docs](super)) over the cluster's
@@ -88,7 +88,8 @@ pub fn preset(name: &str) -> Result<BTreeMap<String, String>, String> {
         "dpsgd" => &[("compressor", "none"), ("exchange", "gossip")],
         "moniqua" => &[
             ("compressor", "moniqua"),
-            ("theta", "0.05"),
+            ("theta", "1"),
+            ("theta_schedule", "lr"),
             ("bits", "2"),
             ("exchange", "gossip"),
         ],

@@ -492,12 +492,13 @@ pub fn run_train(
 
         let lr = opts.lr_at(step) as f32;
         let t1 = Instant::now();
+        // The step's rate: `ef = corrected` and moniqua's `theta_schedule = lr` read it.
+        ex.set_learning_rate(lr);
         if !opts.skip_push_pull && gossip {
             ex.all(Op::Gossip, &tensors, &mut weights).map_err(|e| {
                 CliError::failed(format!("gossip of the model (step {step}) failed: {e}"))
             })?;
         } else if !opts.skip_push_pull {
-            ex.set_learning_rate(lr);
             ex.push_pull_all(&tensors, &mut bufs).map_err(|e| {
                 CliError::failed(format!(
                     "push_pull of the gradients (step {step}) failed: {e}"

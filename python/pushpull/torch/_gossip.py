@@ -25,11 +25,14 @@ class DecentralizedOptimizer:
     never exchanged.
 
     ``compression_params`` is every parameter's map (the message codec): ``{"compressor":
-    "moniqua", "theta": "0.05", "bits": "2"}`` for Moniqua, ``{}`` (the default) for
-    full-precision D-PSGD, ``{"compressor": "minmax", "bits": "2"}`` for naive quantised
-    averaging; ``exchange = "gossip"`` is added. Parameters are declared ``PREFIX + NAME``
-    (default ``"Gossip."``) in ``named_parameters`` order, and rank 0's are broadcast at
-    construction, so every worker starts from the same model (the paper's assumption).
+    "moniqua", "theta": "1", "theta_schedule": "lr", "bits": "2"}`` for Moniqua, ``{}`` (the
+    default) for full-precision D-PSGD, ``{"compressor": "minmax", "bits": "2"}`` for naive
+    quantised averaging; ``exchange = "gossip"`` is added. With ``"theta_schedule": "lr"``
+    Moniqua's θ is ``theta`` times the learning rate of the parameter's group at each step (the
+    paper's θ ∝ α, which tightens the bound as a schedule decays the rate). Parameters are
+    declared ``PREFIX + NAME`` (default ``"Gossip."``) in ``named_parameters`` order, and rank
+    0's are broadcast at construction, so every worker starts from the same model (the paper's
+    assumption).
 
     ``buffers`` (e.g. batch-norm running statistics, from ``module.named_buffers()``) are
     either kept local (``buffers_mode="local"``, the default: each worker's statistics follow
@@ -71,6 +74,17 @@ class DecentralizedOptimizer:
             )
         cmap["exchange"] = "gossip"
         self.compression_params = cmap
+        # Parameter groups whose learning rate the codec reads each step (theta_schedule = lr).
+        self._lr_of = None
+        if cmap.get("theta_schedule") == "lr":
+            group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+            missing = [n for _, n, p in self._params if id(p) not in group_of]
+            if missing:
+                raise ValueError(
+                    f"theta_schedule = 'lr' reads each parameter's learning rate from the "
+                    f"optimizer, which does not hold {missing[:3]}"
+                )
+            self._lr_of = [group_of[id(p)] for _, _, p in self._params]
         for i, (name, _, p) in enumerate(self._params):
             declare(name, p, cmap, -i)
         broadcast_parameters({name: p for name, _, p in self._params}, root_rank=0, prefix="")
@@ -90,9 +104,11 @@ class DecentralizedOptimizer:
         """Averages every parameter with the graph neighbours' (one round of each, all in
         flight at once), in place."""
         rounds = []
-        for name, _, p in self._params:
+        for i, (name, _, p) in enumerate(self._params):
             r = _Round(name, p.data, host_only=True)
             _check_running(f"gossip of {name!r}")
+            if self._lr_of is not None:
+                _w().set_learning_rate(float(self._lr_of[i]["lr"]))
             r.native = _w().gossip(*r.entry())
             rounds.append(r)
         for r in rounds:

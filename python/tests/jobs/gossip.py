@@ -3,7 +3,7 @@ on a ring of 4. Each rank starts from its own parameters (rank 0's are broadcast
 construction), takes STEPS steps of plain SGD with lr 1 (x ← x − g, exact in float32) on
 gradients drawn from (seed, step, rank), and saves its parameters after each step, and the
 mean model at the end, to OUT/MODE-RANK.pt. MODE is the message codec: `dpsgd` (full
-precision) or `moniqua` (2 bits)."""
+precision), `moniqua` (2 bits) or `moniqua-lr` (the same with θ read from the learning rate)."""
 
 import sys
 from pathlib import Path
@@ -14,7 +14,12 @@ import pushpull.torch as bps
 
 STEPS = 4
 SHAPES = {"w": (300, 40), "b": (40,)}
-MAPS = {"dpsgd": {}, "moniqua": {"compressor": "moniqua", "theta": "0.5", "bits": "2"}}
+MAPS = {
+    "dpsgd": {},
+    "moniqua": {"compressor": "moniqua", "theta": "0.5", "bits": "2"},
+    # θ = 0.5 × the group's learning rate (1): the same bound as `moniqua`.
+    "moniqua-lr": {"compressor": "moniqua", "theta": "0.5", "bits": "2", "theta_schedule": "lr"},
+}
 
 
 def main(mode: str, out: Path, seed: int) -> None:

@@ -425,6 +425,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         index: usize,
         round: u64,
         kind: RoundKind,
+        lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
     ) -> Result<(), String> {
@@ -438,7 +439,16 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         }
         self.host.resize(tensor.ranges[index].len(), 0.0);
         let mut host = std::mem::take(&mut self.host);
-        let res = decode_host(tensor, index, &mut host, round, kind, num_workers, payload);
+        let res = decode_host(
+            tensor,
+            index,
+            &mut host,
+            round,
+            kind,
+            lr,
+            num_workers,
+            payload,
+        );
         self.host = host;
         res?;
         self.unstage(tensor, index)

@@ -166,7 +166,7 @@ async fn owner_round(
                 RoundKind::Sum { .. } => RoundKind::Sum { average: false },
                 broadcast => broadcast,
             };
-            let decoded = decode_host(tensor, index, acc, round, plain, 1, &payload);
+            let decoded = decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload);
             add_nanos(&tensor.decompress_nanos, t0);
             match decoded {
                 Ok(()) => (NoteKind::Result, None),

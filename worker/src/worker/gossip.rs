@@ -33,12 +33,15 @@ pub(crate) fn row(
 }
 
 /// Chunk `index` of a gossip round: `slice` holds this worker's values `x` and receives the
-/// average with the neighbours' messages in `payload` (see the module docs).
+/// average with the neighbours' messages in `payload` (see the module docs); `lr` is the
+/// round's learning rate, which the codec reads with `theta_schedule = "lr"` (the pushes were
+/// encoded with it).
 pub(crate) fn average_gossip(
     tensor: &TensorInner,
     index: usize,
     slice: &mut [f32],
     round: u64,
+    lr: Option<f32>,
     payload: &[u8],
 ) -> Result<(), String> {
     let Some(row) = &tensor.gossip else {
@@ -48,10 +51,21 @@ pub(crate) fn average_gossip(
     let x = slice.to_vec();
     let mut mine = Vec::new();
     codec
-        .compress(&x, &CodecRound::new(round), &mut mine)
+        .compress(
+            &x,
+            &CodecRound {
+                lr,
+                ..CodecRound::new(round)
+            },
+            &mut mine,
+        )
         .map_err(|e| format!("encoding this worker's own message: {e}"))?;
     let parts = split_gossip_result(payload, row.len(), mine.len())?;
-    let ctx = CodecRound::new(round).with_reference(&x);
+    let ctx = CodecRound {
+        lr,
+        ..CodecRound::new(round)
+    }
+    .with_reference(&x);
     let decode = |bytes: &[u8], from: String| -> Result<Vec<f32>, String> {
         let mut v = vec![0.0f32; x.len()];
         codec
