@@ -72,6 +72,7 @@
 //! | `bits` | | minmax, moniqua | 1..=8 (moniqua with stochastic rounding: 2..=8, δ < ½) | `8` |
 //! | `theta` | | moniqua | θ, a finite number > 0 | required |
 //! | `rounding` | | moniqua | `stochastic` (δ = 2^-bits), `nearest` (δ = 2^-(bits+1)) | `stochastic` |
+//! | `hash` | | moniqua | `true` (8 more bytes a message: the hash of its un-modded values, checked by the receiver, which fails the round when its recovery differs, i.e. when the models are more than θ apart), `false` | `false` |
 //! | `theta_schedule` | | moniqua | `fixed`, `lr` (θ is `theta` × the round's learning rate, [`RoundCtx::lr`], which must be set: the paper's θ ∝ α) | `fixed` |
 //! | `ef` | `byteps_error_feedback_type`, `byteps_ef_type` | all | `none`, `vanilla`, `corrected` | `none` |
 //! | `momentum` | `byteps_momentum_type` | all (workers only) | `none`, `nesterov` | `none` |

@@ -130,6 +130,8 @@ pub enum CodecSpec {
         rounding: Rounding,
         /// Whether θ follows the learning rate.
         schedule: ThetaSchedule,
+        /// Whether each message carries the hash of its un-modded values (checked on decoding).
+        hash: bool,
     },
 }
 
@@ -255,8 +257,12 @@ impl CodecSpec {
                 bits,
                 rounding,
                 schedule,
+                hash,
             } => {
                 put("theta", theta.to_string());
+                if *hash {
+                    put("hash", "true".to_string());
+                }
                 put("bits", bits.to_string());
                 put("rounding", rounding_name(*rounding).to_string());
                 if *schedule == ThetaSchedule::Lr {
@@ -300,14 +306,16 @@ impl CodecSpec {
                 bits,
                 rounding,
                 schedule,
+                hash,
             } => {
+                let check = if *hash { ", hash" } else { "" };
                 let per_lr = if *schedule == ThetaSchedule::Lr {
                     " x lr"
                 } else {
                     ""
                 };
                 format!(
-                    "moniqua(theta={theta}{per_lr}, bits={bits}, {})",
+                    "moniqua(theta={theta}{per_lr}, bits={bits}, {}{check})",
                     rounding_name(*rounding)
                 )
             }

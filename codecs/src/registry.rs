@@ -122,6 +122,7 @@ pub(crate) fn build_codec(
             bits,
             rounding,
             schedule,
+            hash,
         } => {
             if opts.purpose == Purpose::Gradient {
                 return Err(KernelError::Refused {
@@ -134,7 +135,7 @@ pub(crate) fn build_codec(
                         .into(),
                 });
             }
-            Box::new(Moniqua::new(base, theta, bits, rounding, schedule))
+            Box::new(Moniqua::new(base, theta, bits, rounding, schedule, hash))
         }
     })
 }

@@ -61,7 +61,79 @@ fn recovery_error_is_within_delta_b_theta() {
         // The receiver's reference is required.
         let e = c.decompress(&out, &RoundCtx::new(round), &mut xh).unwrap_err();
         prop_assert!(matches!(e, KernelError::Context { .. }), "{}", e);
+        // With the hash: the same codes and 8 bytes more, and no false alarm within theta.
+        let kv_hash = [kv[0], kv[1], kv[2], kv[3], ("hash", "true")];
+        let mut ch = build(&kv_hash, n);
+        let mut hashed = Vec::new();
+        ch.compress(&x, &RoundCtx::new(round), &mut hashed).unwrap();
+        prop_assert_eq!(&hashed[..out.len()], &out[..]);
+        prop_assert_eq!(hashed.len(), out.len() + 8);
+        let mut xh2 = vec![0f32; n];
+        ch.decompress(&hashed, &RoundCtx::new(round).with_reference(&y), &mut xh2).unwrap();
+        prop_assert!(xh2.iter().zip(&xh).all(|(a, b)| a.to_bits() == b.to_bits()));
     });
+}
+
+#[test]
+fn the_hash_check_names_a_reference_beyond_theta() {
+    let mut rng = TestRng::new(seed("the_hash_check_names_a_reference_beyond_theta"));
+    let n = 700;
+    let theta = 0.1;
+    let x: Vec<f32> = (0..n).map(|_| (rng.normal() * 10.0) as f32).collect();
+    let kv = [
+        ("compressor", "moniqua"),
+        ("theta", "0.1"),
+        ("bits", "3"),
+        ("hash", "true"),
+    ];
+    let mut c = build(&kv, n);
+    let mut out = Vec::new();
+    c.compress(&x, &RoundCtx::new(1), &mut out).unwrap();
+    let mut xh = vec![0f32; n];
+    // Within theta everywhere: recovered, checked.
+    let near: Vec<f32> = x.iter().map(|&v| v + (theta * 0.5) as f32).collect();
+    c.decompress(&out, &RoundCtx::new(1).with_reference(&near), &mut xh)
+        .unwrap();
+    // One element (of 700, anywhere) a whole B_theta off: it wraps, and the hash says so.
+    for at in [0, 351, n - 1] {
+        let mut far = near.clone();
+        far[at] += (4.0 * theta) as f32;
+        let e = c
+            .decompress(&out, &RoundCtx::new(1).with_reference(&far), &mut xh)
+            .unwrap_err();
+        assert!(e.to_string().contains("hash check failed"), "{e}");
+        assert!(e.to_string().contains("more than theta"), "{e}");
+    }
+    // A corrupted hash is caught the same way (the codes alone are fine).
+    let mut bad = out.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(c
+        .decompress(&bad, &RoundCtx::new(1).with_reference(&near), &mut xh)
+        .is_err());
+    // Without the hash the same far reference decodes silently to wrong values.
+    let mut plain = build(&kv[..3], n);
+    let mut p = Vec::new();
+    plain.compress(&x, &RoundCtx::new(1), &mut p).unwrap();
+    let mut far = near.clone();
+    far[351] += (4.0 * theta) as f32;
+    plain
+        .decompress(&p, &RoundCtx::new(1).with_reference(&far), &mut xh)
+        .unwrap();
+    assert!(
+        (xh[351] - x[351]).abs() > theta as f32,
+        "{} vs {}",
+        xh[351],
+        x[351]
+    );
+    // `hash` takes true or false.
+    let e = pushpull_codecs::parse_params(&map(&[
+        ("compressor", "moniqua"),
+        ("theta", "1"),
+        ("hash", "yes"),
+    ]))
+    .unwrap_err();
+    assert!(e.to_string().contains("\"hash\" = \"yes\""), "{e}");
 }
 
 #[test]

@@ -257,3 +257,56 @@ async fn a_vanished_neighbour_is_named_by_every_worker() {
     .await
     .expect("test timed out");
 }
+
+/// Moniqua's hash check in a cluster: a worker whose model is far (more than θ) from its
+/// neighbours' gets its round refused by each of them, naming it as the message's sender, and
+/// refuses theirs; workers that do not neighbour it average as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_beyond_theta_is_named_by_its_neighbours() {
+    tokio::time::timeout(TIMEOUT, async {
+        let seed = seed();
+        let s = stack_with(WORKERS, 2, 64 * 1024, |c| {
+            tweak(c);
+            c.gossip.mixing = Some(mixing());
+        })
+        .await;
+        let kv = [
+            ("compressor", "moniqua"),
+            ("theta", "0.5"),
+            ("bits", "2"),
+            ("hash", "true"),
+            ("exchange", "gossip"),
+        ];
+        let ts = declare_all_with(&s, "model", LEN as u64, map(&kv)).await;
+        let mut xs = models(seed);
+        // Worker 3 (neighbours 2 and 4) drifted 5 away: many wraps of B_θ = 2.
+        xs[3].iter_mut().for_each(|v| *v += 5.0);
+        let calls = s
+            .workers
+            .iter()
+            .zip(&ts)
+            .zip(&xs)
+            .map(|((w, t), x)| w.gossip(t, x.clone()));
+        let got = futures_util::future::join_all(calls).await;
+        for (r, g) in got.iter().enumerate() {
+            match (r, g) {
+                (0 | 1, Ok(_)) => {}
+                (2 | 4, Err(e)) => {
+                    assert!(
+                        e.to_string().contains("worker 3's message"),
+                        "seed {seed}: {e}"
+                    );
+                    assert!(
+                        e.to_string().contains("hash check failed"),
+                        "seed {seed}: {e}"
+                    );
+                }
+                (3, Err(e)) => assert!(e.to_string().contains("hash check failed"), "{e}"),
+                (r, g) => panic!("seed {seed}: worker {r}: {g:?}"),
+            }
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("test timed out");
+}

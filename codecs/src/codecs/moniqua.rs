@@ -21,7 +21,11 @@
 //! that shrinks with a decaying rate quantises finer as training settles. `B_θ` is then the
 //! fixed `B_θ` of `theta` times `α` (in f64, `α` widened from f32), the same on every worker.
 //!
-//! Wire format: a bit stream of `n` codes of `b` bits. Size `4 * ceil(n * b / 32)`.
+//! Wire format: a bit stream of `n` codes of `b` bits. Size `4 * ceil(n * b / 32)`; with
+//! `hash = true` ([`recovered_hash`], the paper's verification, §6 "Choosing θ empirically")
+//! followed by 8 bytes: a little-endian u64 hash of the un-modded quantised values, which the
+//! receiver recomputes from what it recovered and compares, so a θ too small for the two models'
+//! distance is an error naming the message instead of a silently wrong average.
 //!
 //! # The reference
 //! [`RoundCtx::reference`] carries it: compress ignores it (it is checked for length when
@@ -59,8 +63,41 @@ pub(crate) struct Moniqua {
     bits: u32,
     rounding: Rounding,
     schedule: ThetaSchedule,
+    /// Whether messages carry the hash of their un-modded values.
+    hash: bool,
     /// `B_θ` of `theta` (of `theta · α` once scaled by the round's `α`).
     b_theta: f64,
+}
+
+/// The hash of the un-modded quantised values a bit `stream` of `reference.len()` codes
+/// recovers against `reference` with `B_θ = b`: element `i`'s value is `B_θ · m_i / 2^bits`
+/// with the integer `m_i = code_i + 2^bits · k_i`, `k_i = −floor((B_θ·q_i − y_i)/B_θ + ½)` (the
+/// decode's wrap count, exact in f64), and the hash is the wrapping sum over `i` of
+/// `mix64(m_i ^ mix64(i + 1))`. The sender computes it against its own values (it recovers
+/// exactly what it quantised, Lemma 2 with a distance of 0); a receiver gets the same sum
+/// exactly when every element was recovered right, and a different one, but for a 2^-64
+/// chance, when some `k_i` differs, i.e. when the models were more than θ apart there.
+pub fn recovered_hash(stream: &[u8], reference: &[f32], b: f64, bits: u32) -> u64 {
+    use crate::rng::mix64;
+    let inv_scale = 1.0 / (1u64 << bits) as f64;
+    let mask = (1u64 << bits) - 1;
+    let mut h = 0u64;
+    for (i, &y) in reference.iter().enumerate() {
+        let bit = i * bits as usize;
+        let (word, shift) = (bit / 32, bit % 32);
+        let lo = u64::from(crate::simd::get_u32(stream, word));
+        let hi = if shift + bits as usize > 32 {
+            u64::from(crate::simd::get_u32(stream, word + 1)) << 32
+        } else {
+            0
+        };
+        let code = ((lo | hi) >> shift) & mask;
+        let a = b * (code as f64 * inv_scale) - y as f64;
+        let k = -(a / b + 0.5).floor();
+        let m = (k as i64).wrapping_mul(1 << bits).wrapping_add(code as i64);
+        h = h.wrapping_add(mix64(m as u64 ^ mix64(i as u64 + 1)));
+    }
+    h
 }
 
 /// `δ` for `bits` and the rounding mode.
@@ -83,14 +120,21 @@ impl Moniqua {
         bits: u32,
         rounding: Rounding,
         schedule: ThetaSchedule,
+        hash: bool,
     ) -> Moniqua {
         Moniqua {
             base,
             bits,
             rounding,
             schedule,
+            hash,
             b_theta: b_theta(theta, bits, rounding),
         }
+    }
+
+    /// Bytes of the code stream (the payload without its hash).
+    fn stream_size(&self) -> usize {
+        stream_bytes(self.base.n, self.bits)
     }
 
     /// `B_θ` of this round: fixed, or scaled by the round's learning rate.
@@ -250,7 +294,7 @@ impl Format for Moniqua {
         &self.base
     }
     fn size(&self) -> usize {
-        stream_bytes(self.base.n, self.bits)
+        self.stream_size() + if self.hash { 8 } else { 0 }
     }
     fn stochastic(&self) -> bool {
         self.rounding == Rounding::Stochastic
@@ -268,11 +312,16 @@ impl Format for Moniqua {
         let b = self.round_b(ctx)?;
         let stream = self.base.rounding(ctx.round);
         let stochastic = self.rounding == Rounding::Stochastic;
+        let stream_size = self.stream_size();
         let dst = prepare(out, self.size());
         let bits = self.bits;
-        par_segments(input, bits, dst, |xs, i0, d| {
+        let (codes, hash) = dst.split_at_mut(stream_size);
+        par_segments(input, bits, codes, |xs, i0, d| {
             encode(xs, i0, d, stream, b, bits, stochastic)
         });
+        if self.hash {
+            hash.copy_from_slice(&recovered_hash(codes, input, b, bits).to_le_bytes());
+        }
         Ok(())
     }
     fn decode(
@@ -283,6 +332,7 @@ impl Format for Moniqua {
         add: bool,
     ) -> Result<(), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
+        let (payload, hash) = payload.split_at(self.stream_size());
         if !super::tail_bits_zero(payload, self.base.n, self.bits) {
             return Err(KernelError::malformed(
                 &self.base.name,
@@ -303,6 +353,18 @@ impl Format for Moniqua {
                 .for_each(|(i, ((o, s), rr))| f(s, i * seg, o, rr, b, self.bits));
         } else {
             f(payload, 0, out, r, b, self.bits);
+        }
+        if self.hash {
+            let sent = u64::from_le_bytes(hash.try_into().expect("8 bytes: the payload's size"));
+            if recovered_hash(payload, r, b, self.bits) != sent {
+                // `add`: `out` already holds the wrong values added; the caller drops the round.
+                return Err(KernelError::context(
+                    &self.base.name,
+                    "the hash check failed: the values recovered are not the sender's, so its \
+                     model and this one (the reference) differ by more than theta somewhere in \
+                     this chunk; raise theta (or its theta_schedule's factor)",
+                ));
+            }
         }
         Ok(())
     }

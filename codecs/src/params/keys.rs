@@ -117,6 +117,15 @@ pub const KEYS: &[KeyInfo] = &[
         default: "fixed",
     },
     KeyInfo {
+        name: "hash",
+        aliases: &[],
+        applies_to: "moniqua",
+        values: "true (each message carries a hash of its un-modded values, 8 bytes; a receiver \
+                 whose recovery differs, its model more than theta from the sender's, fails \
+                 the round naming the sender), false",
+        default: "false",
+    },
+    KeyInfo {
         name: "ef",
         aliases: &["byteps_error_feedback_type", "byteps_ef_type"],
         applies_to: "all (decorator)",

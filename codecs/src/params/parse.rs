@@ -102,7 +102,7 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
         "randomk" => &["k", "unbiased"],
         "dithering" => &["k", "partition", "normalize", "encoding", "bucket"],
         "minmax" => &["bits", "bucket"],
-        "moniqua" => &["theta", "bits", "rounding", "theta_schedule"],
+        "moniqua" => &["theta", "bits", "rounding", "theta_schedule", "hash"],
         _ => {
             let (k, v) = r
                 .get("compressor")
@@ -363,11 +363,16 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
                 Some((_, "lr")) => ThetaSchedule::Lr,
                 Some((k, v)) => return Err(KernelError::bad(k, v, "expected fixed or lr")),
             };
+            let hash = match r.get("hash") {
+                None => false,
+                Some((k, v)) => parse_bool(k, v)?,
+            };
             CodecSpec::Moniqua {
                 theta,
                 bits: b,
                 rounding,
                 schedule,
+                hash,
             }
         }
         _ => unreachable!("checked above"),
