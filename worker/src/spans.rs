@@ -27,7 +27,7 @@ pub(crate) fn round(rank: u32, tensor: &TensorInner, round: u64, kind: RoundKind
     }
     let name = tensor.placement.name.clone();
     let args = Args {
-        tensor: Some(name.as_str().into()),
+        tensor: Some(tensor.trace_name.clone()),
         round: Some(round),
         rank: Some(rank),
         ..Args::default()
@@ -59,7 +59,7 @@ pub(crate) fn chunk(
     }
     let key = tensor.placement.chunks[index].key;
     let args = Args {
-        tensor: Some(tensor.placement.name.as_str().into()),
+        tensor: Some(tensor.trace_name.clone()),
         chunk: Some(index as u32),
         key: Some(key),
         round: Some(round),

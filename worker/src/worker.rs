@@ -346,6 +346,7 @@ impl Worker {
         }
         let tensor = Tensor {
             inner: Arc::new(TensorInner {
+                trace_name: placement.name.as_str().into(),
                 placement,
                 ranges,
                 codecs,
