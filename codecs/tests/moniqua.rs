@@ -8,6 +8,15 @@ use common::*;
 use proptest::prelude::*;
 use pushpull_codecs::{build_compressor, KernelError, NodeIdentity, RoundCtx};
 
+/// The message refusing a moniqua map (θ = 1) with `extra` keys.
+fn refusal(extra: &[(&str, &str)]) -> String {
+    let mut kv = vec![("compressor", "moniqua"), ("theta", "1")];
+    kv.extend_from_slice(extra);
+    pushpull_codecs::parse_params(&map(&kv))
+        .unwrap_err()
+        .to_string()
+}
+
 fn delta(bits: u32, nearest: bool) -> f64 {
     if nearest {
         0.5f64.powi(bits as i32 + 1)
@@ -127,13 +136,8 @@ fn the_hash_check_names_a_reference_beyond_theta() {
         x[351]
     );
     // `hash` takes true or false.
-    let e = pushpull_codecs::parse_params(&map(&[
-        ("compressor", "moniqua"),
-        ("theta", "1"),
-        ("hash", "yes"),
-    ]))
-    .unwrap_err();
-    assert!(e.to_string().contains("\"hash\" = \"yes\""), "{e}");
+    let e = refusal(&[("hash", "yes")]);
+    assert!(e.contains("\"hash\" = \"yes\""), "{e}");
 }
 
 #[test]
@@ -145,14 +149,9 @@ fn moniqua_is_refused_for_gradients_and_delta_must_stay_below_half() {
     assert!(matches!(e, KernelError::Refused { .. }), "{e}");
     assert!(e.to_string().contains("gradients"), "{e}");
     // One bit with stochastic rounding: delta = 1/2.
-    let e = pushpull_codecs::parse_params(&map(&[
-        ("compressor", "moniqua"),
-        ("theta", "1"),
-        ("bits", "1"),
-    ]))
-    .unwrap_err();
-    assert!(e.to_string().contains("\"bits\" = \"1\""), "{e}");
-    assert!(e.to_string().contains("delta"), "{e}");
+    let e = refusal(&[("bits", "1")]);
+    assert!(e.contains("\"bits\" = \"1\""), "{e}");
+    assert!(e.contains("delta"), "{e}");
     // With nearest rounding it is fine (delta = 1/4).
     pushpull_codecs::parse_params(&map(&[
         ("compressor", "moniqua"),
@@ -225,15 +224,7 @@ fn theta_schedule_lr_scales_theta_by_the_rounds_learning_rate() {
         .unwrap_err();
     assert!(e.to_string().contains("learning rate"), "{e}");
     // An unknown schedule names the key and what is allowed.
-    let e = pushpull_codecs::parse_params(&map(&[
-        ("compressor", "moniqua"),
-        ("theta", "1"),
-        ("theta_schedule", "cosine"),
-    ]))
-    .unwrap_err();
-    assert!(
-        e.to_string().contains("\"theta_schedule\" = \"cosine\""),
-        "{e}"
-    );
-    assert!(e.to_string().contains("fixed or lr"), "{e}");
+    let e = refusal(&[("theta_schedule", "cosine")]);
+    assert!(e.contains("\"theta_schedule\" = \"cosine\""), "{e}");
+    assert!(e.contains("fixed or lr"), "{e}");
 }

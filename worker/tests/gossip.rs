@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pushpull_proto::Config;
 use pushpull_worker::reference::Reference;
-use pushpull_worker::{Reduce, WorkerError};
+use pushpull_worker::{Reduce, Tensor, WorkerError};
 
 mod common;
 use common::set::map;
@@ -95,16 +95,36 @@ fn mixing() -> Vec<Vec<f64>> {
     ]
 }
 
+/// Five workers on [`mixing`]'s graph and two servers, with 64 KiB partitions: every tensor
+/// spans several chunks on both servers.
+async fn irregular_stack() -> Stack {
+    stack_with(WORKERS, 2, 64 * 1024, |c| {
+        tweak(c);
+        c.gossip.mixing = Some(mixing());
+    })
+    .await
+}
+
+/// One gossip round of every worker, worker `r` averaging `xs[r]`.
+async fn gossip_all(
+    s: &Stack,
+    ts: &[Tensor],
+    xs: &[Vec<f32>],
+) -> Vec<Result<Vec<f32>, WorkerError>> {
+    let calls = s
+        .workers
+        .iter()
+        .zip(ts)
+        .zip(xs)
+        .map(|((w, t), x)| w.gossip(t, x.clone()));
+    futures_util::future::join_all(calls).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ring_gossips_bit_for_bit_like_the_reference() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
-        // 64 KiB partitions: every tensor spans several chunks on both servers.
-        let s = stack_with(WORKERS, 2, 64 * 1024, |c| {
-            tweak(c);
-            c.gossip.mixing = Some(mixing());
-        })
-        .await;
+        let s = irregular_stack().await;
         let w = mixing();
         let mut reference = Reference::new(&s.config, s.workers[0].job_seed());
         for (name, kv) in maps() {
@@ -124,13 +144,7 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
                     s.workers.iter().for_each(|w| w.set_learning_rate(lr));
                     reference.set_learning_rate(lr);
                 }
-                let calls = s
-                    .workers
-                    .iter()
-                    .zip(&ts)
-                    .zip(&xs)
-                    .map(|((w, t), x)| w.gossip(t, x.clone()));
-                let got: Vec<Vec<f32>> = futures_util::future::join_all(calls)
+                let got: Vec<Vec<f32>> = gossip_all(&s, &ts, &xs)
                     .await
                     .into_iter()
                     .map(Result::unwrap)
@@ -265,11 +279,7 @@ async fn a_vanished_neighbour_is_named_by_every_worker() {
 async fn a_model_beyond_theta_is_named_by_its_neighbours() {
     tokio::time::timeout(TIMEOUT, async {
         let seed = seed();
-        let s = stack_with(WORKERS, 2, 64 * 1024, |c| {
-            tweak(c);
-            c.gossip.mixing = Some(mixing());
-        })
-        .await;
+        let s = irregular_stack().await;
         let kv = [
             ("compressor", "moniqua"),
             ("theta", "0.5"),
@@ -281,13 +291,7 @@ async fn a_model_beyond_theta_is_named_by_its_neighbours() {
         let mut xs = models(seed);
         // Worker 3 (neighbours 2 and 4) drifted 5 away: many wraps of B_θ = 2.
         xs[3].iter_mut().for_each(|v| *v += 5.0);
-        let calls = s
-            .workers
-            .iter()
-            .zip(&ts)
-            .zip(&xs)
-            .map(|((w, t), x)| w.gossip(t, x.clone()));
-        let got = futures_util::future::join_all(calls).await;
+        let got = gossip_all(&s, &ts, &xs).await;
         for (r, g) in got.iter().enumerate() {
             match (r, g) {
                 (0 | 1, Ok(_)) => {}
