@@ -331,3 +331,60 @@ fn non_finite_gradients_fail_their_chunk_alone() {
         assert!(tally.same >= 4, "{}", ts[0].what);
     }
 }
+
+/// A checkpoint's state in and out of device chains: what goes in comes out (residual,
+/// momentum, the last learning rate), and a state that does not fit the chain is refused by
+/// name, changing nothing.
+#[test]
+fn chain_state_round_trips_and_misfits_are_refused() {
+    use pushpull_kernels::ChainState;
+    let device = Arc::new(EmulatedDevice::new());
+    let params = map(&[
+        ("compressor", "onebit"),
+        ("ef", "corrected"),
+        ("momentum", "nesterov"),
+    ]);
+    let info = |len| ChunkInfo {
+        params: &params,
+        tensor_len: 2 * len as u64,
+        chunk_len: len as u64,
+        full_chunk_len: len as u64,
+        key: 7,
+        job_seed: 3,
+        node: Node::Worker { rank: 0 },
+        min_compress_bytes: 0,
+    };
+    let mut t = DeviceTensor::build(&device, &[info(500), info(500)])
+        .unwrap()
+        .expect("onebit has device chains");
+    let zero = t.chain_state(1).unwrap();
+    assert_eq!(zero.residual.as_deref(), Some(&[0.0f32; 500][..]));
+    let mut r = Rng::new(seed("chain_state_round_trips_and_misfits_are_refused"));
+    let state = ChainState {
+        residual: Some((0..500).map(|_| r.unit() * 2.0 - 1.0).collect()),
+        momentum: Some((0..500).map(|_| r.unit() * 2.0 - 1.0).collect()),
+        prev_lr: Some(0.05),
+    };
+    t.set_chain_state(1, &state).unwrap();
+    assert_eq!(t.chain_state(1).unwrap(), state);
+    assert_eq!(
+        t.chain_state(0).unwrap(),
+        zero,
+        "the other chunk is untouched"
+    );
+    let misfits = [
+        ChainState {
+            momentum: None,
+            ..state.clone()
+        },
+        ChainState {
+            residual: Some(vec![1.0; 499]),
+            ..state.clone()
+        },
+    ];
+    for bad in misfits {
+        let e = t.set_chain_state(0, &bad).unwrap_err().to_string();
+        assert!(e.contains("nesterov") && e.contains("saved"), "{e}");
+        assert_eq!(t.chain_state(0).unwrap(), zero, "a refusal changes nothing");
+    }
+}

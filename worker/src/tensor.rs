@@ -100,11 +100,23 @@ pub(crate) struct TensorInner {
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).
+/// A tensor's device state kept between its rounds (`crate::data`'s `DeviceState<D>`), with
+/// what a checkpoint reads of it whatever the device.
+pub(crate) trait KeptChains: Send {
+    /// Each chunk's state as its CPU chain keeps it, copied from the device; `None` when the
+    /// tensor has no device chains (its CPU chains hold the state).
+    fn chain_states(&self) -> Option<Result<Vec<pushpull_kernels::ChainState>, String>>;
+    /// For the device's round to take its own kind back.
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// The same, by value.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
 pub(crate) struct Residence {
     /// Set by the first push_pull round: [`Device::Cpu`] for host buffers, else the device's.
     pub(crate) home: Option<Device>,
     /// The device state of `home` (`crate::data`'s `DeviceState<D>`), out while a round runs.
-    pub(crate) chains: Option<Box<dyn std::any::Any + Send>>,
+    pub(crate) chains: Option<Box<dyn KeptChains>>,
     /// Where the last push_pull round compressed (broadcasts carry raw fp32).
     pub(crate) compressed_on: Device,
     /// Where the last round's buffer lived.

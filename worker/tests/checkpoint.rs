@@ -10,7 +10,8 @@ mod common;
 
 use common::*;
 use pushpull_proto::Config;
-use pushpull_worker::{ParamMap, Reduce, Tensor, Worker, WorkerError};
+use pushpull_worker::{Device, EmulatedDevice, ParamMap, Reduce, Tensor, Worker, WorkerError};
+use std::sync::Arc;
 
 const WORKERS: u32 = 3;
 const SERVERS: u32 = 2;
@@ -94,19 +95,44 @@ async fn run(
     from: u64,
     to: u64,
 ) -> Vec<Vec<Vec<Vec<f32>>>> {
+    run_on(s, ts, seed, from..to, None).await
+}
+
+/// [`run`] from host buffers, or with `devices` (one per worker) from device buffers: the
+/// chains of compressors with kernels then run on the device (the others on the host).
+async fn run_on(
+    s: &Stack,
+    ts: &[Vec<Tensor>],
+    seed: u64,
+    rounds: std::ops::Range<u64>,
+    devices: Option<&[Arc<EmulatedDevice>]>,
+) -> Vec<Vec<Vec<Vec<f32>>>> {
     let set = tensors();
     let mut out = Vec::new();
-    for round in from..to {
+    for round in rounds {
         let mut per_tensor = Vec::new();
         for (i, (_, len, _)) in set.iter().enumerate() {
             let calls = s.workers.iter().zip(&ts[i]).map(|(w, t)| {
                 w.set_learning_rate(lr(round));
                 let buf = input(seed, round, w.rank(), i, *len);
                 let reduce = if i == 1 { Reduce::Average } else { Reduce::Sum };
-                w.push_pull(t, buf, reduce)
+                let (w, t) = (w.clone(), t.clone());
+                let device = devices.map(|d| d[w.rank() as usize].clone());
+                async move {
+                    let Some(device) = device else {
+                        return w.push_pull(&t, buf, reduce).await.unwrap();
+                    };
+                    let mem = device.alloc_zeros(buf.len()).unwrap();
+                    // SAFETY: `mem` holds buf.len() elements.
+                    unsafe { device.upload(&buf, device.mem_addr(&mem)).unwrap() };
+                    let mem = w.push_pull_device(&t, &device, mem, reduce).await.unwrap();
+                    let mut got = vec![0.0; buf.len()];
+                    // SAFETY: as above.
+                    unsafe { device.download(device.mem_addr(&mem), &mut got).unwrap() };
+                    got
+                }
             });
-            let results = futures_util::future::join_all(calls).await;
-            per_tensor.push(results.into_iter().map(|r| r.unwrap()).collect());
+            per_tensor.push(futures_util::future::join_all(calls).await);
         }
         out.push(per_tensor);
     }
@@ -292,47 +318,62 @@ async fn changed_settings_and_damaged_files_are_refused_by_name() {
     .expect("timed out");
 }
 
+/// Compressor state kept on a device (emulated: the same code as a GPU's): a job on device
+/// buffers saves it, a fresh job on device buffers loads it, and the rounds after the restart
+/// are those of a job that never stopped, on host buffers (device and host chains give the
+/// same bits). The topk tensor has no kernel: its chains run on the host either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_kept_on_a_device_is_refused_by_name() {
-    use pushpull_worker::{Device, EmulatedDevice};
-    use std::sync::Arc;
-    tokio::time::timeout(TIMEOUT, async {
+async fn a_job_on_device_buffers_restarts_bit_for_bit() {
+    tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         let dir = tempfile::tempdir().unwrap();
-        let s = stack_with(2, 1, 4096, tweak(Some(seed))).await;
-        let (name, len, params) = tensors().remove(0);
-        let ts = declare_all_with(&s, name, len, params).await;
-        let calls = s.workers.iter().zip(&ts).map(|(w, t)| {
-            let device = Arc::new(EmulatedDevice::new());
-            let x = input(seed, 0, w.rank(), 0, len);
-            let mem = device.alloc_zeros(x.len()).unwrap();
-            // SAFETY: `mem` holds x.len() elements.
-            unsafe { device.upload(&x, device.mem_addr(&mem)).unwrap() };
-            let w = w.clone();
-            let t = t.clone();
-            async move {
-                w.push_pull_device(&t, &device, mem, Reduce::Sum)
-                    .await
-                    .map(drop)
-            }
-        });
-        for r in futures_util::future::join_all(calls).await {
-            r.unwrap();
-        }
+        let devices = || -> Vec<Arc<EmulatedDevice>> {
+            (0..WORKERS)
+                .map(|_| Arc::new(EmulatedDevice::new()))
+                .collect()
+        };
+
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(None)).await;
+        let job_seed = s.workers[0].job_seed();
+        let ts = declare(&s).await;
+        let on = devices();
+        let before = run_on(&s, &ts, seed, 0..K, Some(&on)).await;
+        let m = ts[0][0].metrics();
+        assert_ne!(m.device, pushpull_worker::Place::Cpu, "{m:?}");
+        save_all(&s, dir.path()).await;
+        s.finish_all().await;
+
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
+        let ts = declare(&s).await;
+        let whole = run(&s, &ts, seed, 0, 2 * K).await;
+        s.finish_all().await;
+        compare(
+            &before,
+            &whole[..K as usize],
+            0,
+            "device rounds before the checkpoint",
+        );
+
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
+        let ts = declare(&s).await;
         let d = dir.path().to_path_buf();
         for r in all(&s, move |w| {
             let path = file(&d, w.rank());
-            Box::pin(async move { w.save_state(path).await })
+            Box::pin(async move { w.load_state(path).await })
         })
         .await
         {
-            let e = r.unwrap_err().to_string();
-            assert!(
-                e.contains("\"onebit\"") && e.contains("do not save yet"),
-                "{e}"
-            );
+            r.unwrap();
         }
+        let on = devices();
+        let after = run_on(&s, &ts, seed, K..2 * K, Some(&on)).await;
         s.finish_all().await;
+        compare(
+            &after,
+            &whole[K as usize..],
+            K,
+            "device rounds after the restart",
+        );
     })
     .await
     .expect("timed out");

@@ -12,6 +12,7 @@ use crate::cuda::{CudaError, GpuScheme, RoundStreams};
 use crate::error::KernelError;
 use crate::params::{CodecSpec, EfKind};
 use crate::rng::Role;
+use crate::ChainState;
 
 /// One chunk of a [`DeviceTensor`].
 #[derive(Debug)]
@@ -462,6 +463,71 @@ impl<D: Device> DeviceTensor<D> {
             .as_ref()
             .map(|m| m.at[self.chunks[chunk].m_half]);
         self.read(chunk, at)
+    }
+
+    /// Chunk `chunk`'s state as its CPU chain keeps it ([`crate::Compressor::state`]): the
+    /// residual, the momentum and the learning rate of its last round, copied to the host (a
+    /// checkpoint's).
+    pub fn chain_state(&self, chunk: usize) -> Result<ChainState, KernelError> {
+        Ok(ChainState {
+            residual: self.residual(chunk)?,
+            momentum: self.momentum(chunk)?,
+            prev_lr: self.chunks[chunk].prev_lr,
+        })
+    }
+
+    /// Makes `state` (a checkpoint's, as [`DeviceTensor::chain_state`] or the CPU chain gave
+    /// it) chunk `chunk`'s state: the residual and momentum are copied into the current halves
+    /// and the learning rate of the last round is set; nothing is left to undo. A state that
+    /// lacks a buffer this chain keeps (or has one it does not), or of another length, is
+    /// refused naming the chain, and nothing changes.
+    pub fn set_chain_state(&mut self, chunk: usize, state: &ChainState) -> Result<(), KernelError> {
+        let c = &self.chunks[chunk];
+        let check = |what: &str, kept: bool, saved: &Option<Vec<f32>>| match (kept, saved) {
+            (true, Some(v)) if v.len() == c.len => Ok(()),
+            (true, Some(v)) => Err(KernelError::Context {
+                compressor: c.name.clone(),
+                detail: format!(
+                    "the saved {what} has {} elements, the chunk {}",
+                    v.len(),
+                    c.len
+                ),
+            }),
+            (false, None) => Ok(()),
+            (kept, _) => Err(KernelError::Context {
+                compressor: c.name.clone(),
+                detail: format!(
+                    "the saved state {} a {what}, which this chain {}",
+                    if kept { "has no" } else { "has" },
+                    if kept { "keeps" } else { "does not keep" }
+                ),
+            }),
+        };
+        check("residual", self.ef.is_some(), &state.residual)?;
+        check("momentum", self.momentum.is_some(), &state.momentum)?;
+        let f32_at = |base: u64| base + 4 * c.offset as u64;
+        let copies = [
+            (
+                self.ef.as_ref().map(|ef| f32_at(ef.at[c.ef_half])),
+                &state.residual,
+            ),
+            (
+                self.momentum.as_ref().map(|m| f32_at(m.at[c.m_half])),
+                &state.momentum,
+            ),
+        ];
+        for (at, values) in copies {
+            if let (Some(at), Some(values)) = (at, values) {
+                // SAFETY: the buffer is the tensor's length; the chunk lies inside it, and
+                // `values` has the chunk's length (checked above).
+                unsafe { self.device.upload(values, at) }
+                    .map_err(|e| self.device_error(chunk, e))?;
+            }
+        }
+        let c = &mut self.chunks[chunk];
+        c.prev_lr = state.prev_lr;
+        c.committed = None;
+        Ok(())
     }
 
     /// Chunk `chunk`'s part of the tensor-long buffer at `base`, copied to the host.

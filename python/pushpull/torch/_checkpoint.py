@@ -18,8 +18,9 @@ def save_state(path: PathLike) -> None:
     """Saves this worker's compressor state to ``path``: a collective, called by every worker
     at the same point between steps (after the step's rounds are synchronized), each with its
     own file, e.g. ``f"ckpt/pushpull-{bps.rank()}.bin"`` next to the model's checkpoint.
-    Rank 0's file also carries every server's state. Raises ``PushPullError`` naming the file
-    and why (for instance a tensor whose state lives on a GPU, which is not saved yet)."""
+    Rank 0's file also carries every server's state, and state kept on a GPU is copied from
+    it. Raises ``PushPullError`` naming the file and why (for instance a tensor whose last
+    round was discarded and not yet carried to the servers)."""
     _w().save_state(os.fspath(path))
 
 

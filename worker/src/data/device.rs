@@ -21,8 +21,8 @@ use super::{
     Ready, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
-use crate::tensor::RoundKind;
-use crate::tensor::TensorInner;
+use crate::tensor::{KeptChains, RoundKind, TensorInner};
+use pushpull_kernels::ChainState;
 use pushpull_kernels::IntraCodec;
 
 /// What [`DeviceData`] needs to build a tensor's device chains at its first device round.
@@ -44,6 +44,23 @@ pub(crate) struct ChainSetup {
 /// are compressed by the CPU codecs.
 struct DeviceState<D: Device> {
     chains: Option<DeviceTensor<D>>,
+}
+
+impl<D: Device> KeptChains for DeviceState<D> {
+    fn chain_states(&self) -> Option<Result<Vec<ChainState>, String>> {
+        let chains = self.chains.as_ref()?;
+        Some(
+            (0..chains.num_chunks())
+                .map(|i| chains.chain_state(i).map_err(|e| e.to_string()))
+                .collect(),
+        )
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
 }
 
 /// A batch's round, shared by the rounds of its tensors.
@@ -209,15 +226,6 @@ impl<D: Device, K> DeviceData<D, K> {
         if self.setup.custom_factory || self.setup.local_group {
             return Ok(DeviceState { chains: None });
         }
-        if tensor.residence().restored {
-            return Err(self.device_error(
-                tensor,
-                "its compressor state was restored from a checkpoint into the host chains, and \
-                 device chains cannot take a checkpoint's state yet: push_pull it from host \
-                 memory, or set worker.device = \"cpu\""
-                    .into(),
-            ));
-        }
         let p = &tensor.placement;
         let full = p.chunks.first().map_or(0, |c| c.len);
         let infos: Vec<ChunkInfo<'_>> = p
@@ -236,8 +244,20 @@ impl<D: Device, K> DeviceData<D, K> {
                 min_compress_bytes: self.setup.min_compress_bytes,
             })
             .collect();
-        let chains = DeviceTensor::build(&self.device, &infos)
+        let mut chains = DeviceTensor::build(&self.device, &infos)
             .map_err(|message| self.device_error(tensor, message))?;
+        // A checkpoint's state was restored into the host chains: the device chains start
+        // from it.
+        let restored = tensor.residence().restored;
+        if let (true, Some(device)) = (restored, chains.as_mut()) {
+            for i in 0..device.num_chunks() {
+                let state = tensor.codec(i).state();
+                device.set_chain_state(i, &state).map_err(|e| {
+                    self.device_error(tensor, format!("restoring the checkpoint's state: {e}"))
+                })?;
+            }
+            tensor.residence().restored = false;
+        }
         Ok(DeviceState { chains })
     }
 
@@ -280,9 +300,12 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             return Ok(());
         }
         let kept = tensor.residence().chains.take();
-        let state = match kept.map(|b| b.downcast::<DeviceState<D>>()) {
-            Some(Ok(state)) => *state,
-            Some(Err(other)) => {
+        let state = match kept {
+            Some(b) if b.as_any().is::<DeviceState<D>>() => match b.into_any().downcast() {
+                Ok(state) => *state,
+                Err(_) => return Err(WorkerError::Internal("a device state changed type".into())),
+            },
+            Some(other) => {
                 tensor.residence().chains = Some(other);
                 return Err(self.device_error(
                     tensor,
@@ -504,8 +527,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
 
     fn end(&mut self, tensor: &TensorInner) -> Option<Settling> {
         if let Some(state) = self.state.take() {
-            let state: Box<dyn Any + Send> = Box::new(state);
-            tensor.residence().chains = Some(state);
+            tensor.residence().chains = Some(Box::new(state));
         }
         let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) else {
             return None;

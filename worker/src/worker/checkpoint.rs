@@ -51,9 +51,9 @@ impl Worker {
     /// wait.
     ///
     /// # Errors
-    /// [`WorkerError::Checkpoint`] naming the file and why (it cannot be written; a tensor
-    /// keeps its state on a device, which is not saved yet; a tensor's discarded round is not
-    /// yet carried to the servers; a server refused), and the job's fatal errors.
+    /// [`WorkerError::Checkpoint`] naming the file and why (it cannot be written; a device
+    /// could not be read; a tensor's discarded round is not yet carried to the servers; a
+    /// server refused), and the job's fatal errors.
     pub async fn save_state(&self, path: impl AsRef<std::path::Path>) -> Result<(), WorkerError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
@@ -147,34 +147,37 @@ impl Worker {
         for t in tensors.values() {
             held.push(t.inner.round.clone().lock_owned().await);
         }
-        for t in tensors.values() {
+        // Chains on a device: their state copied from it (before the barrier, so a failure
+        // leaves nobody waiting); the others' is read from the host chains below.
+        let mut on_device = BTreeMap::new();
+        for (name, t) in &tensors {
             let res = t.inner.residence();
-            if res.compressed_on != crate::Place::Cpu {
-                return Err(refused(
-                    path,
-                    format!(
-                        "tensor {:?} keeps its compressor state on {} (worker.device), which checkpoints do not save yet; set worker.device = \"cpu\" to keep it on the host",
-                        t.name(),
-                        res.compressed_on
-                    ),
-                ));
-            }
             if let Some(round) = res.discarded {
                 return Err(refused(
                     path,
                     format!(
-                        "tensor {:?}: round {round} was discarded and its next push_pull, which undoes it on the servers, has not run yet; save after it",
-                        t.name()
+                        "tensor {name:?}: round {round} was discarded and its next push_pull, which undoes it on the servers, has not run yet; save after it"
                     ),
                 ));
+            }
+            if let Some(states) = res.chains.as_ref().and_then(|c| c.chain_states()) {
+                let states = states.map_err(|e| {
+                    refused(
+                        path,
+                        format!("tensor {name:?}: reading its device state: {e}"),
+                    )
+                })?;
+                on_device.insert(name.clone(), states);
             }
         }
         self.barrier().await?;
         let mut states = BTreeMap::new();
         for ((name, t), next) in tensors.iter().zip(&held) {
-            let chains = (0..t.inner.codecs.len())
-                .map(|i| t.inner.codec(i).state())
-                .collect();
+            let chains = on_device.remove(name).unwrap_or_else(|| {
+                (0..t.inner.codecs.len())
+                    .map(|i| t.inner.codec(i).state())
+                    .collect()
+            });
             let state = TensorState {
                 next_round: **next,
                 chains,
