@@ -130,7 +130,7 @@ pub(crate) struct Residence {
     /// at hand), whose pushes ask the servers to undo it too.
     pub(crate) discarded: Option<u64>,
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
-    /// is not empty: the host chains hold it, so the tensor cannot build device chains.
+    /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
 }
 
