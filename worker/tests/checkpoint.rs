@@ -159,6 +159,19 @@ async fn save_all(s: &Stack, dir: &std::path::Path) {
     }
 }
 
+/// Every worker loads its checkpoint from `dir` (a collective), and it must succeed.
+async fn load_all(s: &Stack, dir: &std::path::Path) {
+    let d = dir.to_path_buf();
+    for r in all(s, move |w| {
+        let path = file(&d, w.rank());
+        Box::pin(async move { w.load_state(path).await })
+    })
+    .await
+    {
+        r.unwrap();
+    }
+}
+
 fn file(dir: &std::path::Path, rank: u32) -> std::path::PathBuf {
     dir.join(format!("ckpt-rank{rank}.bin"))
 }
@@ -237,15 +250,7 @@ async fn restart_case(workers: u32, local_size: u32) {
         let ts = declare(&s).await;
         // Broadcast before loading: the checkpoint has no state for it, so it is kept.
         broadcast_parameters(&s).await;
-        let d = dir.path().to_path_buf();
-        for r in all(&s, move |w| {
-            let path = file(&d, w.rank());
-            Box::pin(async move { w.load_state(path).await })
-        })
-        .await
-        {
-            r.unwrap();
-        }
+        load_all(&s, dir.path()).await;
         assert_eq!(ts[2][1].rounds_started(), K);
         let after = run(&s, &ts, seed, K, 2 * K).await;
         s.finish_all().await;
@@ -356,15 +361,7 @@ async fn a_job_on_device_buffers_restarts_bit_for_bit() {
 
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
         let ts = declare(&s).await;
-        let d = dir.path().to_path_buf();
-        for r in all(&s, move |w| {
-            let path = file(&d, w.rank());
-            Box::pin(async move { w.load_state(path).await })
-        })
-        .await
-        {
-            r.unwrap();
-        }
+        load_all(&s, dir.path()).await;
         let on = devices();
         let after = run_on(&s, &ts, seed, K..2 * K, Some(&on)).await;
         s.finish_all().await;
