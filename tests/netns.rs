@@ -11,6 +11,8 @@
 //! `PUSHPULL_REQUIRE_NETNS=1` (set by `.ci/run` where CI has the capability), which turns a
 //! missing capability into a failure.
 
+mod common;
+
 use std::time::Duration;
 
 use pushpull::bench::net::cluster::{run_cluster, RunLimits};
@@ -28,33 +30,16 @@ fn hosts() -> Vec<String> {
         .collect()
 }
 
-/// The shaped network of `hosts` (name, nodes), or why it cannot be built here.
-fn network(hosts: &[(String, Vec<String>)]) -> Result<Topology, String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not running as root (network namespaces need CAP_SYS_ADMIN)".into());
-    }
+/// The shaped network of `hosts` (name, nodes), `None` when it cannot be built here (see
+/// [`common::netns::build_or_skip`]).
+fn network_or_skip(hosts: &[(String, Vec<String>)], test: &str) -> Option<Topology> {
     let shaping = Shaping {
         rate_bits: RATE,
         mtu: DEFAULT_MTU,
     };
-    Topology::with_nodes(hosts, shaping).map_err(|e| e.to_string())
-}
-
-/// The network, `None` when it cannot be built here and `PUSHPULL_REQUIRE_NETNS` is not set
-/// (the test then says why it is skipped).
-fn network_or_skip(hosts: &[(String, Vec<String>)], test: &str) -> Option<Topology> {
-    let required = std::env::var("PUSHPULL_REQUIRE_NETNS").is_ok_and(|v| v == "1");
-    match network(hosts) {
-        Ok(t) => Some(t),
-        Err(why) if required => {
-            panic!("PUSHPULL_REQUIRE_NETNS=1 but no shaped network can be built: {why}")
-        }
-        Err(why) => {
-            eprintln!("skipped: {test}: {why}");
-            None
-        }
-    }
+    common::netns::build_or_skip(test, || {
+        Topology::with_nodes(hosts, shaping).map_err(|e| e.to_string())
+    })
 }
 
 fn programs() -> Programs {
