@@ -3,7 +3,8 @@
 # job (onebit, the ResNet-50 set at --scale, 2 workers × 2 servers on loopback: CPU-bound),
 # alternately with nothing on and with both on (every node serving /metrics, and writing a
 # Chrome trace of every round), RUNS times each; prints each run's median round time and the
-# medians' ratio. ON=metrics or ON=trace turns on one of them only.
+# medians' ratio, and the same for the workers' CPU seconds per round. ON=metrics or ON=trace
+# turns on one of them only.
 #   [ON=both|metrics|trace] scripts/observe-cost.sh [RUNS] [SCALE] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,17 @@ off = [median_round(f"{tmp}/off-{i}.json") for i in range(1, runs + 1)]
 on = [median_round(f"{tmp}/on-{i}.json") for i in range(1, runs + 1)]
 print("off (s/round):", " ".join(f"{x:.4f}" for x in off))
 print("on  (s/round):", " ".join(f"{x:.4f}" for x in on))
+print(f"median off {statistics.median(off):.4f}, on {statistics.median(on):.4f}: "
+      f"{statistics.median(on) / statistics.median(off):.3f}x")
+# The workers' CPU in the timed rounds (all their threads), less sensitive to a busy host than
+# wall time; servers and the scheduler are not in it.
+def worker_cpu(path):
+    r = json.load(open(path))
+    return sum(w["cpu_seconds_push_pull"] / w["rounds"] for w in r["workers"])
+off = [worker_cpu(f"{tmp}/off-{i}.json") for i in range(1, runs + 1)]
+on = [worker_cpu(f"{tmp}/on-{i}.json") for i in range(1, runs + 1)]
+print("workers' CPU-s per round, off:", " ".join(f"{x:.4f}" for x in off))
+print("workers' CPU-s per round, on: ", " ".join(f"{x:.4f}" for x in on))
 print(f"median off {statistics.median(off):.4f}, on {statistics.median(on):.4f}: "
       f"{statistics.median(on) / statistics.median(off):.3f}x")
 PY

@@ -35,18 +35,23 @@
 //!
 //! **Cost.** Off (the default), an event site is one relaxed load ([`on`]). On, an event is
 //! pushed onto its thread's buffer in memory (a mutex only the thread itself and [`write`]
-//! take); nothing is written until the node ends. A frame span still open when the file is
-//! written (its peer's acknowledgement had not been seen) is closed at that moment with
-//! `"unacknowledged": true`; no other span is closed for it.
+//! take); nothing is written until the node ends. An event allocates nothing: its [`Args`] are
+//! plain numbers, tensor and peer names included ([`Name`]: interned once per process), and a
+//! [`Span`] is recorded once, when it ends, with both its times (written out as its `b` and
+//! `e`). A [`Span`] still open when the file is written is left out of it (the next write has
+//! it); a frame span still open (its peer's acknowledgement had not been seen) is closed at
+//! that moment with `"unacknowledged": true`.
 
-use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pushpull_proto::config::TraceConfig;
+use pushpull_proto::placement::mix64;
 
 /// The environment variable naming the trace folder (it overrides `[trace] dir`).
 pub const ENV: &str = "PUSHPULL_TRACE";
@@ -67,11 +72,15 @@ struct State {
     writing: Mutex<()>,
 }
 
-/// One thread's events.
+/// One thread's events, in blocks of [`BLOCK`] that never move (a growing `Vec` would copy
+/// every event recorded so far each time it doubles).
 struct Buffer {
     tid: u64,
-    events: Mutex<Vec<Event>>,
+    events: Mutex<Vec<Vec<Event>>>,
 }
+
+/// Events per block of a [`Buffer`] (about 450 KB).
+const BLOCK: usize = 4096;
 
 /// The phase of one event (`ph`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,11 +103,58 @@ impl Ph {
     }
 }
 
+/// A name events refer to (a tensor's, a peer's), interned once per process so that an event
+/// carries four bytes for it: [`Name::new`] of the same text gives the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Name(u32);
+
+/// Every [`Name`]'s text, by number, and the numbers by text.
+#[derive(Default)]
+struct Names {
+    texts: Vec<Arc<str>>,
+    numbers: HashMap<Arc<str>, u32>,
+}
+
+static NAMES: LazyLock<Mutex<Names>> = LazyLock::new(Default::default);
+
+impl Name {
+    /// The name's number in this process (the same text, the same number), e.g. for an [`id`].
+    pub fn number(self) -> u64 {
+        u64::from(self.0)
+    }
+
+    /// The name of `text` (a lookup in the thread's own cache; the first time on a thread, in
+    /// the process's table).
+    pub fn new(text: &str) -> Name {
+        thread_local! {
+            static SEEN: RefCell<HashMap<Box<str>, Name>> = RefCell::new(HashMap::new());
+        }
+        let cached = SEEN.try_with(|seen| seen.borrow().get(text).copied());
+        if let Ok(Some(name)) = cached {
+            return name;
+        }
+        let mut names = lock(&NAMES);
+        let name = match names.numbers.get(text) {
+            Some(&n) => Name(n),
+            None => {
+                let n = names.texts.len() as u32;
+                let t: Arc<str> = text.into();
+                names.texts.push(t.clone());
+                names.numbers.insert(t, n);
+                Name(n)
+            }
+        };
+        drop(names);
+        let _ = SEEN.try_with(|seen| seen.borrow_mut().insert(text.into(), name));
+        name
+    }
+}
+
 /// What an event says about itself (its `args`); unset fields are left out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Args {
     /// The tensor's name.
-    pub tensor: Option<Arc<str>>,
+    pub tensor: Option<Name>,
     /// The chunk's index in its tensor.
     pub chunk: Option<u32>,
     /// The chunk's key.
@@ -114,18 +170,97 @@ pub struct Args {
     /// Payload bytes.
     pub bytes: Option<u64>,
     /// The other end of a frame.
-    pub peer: Option<Arc<str>>,
+    pub peer: Option<Name>,
 }
 
-/// One recorded event.
-#[derive(Debug, Clone)]
+/// An event's name: a literal, or a [`Name`] (a `String` given as a name is interned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Label {
+    /// A name written in the code.
+    Static(&'static str),
+    /// An interned name.
+    Name(Name),
+}
+
+impl From<&'static str> for Label {
+    fn from(s: &'static str) -> Label {
+        Label::Static(s)
+    }
+}
+
+impl From<Name> for Label {
+    fn from(n: Name) -> Label {
+        Label::Name(n)
+    }
+}
+
+impl From<String> for Label {
+    fn from(s: String) -> Label {
+        Label::Name(Name::new(&s))
+    }
+}
+
+impl Label {
+    fn text<'a>(&self, names: &'a [Arc<str>]) -> &'a str {
+        match *self {
+            Label::Static(s) => s,
+            Label::Name(n) => names.get(n.0 as usize).map_or("?", |t| t.as_ref()),
+        }
+    }
+}
+
+/// [`Args`] as an event keeps them: which fields are set, and their values.
+#[derive(Debug, Clone, Copy, Default)]
+struct Packed {
+    set: u16,
+    /// tensor, chunk, rank, server, host, peer.
+    small: [u32; 6],
+    /// key, round, bytes.
+    big: [u64; 3],
+}
+
+const SMALL: [&str; 6] = ["tensor", "chunk", "rank", "server", "host", "peer"];
+const BIG: [&str; 3] = ["key", "round", "bytes"];
+
+impl From<&Args> for Packed {
+    fn from(a: &Args) -> Packed {
+        let mut p = Packed::default();
+        let small = [
+            a.tensor.map(|n| n.0),
+            a.chunk,
+            a.rank,
+            a.server,
+            a.host,
+            a.peer.map(|n| n.0),
+        ];
+        for (i, v) in small.into_iter().enumerate() {
+            if let Some(v) = v {
+                p.set |= 1 << i;
+                p.small[i] = v;
+            }
+        }
+        for (i, v) in [a.key, a.round, a.bytes].into_iter().enumerate() {
+            if let Some(v) = v {
+                p.set |= 1 << (6 + i);
+                p.big[i] = v;
+            }
+        }
+        p
+    }
+}
+
+/// One recorded event (no allocation, about 100 bytes): `ph` at `ts`, or, `whole`, a span from
+/// `ts` to `ts + dur` (written as its `b` and `e`).
+#[derive(Debug, Clone, Copy)]
 struct Event {
-    ph: Ph,
     ts: u64,
-    cat: &'static str,
-    name: Cow<'static, str>,
     id: u64,
-    args: Option<Box<Args>>,
+    cat: &'static str,
+    name: Label,
+    args: Packed,
+    dur: u32,
+    ph: Ph,
+    whole: bool,
 }
 
 thread_local! {
@@ -213,26 +348,13 @@ pub fn now() -> u64 {
     unix + at.elapsed().as_micros() as u64
 }
 
-/// An id for a track from a few numbers (FNV-1a, 52 bits: exact in JavaScript's numbers).
+/// An id for a track from a few numbers (each mixed in whole by SplitMix64's finaliser,
+/// [`pushpull_proto::placement::mix64`]; 52 bits: exact in JavaScript's numbers).
 pub fn id(parts: &[u64]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let h = parts
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &p| mix64(h ^ p));
     h & ((1 << 52) - 1)
-}
-
-/// A number for a name, to put in an [`id`].
-pub fn name_hash(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 /// Records one event at `ts` (from [`now`]). Callers check [`on`] or [`traced`] first.
@@ -240,43 +362,68 @@ pub fn record(
     ph: Ph,
     ts: u64,
     cat: &'static str,
-    name: impl Into<Cow<'static, str>>,
+    name: impl Into<Label>,
     id: u64,
     args: Option<Args>,
 ) {
-    let event = Event {
-        ph,
+    push(Event {
         ts,
+        id,
         cat,
         name: name.into(),
+        args: args.as_ref().map(Packed::from).unwrap_or_default(),
+        dur: 0,
+        ph,
+        whole: false,
+    });
+}
+
+/// Records a whole span, from `begin` to `end` (both from [`now`]). Callers check [`on`] or
+/// [`traced`] first.
+pub fn span(begin: u64, end: u64, cat: &'static str, name: impl Into<Label>, id: u64, args: Args) {
+    push(Event {
+        ts: begin,
         id,
-        args: args.map(Box::new),
-    };
+        cat,
+        name: name.into(),
+        args: Packed::from(&args),
+        dur: end.saturating_sub(begin).min(u64::from(u32::MAX)) as u32,
+        ph: Ph::Begin,
+        whole: true,
+    });
+}
+
+fn push(event: Event) {
     // `try_with`: a span dropped while its thread is being torn down is lost, not a panic.
     let _ = LOCAL.try_with(|b| {
         if let Some(b) = b {
-            lock(&b.events).push(event);
+            let mut blocks = lock(&b.events);
+            match blocks.last_mut() {
+                Some(block) if block.len() < BLOCK => block.push(event),
+                _ => {
+                    let mut block = Vec::with_capacity(BLOCK);
+                    block.push(event);
+                    blocks.push(block);
+                }
+            }
         }
     });
 }
 
-/// An open span: records its end when dropped (so a span ends on every path, errors
-/// included), or at [`Span::end_at`].
+/// An open span: recorded when dropped (so a span ends on every path, errors included), or
+/// at [`Span::end_at`].
 pub struct Span {
+    begin: u64,
     cat: &'static str,
-    name: Cow<'static, str>,
+    name: Label,
     id: u64,
+    args: Args,
     open: bool,
 }
 
 impl Span {
     /// Begins a span now.
-    pub fn begin(
-        cat: &'static str,
-        name: impl Into<Cow<'static, str>>,
-        id: u64,
-        args: Args,
-    ) -> Span {
+    pub fn begin(cat: &'static str, name: impl Into<Label>, id: u64, args: Args) -> Span {
         Span::begin_at(now(), cat, name, id, args)
     }
 
@@ -284,16 +431,16 @@ impl Span {
     pub fn begin_at(
         ts: u64,
         cat: &'static str,
-        name: impl Into<Cow<'static, str>>,
+        name: impl Into<Label>,
         id: u64,
         args: Args,
     ) -> Span {
-        let name = name.into();
-        record(Ph::Begin, ts, cat, name.clone(), id, Some(args));
         Span {
+            begin: ts,
             cat,
-            name,
+            name: name.into(),
             id,
+            args,
             open: true,
         }
     }
@@ -305,8 +452,7 @@ impl Span {
 
     fn finish(&mut self, ts: u64) {
         if std::mem::take(&mut self.open) {
-            let name = std::mem::take(&mut self.name);
-            record(Ph::End, ts, self.cat, name, self.id, None);
+            span(self.begin, ts, self.cat, self.name, self.id, self.args);
         }
     }
 }
@@ -321,7 +467,7 @@ impl Drop for Span {
 pub fn span_if(
     yes: bool,
     cat: &'static str,
-    name: impl Into<Cow<'static, str>>,
+    name: impl Into<Label>,
     id: u64,
     args: impl FnOnce() -> Args,
 ) -> Option<Span> {
@@ -337,10 +483,8 @@ pub fn write() {
     let _writing = lock(&state.writing);
     let mut events: Vec<(u64, Event)> = Vec::new();
     for b in lock(&state.buffers).iter() {
-        events.extend(lock(&b.events).iter().map(|e| (b.tid, e.clone())));
+        events.extend(lock(&b.events).iter().flatten().map(|e| (b.tid, *e)));
     }
-    // A stable sort: a thread's own events keep their order at equal times.
-    events.sort_by_key(|(_, e)| e.ts);
     let nodes = lock(&state.nodes).clone();
     let pid = std::process::id();
     let text = render(&events, &nodes, pid, now());
@@ -358,28 +502,39 @@ pub fn write() {
     }
 }
 
-/// The file's text: metadata naming the process, the events, and an end for every frame span
-/// still open at `now`.
+/// The file's text: metadata naming the process, the events (a whole span as its `b` and
+/// `e`) in time order, and an end for every frame span still open at `now`.
 fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> String {
-    let mut out = String::with_capacity(64 + events.len() * 160);
+    let names = lock(&NAMES).texts.clone();
+    // (time, thread, event, which of its letters); a stable sort keeps a thread's own events
+    // in their order at equal times.
+    let mut out_events: Vec<(u64, u64, &Event, Ph)> = Vec::with_capacity(events.len() * 2);
+    for (tid, e) in events {
+        out_events.push((e.ts, *tid, e, e.ph));
+        if e.whole {
+            out_events.push((e.ts + u64::from(e.dur), *tid, e, Ph::End));
+        }
+    }
+    out_events.sort_by_key(|&(ts, ..)| ts);
+    let mut out = String::with_capacity(64 + out_events.len() * 160);
     out.push_str("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     let _ = write!(
         out,
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{}}}}}",
         json_str(&nodes.join(", "))
     );
-    let mut open_frames: std::collections::HashMap<(u64, &str), (u64, &Event)> =
-        std::collections::HashMap::new();
-    for (tid, e) in events {
+    let mut open_frames: HashMap<(u64, Label), (u64, &Event)> = HashMap::new();
+    for &(ts, tid, e, ph) in &out_events {
         out.push_str(",\n");
-        event_json(&mut out, e, pid, *tid, None);
+        let args = (ph != Ph::End).then_some(&e.args);
+        event_json(&mut out, (ph, ts, e), args, (pid, tid), &names, None);
         if e.cat == FRAME {
-            match e.ph {
+            match ph {
                 Ph::Begin => {
-                    open_frames.insert((e.id, &e.name), (*tid, e));
+                    open_frames.insert((e.id, e.name), (tid, e));
                 }
                 Ph::End => {
-                    open_frames.remove(&(e.id, e.name.as_ref()));
+                    open_frames.remove(&(e.id, e.name));
                 }
                 Ph::Instant => {}
             }
@@ -388,16 +543,10 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
     let mut left: Vec<_> = open_frames.into_values().collect();
     left.sort_by_key(|(_, e)| (e.ts, e.id));
     for (tid, e) in left {
-        let end = Event {
-            ph: Ph::End,
-            ts: now.max(e.ts),
-            cat: e.cat,
-            name: e.name.clone(),
-            id: e.id,
-            args: None,
-        };
         out.push_str(",\n");
-        event_json(&mut out, &end, pid, tid, Some("\"unacknowledged\":true"));
+        let end = (Ph::End, now.max(e.ts), e);
+        let extra = Some("\"unacknowledged\":true");
+        event_json(&mut out, end, None, (pid, tid), &names, extra);
     }
     out.push_str("\n]}\n");
     out
@@ -406,37 +555,42 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
 /// The `cat` of frame spans ([`crate::trace::frame`] records them).
 pub const FRAME: &str = "frame";
 
-fn event_json(out: &mut String, e: &Event, pid: u32, tid: u64, extra: Option<&str>) {
+/// One event's JSON: letter `ph` of event `e` at `ts`, with `args` (names resolved in
+/// `names`) and the `extra` field.
+fn event_json(
+    out: &mut String,
+    (ph, ts, e): (Ph, u64, &Event),
+    args: Option<&Packed>,
+    (pid, tid): (u32, u64),
+    names: &[Arc<str>],
+    extra: Option<&str>,
+) {
     let _ = write!(
         out,
-        "{{\"ph\":\"{}\",\"cat\":\"{}\",\"name\":{},\"id\":\"{:#x}\",\"ts\":{},\"pid\":{pid},\"tid\":{tid}",
-        e.ph.letter(),
+        "{{\"ph\":\"{}\",\"cat\":\"{}\",\"name\":{},\"id\":\"{:#x}\",\"ts\":{ts},\"pid\":{pid},\"tid\":{tid}",
+        ph.letter(),
         e.cat,
-        json_str(&e.name),
+        json_str(e.name.text(names)),
         e.id,
-        e.ts
     );
     let mut fields: Vec<String> = Vec::new();
-    if let Some(a) = &e.args {
-        if let Some(t) = &a.tensor {
-            fields.push(format!("\"tensor\":{}", json_str(t)));
-        }
-        let nums = [
-            ("chunk", a.chunk.map(u64::from)),
-            ("key", a.key),
-            ("round", a.round),
-            ("rank", a.rank.map(u64::from)),
-            ("server", a.server.map(u64::from)),
-            ("host", a.host.map(u64::from)),
-            ("bytes", a.bytes),
-        ];
-        for (k, v) in nums {
-            if let Some(v) = v {
-                fields.push(format!("\"{k}\":{v}"));
+    if let Some(a) = args {
+        for (i, k) in SMALL.iter().enumerate() {
+            if a.set & (1 << i) == 0 {
+                continue;
             }
+            let v = a.small[i];
+            fields.push(match *k {
+                "tensor" | "peer" => {
+                    format!("\"{k}\":{}", json_str(Label::Name(Name(v)).text(names)))
+                }
+                _ => format!("\"{k}\":{v}"),
+            });
         }
-        if let Some(p) = &a.peer {
-            fields.push(format!("\"peer\":{}", json_str(p)));
+        for (i, k) in BIG.iter().enumerate() {
+            if a.set & (1 << (6 + i)) != 0 {
+                fields.push(format!("\"{k}\":{}", a.big[i]));
+            }
         }
     }
     if let Some(x) = extra {
@@ -475,19 +629,21 @@ mod tests {
 
     fn ev(ph: Ph, ts: u64, cat: &'static str, name: &'static str, id: u64) -> (u64, Event) {
         let args = Args {
-            tensor: Some("a \"b\"\n".into()),
+            tensor: Some(Name::new("a \"b\"\n")),
             round: Some(3),
             ..Args::default()
         };
         (
             1,
             Event {
-                ph,
                 ts,
+                id,
                 cat,
                 name: name.into(),
-                id,
-                args: Some(Box::new(args)),
+                args: Packed::from(&args),
+                dur: 0,
+                ph,
+                whole: false,
             },
         )
     }
@@ -510,6 +666,34 @@ mod tests {
         assert!(text.contains("\"id\":\"0x8\",\"ts\":20"), "{text}");
         assert!(text.starts_with("{\"displayTimeUnit\""));
         assert!(text.trim_end().ends_with("]}"));
+    }
+
+    #[test]
+    fn a_whole_span_is_written_as_its_begin_and_end_in_time_order() {
+        let mut whole = ev(Ph::Begin, 10, "chunk", "wait", 5);
+        (whole.1.whole, whole.1.dur) = (true, 20);
+        let events = [whole, ev(Ph::Instant, 20, FRAME, "written", 8)];
+        let text = render(&events, &["worker 0".into()], 42, 40);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("\"ts\"") && !l.contains("\"ph\":\"M\""))
+            .collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].starts_with("{\"ph\":\"b\",\"cat\":\"chunk\",\"name\":\"wait\""));
+        assert!(lines[0].contains("\"ts\":10,") && lines[0].contains("\"round\":3"));
+        assert!(lines[1].contains("\"ph\":\"n\"") && lines[1].contains("\"ts\":20,"));
+        assert!(lines[2].starts_with("{\"ph\":\"e\",\"cat\":\"chunk\",\"name\":\"wait\""));
+        assert!(lines[2].contains("\"ts\":30,") && !lines[2].contains("args"));
+    }
+
+    #[test]
+    fn a_name_is_the_same_on_every_thread() {
+        let a = Name::new("tensor a");
+        assert_eq!(a, Name::new("tensor a"));
+        assert_ne!(a, Name::new("tensor b"));
+        let there = std::thread::spawn(|| Name::new("tensor a")).join().unwrap();
+        assert_eq!(a, there);
+        assert_eq!(&*lock(&NAMES).texts[a.0 as usize], "tensor a");
     }
 
     #[test]

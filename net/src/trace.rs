@@ -121,6 +121,7 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         FrameKind::State => "state",
     };
     let side = u64::from(event == "arrived");
+    let peer = timeline::Name::new(peer);
     let id = timeline::id(&[
         0xf4a3e,
         side,
@@ -128,27 +129,27 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         h.key,
         h.round,
         u64::from(h.rank),
-        timeline::name_hash(peer),
+        peer.number(),
     ]);
     let args = || Args {
         key: Some(h.key),
         round: Some(h.round),
         rank: Some(h.rank),
         bytes: Some(h.payload_len),
-        peer: Some(peer.into()),
+        peer: Some(peer),
         ..Args::default()
     };
     match event {
         "queued" => timeline::record(Ph::Begin, ts, FRAME, kind, id, Some(args())),
         "acked" => timeline::record(Ph::End, ts, FRAME, kind, id, None),
         "written" => timeline::record(Ph::Instant, ts, FRAME, "written", id, None),
-        _ => timeline::record(
-            Ph::Instant,
-            ts,
-            FRAME,
-            format!("{kind} {event}"),
-            id,
-            Some(args()),
-        ),
+        _ => {
+            let name: timeline::Label = match (h.kind, event) {
+                (FrameKind::Push, "arrived") => "push arrived".into(),
+                (FrameKind::Result, "arrived") => "result arrived".into(),
+                _ => format!("{kind} {event}").into(),
+            };
+            timeline::record(Ph::Instant, ts, FRAME, name, id, Some(args()))
+        }
     }
 }

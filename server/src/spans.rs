@@ -4,9 +4,7 @@
 //! result frames' own spans (`cat` `frame`, named `result`, queued to acknowledged, per
 //! worker) are the round's send. Off, each site costs one relaxed load.
 
-use std::sync::Arc;
-
-use pushpull_net::timeline::{self, Args, Ph};
+use pushpull_net::timeline::{self, Args, Label, Name, Ph};
 
 use crate::rounds::{Action, KeyInfo, Observer, Phase};
 
@@ -17,9 +15,9 @@ fn key_id(server: u32, key: u64, round: u64) -> u64 {
     timeline::id(&[0x5e4, u64::from(server), key, round])
 }
 
-fn args(server: u32, tensor: &Arc<str>, chunk: u32, key: u64, round: u64) -> Args {
+fn args(server: u32, tensor: Name, chunk: u32, key: u64, round: u64) -> Args {
     Args {
-        tensor: Some(tensor.clone()),
+        tensor: Some(tensor),
         chunk: Some(chunk),
         key: Some(key),
         round: Some(round),
@@ -28,30 +26,48 @@ fn args(server: u32, tensor: &Arc<str>, chunk: u32, key: u64, round: u64) -> Arg
     }
 }
 
+/// The name of a `sum` span: `sum (host H)`, a literal for the first hosts.
+fn sum_name(host: u32) -> Label {
+    const NAMES: [&str; 8] = [
+        "sum (host 0)",
+        "sum (host 1)",
+        "sum (host 2)",
+        "sum (host 3)",
+        "sum (host 4)",
+        "sum (host 5)",
+        "sum (host 6)",
+        "sum (host 7)",
+    ];
+    match NAMES.get(host as usize) {
+        Some(n) => Label::Static(n),
+        None => format!("sum (host {host})").into(),
+    }
+}
+
 /// The observer that records a key's `sum` and `encode` spans (see
-/// [`crate::rounds::KeyRounds::with_observer`]).
+/// [`crate::rounds::KeyRounds::with_observer`]): each recorded whole at its end.
 pub(crate) fn observer(server: u32, info: &KeyInfo) -> Observer {
-    let tensor: Arc<str> = info.tensor.as_str().into();
+    let tensor = Name::new(&info.tensor);
     let (chunk, key) = (info.chunk, info.key);
+    let mut began = 0;
     Box::new(move |round, phase, start| {
         if !timeline::traced(round) {
             return;
         }
-        let name = match phase {
-            Phase::Add { host } => format!("sum (host {host})"),
-            Phase::Encode => "encode".to_string(),
-        };
-        let id = key_id(server, key, round);
         let ts = timeline::now();
         if start {
-            let mut a = args(server, &tensor, chunk, key, round);
-            if let Phase::Add { host } = phase {
-                a.host = Some(host);
-            }
-            timeline::record(Ph::Begin, ts, CAT, name, id, Some(a));
-        } else {
-            timeline::record(Ph::End, ts, CAT, name, id, None);
+            began = ts;
+            return;
         }
+        let mut a = args(server, tensor, chunk, key, round);
+        let name = match phase {
+            Phase::Add { host } => {
+                a.host = Some(host);
+                sum_name(host)
+            }
+            Phase::Encode => Label::Static("encode"),
+        };
+        timeline::span(began, ts, CAT, name, key_id(server, key, round), a);
     })
 }
 
@@ -78,8 +94,7 @@ pub(crate) fn receive(
         Action::SendAbort { .. } => false,
     });
     if opened && (completed || actions.is_empty()) {
-        let tensor: Arc<str> = info.tensor.as_str().into();
-        let a = args(server, &tensor, info.chunk, info.key, round);
+        let a = args(server, Name::new(&info.tensor), info.chunk, info.key, round);
         timeline::record(Ph::Begin, arrived, CAT, "receive", id, Some(a));
     }
     if completed {

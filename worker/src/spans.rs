@@ -5,14 +5,13 @@
 //! recorded by the connection's reader) and `decompress`. Each is a [`Span`] that ends when
 //! dropped, so a span ends on every path; off, each site costs one relaxed load.
 
-use pushpull_net::timeline::{self, Args, Ph, Span};
+use pushpull_net::timeline::{self, Args, Label, Span};
 
 use crate::tensor::{RoundKind, TensorInner};
 
 /// The track of one round of a tensor on worker `rank`.
 fn round_id(rank: u32, tensor: &TensorInner, round: u64) -> u64 {
-    let name = timeline::name_hash(&tensor.placement.name);
-    timeline::id(&[0x20d, u64::from(rank), name, round])
+    timeline::id(&[0x20d, u64::from(rank), tensor.trace_name.number(), round])
 }
 
 /// The track of chunk `key`'s phases in `round` on worker `rank`.
@@ -25,17 +24,17 @@ pub(crate) fn round(rank: u32, tensor: &TensorInner, round: u64, kind: RoundKind
     if !timeline::traced(round) {
         return None;
     }
-    let name = tensor.placement.name.clone();
+    let name = &tensor.placement.name;
     let args = Args {
-        tensor: Some(tensor.trace_name.clone()),
+        tensor: Some(tensor.trace_name),
         round: Some(round),
         rank: Some(rank),
         ..Args::default()
     };
-    let name = match kind {
-        RoundKind::Sum { .. } => name,
-        RoundKind::Broadcast { .. } => format!("{name} (broadcast)"),
-        RoundKind::Gossip => format!("{name} (gossip)"),
+    let name: Label = match kind {
+        RoundKind::Sum { .. } => tensor.trace_name.into(),
+        RoundKind::Broadcast { .. } => format!("{name} (broadcast)").into(),
+        RoundKind::Gossip => format!("{name} (gossip)").into(),
     };
     Some(Span::begin(
         "round",
@@ -59,7 +58,7 @@ pub(crate) fn chunk(
     }
     let key = tensor.placement.chunks[index].key;
     let args = Args {
-        tensor: Some(tensor.trace_name.clone()),
+        tensor: Some(tensor.trace_name),
         chunk: Some(index as u32),
         key: Some(key),
         round: Some(round),
@@ -88,6 +87,5 @@ pub(crate) fn pull(rank: u32, key: u64, round: u64, accepted: u64, bytes: u64) {
         bytes: Some(bytes),
         ..Args::default()
     };
-    timeline::record(Ph::Begin, accepted, "chunk", "pull", id, Some(args));
-    timeline::record(Ph::End, timeline::now(), "chunk", "pull", id, None);
+    timeline::span(accepted, timeline::now(), "chunk", "pull", id, args);
 }

@@ -68,8 +68,8 @@ pub struct Tensor {
 
 pub(crate) struct TensorInner {
     pub(crate) placement: TensorPlacement,
-    /// The name as the timeline's events share it (one allocation per tensor, not per event).
-    pub(crate) trace_name: Arc<str>,
+    /// The name as the timeline's events carry it (interned once per tensor).
+    pub(crate) trace_name: pushpull_net::timeline::Name,
     /// Element range of each chunk, checked against the placement at declare time.
     pub(crate) ranges: Vec<Range<usize>>,
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at

@@ -157,7 +157,7 @@ impl Worker {
         }
         let tensor = Tensor {
             inner: Arc::new(TensorInner {
-                trace_name: placement.name.as_str().into(),
+                trace_name: pushpull_net::timeline::Name::new(&placement.name),
                 placement,
                 ranges,
                 codecs,
