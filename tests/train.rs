@@ -38,6 +38,9 @@ impl Exchange for Zeroing {
     fn set_learning_rate(&self, lr: f32) {
         self.0.set_learning_rate(lr)
     }
+    fn track_gradient(&self, tensor: &Tensor, gradient: &[f32]) -> Result<(), WorkerError> {
+        self.0.track_gradient(tensor, gradient)
+    }
     fn all(&self, op: Op, tensors: &[Tensor], bufs: &mut [Vec<f32>]) -> Result<(), WorkerError> {
         self.0.all(op, tensors, bufs)?;
         if op == Op::Average {

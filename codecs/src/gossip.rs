@@ -33,3 +33,10 @@ pub fn average_step(x: &[f32], own: &[f32], neighbours: &[(f64, &[f32])], out: &
         *o = (x[e] as f64 + sum) as f32;
     }
 }
+
+/// Moniqua's Theorem 2 bound `θ_k = 2·α_k·G·C_α·ln(16n)/(1 − ηρ)` with `C_α = η = 1`: `lr`
+/// the round's learning rate, `g` the bound of the gradients' magnitudes, `n` workers, `ρ`
+/// the mixing matrix's spectral gap (what `theta_schedule = bound` scales by `theta`).
+pub fn theorem2_theta(lr: f64, g: f64, n: usize, rho: f64) -> f64 {
+    2.0 * lr * g * (16.0 * n.max(1) as f64).ln() / (1.0 - rho)
+}

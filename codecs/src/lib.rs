@@ -232,6 +232,11 @@ pub struct RoundCtx<'a> {
     /// Moniqua's reference values (the receiver's own copy, `len` elements): required by its
     /// decompress and decompress-add, ignored by every other compressor.
     pub reference: Option<&'a [f32]>,
+    /// Moniqua's a-priori bound from its Theorem 2 for this round on this worker,
+    /// `2·α_k·G·ln(16n)/(1 − ρ)` (`α_k` the round's learning rate, `G` the bound of the
+    /// tensor's gradients the worker has tracked, `n` workers, `ρ` the mixing matrix's
+    /// spectral gap): required to encode with `theta_schedule = bound`, ignored otherwise.
+    pub theta_bound: Option<f64>,
 }
 
 impl<'a> RoundCtx<'a> {
@@ -241,6 +246,7 @@ impl<'a> RoundCtx<'a> {
             round,
             lr: None,
             reference: None,
+            theta_bound: None,
         }
     }
 

@@ -265,8 +265,10 @@ impl CodecSpec {
                 }
                 put("bits", bits.to_string());
                 put("rounding", rounding_name(*rounding).to_string());
-                if *schedule == ThetaSchedule::Lr {
-                    put("theta_schedule", "lr".to_string());
+                match schedule {
+                    ThetaSchedule::Fixed => {}
+                    ThetaSchedule::Lr => put("theta_schedule", "lr".to_string()),
+                    ThetaSchedule::Bound => put("theta_schedule", "bound".to_string()),
                 }
             }
         }
@@ -309,10 +311,10 @@ impl CodecSpec {
                 hash,
             } => {
                 let check = if *hash { ", hash" } else { "" };
-                let per_lr = if *schedule == ThetaSchedule::Lr {
-                    " x lr"
-                } else {
-                    ""
+                let per_lr = match schedule {
+                    ThetaSchedule::Fixed => "",
+                    ThetaSchedule::Lr => " x lr",
+                    ThetaSchedule::Bound => " x bound",
                 };
                 format!(
                     "moniqua(theta={theta}{per_lr}, bits={bits}, {}{check})",

@@ -226,5 +226,82 @@ fn theta_schedule_lr_scales_theta_by_the_rounds_learning_rate() {
     // An unknown schedule names the key and what is allowed.
     let e = refusal(&[("theta_schedule", "cosine")]);
     assert!(e.contains("\"theta_schedule\" = \"cosine\""), "{e}");
-    assert!(e.contains("fixed or lr"), "{e}");
+    assert!(e.contains("fixed, lr or bound"), "{e}");
+}
+
+#[test]
+fn theta_schedule_bound_sends_each_senders_b_theta() {
+    // θ = theta · RoundCtx::theta_bound (the worker's Theorem 2 bound, different on every
+    // worker): the message carries the sender's B_θ, and a receiver recovers with it, whatever
+    // its own bound, within δ·B_θ of the sender's values.
+    let mut rng = TestRng::new(seed("theta_schedule_bound_sends_each_senders_b_theta"));
+    let n = 1000;
+    let bits = 4u32;
+    let kv = [
+        ("compressor", "moniqua"),
+        ("theta", "0.5"),
+        ("bits", "4"),
+        ("theta_schedule", "bound"),
+    ];
+    let mut sender = build(&kv, n);
+    let receiver = build(&kv, n);
+    let mut plain = build(&kv[..3], n);
+    let bound = 0.04f64;
+    let theta = 0.5 * bound;
+    let x: Vec<f32> = (0..n).map(|_| (3.0 + rng.normal()) as f32).collect();
+    let y: Vec<f32> = x
+        .iter()
+        .map(|&v| (v as f64 + (rng.unit() * 2.0 - 1.0) * theta * 0.9) as f32)
+        .collect();
+    let ctx = RoundCtx {
+        theta_bound: Some(bound),
+        ..RoundCtx::new(3)
+    };
+    let (mut out, mut fixed) = (Vec::new(), Vec::new());
+    sender.compress(&x, &ctx, &mut out).unwrap();
+    plain.compress(&x, &ctx, &mut fixed).unwrap();
+    assert_eq!(out.len(), fixed.len() + 8, "the codes and B_theta");
+    let b_theta = 2.0 * 0.5 * bound / (1.0 - 2.0 * delta(bits, false));
+    let sent = f64::from_le_bytes(out[out.len() - 8..].try_into().unwrap());
+    assert!(
+        (sent - b_theta).abs() <= 1e-15 * b_theta,
+        "the payload's B_theta {sent}"
+    );
+    // The receiver's own bound is another (or none): it decodes with the sender's.
+    for theirs in [None, Some(5.0 * bound)] {
+        let at = RoundCtx {
+            theta_bound: theirs,
+            ..RoundCtx::new(3)
+        };
+        let mut xh = vec![0f32; n];
+        receiver
+            .decompress(&out, &at.with_reference(&y), &mut xh)
+            .unwrap();
+        let worst = x
+            .iter()
+            .zip(&xh)
+            .map(|(a, b)| (*a as f64 - *b as f64).abs())
+            .fold(0.0, f64::max);
+        let limit = delta(bits, false) * b_theta;
+        assert!(
+            worst <= limit * (1.0 + 1e-6) + 4.0 * 2f64.powi(-22),
+            "{worst} > {limit}"
+        );
+    }
+    // Encoding without a bound names what is missing; a B_theta that is not a finite number
+    // > 0 in a payload is refused as malformed.
+    let e = sender
+        .compress(&x, &RoundCtx::new(4), &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("track_gradient"), "{e}");
+    let mut xh = vec![0f32; n];
+    sender.compress(&x, &ctx, &mut out).unwrap();
+    for bad in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
+        let k = out.len() - 8;
+        out[k..].copy_from_slice(&bad.to_le_bytes());
+        let e = receiver
+            .decompress(&out, &RoundCtx::new(3).with_reference(&y), &mut xh)
+            .unwrap_err();
+        assert!(e.to_string().contains("B_theta"), "{bad}: {e}");
+    }
 }

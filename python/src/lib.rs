@@ -549,6 +549,15 @@ impl Worker {
         Ok(())
     }
 
+    /// Raises the gradient bound `G` of tensor `name` to `g` (the largest |gradient| of a
+    /// step) if larger: moniqua's `theta_schedule = "bound"` reads it (see
+    /// `Worker::report_gradient_bound`). Raises `PushPullError` naming the tensor when `g` is
+    /// not a finite number >= 0 or the tensor is not declared.
+    fn report_gradient_bound(&self, name: &str, g: f32) -> PyResult<()> {
+        let (w, t) = self.tensor(name)?;
+        w.report_gradient_bound(&t, g).map_err(to_py)
+    }
+
     /// Counters: `{"raw_bytes", "bytes_pushed", "bytes_pulled", "rounds", "rounds_non_finite", "compress_seconds",
     /// "wait_seconds", "decompress_seconds", "device_bytes", "driver_calls", "tensors": {name:
     /// {... "device", "buffer_device", "device_bytes", "codecs"}}}`: `device` says where the

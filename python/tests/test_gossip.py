@@ -40,7 +40,7 @@ def plain_dpsgd(saved):
 
 
 def test_dpsgd_is_the_plain_algorithm_and_moniqua_stays_close(pushpull, seed, tmp_path):
-    for mode in ["dpsgd", "moniqua", "moniqua-lr"]:
+    for mode in ["dpsgd", "moniqua", "moniqua-lr", "moniqua-bound"]:
         p = run_job(pushpull, "gossip.py", mode, tmp_path, seed, workers=N, config=SMALL)
         assert p.returncode == 0, f"{mode}: {p.stderr}"
     dpsgd, moniqua = load(tmp_path, "dpsgd"), load(tmp_path, "moniqua")
@@ -71,6 +71,16 @@ def test_dpsgd_is_the_plain_algorithm_and_moniqua_stays_close(pushpull, seed, tm
                 assert np.array_equal(got.view(np.uint32), x.numpy().view(np.uint32)), (
                     f"seed {seed}: theta_schedule = lr: rank {r} step {step} {n}"
                 )
+    # θ from the Theorem 2 bound: each rank's own G (its largest |grad| so far; the ring of 4
+    # with ⅓ weights has ρ = ⅓), so each rank's messages have their own θ and every receiver
+    # decodes them with it: within the rank's δ·B_θ = θ of D-PSGD's exchange, each step.
+    bound = load(tmp_path, "moniqua-bound")
+    for r in range(N):
+        d = max(np.abs(bound[r]["steps"][last][n].numpy() - want[last][r][n]).max()
+                for n in want[last][r])
+        g = max(float(s[n].abs().max()) for s in bound[r]["grads"] for n in s)
+        theta = 2 * 1.0 * g * np.log(16 * N) / (1 - 1 / 3)
+        assert 0 < d < 4 * (len(want)) * theta, f"seed {seed}: rank {r}: {d} (theta {theta})"
     # The mean model: the workers' mean, the same on every rank.
     for n in want[last][0]:
         mean = np.mean([want[last][r][n].astype(np.float64) for r in range(N)], axis=0)

@@ -96,6 +96,11 @@ impl BlockingWorker {
         self.worker().set_learning_rate(lr)
     }
 
+    /// See [`Worker::track_gradient`].
+    pub fn track_gradient(&self, tensor: &Tensor, gradient: &[f32]) -> Result<(), WorkerError> {
+        self.worker().track_gradient(tensor, gradient)
+    }
+
     /// See [`Worker::metrics`].
     pub fn metrics(&self) -> Metrics {
         self.worker().metrics()

@@ -217,6 +217,7 @@ pub(crate) fn encode_host(
 ) -> Result<Encoded, String> {
     let ctx = CodecRound {
         lr,
+        theta_bound: tensor.bound.theta_bound(round, lr),
         ..CodecRound::new(round)
     };
     let mut out = pool.take();

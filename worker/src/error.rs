@@ -146,6 +146,17 @@ pub enum WorkerError {
         got: u64,
     },
 
+    /// A gradient reported with [`crate::Worker::track_gradient`] holds a value that is not
+    /// finite, or a bound given to [`crate::Worker::report_gradient_bound`] is not a finite
+    /// number ≥ 0. Nothing was recorded.
+    #[error("tensor {name:?}: {message}")]
+    BadGradient {
+        /// The tensor.
+        name: String,
+        /// The element or the bound, and its value.
+        message: String,
+    },
+
     /// A tensor appears more than once in one [`crate::Worker::push_pull_group_into`] call (a
     /// tensor's rounds run one after another: make a second call). Nothing was sent for that
     /// entry and no round was used.

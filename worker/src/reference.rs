@@ -57,6 +57,9 @@ struct RefState {
     round: u64,
     /// The last push_pull round.
     last_sum: Option<u64>,
+    /// Each rank's gradient bound `G` (moniqua's `theta_schedule = bound`): the largest
+    /// magnitude reported so far, 0 before any.
+    grad_bound: Vec<f32>,
 }
 
 /// Every worker and server of a job in one process (see the module docs).
@@ -132,6 +135,7 @@ impl Reference {
             servers,
             round: 0,
             last_sum: None,
+            grad_bound: vec![0.0; self.num_workers as usize],
         });
         Ok(RefTensor(self.tensors.len() - 1))
     }
@@ -153,6 +157,18 @@ impl Reference {
         for chain in chains.chain(&mut state.servers) {
             chain.undo(round);
         }
+    }
+
+    /// Rank `rank` reports a gradient of `t` (see [`crate::Worker::track_gradient`]: the
+    /// largest magnitude so far is its `G`); values that are not finite are the worker's
+    /// error, so here they are left out.
+    pub fn track_gradient(&mut self, t: RefTensor, rank: u32, gradient: &[f32]) {
+        let g = gradient
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0.0f32, |m, v| m.max(v.abs()));
+        let bound = &mut self.tensors[t.0].grad_bound[rank as usize];
+        *bound = bound.max(g);
     }
 
     /// Sets the learning rate of the next rounds (see [`crate::Worker::set_learning_rate`]).
@@ -189,13 +205,25 @@ impl Reference {
             ));
         }
         let mut outputs = inputs.to_vec();
+        let rho = self.config.gossip.matrix(self.num_workers)?.rho();
+        // The learning rate last set (moniqua's `theta_schedule = lr` reads it), and each
+        // rank's Theorem 2 bound from it and the rank's G (`theta_schedule = bound`).
+        let lr = self.lr;
+        let ctx_of = |r: usize| RoundCtx {
+            lr,
+            theta_bound: match (lr, state.grad_bound[r]) {
+                (Some(lr), g) if g > 0.0 => Some(pushpull_kernels::gossip::theorem2_theta(
+                    f64::from(lr),
+                    f64::from(g),
+                    w,
+                    rho,
+                )),
+                _ => None,
+            },
+            ..RoundCtx::new(round)
+        };
         for (c, chunk) in state.placement.chunks.iter().enumerate() {
             let range = chunk.offset as usize..(chunk.offset + chunk.len) as usize;
-            // The learning rate last set (moniqua's `theta_schedule = lr` reads it).
-            let ctx = RoundCtx {
-                lr: self.lr,
-                ..RoundCtx::new(round)
-            };
             let what = |r: usize, e: pushpull_kernels::KernelError| {
                 format!(
                     "tensor {:?} chunk {c} round {round}: rank {r}: {e}",
@@ -206,13 +234,13 @@ impl Reference {
             for (r, x) in inputs.iter().enumerate() {
                 let mut p = Vec::new();
                 state.hosts[r][c]
-                    .compress(&x[range.clone()], &ctx, &mut p)
+                    .compress(&x[range.clone()], &ctx_of(r), &mut p)
                     .map_err(|e| what(r, e))?;
                 payloads.push(p);
             }
             for (i, x) in inputs.iter().enumerate() {
                 let x = &x[range.clone()];
-                let at = ctx.with_reference(x);
+                let at = ctx_of(i).with_reference(x);
                 let decode = |p: &[u8]| -> Result<Vec<f32>, String> {
                     let mut v = vec![0.0f32; x.len()];
                     state.hosts[i][c]

@@ -97,6 +97,8 @@ pub(crate) struct TensorInner {
     /// A gossip tensor's neighbours of this worker and their weights `W[rank][j]`, ascending
     /// (`None`: a tensor summed by push_pull).
     pub(crate) gossip: Option<Vec<(u32, f64)>>,
+    /// The gradient bound of moniqua's `theta_schedule = bound` (gossip tensors).
+    pub(crate) bound: crate::worker::GradientBound,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).

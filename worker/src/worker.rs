@@ -10,7 +10,7 @@ mod gossip;
 mod group;
 mod join;
 
-pub(crate) use gossip::average_gossip;
+pub(crate) use gossip::{average_gossip, GradientBound};
 pub use group::RoundHandle;
 pub use join::JoinOptions;
 
@@ -395,6 +395,9 @@ impl Worker {
         // was prepared not run: undoing twice does nothing). It stays discarded until a round
         // carries the news to the servers.
         data.begin(&tensor.inner, kind)?;
+        if let RoundKind::Gossip = kind {
+            tensor.inner.bound.fix(*next_round);
+        }
         let undone = match kind {
             RoundKind::Sum { .. } => tensor.inner.residence().discarded,
             RoundKind::Broadcast { .. } | RoundKind::Gossip => None,

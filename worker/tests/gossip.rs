@@ -17,8 +17,9 @@ use common::*;
 const WORKERS: u32 = 5;
 const LEN: usize = 40_000;
 
-/// The maps gossiped here: full precision, Moniqua at 2 bits (θ fixed, and θ = 5 × a learning
-/// rate that changes every round), naive min-max at 2 bits.
+/// The maps gossiped here: full precision, Moniqua at 2 bits (θ fixed, θ = 5 × a learning
+/// rate that changes every round, and θ = the paper's Theorem 2 bound from that rate and
+/// each worker's own tracked gradient bound), naive min-max at 2 bits.
 fn maps() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
     vec![
         ("none", vec![("compressor", "none"), ("exchange", "gossip")]),
@@ -38,6 +39,16 @@ fn maps() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
                 ("theta", "5"),
                 ("bits", "2"),
                 ("theta_schedule", "lr"),
+                ("exchange", "gossip"),
+            ],
+        ),
+        (
+            "moniqua-bound",
+            vec![
+                ("compressor", "moniqua"),
+                ("theta", "1"),
+                ("bits", "2"),
+                ("theta_schedule", "bound"),
                 ("exchange", "gossip"),
             ],
         ),
@@ -127,6 +138,7 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
         let s = irregular_stack().await;
         let w = mixing();
         let mut reference = Reference::new(&s.config, s.workers[0].job_seed());
+        let mut pushed = Vec::new();
         for (name, kv) in maps() {
             let ts = declare_all_with(&s, name, LEN as u64, map(&kv)).await;
             assert!(
@@ -138,11 +150,26 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
             let mut xs = models(seed ^ name.len() as u64);
             let before = spread(&xs);
             for round in 0..3u64 {
-                if name == "moniqua-lr" {
+                if name == "moniqua-lr" || name == "moniqua-bound" {
                     // θ = 0.5, 0.25, 0.1667: the codec reads the rate of each round.
                     let lr = 0.1 / (round + 1) as f32;
                     s.workers.iter().for_each(|w| w.set_learning_rate(lr));
                     reference.set_learning_rate(lr);
+                }
+                if name == "moniqua-bound" {
+                    // Worker r's gradients reach (r + 1): each worker's G, hence its θ and its
+                    // messages' B_θ, differ, and each receiver decodes with the sender's.
+                    for (r, (w, t)) in s.workers.iter().zip(&ts).enumerate() {
+                        let scale = 0.02 * (r + 1) as f32;
+                        let g: Vec<f32> = data(seed ^ round ^ ((r as u64 + 7) << 30), LEN)
+                            .iter()
+                            .map(|v| v * scale)
+                            .collect();
+                        w.track_gradient(t, &g).unwrap();
+                        reference.track_gradient(rt, r as u32, &g);
+                    }
+                    let g0 = s.workers[0].gradient_bound(&ts[0]).unwrap();
+                    assert!(g0 > 0.5 && g0 <= 1.0, "seed {seed}: worker 0's G {g0}");
                 }
                 let got: Vec<Vec<f32>> = gossip_all(&s, &ts, &xs)
                     .await
@@ -199,7 +226,12 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
             let (m0, m1) = (ts[0].metrics(), ts[1].metrics());
             assert_eq!(m0.bytes_pulled, 3 * m0.bytes_pushed, "{name}: {m0:?}");
             assert_eq!(m1.bytes_pulled, 2 * m1.bytes_pushed, "{name}: {m1:?}");
+            pushed.push((name, m0.bytes_pushed, ts[0].num_chunks() as u64));
         }
+        // With θ from the bound each message carries its sender's B_θ: 8 bytes a chunk more.
+        let bytes = |n: &str| pushed.iter().find(|p| p.0 == n).copied().unwrap();
+        let ((_, fixed, chunks), (_, bound, _)) = (bytes("moniqua"), bytes("moniqua-bound"));
+        assert_eq!(bound, fixed + 3 * 8 * chunks, "3 rounds of {chunks} chunks");
         s.finish_all().await;
     })
     .await

@@ -21,7 +21,14 @@
 //! that shrinks with a decaying rate quantises finer as training settles. `B_θ` is then the
 //! fixed `B_θ` of `theta` times `α` (in f64, `α` widened from f32), the same on every worker.
 //!
+//! With `theta_schedule = bound` ([`ThetaSchedule::Bound`]) the round's θ is `theta` times the
+//! paper's Theorem 2 bound [`RoundCtx::theta_bound`], `2·α_k·G·ln(16n)/(1 − ρ)`, which the
+//! worker computes from the gradient bound `G` it tracks for the tensor (so it differs from
+//! worker to worker): each message then carries its sender's `B_θ` (8 bytes, an f64 after the
+//! codes), and a receiver recovers it with that `B_θ`, which Lemma 2 needs of the sender only.
+//!
 //! Wire format: a bit stream of `n` codes of `b` bits. Size `4 * ceil(n * b / 32)`; with
+//! `theta_schedule = bound` followed by the sender's `B_θ` (little-endian f64); with
 //! `hash = true` ([`recovered_hash`], the paper's verification, §6 "Choosing θ empirically")
 //! followed by 8 bytes: a little-endian u64 hash of the un-modded quantised values, which the
 //! receiver recomputes from what it recovered and compares, so a θ too small for the two models'
@@ -55,6 +62,9 @@ pub enum ThetaSchedule {
     Fixed,
     /// `lr`: θ is `theta · α`, `α` the round's learning rate.
     Lr,
+    /// `bound`: θ is `theta` times the paper's Theorem 2 bound for the round
+    /// ([`RoundCtx::theta_bound`]), carried in each message.
+    Bound,
 }
 
 /// The Moniqua compressor.
@@ -137,10 +147,35 @@ impl Moniqua {
         stream_bytes(self.base.n, self.bits)
     }
 
-    /// `B_θ` of this round: fixed, or scaled by the round's learning rate.
+    /// Bytes of the sender's `B_θ` after the codes (`theta_schedule = bound` only).
+    fn b_size(&self) -> usize {
+        if self.schedule == ThetaSchedule::Bound {
+            8
+        } else {
+            0
+        }
+    }
+
+    /// `B_θ` of this round as the sender has it: fixed, or scaled by the round's learning
+    /// rate or by its Theorem 2 bound.
     fn round_b(&self, ctx: &RoundCtx) -> Result<f64, KernelError> {
         match self.schedule {
             ThetaSchedule::Fixed => Ok(self.b_theta),
+            ThetaSchedule::Bound => match ctx.theta_bound {
+                Some(t) if t.is_finite() && t > 0.0 && (self.b_theta * t).is_finite() => {
+                    Ok(self.b_theta * t)
+                }
+                Some(t) => Err(KernelError::context(
+                    &self.base.name,
+                    format!(
+                        "theta_schedule = bound: this round's bound {t} (from the learning rate                          and the tracked gradient bound) must be finite and > 0"
+                    ),
+                )),
+                None => Err(KernelError::context(
+                    &self.base.name,
+                    "theta_schedule = bound needs the round's bound from the learning rate and                      the tensor's tracked gradient bound (set the rate every step,                      Worker::set_learning_rate, and report the gradients, Worker::track_gradient)",
+                )),
+            },
             ThetaSchedule::Lr => match ctx.lr {
                 Some(lr) if lr.is_finite() && lr > 0.0 => Ok(self.b_theta * lr as f64),
                 _ => Err(KernelError::context(
@@ -294,7 +329,7 @@ impl Format for Moniqua {
         &self.base
     }
     fn size(&self) -> usize {
-        self.stream_size() + if self.hash { 8 } else { 0 }
+        self.stream_size() + self.b_size() + if self.hash { 8 } else { 0 }
     }
     fn stochastic(&self) -> bool {
         self.rounding == Rounding::Stochastic
@@ -315,10 +350,14 @@ impl Format for Moniqua {
         let stream_size = self.stream_size();
         let dst = prepare(out, self.size());
         let bits = self.bits;
-        let (codes, hash) = dst.split_at_mut(stream_size);
+        let (codes, rest) = dst.split_at_mut(stream_size);
+        let (b_bytes, hash) = rest.split_at_mut(self.b_size());
         par_segments(input, bits, codes, |xs, i0, d| {
             encode(xs, i0, d, stream, b, bits, stochastic)
         });
+        if !b_bytes.is_empty() {
+            b_bytes.copy_from_slice(&b.to_le_bytes());
+        }
         if self.hash {
             hash.copy_from_slice(&recovered_hash(codes, input, b, bits).to_le_bytes());
         }
@@ -332,7 +371,8 @@ impl Format for Moniqua {
         add: bool,
     ) -> Result<(), KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
-        let (payload, hash) = payload.split_at(self.stream_size());
+        let (payload, rest) = payload.split_at(self.stream_size());
+        let (b_bytes, hash) = rest.split_at(self.b_size());
         if !super::tail_bits_zero(payload, self.base.n, self.bits) {
             return Err(KernelError::malformed(
                 &self.base.name,
@@ -340,7 +380,19 @@ impl Format for Moniqua {
             ));
         }
         let r = self.reference(ctx)?;
-        let b = self.round_b(ctx)?;
+        let b = match b_bytes.try_into() {
+            // The sender's own B_θ (theta_schedule = bound).
+            Ok(bytes) => match f64::from_le_bytes(bytes) {
+                b if b.is_finite() && b > 0.0 => b,
+                b => {
+                    return Err(KernelError::malformed(
+                        &self.base.name,
+                        format!("the sender's B_theta {b} is not a finite number > 0"),
+                    ))
+                }
+            },
+            Err(_) => self.round_b(ctx)?,
+        };
         let f = if add { decode_add } else { decode };
         let seg = crate::par::SEG;
         if crate::par::enabled(out.len()) {

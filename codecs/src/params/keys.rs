@@ -113,7 +113,9 @@ pub const KEYS: &[KeyInfo] = &[
         aliases: &[],
         applies_to: "moniqua",
         values: "fixed (theta in every round), lr (theta times the round's learning rate, \
-                 which must be set every round)",
+                 which must be set every round), bound (theta times the paper's Theorem 2 bound \
+                 2·lr·G·ln(16n)/(1 − ρ), G the largest |gradient| the worker has been told of \
+                 for the tensor, Worker::track_gradient; each message carries its B_theta)",
         default: "fixed",
     },
     KeyInfo {

@@ -361,7 +361,8 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
             let schedule = match r.get("theta_schedule") {
                 None | Some((_, "fixed")) => ThetaSchedule::Fixed,
                 Some((_, "lr")) => ThetaSchedule::Lr,
-                Some((k, v)) => return Err(KernelError::bad(k, v, "expected fixed or lr")),
+                Some((_, "bound")) => ThetaSchedule::Bound,
+                Some((k, v)) => return Err(KernelError::bad(k, v, "expected fixed, lr or bound")),
             };
             let hash = match r.get("hash") {
                 None => false,

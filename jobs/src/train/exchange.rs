@@ -20,6 +20,10 @@ pub trait Exchange {
     /// Sets the learning rate of this step (for `ef = "corrected"`); called before the step's
     /// push_pulls.
     fn set_learning_rate(&self, lr: f32);
+    /// Reports this step's gradient (or update over the rate) of `tensor`, whose largest
+    /// magnitude so far moniqua's `theta_schedule = "bound"` reads
+    /// ([`Worker::track_gradient`]); called before the step's gossip.
+    fn track_gradient(&self, tensor: &Tensor, gradient: &[f32]) -> Result<(), WorkerError>;
     /// push_pulls every buffer with [`Reduce::Average`], all in flight at once; `bufs[i]`
     /// belongs to `tensors[i]` and is replaced by the average over all workers.
     fn push_pull_all(&self, tensors: &[Tensor], bufs: &mut [Vec<f32>]) -> Result<(), WorkerError> {
@@ -92,6 +96,9 @@ impl Exchange for BlockingWorker {
     fn set_learning_rate(&self, lr: f32) {
         BlockingWorker::set_learning_rate(self, lr);
     }
+    fn track_gradient(&self, tensor: &Tensor, gradient: &[f32]) -> Result<(), WorkerError> {
+        BlockingWorker::track_gradient(self, tensor, gradient)
+    }
     fn all(&self, op: Op, tensors: &[Tensor], bufs: &mut [Vec<f32>]) -> Result<(), WorkerError> {
         self.runtime()
             .block_on(concurrently(self.worker(), op, tensors, bufs))
@@ -132,6 +139,9 @@ impl Exchange for InRuntime<'_> {
     }
     fn set_learning_rate(&self, lr: f32) {
         self.worker.set_learning_rate(lr);
+    }
+    fn track_gradient(&self, tensor: &Tensor, gradient: &[f32]) -> Result<(), WorkerError> {
+        self.worker.track_gradient(tensor, gradient)
     }
     fn all(&self, op: Op, tensors: &[Tensor], bufs: &mut [Vec<f32>]) -> Result<(), WorkerError> {
         self.block(concurrently(self.worker, op, tensors, bufs))

@@ -494,7 +494,16 @@ pub fn run_train(
         let t1 = Instant::now();
         // The step's rate: `ef = corrected` and moniqua's `theta_schedule = lr` read it.
         ex.set_learning_rate(lr);
-        if !opts.skip_push_pull && gossip {
+        let gossiping = gossip && !opts.skip_push_pull;
+        if gossiping {
+            // The step's update over the rate, v = μ·v + g (it does not depend on the model,
+            // so it is taken before the exchange): its magnitude is the G of moniqua's
+            // `theta_schedule = bound`.
+            momentum_step(&mus, &mut velocity, &bufs);
+            for (t, v) in tensors.iter().zip(&velocity) {
+                ex.track_gradient(t, v)
+                    .map_err(|e| CliError::failed(format!("the update of step {step}: {e}")))?;
+            }
             ex.all(Op::Gossip, &tensors, &mut weights).map_err(|e| {
                 CliError::failed(format!("gossip of the model (step {step}) failed: {e}"))
             })?;
@@ -508,9 +517,11 @@ pub fn run_train(
         exchange += t1.elapsed().as_secs_f64();
 
         let t2 = Instant::now();
-        for (i, mu) in mus.iter().enumerate() {
-            for ((w, v), g) in weights[i].iter_mut().zip(&mut velocity[i]).zip(&bufs[i]) {
-                *v = mu * *v + g;
+        if !gossiping {
+            momentum_step(&mus, &mut velocity, &bufs);
+        }
+        for (w, v) in weights.iter_mut().zip(&velocity) {
+            for (w, v) in w.iter_mut().zip(v) {
                 *w -= lr * *v;
             }
         }
@@ -594,4 +605,14 @@ pub fn run_train(
         cpu_seconds: pushpull_node::cpu::process_cpu_seconds(),
         consensus_distance,
     })
+}
+
+/// Heavy-ball momentum of a step: `v ← μ·v + g` for every tensor (`mus[i]` its μ, `bufs[i]`
+/// its gradient, averaged where the step push_pulled).
+fn momentum_step(mus: &[f32], velocity: &mut [Vec<f32>], bufs: &[Vec<f32>]) {
+    for ((mu, v), g) in mus.iter().zip(velocity.iter_mut()).zip(bufs) {
+        for (v, g) in v.iter_mut().zip(g) {
+            *v = mu * *v + g;
+        }
+    }
 }

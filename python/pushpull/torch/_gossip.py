@@ -29,7 +29,10 @@ class DecentralizedOptimizer:
     default) for full-precision D-PSGD, ``{"compressor": "minmax", "bits": "2"}`` for naive
     quantised averaging; ``exchange = "gossip"`` is added. With ``"theta_schedule": "lr"``
     Moniqua's θ is ``theta`` times the learning rate of the parameter's group at each step (the
-    paper's θ ∝ α, which tightens the bound as a schedule decays the rate). Parameters are
+    paper's θ ∝ α, which tightens the bound as a schedule decays the rate); with
+    ``"theta_schedule": "bound"`` it is ``theta`` times the paper's Theorem 2 bound
+    ``2·α·G·ln(16n)/(1 − ρ)``, ``G`` the largest ``|grad|`` of the parameter this worker has
+    seen (each step reports ``p.grad.abs().max()`` before the exchange). Parameters are
     declared ``PREFIX + NAME`` (default ``"Gossip."``) in ``named_parameters`` order, and rank
     0's are broadcast at construction, so every worker starts from the same model (the paper's
     assumption).
@@ -74,15 +77,18 @@ class DecentralizedOptimizer:
             )
         cmap["exchange"] = "gossip"
         self.compression_params = cmap
-        # Parameter groups whose learning rate the codec reads each step (theta_schedule = lr).
+        # Parameter groups whose learning rate the codec reads each step (theta_schedule = lr
+        # or bound); with bound, each gradient's largest magnitude is reported too.
         self._lr_of = None
-        if cmap.get("theta_schedule") == "lr":
+        schedule = cmap.get("theta_schedule")
+        self._track = schedule == "bound"
+        if schedule in ("lr", "bound"):
             group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
             missing = [n for _, n, p in self._params if id(p) not in group_of]
             if missing:
                 raise ValueError(
-                    f"theta_schedule = 'lr' reads each parameter's learning rate from the "
-                    f"optimizer, which does not hold {missing[:3]}"
+                    f"theta_schedule = {schedule!r} reads each parameter's learning rate from "
+                    f"the optimizer, which does not hold {missing[:3]}"
                 )
             self._lr_of = [group_of[id(p)] for _, _, p in self._params]
         for i, (name, _, p) in enumerate(self._params):
@@ -109,6 +115,8 @@ class DecentralizedOptimizer:
             _check_running(f"gossip of {name!r}")
             if self._lr_of is not None:
                 _w().set_learning_rate(float(self._lr_of[i]["lr"]))
+            if self._track and p.grad is not None:
+                _w().report_gradient_bound(name, float(p.grad.detach().abs().max()))
             r.native = _w().gossip(*r.entry())
             rounds.append(r)
         for r in rounds:

@@ -3,7 +3,8 @@ on a ring of 4. Each rank starts from its own parameters (rank 0's are broadcast
 construction), takes STEPS steps of plain SGD with lr 1 (x ← x − g, exact in float32) on
 gradients drawn from (seed, step, rank), and saves its parameters after each step, and the
 mean model at the end, to OUT/MODE-RANK.pt. MODE is the message codec: `dpsgd` (full
-precision), `moniqua` (2 bits) or `moniqua-lr` (the same with θ read from the learning rate)."""
+precision), `moniqua` (2 bits), `moniqua-lr` (the same with θ read from the learning rate) or
+`moniqua-bound` (θ from the learning rate and each rank's largest gradient so far)."""
 
 import sys
 from pathlib import Path
@@ -19,6 +20,9 @@ MAPS = {
     "moniqua": {"compressor": "moniqua", "theta": "0.5", "bits": "2"},
     # θ = 0.5 × the group's learning rate (1): the same bound as `moniqua`.
     "moniqua-lr": {"compressor": "moniqua", "theta": "0.5", "bits": "2", "theta_schedule": "lr"},
+    # θ = the paper's Theorem 2 bound 2·lr·G·ln(16n)/(1 − ρ) from each rank's own gradients.
+    "moniqua-bound": {"compressor": "moniqua", "theta": "1", "bits": "2",
+                      "theta_schedule": "bound"},
 }
 
 

@@ -129,6 +129,7 @@ impl Worker {
         let ranges = chunk_ranges(placement.len, &placement.chunks, num_servers).map_err(bad)?;
         let gossip =
             gossip::row(&self.inner.config, self.inner.rank, &placement.params).map_err(bad)?;
+        let bound = gossip::bound(&self.inner.config, gossip.is_some()).map_err(bad)?;
         let factory = lock(&self.inner.codec_factory).clone();
         let mut codecs = Vec::with_capacity(placement.chunks.len());
         for (i, (c, r)) in placement.chunks.iter().zip(&ranges).enumerate() {
@@ -174,6 +175,7 @@ impl Worker {
                 wait_nanos: AtomicU64::new(0),
                 decompress_nanos: AtomicU64::new(0),
                 gossip,
+                bound,
             }),
         };
         if let Some(local) = &self.inner.local {
