@@ -81,6 +81,11 @@ fn value(s: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 
     found[0]
 }
 
+/// Serves `w`'s metrics on a free local port, as `pushpull-worker --metrics` does.
+fn serve(w: &pushpull_worker::Worker) -> pushpull_metrics::MetricsEndpoint {
+    pushpull_worker::prometheus::serve_worker("127.0.0.1:0".parse().unwrap(), w).unwrap()
+}
+
 fn scrape(addr: &str) -> BTreeMap<String, f64> {
     let (status, body) = get(addr, "/metrics");
     assert_eq!(status, 200, "{addr}: {body}");
@@ -108,13 +113,7 @@ fn every_node_serves_metrics_that_match_the_job() {
         .sum();
     run_async(async {
         let workers = cluster.join_all().await;
-        let endpoints: Vec<_> = workers
-            .iter()
-            .map(|w| {
-                pushpull_worker::prometheus::serve_worker("127.0.0.1:0".parse().unwrap(), w)
-                    .unwrap()
-            })
-            .collect();
+        let endpoints: Vec<_> = workers.iter().map(serve).collect();
         let mut set = tokio::task::JoinSet::new();
         for w in &workers {
             for &(name, len, compressor) in &specs {
@@ -364,13 +363,7 @@ fn lost_packets_are_counted_when_a_tbf_queue_overflows() {
         }
         run_async(async {
             let workers = cluster.join_all().await;
-            let endpoints: Vec<_> = workers
-                .iter()
-                .map(|w| {
-                    pushpull_worker::prometheus::serve_worker("127.0.0.1:0".parse().unwrap(), w)
-                        .unwrap()
-                })
-                .collect();
+            let endpoints: Vec<_> = workers.iter().map(serve).collect();
             nodes.extend(endpoints.iter().map(|e| e.local_addr().to_string()));
             // Declaring waits for every worker: declare concurrently, keep rank order.
             let mut set = tokio::task::JoinSet::new();
