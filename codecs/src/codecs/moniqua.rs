@@ -168,12 +168,15 @@ impl Moniqua {
                 Some(t) => Err(KernelError::context(
                     &self.base.name,
                     format!(
-                        "theta_schedule = bound: this round's bound {t} (from the learning rate                          and the tracked gradient bound) must be finite and > 0"
+                        "theta_schedule = bound: this round's bound {t} (from the learning \
+                         rate and the tracked gradient bound) must be finite and > 0"
                     ),
                 )),
                 None => Err(KernelError::context(
                     &self.base.name,
-                    "theta_schedule = bound needs the round's bound from the learning rate and                      the tensor's tracked gradient bound (set the rate every step,                      Worker::set_learning_rate, and report the gradients, Worker::track_gradient)",
+                    "theta_schedule = bound needs the round's bound from the learning rate and the \
+                     tensor's tracked gradient bound (set the rate every step, \
+                     Worker::set_learning_rate, and report the gradients, Worker::track_gradient)",
                 )),
             },
             ThetaSchedule::Lr => match ctx.lr {
