@@ -26,7 +26,8 @@ use pushpull_proto::ParamMap;
 use serde::{Deserialize, Serialize};
 
 /// The checkpoint file format's version; a file of another version is refused naming both.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Version 2 added each tensor's gradient bound.
+pub const CHECKPOINT_VERSION: u32 = 2;
 
 const MAGIC: [u8; 8] = *b"PPCKPT\0\0";
 const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 8;
@@ -69,11 +70,13 @@ pub(crate) struct TensorSettings {
     pub(crate) chunks: Vec<ChunkPlacement>,
 }
 
-/// One tensor's state: its next round and each chunk's chain.
+/// One tensor's state: its next round, each chunk's chain, and the gradient bound `G` tracked
+/// for moniqua's `theta_schedule = bound` (0: none).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct TensorState {
     pub(crate) next_round: u64,
     pub(crate) chains: Vec<ChainState>,
+    pub(crate) gradient_bound: f32,
 }
 
 /// `digest` without the settings that may differ across a restart: timeouts, windows, the
@@ -310,6 +313,7 @@ mod tests {
                         residual: Some(vec![0.25, -1.0, 3.0]),
                         ..ChainState::default()
                     }],
+                    gradient_bound: 0.75,
                 },
             )]),
             servers: BTreeMap::from([(9, KeyState::default())]),

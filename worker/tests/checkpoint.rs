@@ -375,3 +375,42 @@ async fn a_job_on_device_buffers_restarts_bit_for_bit() {
     .await
     .expect("timed out");
 }
+
+/// A gossiped tensor's gradient bound (moniqua's `theta_schedule = bound`, the largest
+/// |gradient| each worker reported) is part of its checkpoint: after a restart each worker's θ
+/// comes from the bound the stopped job had, not from a fresh start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gossiped_tensors_gradient_bound_survives_a_restart() {
+    tokio::time::timeout(TIMEOUT, async {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = map(&[
+            ("compressor", "moniqua"),
+            ("theta", "1"),
+            ("bits", "4"),
+            ("theta_schedule", "bound"),
+            ("exchange", "gossip"),
+        ]);
+        let g = |rank: u32| 0.5 + rank as f32;
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(7))).await;
+        let ts = declare_all_with(&s, "model", 1000, kv.clone()).await;
+        for (w, t) in s.workers.iter().zip(&ts) {
+            let mut grad = vec![0.25; 1000];
+            grad[w.rank() as usize * 7] = -g(w.rank());
+            w.track_gradient(t, &grad).unwrap();
+            assert_eq!(w.gradient_bound(t), Some(g(w.rank())));
+        }
+        save_all(&s, dir.path()).await;
+        s.finish_all().await;
+
+        let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(7))).await;
+        let ts = declare_all_with(&s, "model", 1000, kv).await;
+        assert_eq!(s.workers[0].gradient_bound(&ts[0]), None);
+        load_all(&s, dir.path()).await;
+        for (w, t) in s.workers.iter().zip(&ts) {
+            assert_eq!(w.gradient_bound(t), Some(g(w.rank())), "rank {}", w.rank());
+        }
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}

@@ -181,6 +181,7 @@ impl Worker {
             let state = TensorState {
                 next_round: **next,
                 chains,
+                gradient_bound: t.inner.bound.get().unwrap_or(0.0),
             };
             states.insert(name.clone(), state);
         }
@@ -358,11 +359,15 @@ impl Worker {
             }
             None => {
                 for (name, t) in tensors {
-                    let stateful = checkpoint
-                        .tensors
-                        .get(name)
-                        .is_some_and(|s| s.chains.iter().any(|c| *c != Default::default()));
+                    let saved = checkpoint.tensors.get(name);
+                    let stateful =
+                        saved.is_some_and(|s| s.chains.iter().any(|c| *c != Default::default()));
                     t.inner.residence().restored = stateful;
+                    if let Some(s) =
+                        saved.filter(|s| s.gradient_bound.is_finite() && s.gradient_bound > 0.0)
+                    {
+                        t.inner.bound.track(s.gradient_bound);
+                    }
                 }
                 Ok(())
             }
