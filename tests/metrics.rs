@@ -326,10 +326,12 @@ fn lost_packets(s: &BTreeMap<String, f64>) -> f64 {
 /// The only loss these machines can make: the whole cluster (scheduler and servers as
 /// processes, two workers in process) runs in a namespace of its own whose loopback is shaped
 /// by tbf. With a generous queue nothing is dropped and no node counts a lost packet (unless
-/// the kernel dropped datagrams elsewhere, which are then an upper bound); then the queue is
-/// cut to a few packets, the qdisc drops, and the nodes' scraped `lost_packets` rise, never
-/// past what the kernel dropped (tbf on loopback keeps order, so quinn declares no packet lost
-/// that arrived); every round's sum stays bit-exact through the retransmissions.
+/// the kernel dropped datagrams on receive, which are then counted); then the queue is cut to a
+/// few packets, the qdisc drops, and the nodes' scraped `lost_packets` rise by what the kernel
+/// dropped, within 1 % (quinn declares every dropped packet lost once a later one is
+/// acknowledged, ACK-only ones included; tbf on loopback keeps order, so a packet that arrived
+/// is called lost only by RFC 9002's time threshold, rarely); every round's sum stays bit-exact
+/// through the retransmissions.
 #[test]
 fn lost_packets_are_counted_when_a_tbf_queue_overflows() {
     let _g = cluster_lock();
@@ -376,7 +378,6 @@ fn lost_packets_are_counted_when_a_tbf_queue_overflows() {
             let mut tensors = set.join_all().await;
             tensors.sort_by_key(|(rank, _)| *rank);
             let tensors: Vec<_> = tensors.into_iter().map(|(_, t)| t.unwrap()).collect();
-            // The whole cluster's lost packets, scraped, and the kernel's drops so far.
             // The whole cluster's lost packets, scraped, and the datagrams the kernel dropped.
             let count = |nodes: Vec<String>| async move {
                 let lost = tokio::task::spawn_blocking(move || {
@@ -421,10 +422,10 @@ fn lost_packets_are_counted_when_a_tbf_queue_overflows() {
                 ns.tbf_drops() > 100,
                 "the queue of 4 packets hardly overflowed"
             );
-            // Each dropped datagram is one lost packet, but for dropped ACK-only packets, which
-            // quinn never declares lost (measured: 99 % of the drops were counted).
+            // Each dropped datagram is one lost packet (measured: 6–16 more lost than dropped
+            // in ~22,500, the time threshold's).
             assert!(
-                lost > 0.9 * dropped && lost < 1.02 * dropped + 10.0,
+                (lost - dropped).abs() <= 0.01 * dropped + 20.0,
                 "{lost} packets declared lost, {dropped} dropped by the kernel"
             );
             let mut set = tokio::task::JoinSet::new();

@@ -91,8 +91,10 @@ impl ShapedLoopback {
             .sum()
     }
 
-    /// UDP datagrams the namespace's kernel dropped outside the qdisc: full receive or send
+    /// UDP datagrams the namespace's kernel dropped on receive, outside the qdisc: full receive
     /// buffers and other receive errors (`/proc/net/snmp`'s `Udp:` counters, read inside it).
+    /// Its `SndbufErrors` are left out: sends refused for a full buffer are sent again (about
+    /// 200 of them in the loss test added nothing to the packets declared lost).
     pub fn udp_drops(&self) -> u64 {
         let snmp = run_cmd(
             "ip",
@@ -105,7 +107,7 @@ impl ShapedLoopback {
             .map(|l| l.split_whitespace().collect())
             .collect();
         let (names, values) = (&rows[0], &rows[1]);
-        ["InErrors", "RcvbufErrors", "SndbufErrors"]
+        ["InErrors", "RcvbufErrors"]
             .iter()
             .map(|k| {
                 let i = names.iter().position(|n| n == k).unwrap();
