@@ -11,7 +11,8 @@
 #   tests   the ignored GPU tests of the kernels (shipped PTX loads; kernels and batches against
 #           the CPU) and of the worker (device buffers, single and grouped, the reference's bits)
 #   pytest  python/tests/test_gpu.py: torch CUDA tensors through pushpull.torch (two workers on
-#           GPU 0), the stream race, float16, refusals (PUSHPULL_REQUIRE_GPU=1: no silent skip)
+#           GPU 0), the stream race, float16, refusals; python/tests/test_checkpoint.py: state on
+#           the GPU restarted bit for bit (PUSHPULL_REQUIRE_GPU=1: no silent skip)
 #   bench   bench_gpu: kernels against a device-to-device copy, a batch's GB/s and driver calls
 #   job     the ResNet-50-set benchmark job, 2 workers x 2 servers at the default partition,
 #           host against device buffers, onebit, fp16 and none (group calls: one batch per round
@@ -93,7 +94,7 @@ for s in "$@"; do
             stage kernels-device_batch 240 "$kit/bin/kernels-device_batch" --ignored --nocapture
             stage worker-device 240 "$kit/bin/worker-device" --ignored --nocapture
             ;;
-        pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py -q -x ;;
+        pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py python/tests/test_checkpoint.py -q -x ;;
         bench) stage bench 240 "$kit/bin/bench_gpu" --reps 10 ;;
         # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
         job) stage job 540 bash -c "$(declare -f job); out=$(printf %q "$out"); job" ;;

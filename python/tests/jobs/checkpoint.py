@@ -1,6 +1,8 @@
 """A job for test_checkpoint.py: MODE is `stop` (rounds 0..K, then save_state), `restart`
 (load_state, then rounds K..2K) or `whole` (rounds 0..2K); each rank saves its results by
-round to OUT/MODE-RANK.pt. The tensors carry state: onebit with error feedback, top-k with
+round to OUT/MODE-RANK.pt. DEVICE (default `cpu`) is where the gradients live: `cuda` hands
+CUDA tensors in, so onebit and dithering keep their state on the GPU (top-k, which has no
+kernel, on the host). The tensors carry state: onebit with error feedback, top-k with
 momentum, and dithering (stochastic) with corrected error feedback and a learning rate that
 changes every step."""
 
@@ -24,7 +26,7 @@ def gradient(seed: int, step: int, rank: int, i: int, n: int) -> torch.Tensor:
     return torch.randn(n, generator=gen)
 
 
-def main(mode: str, out: Path, seed: int) -> None:
+def main(mode: str, out: Path, seed: int, device: str) -> None:
     bps.init()
     rank = bps.rank()
     for name, (n, params) in TENSORS.items():
@@ -40,15 +42,16 @@ def main(mode: str, out: Path, seed: int) -> None:
     results = []
     for step in range(first, last):
         bps._w().set_learning_rate(0.1 / (1 + step % 4))
-        gs = [gradient(seed, step, rank, i, n) for i, (n, _) in enumerate(TENSORS.values())]
+        gs = [gradient(seed, step, rank, i, n).to(device) for i, (n, _) in enumerate(TENSORS.values())]
         got = bps.push_pull_group_inplace(gs, average=True, names=list(TENSORS))
-        results.append([g.clone() for g in got])
+        results.append([g.cpu() for g in got])
     if mode == "stop":
         bps.save_state(out / f"ckpt-{rank}.bin")
-    torch.save({"rank": rank, "job_seed": bps._w().job_seed, "results": results},
+    where = {name: m["device"] for name, m in bps.metrics()["tensors"].items() if name in TENSORS}
+    torch.save({"rank": rank, "job_seed": bps._w().job_seed, "results": results, "where": where},
                out / f"{mode}-{rank}.pt")
     bps.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "cpu")
