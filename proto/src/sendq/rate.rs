@@ -11,8 +11,8 @@
 //!
 //! * **A source** (a worker's pushes) keeps what the bare path holds, its rate times twice the
 //!   path's minimum round trip, plus a fixed [`SOURCE_QUEUE`] bytes (at most [`SOURCE_DELAY`]
-//!   of its rate, for slow links): the bytes it may keep queued at its bottleneck, as Vegas
-//!   and FAST TCP do. Sources that share a link (every worker pushing into one server) then
+//!   of its rate, for slow links; at least [`SOURCE_FAST_QUEUE`] of it, for fast paths, see
+//!   below): the bytes it may keep queued at its bottleneck, as Vegas and FAST TCP do. Sources that share a link (every worker pushing into one server) then
 //!   hold equal windows and get equal shares of it, whatever their history: in a FIFO queue a
 //!   sender's share is its share of the bytes queued. A window proportional to the sender's
 //!   own measured rate has no such pull: every split is a fixed point, and the windowed
@@ -23,6 +23,18 @@
 //!   "Equal windows for sources": 2 × 1 at 100 Mbit/s went from 1.08–1.32× the wire floor to
 //!   1.03–1.04×). Nor does a source's window follow its own queue: its round trip never
 //!   enters it beyond the path's minimum.
+//!
+//!   On a fast path (loopback, a data centre) a fixed 256 KiB is a fraction of a millisecond
+//!   and smaller than one frame of a large partition, while a frame's bytes stay in flight
+//!   until its last one is acknowledged, which takes its own transmission plus the receiving
+//!   process's delay (0.3–2.5 ms per frame on an H100 machine's loopback, with the training
+//!   job sharing its cores). The window then held two frames for all the node's connections,
+//!   each connection idled while the other sent, and its rate stayed where two frames at a
+//!   time put it (a fixed point: the window followed the rate it allowed). So the queue is
+//!   also at least [`SOURCE_FAST_QUEUE`] of the rate: longer than a frame's acknowledgement
+//!   there, so the window has margin and the estimate climbs to what the path carries. Below
+//!   ~420 Mbit/s per node the fixed bytes are more and nothing changes; above, sources hold
+//!   queues in proportion to their rates, not equal ones.
 //! * **A reply** (a server's results, sent as the pushes they answer arrive) spans the round
 //!   trip its frames see: the measured rate times the shortest smoothed RTT of the node's
 //!   connections ([`RoundTrip::shared`]), kept between [`REPLY_SPAN`]'s bounds, or twice the
@@ -63,6 +75,12 @@ pub const MEMORY: Duration = Duration::from_secs(2);
 /// [`SOURCE_DELAY`] of the node's own rate.
 pub const SOURCE_QUEUE: u64 = 256 << 10;
 
+/// The shortest a [`Flow::Source`]'s queue may last at the node's own rate (see the
+/// [module docs](self)): longer than a large frame takes to be acknowledged on a fast path,
+/// so the window there is not a fixed point at two frames. At rates under
+/// `SOURCE_QUEUE / SOURCE_FAST_QUEUE` (52 MB/s, ~420 Mbit/s) [`SOURCE_QUEUE`] is the larger.
+pub const SOURCE_FAST_QUEUE: Duration = Duration::from_millis(5);
+
 /// The longest a [`Flow::Source`]'s queue may last at the node's own rate: on a slow link a
 /// fixed [`SOURCE_QUEUE`] would hold a round's last pushes, and the results behind them, for
 /// long (at 10 Mbit/s, 210 ms of a 1 s compressed round).
@@ -77,8 +95,8 @@ pub const REPLY_SPAN: (Duration, Duration) =
 /// docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
-    /// Frames the node starts (a worker's pushes): the bare path's bytes plus
-    /// [`SOURCE_QUEUE`].
+    /// Frames the node starts (a worker's pushes): the bare path's bytes plus its queue
+    /// ([`source_queue`]).
     Source,
     /// Frames that answer its peers' (a server's results): the rate times the round trip.
     Reply,
@@ -132,6 +150,16 @@ impl RoundTrip {
             .clamp(REPLY_SPAN.0, REPLY_SPAN.1)
             .max(self.path.saturating_mul(2))
     }
+}
+
+/// The bytes a [`Flow::Source`] delivering `rate` bytes per second keeps queued at its
+/// bottleneck: [`SOURCE_QUEUE`], at least [`SOURCE_FAST_QUEUE`] of the rate and at most
+/// [`SOURCE_DELAY`] of it (see the [module docs](self)).
+pub fn source_queue(rate: f64) -> u64 {
+    let fast = (rate * SOURCE_FAST_QUEUE.as_secs_f64()) as u64;
+    SOURCE_QUEUE
+        .max(fast)
+        .min((rate * SOURCE_DELAY.as_secs_f64()) as u64)
 }
 
 /// Measures a node's delivery rate over its busy periods. See the [module docs](self).
@@ -218,7 +246,7 @@ impl DeliveryRate {
                 let (path, queue) = match rate {
                     Some(r) => (
                         r * rtt.path.saturating_mul(2).as_secs_f64(),
-                        SOURCE_QUEUE.min((r * SOURCE_DELAY.as_secs_f64()) as u64),
+                        source_queue(r),
                     ),
                     None => (0.0, SOURCE_QUEUE),
                 };

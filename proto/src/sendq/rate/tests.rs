@@ -136,6 +136,42 @@ fn the_window_of_each_flow() {
             whole_frames: false
         })
     );
+    // A fast node (2 GB/s): the queue is SOURCE_FAST_QUEUE of its rate (10 MB), not 256 KiB.
+    let mut fast = DeliveryRate::new();
+    fast.sent(t0, 0);
+    fast.delivered(at(t0, 0.1), 200_000_000, 0);
+    assert_eq!(
+        fast.window(now, Flow::Source, rtt),
+        Some(Window {
+            bytes: 10_000_000 + 8_000_000,
+            whole_frames: false
+        })
+    );
+}
+
+#[test]
+fn a_source_of_large_frames_keeps_a_fast_path_busy() {
+    // Loopback as an H100 machine's training job saw it (BENCHMARKS.md, "PyTorch on GPUs"):
+    // 2 GB/s, a bare round trip of 50 µs, and each frame acknowledged 1 ms after its last
+    // byte (the receiving process's delay); 1 MiB frames. A window of 256 KiB plus the bare
+    // path held two frames at a time and carried about two thirds of the path.
+    let path = Path {
+        rate: 2e9,
+        rtt: 50e-6,
+        reverse: 1e-3,
+    };
+    let out = &simulate(path, &[(Flow::Source, 0.0)], 1 << 20, 65_536, 3.0)[0];
+    assert!(out.carried >= 0.95 * path.rate, "{out:?}");
+    assert!(
+        (0.95..=1.05).contains(&(out.estimate / path.rate)),
+        "{out:?}"
+    );
+    // The window is what the rule gives at that rate: SOURCE_FAST_QUEUE of it and the path.
+    let want = out.estimate * (SOURCE_FAST_QUEUE.as_secs_f64() + 2.0 * path.rtt);
+    assert!(
+        (out.window as f64 - want).abs() <= 2.0,
+        "{out:?}, want {want}"
+    );
 }
 
 /// A link as the simulations see it: `rate` bytes/s through one FIFO queue that every sender
@@ -281,8 +317,9 @@ fn a_small_first_window_grows_to_fill_the_link_and_no_further() {
             match flow {
                 // What the bare path holds, and the queue.
                 Flow::Source => {
-                    let queue =
-                        (SOURCE_QUEUE as f64).min(out.estimate * SOURCE_DELAY.as_secs_f64());
+                    let queue = (SOURCE_QUEUE as f64)
+                        .max((out.estimate * SOURCE_FAST_QUEUE.as_secs_f64()).floor())
+                        .min(out.estimate * SOURCE_DELAY.as_secs_f64());
                     let expected = queue.floor() + out.estimate * 2.0 * rtt;
                     assert!((w - expected).abs() <= 1.0, "{what}");
                 }
