@@ -114,6 +114,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--bucket-mb", type=float, default=25.0,
                    help="pushpull, ddp: gradient bucket size in MiB (DDP's bucket_cap_mb, "
                    "DistributedOptimizer's; default 25, both defaults)")
+    p.add_argument("--sync-after-backward", action="store_true",
+                   help="the CPU waits for the GPU after each backward pass (torch.cuda."
+                   "synchronize), as a blocking end of the gradients' exchange makes it do: "
+                   "with --mode none, the ceiling without the CPU queueing ahead of the GPU")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="after the timed steps, profile 5 more (torch.profiler, CPU and CUDA) "
                    "and write DIR/MODE-rankR.json, a Chrome trace")
@@ -236,6 +240,8 @@ def run_steps(a, dev, model, opt, x, y, barrier, rank: int, timed_done=lambda: N
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(logits(model(x)), y)
         loss.backward()
+        if a.sync_after_backward:
+            sync(dev)
         opt.step()
 
     for _ in range(a.warmup):
