@@ -52,6 +52,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use pushpull_proto::config::TraceConfig;
 use pushpull_proto::placement::mix64;
+use rustc_hash::FxHashMap;
 
 /// The environment variable naming the trace folder (it overrides `[trace] dir`).
 pub const ENV: &str = "PUSHPULL_TRACE";
@@ -127,7 +128,9 @@ impl Name {
     /// the process's table).
     pub fn new(text: &str) -> Name {
         thread_local! {
-            static SEEN: RefCell<HashMap<Box<str>, Name>> = RefCell::new(HashMap::new());
+            // Fx, not SipHash: the texts are the process's own (tensor and peer names), and
+            // each of a frame's events looks its peer up.
+            static SEEN: RefCell<FxHashMap<Box<str>, Name>> = RefCell::new(FxHashMap::default());
         }
         let cached = SEEN.try_with(|seen| seen.borrow().get(text).copied());
         if let Ok(Some(name)) = cached {
@@ -337,15 +340,21 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Microseconds since the Unix epoch, from a monotonic clock anchored once per process.
 pub fn now() -> u64 {
+    stamp(Instant::now())
+}
+
+/// `at` on [`now`]'s clock, for a caller that read the clock for its own use already (one read
+/// serving both). An instant before the first one stamped reads as that first one.
+pub fn stamp(at: Instant) -> u64 {
     static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
-    let (at, unix) = ANCHOR.get_or_init(|| {
+    let (anchor, unix) = ANCHOR.get_or_init(|| {
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        (Instant::now(), unix)
+        (at, unix)
     });
-    unix + at.elapsed().as_micros() as u64
+    unix + at.saturating_duration_since(*anchor).as_micros() as u64
 }
 
 /// An id for a track from a few numbers (each mixed in whole by SplitMix64's finaliser,

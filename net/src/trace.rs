@@ -21,7 +21,8 @@
 //!
 //! The frame events are also the `frame` tracks of the Chrome-trace timeline
 //! ([`crate::timeline`], `PUSHPULL_TRACE=DIR`): [`frame`] is the one site of each event for
-//! both outputs. The text lines stay, for `bench/wire_idle.py` and the `window` lines, which
+//! both outputs, except a worker's result `arrived` ([`frame_line`]), which the timeline has
+//! as the end of the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the `window` lines, which
 //! describe the sender rather than a frame.
 
 use std::fs::File;
@@ -93,6 +94,12 @@ pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
     if crate::timeline::traced(h.round) {
         frame_span(event, h, peer);
     }
+    frame_line(event, h, peer);
+}
+
+/// [`frame`]'s line of the text trace only, for an event the timeline already has in another
+/// form (a worker's result `arrived` is the end of its chunk's `pull` span).
+pub fn frame_line(event: &str, h: &FrameHeader, peer: &str) {
     if !enabled() {
         return;
     }

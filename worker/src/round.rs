@@ -218,13 +218,11 @@ async fn chunk_round<R: RoundData>(
 ) -> Result<Pulled, WorkerError> {
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
     let encoded = encodes(kind, ctx.rank).then(|| {
-        let t0 = std::time::Instant::now();
-        let _span = crate::spans::chunk("compress", ctx.rank, tensor, index, round);
-        let encoded = lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool);
-        if let RoundKind::Sum { .. } | RoundKind::Gossip = kind {
-            add_nanos(&tensor.compress_nanos, t0);
-        }
-        encoded
+        let counter = matches!(kind, RoundKind::Sum { .. } | RoundKind::Gossip)
+            .then_some(&tensor.compress_nanos);
+        codec_phase(ctx.rank, tensor, index, round, "compress", counter, || {
+            lock().encode(tensor, index, round, kind, ctx.lr(), &ctx.pool)
+        })
     });
     let outcome = push_await(ctx, tensor, index, round, kind, encoded, mark).await?;
     let chunk = tensor.placement.chunks[index];
@@ -232,19 +230,19 @@ async fn chunk_round<R: RoundData>(
     let codec_error = |message: String| codec_error(tensor, index, round, message);
     match outcome {
         Outcome::Result(payload) => {
-            let t0 = std::time::Instant::now();
-            let span = crate::spans::chunk("decompress", ctx.rank, tensor, index, round);
-            let decoded = lock().decode(
+            let counter = Some(&tensor.decompress_nanos);
+            let decoded = codec_phase(
+                ctx.rank,
                 tensor,
                 index,
                 round,
-                kind,
-                ctx.lr(),
-                ctx.num_workers,
-                &payload,
+                "decompress",
+                counter,
+                || {
+                    let lr = ctx.lr();
+                    lock().decode(tensor, index, round, kind, lr, ctx.num_workers, &payload)
+                },
             );
-            drop(span);
-            add_nanos(&tensor.decompress_nanos, t0);
             decoded
                 .map(|()| Pulled::Sum)
                 .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
@@ -395,6 +393,31 @@ pub(crate) async fn push_await(
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
     }
     Ok(outcome)
+}
+
+/// Runs `f`, a codec call of chunk `index`'s `phase`, timed into `counter` and, when traced,
+/// as the chunk's `phase` span: one clock read at each end serves both.
+pub(crate) fn codec_phase<T>(
+    rank: u32,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    phase: &'static str,
+    counter: Option<&std::sync::atomic::AtomicU64>,
+    f: impl FnOnce() -> T,
+) -> T {
+    let t0 = std::time::Instant::now();
+    let span = crate::spans::chunk_at(phase, rank, tensor, index, round, t0);
+    let out = f();
+    let t1 = std::time::Instant::now();
+    if let Some(counter) = counter {
+        let n = u64::try_from((t1 - t0).as_nanos()).unwrap_or(u64::MAX);
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+    if let Some(span) = span {
+        span.end_at(pushpull_net::timeline::stamp(t1));
+    }
+    out
 }
 
 pub(crate) fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {

@@ -388,10 +388,9 @@ impl Shared {
         payload: Bytes,
     ) {
         if pushpull_net::trace::enabled() {
+            // The timeline has this moment as the end of the chunk's `pull` span.
             pushpull_net::trace::set_node(format!("worker{rank}"));
-        }
-        if pushpull_net::trace::enabled() || pushpull_net::timeline::on() {
-            pushpull_net::trace::frame("arrived", &h, &server.to_string());
+            pushpull_net::trace::frame_line("arrived", &h, &server.to_string());
         }
         let Some(dispatch) = self.dispatch.get(server.id as usize) else {
             return;

@@ -5,6 +5,8 @@
 //! recorded by the connection's reader) and `decompress`. Each is a [`Span`] that ends when
 //! dropped, so a span ends on every path; off, each site costs one relaxed load.
 
+use std::time::Instant;
+
 use pushpull_net::timeline::{self, Args, Label, Span};
 
 use crate::tensor::{RoundKind, TensorInner};
@@ -56,6 +58,21 @@ pub(crate) fn chunk(
     if !timeline::traced(round) {
         return None;
     }
+    chunk_at(phase, rank, tensor, index, round, Instant::now())
+}
+
+/// [`chunk`], begun at `at` (a clock read the caller made for its own use).
+pub(crate) fn chunk_at(
+    phase: &'static str,
+    rank: u32,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    at: Instant,
+) -> Option<Span> {
+    if !timeline::traced(round) {
+        return None;
+    }
     let key = tensor.placement.chunks[index].key;
     let args = Args {
         tensor: Some(tensor.trace_name),
@@ -65,7 +82,8 @@ pub(crate) fn chunk(
         rank: Some(rank),
         ..Args::default()
     };
-    Some(Span::begin(
+    Some(Span::begin_at(
+        timeline::stamp(at),
         "chunk",
         phase,
         chunk_id(rank, key, round),

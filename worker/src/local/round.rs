@@ -8,7 +8,7 @@ use super::{Channel, Local, NoteKind, Place};
 use crate::data::{decode_host, encode_host, RoundData};
 use crate::error::WorkerError;
 use crate::round::{
-    aborted, add_nanos, codec_error, push_await, Outcome, Pulled, QueuedMark, RoundCtx,
+    aborted, codec_error, codec_phase, push_await, Outcome, Pulled, QueuedMark, RoundCtx,
 };
 use crate::tensor::{RoundKind, TensorInner};
 
@@ -141,14 +141,12 @@ async fn owner_round(
         RoundKind::Broadcast { root } => root / local.local_size == host,
     };
     let encoded = encodes.then(|| {
-        let t0 = std::time::Instant::now();
-        // SAFETY: the owner holds the turn from the host sum's last note to its own.
-        let acc = unsafe { local.acc(place, range.clone()) };
-        let encoded = encode_host(tensor, index, acc, round, kind, ctx.lr(), &ctx.pool);
-        if let RoundKind::Sum { .. } = kind {
-            add_nanos(&tensor.compress_nanos, t0);
-        }
-        encoded
+        let counter = matches!(kind, RoundKind::Sum { .. }).then_some(&tensor.compress_nanos);
+        codec_phase(ctx.rank, tensor, index, round, "compress", counter, || {
+            // SAFETY: the owner holds the turn from the host sum's last note to its own.
+            let acc = unsafe { local.acc(place, range.clone()) };
+            encode_host(tensor, index, acc, round, kind, ctx.lr(), &ctx.pool)
+        })
     });
     let outcome = match push_await(ctx, tensor, index, round, kind, encoded, mark).await {
         Ok(outcome) => outcome,
@@ -160,14 +158,21 @@ async fn owner_round(
     let acc = unsafe { local.acc(place, range) };
     Ok(match outcome {
         Outcome::Result(payload) => {
-            let t0 = std::time::Instant::now();
             // Decoded as a sum (no average): each member averages its own copy.
             let plain = match kind {
                 RoundKind::Sum { .. } => RoundKind::Sum { average: false },
                 broadcast => broadcast,
             };
-            let decoded = decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload);
-            add_nanos(&tensor.decompress_nanos, t0);
+            let counter = Some(&tensor.decompress_nanos);
+            let decoded = codec_phase(
+                ctx.rank,
+                tensor,
+                index,
+                round,
+                "decompress",
+                counter,
+                || decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload),
+            );
             match decoded {
                 Ok(()) => (NoteKind::Result, None),
                 Err(e) => {
