@@ -1,7 +1,8 @@
 """pushpull against torch's DistributedDataParallel, in one sitting: training img/s of one
 torchvision model with W ranks (default 2 sharing one GPU), for
 
-* the ceiling: W ranks training side by side with no communication (`--mode none`),
+* the ceiling: W ranks training side by side with no communication (`--mode none`); with
+  `--synced-ceiling` also the same with the CPU waiting for the GPU after each backward pass,
 * torch DDP (`--mode ddp`: gloo when ranks share a GPU, nccl when each has its own),
 * pushpull, once per compressor of `--compressors` (default none,fp16,onebit), under
   `pushpull local --workers W` (a scheduler and servers on loopback),
@@ -66,6 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip", default="",
                    help="comma-separated runs to leave out: ceiling, ddp (the ratios to a "
                    "skipped run are left empty)")
+    p.add_argument("--synced-ceiling", action="store_true",
+                   help="also run the ceiling with the CPU waiting for the GPU after each "
+                   "backward pass (torch_ddp.py --sync-after-backward), as a blocking end of "
+                   "the exchange makes it wait: what the step loses when the CPU cannot queue "
+                   "ahead")
     p.add_argument("--servers", type=int, default=None,
                    help="pushpull servers (default: the launcher's cluster file, 2)")
     p.add_argument("--config", default=None,
@@ -120,6 +126,10 @@ def plan(a, pushpull: str) -> list:
     if "ceiling" not in a.skip_list:
         runs.append(("ceiling (no communication)", "ceiling",
                      py + ["--mode", "none", "--world", str(a.workers)] + common_args(a)))
+    if a.synced_ceiling:
+        runs.append(("ceiling, CPU waits after backward", "synced",
+                     py + ["--mode", "none", "--world", str(a.workers), "--sync-after-backward"]
+                     + common_args(a)))
     if "ddp" not in a.skip_list:
         runs.append(("torch DDP", "ddp",
                      py + ["--mode", "ddp", "--world", str(a.workers), "--backend", a.backend]
