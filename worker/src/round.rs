@@ -230,19 +230,10 @@ async fn chunk_round<R: RoundData>(
     let codec_error = |message: String| codec_error(tensor, index, round, message);
     match outcome {
         Outcome::Result(payload) => {
-            let counter = Some(&tensor.decompress_nanos);
-            let decoded = codec_phase(
-                ctx.rank,
-                tensor,
-                index,
-                round,
-                "decompress",
-                counter,
-                || {
-                    let lr = ctx.lr();
-                    lock().decode(tensor, index, round, kind, lr, ctx.num_workers, &payload)
-                },
-            );
+            let decoded = decompress_phase(ctx.rank, tensor, index, round, || {
+                let lr = ctx.lr();
+                lock().decode(tensor, index, round, kind, lr, ctx.num_workers, &payload)
+            });
             decoded
                 .map(|()| Pulled::Sum)
                 .map_err(|e| codec_error(format!("decoding the result from {}: {e}", link.name)))
@@ -418,6 +409,19 @@ pub(crate) fn codec_phase<T>(
         span.end_at(pushpull_net::timeline::stamp(t1));
     }
     out
+}
+
+/// [`codec_phase`] for a decode: the `decompress` span, timed into the tensor's decompress
+/// seconds.
+pub(crate) fn decompress_phase<T>(
+    rank: u32,
+    tensor: &TensorInner,
+    index: usize,
+    round: u64,
+    f: impl FnOnce() -> T,
+) -> T {
+    let counter = Some(&tensor.decompress_nanos);
+    codec_phase(rank, tensor, index, round, "decompress", counter, f)
 }
 
 pub(crate) fn add_nanos(counter: &std::sync::atomic::AtomicU64, since: std::time::Instant) {

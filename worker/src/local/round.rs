@@ -8,7 +8,8 @@ use super::{Channel, Local, NoteKind, Place};
 use crate::data::{decode_host, encode_host, RoundData};
 use crate::error::WorkerError;
 use crate::round::{
-    aborted, codec_error, codec_phase, push_await, Outcome, Pulled, QueuedMark, RoundCtx,
+    aborted, codec_error, codec_phase, decompress_phase, push_await, Outcome, Pulled, QueuedMark,
+    RoundCtx,
 };
 use crate::tensor::{RoundKind, TensorInner};
 
@@ -163,16 +164,9 @@ async fn owner_round(
                 RoundKind::Sum { .. } => RoundKind::Sum { average: false },
                 broadcast => broadcast,
             };
-            let counter = Some(&tensor.decompress_nanos);
-            let decoded = codec_phase(
-                ctx.rank,
-                tensor,
-                index,
-                round,
-                "decompress",
-                counter,
-                || decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload),
-            );
+            let decoded = decompress_phase(ctx.rank, tensor, index, round, || {
+                decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload)
+            });
             match decoded {
                 Ok(()) => (NoteKind::Result, None),
                 Err(e) => {
