@@ -204,18 +204,42 @@ impl From<String> for Label {
 }
 
 impl Label {
-    fn text<'a>(&self, names: &'a [Arc<str>]) -> &'a str {
-        match *self {
-            Label::Static(s) => s,
-            Label::Name(n) => names.get(n.0 as usize).map_or("?", |t| t.as_ref()),
+    /// The label as a [`Name`], what an event keeps (4 bytes rather than 16).
+    fn name(self) -> Name {
+        match self {
+            Label::Static(s) => Name::of_static(s),
+            Label::Name(n) => n,
         }
     }
 }
 
-/// [`Args`] as an event keeps them: which fields are set, and their values.
+impl Name {
+    /// [`Name::new`] of a literal, looked up by its address in the thread's own cache (a few
+    /// nanoseconds, where hashing the text would cost tens).
+    fn of_static(text: &'static str) -> Name {
+        thread_local! {
+            static STATICS: RefCell<FxHashMap<(usize, usize), Name>> =
+                RefCell::new(FxHashMap::default());
+        }
+        let key = (text.as_ptr() as usize, text.len());
+        let cached = STATICS.try_with(|seen| seen.borrow().get(&key).copied());
+        if let Ok(Some(name)) = cached {
+            return name;
+        }
+        let name = Name::new(text);
+        let _ = STATICS.try_with(|seen| seen.borrow_mut().insert(key, name));
+        name
+    }
+
+    /// The name's text in `names` (the process's table, copied for a write).
+    fn text(self, names: &[Arc<str>]) -> &str {
+        names.get(self.0 as usize).map_or("?", |t| t.as_ref())
+    }
+}
+
+/// [`Args`] as an event keeps them: their values (which are set is the event's `set`).
 #[derive(Debug, Clone, Copy, Default)]
 struct Packed {
-    set: u16,
     /// tensor, chunk, rank, server, host, peer.
     small: [u32; 6],
     /// key, round, bytes.
@@ -225,9 +249,12 @@ struct Packed {
 const SMALL: [&str; 6] = ["tensor", "chunk", "rank", "server", "host", "peer"];
 const BIG: [&str; 3] = ["key", "round", "bytes"];
 
-impl From<&Args> for Packed {
-    fn from(a: &Args) -> Packed {
+impl Packed {
+    /// The values of `a`, and which of them are set (bit `i` for `SMALL[i]`, `6 + i` for
+    /// `BIG[i]`).
+    fn of(a: &Args) -> (Packed, u16) {
         let mut p = Packed::default();
+        let mut set = 0u16;
         let small = [
             a.tensor.map(|n| n.0),
             a.chunk,
@@ -238,32 +265,52 @@ impl From<&Args> for Packed {
         ];
         for (i, v) in small.into_iter().enumerate() {
             if let Some(v) = v {
-                p.set |= 1 << i;
+                set |= 1 << i;
                 p.small[i] = v;
             }
         }
         for (i, v) in [a.key, a.round, a.bytes].into_iter().enumerate() {
             if let Some(v) = v {
-                p.set |= 1 << (6 + i);
+                set |= 1 << (6 + i);
                 p.big[i] = v;
             }
         }
-        p
+        (p, set)
     }
 }
 
-/// One recorded event (no allocation, about 100 bytes): `ph` at `ts`, or, `whole`, a span from
+/// One recorded event (no allocation, 80 bytes: every byte is memory the thread touches for
+/// the first time, the larger part of an event's cost): `ph` at `ts`, or, `whole`, a span from
 /// `ts` to `ts + dur` (written as its `b` and `e`).
 #[derive(Debug, Clone, Copy)]
 struct Event {
     ts: u64,
     id: u64,
-    cat: &'static str,
-    name: Label,
     args: Packed,
+    cat: Name,
+    name: Name,
     dur: u32,
+    /// Which of `args` are set ([`Packed::of`]).
+    set: u16,
     ph: Ph,
     whole: bool,
+}
+
+impl Event {
+    fn new(ph: Ph, ts: u64, cat: &'static str, name: Label, id: u64, args: Option<&Args>) -> Event {
+        let (args, set) = args.map(Packed::of).unwrap_or_default();
+        Event {
+            ts,
+            id,
+            args,
+            cat: Name::of_static(cat),
+            name: name.name(),
+            dur: 0,
+            set,
+            ph,
+            whole: false,
+        }
+    }
 }
 
 thread_local! {
@@ -375,30 +422,16 @@ pub fn record(
     id: u64,
     args: Option<Args>,
 ) {
-    push(Event {
-        ts,
-        id,
-        cat,
-        name: name.into(),
-        args: args.as_ref().map(Packed::from).unwrap_or_default(),
-        dur: 0,
-        ph,
-        whole: false,
-    });
+    push(Event::new(ph, ts, cat, name.into(), id, args.as_ref()));
 }
 
 /// Records a whole span, from `begin` to `end` (both from [`now`]). Callers check [`on`] or
 /// [`traced`] first.
 pub fn span(begin: u64, end: u64, cat: &'static str, name: impl Into<Label>, id: u64, args: Args) {
     push(Event {
-        ts: begin,
-        id,
-        cat,
-        name: name.into(),
-        args: Packed::from(&args),
         dur: end.saturating_sub(begin).min(u64::from(u32::MAX)) as u32,
-        ph: Ph::Begin,
         whole: true,
+        ..Event::new(Ph::Begin, begin, cat, name.into(), id, Some(&args))
     });
 }
 
@@ -532,12 +565,13 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{}}}}}",
         json_str(&nodes.join(", "))
     );
-    let mut open_frames: HashMap<(u64, Label), (u64, &Event)> = HashMap::new();
+    let frame = Name::new(FRAME);
+    let mut open_frames: HashMap<(u64, Name), (u64, &Event)> = HashMap::new();
     for &(ts, tid, e, ph) in &out_events {
         out.push_str(",\n");
-        let args = (ph != Ph::End).then_some(&e.args);
+        let args = ph != Ph::End;
         event_json(&mut out, (ph, ts, e), args, (pid, tid), &names, None);
-        if e.cat == FRAME {
+        if e.cat == frame {
             match ph {
                 Ph::Begin => {
                     open_frames.insert((e.id, e.name), (tid, e));
@@ -555,7 +589,7 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
         out.push_str(",\n");
         let end = (Ph::End, now.max(e.ts), e);
         let extra = Some("\"unacknowledged\":true");
-        event_json(&mut out, end, None, (pid, tid), &names, extra);
+        event_json(&mut out, end, false, (pid, tid), &names, extra);
     }
     out.push_str("\n]}\n");
     out
@@ -564,12 +598,12 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
 /// The `cat` of frame spans ([`crate::trace::frame`] records them).
 pub const FRAME: &str = "frame";
 
-/// One event's JSON: letter `ph` of event `e` at `ts`, with `args` (names resolved in
-/// `names`) and the `extra` field.
+/// One event's JSON: letter `ph` of event `e` at `ts`, with its args if `args` (names resolved
+/// in `names`) and the `extra` field.
 fn event_json(
     out: &mut String,
     (ph, ts, e): (Ph, u64, &Event),
-    args: Option<&Packed>,
+    args: bool,
     (pid, tid): (u32, u64),
     names: &[Arc<str>],
     extra: Option<&str>,
@@ -578,26 +612,27 @@ fn event_json(
         out,
         "{{\"ph\":\"{}\",\"cat\":\"{}\",\"name\":{},\"id\":\"{:#x}\",\"ts\":{ts},\"pid\":{pid},\"tid\":{tid}",
         ph.letter(),
-        e.cat,
+        e.cat.text(names),
         json_str(e.name.text(names)),
         e.id,
     );
     let mut fields: Vec<String> = Vec::new();
-    if let Some(a) = args {
+    if args {
+        let a = &e.args;
         for (i, k) in SMALL.iter().enumerate() {
-            if a.set & (1 << i) == 0 {
+            if e.set & (1 << i) == 0 {
                 continue;
             }
             let v = a.small[i];
             fields.push(match *k {
                 "tensor" | "peer" => {
-                    format!("\"{k}\":{}", json_str(Label::Name(Name(v)).text(names)))
+                    format!("\"{k}\":{}", json_str(Name(v).text(names)))
                 }
                 _ => format!("\"{k}\":{v}"),
             });
         }
         for (i, k) in BIG.iter().enumerate() {
-            if a.set & (1 << (6 + i)) != 0 {
+            if e.set & (1 << (6 + i)) != 0 {
                 fields.push(format!("\"{k}\":{}", a.big[i]));
             }
         }
@@ -642,19 +677,7 @@ mod tests {
             round: Some(3),
             ..Args::default()
         };
-        (
-            1,
-            Event {
-                ts,
-                id,
-                cat,
-                name: name.into(),
-                args: Packed::from(&args),
-                dur: 0,
-                ph,
-                whole: false,
-            },
-        )
+        (1, Event::new(ph, ts, cat, name.into(), id, Some(&args)))
     }
 
     #[test]
@@ -703,6 +726,18 @@ mod tests {
         let there = std::thread::spawn(|| Name::new("tensor a")).join().unwrap();
         assert_eq!(a, there);
         assert_eq!(&*lock(&NAMES).texts[a.0 as usize], "tensor a");
+    }
+
+    #[test]
+    fn an_event_is_80_bytes() {
+        assert_eq!(std::mem::size_of::<Event>(), 80);
+    }
+
+    #[test]
+    fn a_literal_is_the_name_of_its_text() {
+        let text = String::from("compress");
+        assert_eq!(Name::of_static("compress"), Name::new(&text));
+        assert_eq!(Label::from("wait").name(), Name::new("wait"));
     }
 
     #[test]
