@@ -214,8 +214,8 @@ impl Label {
 }
 
 impl Name {
-    /// [`Name::new`] of a literal, looked up by its address in the thread's own cache (a few
-    /// nanoseconds, where hashing the text would cost tens).
+    /// [`Name::new`] of a literal, looked up by its address in the thread's own cache rather
+    /// than by its text.
     fn of_static(text: &'static str) -> Name {
         thread_local! {
             static STATICS: RefCell<FxHashMap<(usize, usize), Name>> =
@@ -279,8 +279,9 @@ impl Packed {
     }
 }
 
-/// One recorded event (no allocation, 80 bytes: every byte is memory the thread touches for
-/// the first time, the larger part of an event's cost): `ph` at `ts`, or, `whole`, a span from
+/// One recorded event (no allocation, 80 bytes: each is memory the thread touches for the
+/// first time, whose page faults were a third of recording's CPU samples in a job): `ph` at
+/// `ts`, or, `whole`, a span from
 /// `ts` to `ts + dur` (written as its `b` and `e`).
 #[derive(Debug, Clone, Copy)]
 struct Event {
