@@ -125,28 +125,26 @@ fn the_window_of_each_flow() {
             whole_frames: true
         })
     );
-    // A slow node (1 MB/s): the source's queue is at most SOURCE_DELAY of its rate.
-    let mut slow = DeliveryRate::new();
-    slow.sent(t0, 0);
-    slow.delivered(at(t0, 0.1), 100_000, 0);
-    assert_eq!(
-        slow.window(now, Flow::Source, rtt),
-        Some(Window {
-            bytes: (1e6 * SOURCE_DELAY.as_secs_f64()) as u64 + 4_000,
-            whole_frames: false
-        })
-    );
-    // A fast node (2 GB/s): the queue is SOURCE_FAST_QUEUE of its rate (10 MB), not 256 KiB.
-    let mut fast = DeliveryRate::new();
-    fast.sent(t0, 0);
-    fast.delivered(at(t0, 0.1), 200_000_000, 0);
-    assert_eq!(
-        fast.window(now, Flow::Source, rtt),
-        Some(Window {
-            bytes: 10_000_000 + 8_000_000,
-            whole_frames: false
-        })
-    );
+    // A source's queue at other rates (bytes delivered in 0.1 s; the path adds rate × 4 ms):
+    // a slow node (1 MB/s) queues at most SOURCE_DELAY of its rate, a fast one (2 GB/s)
+    // SOURCE_FAST_QUEUE of it (10 MB), not 256 KiB.
+    for (delivered, queue) in [
+        (100_000, (1e6 * SOURCE_DELAY.as_secs_f64()) as u64),
+        (200_000_000, 10_000_000),
+    ] {
+        let mut node = DeliveryRate::new();
+        node.sent(t0, 0);
+        node.delivered(at(t0, 0.1), delivered, 0);
+        let path = delivered * 10 * 4 / 1000;
+        assert_eq!(
+            node.window(now, Flow::Source, rtt),
+            Some(Window {
+                bytes: queue + path,
+                whole_frames: false
+            }),
+            "{delivered} bytes in 0.1 s"
+        );
+    }
 }
 
 #[test]
