@@ -2,25 +2,16 @@
 # The whole test suite, as README.md says and CI runs: every Rust test of the workspace, then
 # the Python package's tests (python/tests) in a virtual environment of their own.
 #
-# The environment is PUSHPULL_VENV (default .venv at the repository root); it is made on the
-# first run (torch, numpy, pytest, maturin, scikit-learn from PyPI: a few GB, a few minutes) and
-# reused after. The package is rebuilt into it from ./python on every run, sharing the cargo
-# target folder with the Rust tests.
+# The environment is PUSHPULL_VENV (default .venv at the repository root); scripts/python-env.sh
+# makes it on the first run (torch, numpy, pytest, maturin, scikit-learn from PyPI: a few GB, a
+# few minutes) and it is reused after. The package is rebuilt into it from ./python on every
+# run, sharing the cargo target folder with the Rust tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo test --workspace
 
-venv="${PUSHPULL_VENV:-$PWD/.venv}"
-if [ ! -x "$venv/bin/python" ]; then
-    echo "== making the Python test environment in $venv"
-    python3 -m venv "$venv"
-fi
-if ! "$venv/bin/python" -c "import torch, numpy, pytest, maturin, sklearn" 2>/dev/null; then
-    echo "== installing torch, numpy, pytest, maturin and scikit-learn into $venv"
-    "$venv/bin/pip" install --quiet --upgrade pip
-    "$venv/bin/pip" install --quiet torch numpy pytest "maturin>=1.9.4,<2" scikit-learn
-fi
+venv="$(scripts/python-env.sh)"
 echo "== building the pushpull Python package into $venv"
 # The dev profile (optimised dependencies) shares what `cargo test` just built; maturin is
 # taken from the environment (no build isolation, so no second download).
