@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0: auto)")
     p.add_argument("--bucket-mb", type=float, default=25.0,
                    help="bucket size of DDP and of pushpull's DistributedOptimizer (default 25)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="pushpull runs: every small gradient its own round (torch_ddp.py "
+                   "--no-fuse)")
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error("--workers must be >= 1")
@@ -143,7 +146,10 @@ def plan(a, pushpull: str) -> list:
         cmd = launcher + ["--"] + py + ["--mode", "pushpull", "--compressor", c] + common_args(a)
         if a.params:
             cmd += ["--params", a.params]
-        label = f"pushpull {c}" + (f" +{a.params}" if a.params else "")
+        if a.no_fuse:
+            cmd += ["--no-fuse"]
+        label = f"pushpull {c}" + (f" +{a.params}" if a.params else "") + (
+            " unfused" if a.no_fuse else "")
         runs.append((label, "pushpull", cmd))
     return runs
 

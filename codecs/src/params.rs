@@ -351,6 +351,19 @@ fn rounding_name(p: Rounding) -> &'static str {
 }
 
 impl CompressorSpec {
+    /// Whether a round of the tensor is a plain float32 sum through the servers: no codec, no
+    /// error feedback, no momentum, no intra-host rounding, not gossiped. Such a tensor holds no
+    /// state and each element is summed on its own, so several of them may travel as one
+    /// tensor, bit for bit the same (`pushpull.torch`'s `DistributedOptimizer` packs a
+    /// bucket's small ones together).
+    pub fn is_plain(&self) -> bool {
+        self.codec == CodecSpec::None
+            && self.ef.is_none()
+            && self.momentum_mu.is_none()
+            && self.intra == IntraCodec::None
+            && self.exchange == Exchange::PushPull
+    }
+
     /// The elements of one column of a column-wise onebit tensor of `tensor_len` elements
     /// (`columns` columns, column-major: a column is `tensor_len / columns` contiguous
     /// elements): the unit its chunks are cut in (`pushpull_proto::placement::chunk_ranges_in`).

@@ -521,3 +521,25 @@ fn gossip_takes_fixed_size_messages_and_no_gradient_decorators() {
         Some("gossip")
     );
 }
+
+#[test]
+fn a_plain_tensor_is_an_uncompressed_sum_with_no_state() {
+    use pushpull_codecs::chunk::effective_spec;
+    let plain = |kv: &[(&str, &str)], len: u64| {
+        effective_spec(&map(kv), len, 65536)
+            .expect("a valid map")
+            .is_plain()
+    };
+    let onebit_ef = [("compressor", "onebit"), ("ef", "vanilla")];
+    // Under min_compress_bytes the codec and error feedback are dropped: plain.
+    assert!(plain(&onebit_ef, 16383));
+    assert!(!plain(&onebit_ef, 16384));
+    assert!(plain(&[], 1 << 20));
+    assert!(plain(&[("compressor", "none")], 1 << 20));
+    assert!(!plain(&[("compressor", "fp16")], 1 << 20));
+    // What small tensors keep is state or rounding: not plain.
+    let nesterov = [("compressor", "onebit"), ("momentum", "nesterov")];
+    assert!(!plain(&nesterov, 10));
+    assert!(!plain(&[("intra_compressor", "fp16")], 10));
+    assert!(!plain(&[("exchange", "gossip")], 10));
+}

@@ -386,6 +386,27 @@ impl Worker {
         Ok(self.get()?.tensor(name).is_ok())
     }
 
+    /// Whether tensor `name` of `length` elements with the map `params` would be summed as
+    /// plain float32 (no codec, error feedback, momentum, intra-host rounding or gossip; the
+    /// Rust `Worker::is_plain`). Declares nothing.
+    #[pyo3(signature = (name, length, params=None))]
+    fn is_plain(
+        &self,
+        name: &str,
+        length: u64,
+        params: Option<BTreeMap<String, String>>,
+    ) -> PyResult<bool> {
+        Ok(self
+            .get()?
+            .is_plain(name, length, &params.unwrap_or_default()))
+    }
+
+    /// `cluster.min_compress_bytes`: tensors smaller than this travel uncompressed.
+    #[getter]
+    fn min_compress_bytes(&self) -> PyResult<u64> {
+        Ok(self.get()?.config().cluster.min_compress_bytes)
+    }
+
     /// Starts one round of `name` over the float32 buffer at address `ptr` (`length` elements,
     /// owned by `owner`, which is kept alive until the round has finished writing): the buffer
     /// becomes the sum over all workers, or the average. The buffer must not be read or written

@@ -98,6 +98,14 @@ def test_distributed_optimizer_matches_the_single_process_run(
     assert m["tensors"]["Gradient.0.weight"]["device"] == place, m["tensors"]
     if MAPS[mode] is None:
         assert m["bytes_pushed"] == m["raw_bytes"], m
+    # The small gradients (under min_compress_bytes) travel as one tensor, with the bits each
+    # would have had alone (checked above), unless nesterov momentum stays on them.
+    fused = sorted(n for n in m["tensors"] if n.startswith("Gradient.fused["))
+    if mode in ("onebit", "amp"):
+        assert fused == [], fused
+    else:
+        assert fused == ["Gradient.fused[0.bias..2.bias]"], sorted(m["tensors"])
+        assert "Gradient.0.bias" not in m["tensors"], sorted(m["tensors"])
 
 
 def test_buckets_follow_the_backward_order_the_cap_and_the_groups():

@@ -58,6 +58,69 @@ def _buckets(sizes: Sequence[int], groups: Sequence[int], cap_bytes: int) -> Lis
     return buckets
 
 
+# The map of a fused tensor: a plain float32 sum whatever the cluster file's defaults say
+# (`Worker::is_plain` confirms it before anything is fused).
+_FUSED_MAP = {"compressor": "none", "ef": "none", "momentum": "none", "intra_compressor": "none"}
+
+
+class _Fusion:
+    """Small gradients of one bucket that travel as one tensor, as in Horovod's fusion buffer:
+    each is summed as plain float32 (under ``cluster.min_compress_bytes``, no state), so
+    packing them into one float32 buffer, summing that and unpacking it gives every gradient
+    the bits it would have had alone, in one round instead of one per gradient."""
+
+    def __init__(self, name: str, members: List[int], sizes: List[int]):
+        self.name = name
+        self.members = members  # entry indices, in parameter order
+        self.sizes = sizes
+        self.numel = sum(sizes)
+        self.buffer: Optional[torch.Tensor] = None
+        self.grads: Optional[List[torch.Tensor]] = None
+
+    def start(self, grads: List[torch.Tensor]) -> _Round:
+        """Packs ``grads`` (on the stream current now) and returns the buffer's round."""
+        device = grads[0].device
+        if self.buffer is None or self.buffer.device != device:
+            self.buffer = torch.empty(self.numel, dtype=torch.float32, device=device)
+        torch.cat([g.detach().reshape(-1) for g in grads], out=self.buffer)
+        self.grads = grads
+        return _Round(self.name, self.buffer)
+
+    def finish(self) -> None:
+        """Unpacks the finished round's sum into the gradients (after ``_Round.finish``, so
+        on the stream current now, ordered after the result)."""
+        grads, self.grads = self.grads, None
+        if grads is None:
+            return
+        pieces = [piece.view(g.shape) for piece, g in zip(self.buffer.split(self.sizes), grads)]
+        torch._foreach_copy_([g.detach() for g in grads], pieces)
+
+
+def _fusions(entries, maps, buckets) -> List[_Fusion]:
+    """The fusions of each bucket: its gradients that would travel as plain float32 and are
+    under ``cluster.min_compress_bytes`` (``Worker::is_plain``), per device, where a bucket
+    has two or more of them on one device."""
+    limit = _w().min_compress_bytes
+    fused = []
+    for bucket in buckets:
+        by_device: Dict[torch.device, List[int]] = {}
+        for k in bucket:
+            tname, p, _, _ = entries[k]
+            n = p.numel()
+            if p.is_floating_point() and 4 * n < limit and _w().is_plain(tname, n, maps[k][0]):
+                by_device.setdefault(p.device, []).append(k)
+        for members in by_device.values():
+            if len(members) < 2:
+                continue
+            members = sorted(members)
+            first, last = (entries[k][0][len("Gradient."):] for k in (members[0], members[-1]))
+            f = _Fusion(f"Gradient.fused[{first}..{last}]", members,
+                        [entries[k][1].numel() for k in members])
+            if _w().is_plain(f.name, f.numel, _FUSED_MAP):
+                fused.append(f)
+    return fused
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(
         self,
@@ -67,6 +130,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         backward_passes_per_step,
         compression_params,
         bucket_cap_mb,
+        fuse_small,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -94,6 +158,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self._entries = []  # (tensor name, parameter, group, corrected ef)
         self._index = {}
+        maps = []  # (parameter map, priority) of each entry
         for i, (name, p) in enumerate(named):
             if not p.requires_grad or id(p) not in in_groups:
                 continue
@@ -116,9 +181,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     )
             ef = _value(cmap, _EF_KEYS)
             corrected = bool(ef and ef[1] == "corrected")
-            declare(tname, p, cmap, priority=-i)
             self._index[id(p)] = len(self._entries)
             self._entries.append((tname, p, group, corrected))
+            maps.append((cmap, -i))
         if not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be > 0")
         group_ids = [id(group) for _, _, group, _ in self._entries]
@@ -129,13 +194,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b, bucket in enumerate(self._buckets):
             for k in bucket:
                 self._bucket_of[k] = b
+        self._fused = _fusions(self._entries, maps, self._buckets) if fuse_small else []
+        self._fusion_of = {k: f for f in self._fused for k in f.members}
+        # Declared in parameter order (a collective: the same order on every worker), a fused
+        # tensor where its first member would be.
+        for k, (tname, p, _, _) in enumerate(self._entries):
+            f = self._fusion_of.get(k)
+            if f is None:
+                declare(tname, p, maps[k][0], priority=maps[k][1])
+            elif k == f.members[0]:
+                declare(f.name, f.numel, _FUSED_MAP, priority=maps[k][1])
         self._passes = [0] * len(self._entries)
         self._ready = [False] * len(self._entries)
         self._waiting = [len(b) for b in self._buckets]  # entries not ready yet, per bucket
         self._inflight: Dict[int, List[_Round]] = {}  # by bucket
         self._synchronized = False
         self._should_synchronize = True
-        self._names = [tname for tname, _, _, _ in self._entries]
+        self._names = [f.name for f in self._fused] + [
+            tname for k, (tname, _, _, _) in enumerate(self._entries) if k not in self._fusion_of
+        ]
         self._non_finite = _w().rounds_non_finite(self._names)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
@@ -144,13 +221,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _start(self, b: int) -> None:
         """Starts bucket ``b``'s gradients together (one batch on a GPU)."""
         rounds = []
+        fusions = set()
         for k in self._buckets[b]:
             tname, p, group, corrected = self._entries[k]
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            f = self._fusion_of.get(k)
+            if f is not None:
+                fusions.add(f)
+                continue
             if corrected:
                 _w().set_learning_rate(float(group["lr"]))
             rounds.append(_Round(tname, p.grad))
+        for f in sorted(fusions, key=lambda f: f.name):
+            rounds.append(f.start([self._entries[k][1].grad for k in f.members]))
         _start_sums(rounds, average=True)
         self._inflight[b] = rounds
 
@@ -182,6 +266,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for rounds in inflight.values():
                 for r in rounds:
                     r.finish()
+            for f in self._fused:
+                f.finish()
         finally:
             self._passes = [0] * len(self._entries)
             self._ready = [False] * len(self._entries)
@@ -229,11 +315,13 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
     bucket_cap_mb: float = 25,
+    fuse_small: bool = True,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
     Every parameter is declared up front (a collective), in ``named_parameters`` order, as
-    ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first.
+    ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first
+    (small ones within a fused tensor, see ``fuse_small``).
     The gradients are reduced in buckets, as DDP's: the parameters in reverse order (the order
     a backward pass produces their gradients), a bucket closing at ``bucket_cap_mb`` MiB of
     float32 (DDP's default, 25) and at a change of parameter group. A hook marks each gradient
@@ -243,6 +331,15 @@ def DistributedOptimizer(
     backward pass; ``step()`` starts what is left, waits for all of them and then runs the
     wrapped optimizer's step. The result is an instance of a subclass of the optimizer's
     class, made from its ``param_groups``.
+
+    With ``fuse_small`` (the default), a bucket's gradients that travel as plain float32
+    because they are under ``cluster.min_compress_bytes`` (biases, normalisation weights; not
+    those with momentum, error feedback or intra-host rounding left) go as one tensor,
+    ``Gradient.fused[FIRST..LAST]`` (its first and last parameter names), as Horovod's fusion
+    buffer does: one round instead of one per gradient, the same bits (each element is summed
+    on its own). It is packed on the stream current at the bucket's hook and unpacked at
+    ``synchronize()``. ``metrics()`` then lists the fused tensor, not its members; with
+    ``fuse_small=False`` every gradient is its own tensor.
 
     ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
     map for every tensor, or a function of the parameter name returning its map (keys as in
@@ -271,4 +368,5 @@ def DistributedOptimizer(
         backward_passes_per_step,
         compression_params,
         bucket_cap_mb,
+        fuse_small,
     )

@@ -44,6 +44,7 @@ def main(out: Path, seed: int) -> None:
         torch.optim.SGD(model.parameters(), lr=0.1),
         named_parameters=model.named_parameters(),
         compression_params=lambda name: params(f"Gradient.{name}"),
+        fuse_small=False,  # every gradient its own tensor: the per-tensor families are checked
     )
     gen = torch.Generator().manual_seed(seed * 31 + rank)
     for _ in range(STEPS):

@@ -185,6 +185,19 @@ impl Worker {
         Ok(tensor)
     }
 
+    /// Whether tensor `name` of `len` elements, declared with `params` (overlaid on the
+    /// config's map as [`Worker::declare`] does), would be summed as plain float32
+    /// ([`pushpull_kernels::CompressorSpec::is_plain`]): uncompressed by its map or because it
+    /// is under `cluster.min_compress_bytes`, with no error feedback, momentum, intra-host
+    /// rounding or gossip. A map the codecs refuse is not plain (its declare names the
+    /// problem). Declares nothing.
+    pub fn is_plain(&self, name: &str, len: u64, params: &ParamMap) -> bool {
+        let mut merged = self.inner.config.tensor_params(name);
+        pushpull_kernels::overlay_params(&mut merged, params);
+        let min = self.inner.config.cluster.min_compress_bytes;
+        pushpull_kernels::chunk::effective_spec(&merged, len, min).is_ok_and(|s| s.is_plain())
+    }
+
     /// The tensor declared under `name` on this worker.
     ///
     /// # Errors
