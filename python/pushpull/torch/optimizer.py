@@ -339,7 +339,9 @@ def DistributedOptimizer(
     buffer does: one round instead of one per gradient, the same bits (each element is summed
     on its own). It is packed on the stream current at the bucket's hook and unpacked at
     ``synchronize()``. ``metrics()`` then lists the fused tensor, not its members; with
-    ``fuse_small=False`` every gradient is its own tensor.
+    ``fuse_small=False`` every gradient is its own tensor. A fused chunk holding inf or NaN on
+    some worker comes back as NaN for all its members (the step is skipped either way, see
+    "Mixed precision" in :mod:`pushpull.torch`).
 
     ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
     map for every tensor, or a function of the parameter name returning its map (keys as in
