@@ -7,15 +7,21 @@
 # not the file's writing at the end) against the CPU the rounds used (the workers'
 # cpu_seconds_push_pull, the servers' whole CPU time, per round). Needs perf.
 #   scripts/timeline-share.sh [SCALE] [ROUNDS]
+# PUSHPULL_BIN: the launcher to measure (default: this tree's, built here), e.g. to alternate
+# two builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scale=${1:-0.25} rounds=${2:-40} hz=2000
 command -v perf >/dev/null || { echo "perf is not installed" >&2; exit 2; }
-cargo build --release --bins >&2
+bin=${PUSHPULL_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --bins >&2
+    bin=target/release/pushpull
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 PUSHPULL_TRACE=$tmp/trace perf record -q -F $hz -g -o "$tmp/perf.data" \
-  target/release/pushpull local --job benchmark --compressor onebit --scale "$scale" \
+  "$bin" local --job benchmark --compressor onebit --scale "$scale" \
   --rounds "$rounds" --warmup 2 --workers 2 --servers 2 --json > "$tmp/report.json"
 perf script -i "$tmp/perf.data" 2>/dev/null | python3 -c '
 import json, sys

@@ -444,13 +444,41 @@ fn push(event: Event) {
             match blocks.last_mut() {
                 Some(block) if block.len() < BLOCK => block.push(event),
                 _ => {
-                    let mut block = Vec::with_capacity(BLOCK);
+                    let mut block = new_block();
                     block.push(event);
                     blocks.push(block);
                 }
             }
         }
     });
+}
+
+/// An empty block of [`BLOCK`] events whose memory is already mapped: one
+/// `madvise(MADV_POPULATE_WRITE)` (Linux 5.14 and later) maps the block's pages at once instead
+/// of taking one page fault per 4 KiB as its events are written, which was about a third of
+/// what recording cost. Where the kernel refuses it, the pages fault in as before.
+fn new_block() -> Vec<Event> {
+    let block: Vec<Event> = Vec::with_capacity(BLOCK);
+    #[cfg(target_os = "linux")]
+    {
+        let page = 4096;
+        let start = block.as_ptr() as usize;
+        let aligned = start.next_multiple_of(page);
+        let end = start + BLOCK * std::mem::size_of::<Event>();
+        if end > aligned + page {
+            // SAFETY: the range lies inside the block's allocation, which this function owns;
+            // MADV_POPULATE_WRITE only maps its pages (writing nothing visible: they read as
+            // they did, zero or what the allocator left), and its failure changes nothing.
+            unsafe {
+                libc::madvise(
+                    aligned as *mut libc::c_void,
+                    (end - aligned) / page * page,
+                    libc::MADV_POPULATE_WRITE,
+                );
+            }
+        }
+    }
+    block
 }
 
 /// An open span: recorded when dropped (so a span ends on every path, errors included), or
