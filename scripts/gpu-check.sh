@@ -14,6 +14,8 @@
 #           GPU 0), the stream race, float16, refusals; python/tests/test_checkpoint.py: state on
 #           the GPU restarted bit for bit (PUSHPULL_REQUIRE_GPU=1: no silent skip)
 #   bench   bench_gpu: kernels against a device-to-device copy, a batch's GB/s and driver calls
+#   codecs  bench_compress: the CPU's onebit codecs (what a server's encode costs there) on one
+#           core, 1 Mi elements (a 4 MB chunk), against memcpy
 #   job     the ResNet-50-set benchmark job, 2 workers x 2 servers at the default partition,
 #           host against device buffers, onebit, fp16 and none (group calls: one batch per round
 #           on each worker)
@@ -96,10 +98,11 @@ for s in "$@"; do
             ;;
         pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py python/tests/test_checkpoint.py -q -x ;;
         bench) stage bench 240 "$kit/bin/bench_gpu" --reps 10 ;;
+        codecs) stage codecs 120 "$kit/bin/bench_compress" --sizes 1048576 --min-ms 200 --filter onebit ;;
         # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
         job) stage job 540 bash -c "$(declare -f job); out=$(printf %q "$out"); job" ;;
         torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ${TORCH_ARGS:-} ;;
-        *) echo "unknown stage $s (correct, tests, pytest, bench, job, torch)"; failed+=("$s") ;;
+        *) echo "unknown stage $s (correct, tests, pytest, bench, codecs, job, torch)"; failed+=("$s") ;;
     esac
 done
 if [ "${#failed[@]}" -gt 0 ]; then

@@ -16,6 +16,8 @@
 #   bin/kernels-device_batch     device batches against the CPU chains on the GPU
 #   bin/worker-device            device buffers through a real cluster (the reference's bits)
 #   bin/bench_gpu                kernel and batch throughput against a device-to-device copy
+#   bin/bench_compress           the CPU codecs' throughput against memcpy (the servers' and the
+#                                host path's speed on that machine's cores)
 #   pushpull-*.whl               the Python package (abi3), from python/
 # Needs: cargo, and maturin in the test environment (scripts/test.sh makes .venv).
 set -euo pipefail
@@ -28,8 +30,10 @@ mkdir -p "$kit/bin"
 echo "== release binaries"
 cargo build --release --bin pushpull
 cargo build --release -p pushpull-kernels --features cuda --example bench_gpu
+cargo build --release -p pushpull-codecs --example bench_compress
 target="${CARGO_TARGET_DIR:-$PWD/target}"
-cp "$target/release/pushpull" "$target/release/examples/bench_gpu" "$kit/bin/"
+cp "$target/release/pushpull" "$target/release/examples/bench_gpu" \
+    "$target/release/examples/bench_compress" "$kit/bin/"
 
 echo "== GPU tests (release, --features cuda)"
 # The executables cargo builds for these tests, named PACKAGE-TARGET in the kit.
