@@ -11,11 +11,12 @@ cd "$(dirname "$0")/.."
 venv="${PUSHPULL_VENV:-$PWD/.venv}"
 if [ ! -x "$venv/bin/python" ]; then
     echo "== making the Python test environment in $venv" >&2
-    python3 -m venv "$venv"
+    python3 -m venv "$venv" >&2
 fi
 if ! "$venv/bin/python" -c "import torch, numpy, pytest, maturin, sklearn" 2>/dev/null; then
     echo "== installing torch, numpy, pytest, maturin and scikit-learn into $venv" >&2
-    "$venv/bin/pip" install --quiet --upgrade pip
-    "$venv/bin/pip" install --quiet torch numpy pytest "maturin>=1.9.4,<2" scikit-learn
+    # pip's output goes to stderr: standard output is the folder's name alone.
+    "$venv/bin/pip" install --quiet --upgrade pip >&2
+    "$venv/bin/pip" install --quiet torch numpy pytest "maturin>=1.9.4,<2" scikit-learn >&2
 fi
 echo "$venv"
