@@ -58,6 +58,24 @@ def run_job(pushpull: Path, script: str, *args, workers: int = 2, servers: int =
     return p
 
 
+def check_fusion_job(tmp_path, workers: int = 2) -> None:
+    """What jobs/fusion.py saved: the fused and the unfused optimizer give every gradient the
+    bits of the float32 rank-order average, and the fused one declared one tensor for the
+    biases."""
+    import numpy as np
+    import torch
+
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(workers)]
+    for name in ranks[0]["grads"]:
+        want = rank_order_sum([s["grads"][name].numpy() for s in ranks]) / np.float32(workers)
+        for r, s in enumerate(ranks):
+            for tag in ("fused", "apart"):
+                assert same_bits(s["results"][tag][name].numpy(), want), f"{tag} {name}, rank {r}"
+    tensors = [t for t in ranks[0]["tensors"] if t.startswith("Gradient.fused[")]
+    assert tensors == ["Gradient.fused[fused.0.bias..fused.2.bias]"], ranks[0]["tensors"]
+    assert "Gradient.apart.0.bias" in ranks[0]["tensors"], ranks[0]["tensors"]
+
+
 def rank_order_sum(xs):
     """The servers' sum: float32, rank 0 first, then rank 1, ..."""
     import numpy as np

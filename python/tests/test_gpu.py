@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_onebit_matches_the_reference, rank_order_sum, run_job, same_bits
+from conftest import (
+    assert_onebit_matches_the_reference, check_fusion_job, rank_order_sum, run_job, same_bits,
+)
 
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
@@ -22,6 +24,14 @@ if not torch.cuda.is_available():
     if os.environ.get("PUSHPULL_REQUIRE_GPU") == "1":
         raise RuntimeError("PUSHPULL_REQUIRE_GPU=1, but torch sees no CUDA GPU")
     pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)", allow_module_level=True)
+
+
+def test_fused_small_gradients_on_the_gpu_give_the_unfused_bits(pushpull, seed, tmp_path):
+    """DistributedOptimizer's fusion on CUDA gradients: packed and unpacked on the GPU, the
+    float32 rank-order average's bits for every gradient, fused or not."""
+    p = run_job(pushpull, "fusion.py", tmp_path, seed, "cuda", config=SMALL, timeout=300)
+    assert p.returncode == 0, p.stderr
+    check_fusion_job(tmp_path)
 
 
 def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):

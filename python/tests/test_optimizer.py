@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_job
+from conftest import check_fusion_job, run_job
 from optimizer_common import (
     AMP_SCALE, MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model, overflow,
 )
@@ -106,6 +106,15 @@ def test_distributed_optimizer_matches_the_single_process_run(
     else:
         assert fused == ["Gradient.fused[0.bias..2.bias]"], sorted(m["tensors"])
         assert "Gradient.0.bias" not in m["tensors"], sorted(m["tensors"])
+
+
+@pytest.mark.parametrize("route", ["host", "emulated"])
+def test_fused_small_gradients_give_the_unfused_bits(pushpull, seed, tmp_path, monkeypatch, route):
+    """jobs/fusion.py on CPU tensors (test_gpu.py runs it on CUDA)."""
+    monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
+    p = run_job(pushpull, "fusion.py", tmp_path, seed, "cpu", config=SMALL)
+    assert p.returncode == 0, p.stderr
+    check_fusion_job(tmp_path)
 
 
 def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
