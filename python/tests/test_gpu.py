@@ -1,8 +1,8 @@
 """CUDA tensors through pushpull.torch on a real GPU: two workers sharing GPU 0 give the host
 path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor
 through a round that overflows on one worker and is discarded, float16 narrowed back), the round waits for the stream that produced the gradient and the
-result is there for work queued right after synchronize, and a non-contiguous CUDA tensor is
-refused by name.
+result is there for work queued right after synchronize, a non-contiguous CUDA tensor is
+refused by name, and DistributedOptimizer's fused small gradients get the unfused bits.
 
 Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
 missing GPU fails instead."""
