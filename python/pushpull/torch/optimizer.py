@@ -341,7 +341,8 @@ def DistributedOptimizer(
     ``synchronize()``. ``metrics()`` then lists the fused tensor, not its members; with
     ``fuse_small=False`` every gradient is its own tensor. A fused chunk holding inf or NaN on
     some worker comes back as NaN for all its members (the step is skipped either way, see
-    "Mixed precision" in :mod:`pushpull.torch`).
+    "Mixed precision" in :mod:`pushpull.torch`). A checkpoint (:func:`save_state`) holds the
+    tensors as declared, so a job restarted from it needs the same ``fuse_small``.
 
     ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
     map for every tensor, or a function of the parameter name returning its map (keys as in
