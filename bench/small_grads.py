@@ -30,8 +30,7 @@ def main() -> None:
     a = p.parse_args()
     bps.init()
     model = getattr(torchvision.models, a.model)().to(a.device)
-    limit = bps._w().min_compress_bytes  # the cluster file's
-    small = [(n, q) for n, q in model.named_parameters() if 4 * q.numel() < limit]
+    small = [(n, q) for n, q in model.named_parameters() if bps._w().is_small(q.numel())]
     opt = bps.DistributedOptimizer(
         torch.optim.SGD([q for _, q in small], lr=0.01), named_parameters=small,
         fuse_small=not a.no_fuse,

@@ -186,6 +186,12 @@ pub struct ChunkInfo<'a> {
     pub min_compress_bytes: u64,
 }
 
+/// Whether a tensor of `tensor_len` elements is under `min_compress_bytes` (4 bytes per
+/// element), so that it travels uncompressed ([`effective_spec`]).
+pub fn is_small(tensor_len: u64, min_compress_bytes: u64) -> bool {
+    tensor_len.saturating_mul(4) < min_compress_bytes
+}
+
 /// The spec a chunk is really built with: the parsed map, or for a tensor below
 /// `min_compress_bytes` raw fp32 keeping only the momentum.
 pub fn effective_spec(
@@ -194,7 +200,7 @@ pub fn effective_spec(
     min_compress_bytes: u64,
 ) -> Result<CompressorSpec, String> {
     let spec = parse_params(params).map_err(|e| e.to_string())?;
-    if tensor_len.saturating_mul(4) < min_compress_bytes {
+    if is_small(tensor_len, min_compress_bytes) {
         return Ok(CompressorSpec {
             codec: CodecSpec::None,
             ef: None,

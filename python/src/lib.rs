@@ -401,10 +401,10 @@ impl Worker {
             .is_plain(name, length, &params.unwrap_or_default()))
     }
 
-    /// `cluster.min_compress_bytes`: tensors smaller than this travel uncompressed.
-    #[getter]
-    fn min_compress_bytes(&self) -> PyResult<u64> {
-        Ok(self.get()?.config().cluster.min_compress_bytes)
+    /// Whether a tensor of `length` elements is under `cluster.min_compress_bytes`, so that it
+    /// travels uncompressed (the Rust `Worker::is_small`).
+    fn is_small(&self, length: u64) -> PyResult<bool> {
+        Ok(self.get()?.is_small(length))
     }
 
     /// Starts one round of `name` over the float32 buffer at address `ptr` (`length` elements,

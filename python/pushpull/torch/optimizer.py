@@ -98,16 +98,15 @@ class _Fusion:
 
 def _fusions(entries, maps, buckets) -> List[_Fusion]:
     """The fusions of each bucket: its gradients that would travel as plain float32 and are
-    under ``cluster.min_compress_bytes`` (``Worker::is_plain``), per device, where a bucket
-    has two or more of them on one device."""
-    limit = _w().min_compress_bytes
+    under ``cluster.min_compress_bytes`` (``Worker::is_plain``, ``Worker::is_small``), per
+    device, where a bucket has two or more of them on one device."""
     fused = []
     for bucket in buckets:
         by_device: Dict[torch.device, List[int]] = {}
         for k in bucket:
             tname, p, _, _ = entries[k]
             n = p.numel()
-            if p.is_floating_point() and 4 * n < limit and _w().is_plain(tname, n, maps[k][0]):
+            if p.is_floating_point() and _w().is_small(n) and _w().is_plain(tname, n, maps[k][0]):
                 by_device.setdefault(p.device, []).append(k)
         for members in by_device.values():
             if len(members) < 2:

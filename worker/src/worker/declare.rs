@@ -198,6 +198,12 @@ impl Worker {
         pushpull_kernels::chunk::effective_spec(&merged, len, min).is_ok_and(|s| s.is_plain())
     }
 
+    /// Whether a tensor of `len` elements is under `cluster.min_compress_bytes`, so that it
+    /// travels uncompressed whatever its map's codec.
+    pub fn is_small(&self, len: u64) -> bool {
+        pushpull_kernels::chunk::is_small(len, self.inner.config.cluster.min_compress_bytes)
+    }
+
     /// The tensor declared under `name` on this worker.
     ///
     /// # Errors
