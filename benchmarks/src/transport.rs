@@ -487,7 +487,7 @@ pub async fn run_sender(args: &NodeArgs, to: &str, bytes: u64) -> CliResult<()> 
     };
     let (sender, driver) = FrameSender::new(
         config.cluster.send_window_bytes,
-        Flow::Source,
+        Flow::SOURCE,
         Some(ep.window_cap().clone()),
         on_error,
     );

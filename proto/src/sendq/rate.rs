@@ -24,6 +24,16 @@
 //!   1.03–1.04×). Nor does a source's window follow its own queue: its round trip never
 //!   enters it beyond the path's minimum.
 //!
+//!
+//!   Sources that push through one link together (the members of a local group, which share
+//!   their host's link: `cluster.local_size`) split that queue: each keeps
+//!   [`SOURCE_QUEUE`] divided by their number ([`Flow::Source`]'s `sharers`), so a host of
+//!   four queues what a host of one does. Four full queues overflowed `bench net`'s tbf queue
+//!   (756 kB at 100 Mbit/s): 100–390 packets dropped on each host a run, each halving a
+//!   congestion window, and rounds of 1.09–1.18× the wire floor (five runs of six over
+//!   1.15×) against 1.08–1.11× with the queue split (BENCHMARKS.md, "A host's members split
+//!   one queue").
+//!
 //!   On a fast path (loopback, a data centre) a fixed 256 KiB is a fraction of a millisecond
 //!   and smaller than one frame of a large partition, while a frame's bytes stay in flight
 //!   until its last one is acknowledged, which takes its own transmission plus the receiving
@@ -96,19 +106,27 @@ pub const REPLY_SPAN: (Duration, Duration) =
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     /// Frames the node starts (a worker's pushes): the bare path's bytes plus its queue
-    /// ([`source_queue`]).
-    Source,
+    /// ([`source_queue`]). `sharers`: the sources (this one included, at least 1) that push
+    /// through the same link and split [`SOURCE_QUEUE`] between them (a local group's
+    /// members).
+    Source {
+        /// Sources sharing the node's link, this one included.
+        sharers: u32,
+    },
     /// Frames that answer its peers' (a server's results): the rate times the round trip.
     Reply,
 }
 
 impl Flow {
+    /// A source alone on its link.
+    pub const SOURCE: Flow = Flow::Source { sharers: 1 };
+
     /// Frames the window always has room for, whatever its size
     /// (`SendQueue::set_min_frames`): two for a source, so the next frame goes out while the
     /// last is acknowledged; [`REPLY_FRAMES`] for a reply.
     pub fn min_frames(self) -> u64 {
         match self {
-            Flow::Source => 2,
+            Flow::Source { .. } => 2,
             Flow::Reply => REPLY_FRAMES,
         }
     }
@@ -152,12 +170,13 @@ impl RoundTrip {
     }
 }
 
-/// The bytes a [`Flow::Source`] delivering `rate` bytes per second keeps queued at its
-/// bottleneck: [`SOURCE_QUEUE`], at least [`SOURCE_FAST_QUEUE`] of the rate and at most
-/// [`SOURCE_DELAY`] of it (see the [module docs](self)).
-pub fn source_queue(rate: f64) -> u64 {
+/// The bytes a [`Flow::Source`] delivering `rate` bytes per second, one of `sharers` sources
+/// on its link, keeps queued at its bottleneck: its share of [`SOURCE_QUEUE`], at least
+/// [`SOURCE_FAST_QUEUE`] of the rate and at most [`SOURCE_DELAY`] of it (see the
+/// [module docs](self)).
+pub fn source_queue(rate: f64, sharers: u32) -> u64 {
     let fast = (rate * SOURCE_FAST_QUEUE.as_secs_f64()) as u64;
-    SOURCE_QUEUE
+    (SOURCE_QUEUE / u64::from(sharers.max(1)))
         .max(fast)
         .min((rate * SOURCE_DELAY.as_secs_f64()) as u64)
 }
@@ -242,13 +261,13 @@ impl DeliveryRate {
     pub fn window(&mut self, now: Instant, flow: Flow, rtt: RoundTrip) -> Option<Window> {
         let rate = self.rate(now);
         match flow {
-            Flow::Source => {
+            Flow::Source { sharers } => {
                 let (path, queue) = match rate {
                     Some(r) => (
                         r * rtt.path.saturating_mul(2).as_secs_f64(),
-                        source_queue(r),
+                        source_queue(r, sharers),
                     ),
-                    None => (0.0, SOURCE_QUEUE),
+                    None => (0.0, SOURCE_QUEUE / u64::from(sharers.max(1))),
                 };
                 Some(Window {
                     bytes: queue.saturating_add(path as u64),

@@ -258,7 +258,10 @@ impl Worker {
         };
         let (sender, driver) = FrameSender::new(
             config.cluster.send_window_bytes,
-            Flow::Source,
+            // A local group's members push through their host's one link.
+            Flow::Source {
+                sharers: config.cluster.local_size.max(1),
+            },
             Some(endpoint.window_cap().clone()),
             on_error,
         );

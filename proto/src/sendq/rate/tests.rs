@@ -98,7 +98,7 @@ fn the_window_of_each_flow() {
     let mut r = DeliveryRate::new();
     // Before the first sample: a source's is its queue, a reply has none.
     assert_eq!(
-        r.window(t0, Flow::Source, rtt),
+        r.window(t0, Flow::SOURCE, rtt),
         Some(Window {
             bytes: SOURCE_QUEUE,
             whole_frames: false
@@ -111,7 +111,7 @@ fn the_window_of_each_flow() {
     // The source: what the bare path holds (10 MB/s × 4 ms) plus its queue; its own round
     // trip does not count.
     assert_eq!(
-        r.window(now, Flow::Source, rtt),
+        r.window(now, Flow::SOURCE, rtt),
         Some(Window {
             bytes: SOURCE_QUEUE + 40_000,
             whole_frames: false
@@ -137,7 +137,7 @@ fn the_window_of_each_flow() {
         node.delivered(at(t0, 0.1), delivered, 0);
         let path = delivered * 10 * 4 / 1000;
         assert_eq!(
-            node.window(now, Flow::Source, rtt),
+            node.window(now, Flow::SOURCE, rtt),
             Some(Window {
                 bytes: queue + path,
                 whole_frames: false
@@ -158,7 +158,7 @@ fn a_source_of_large_frames_keeps_a_fast_path_busy() {
         rtt: 50e-6,
         reverse: 1e-3,
     };
-    let out = &simulate(path, &[(Flow::Source, 0.0)], 1 << 20, 65_536, 3.0)[0];
+    let out = &simulate(path, &[(Flow::SOURCE, 0.0)], 1 << 20, 65_536, 3.0)[0];
     assert!(out.carried >= 0.95 * path.rate, "{out:?}");
     assert!(
         (0.95..=1.05).contains(&(out.estimate / path.rate)),
@@ -306,7 +306,7 @@ fn a_small_first_window_grows_to_fill_the_link_and_no_further() {
             rtt,
             reverse: 0.0,
         };
-        for flow in [Flow::Source, Flow::Reply] {
+        for flow in [Flow::SOURCE, Flow::Reply] {
             let out = &simulate(path, &[(flow, 0.0)], 16_384, 65_536, 3.0)[0];
             let what = format!("{flow:?} at rate {rate}, rtt {rtt}: {out:?}");
             assert!((0.95..=1.05).contains(&(out.estimate / rate)), "{what}");
@@ -314,7 +314,7 @@ fn a_small_first_window_grows_to_fill_the_link_and_no_further() {
             let w = out.window as f64;
             match flow {
                 // What the bare path holds, and the queue.
-                Flow::Source => {
+                Flow::Source { .. } => {
                     let queue = (SOURCE_QUEUE as f64)
                         .max((out.estimate * SOURCE_FAST_QUEUE.as_secs_f64()).floor())
                         .min(out.estimate * SOURCE_DELAY.as_secs_f64());
@@ -381,12 +381,51 @@ fn sources_sharing_a_link_take_equal_shares_of_it() {
             rtt: 0.0005,
             reverse: 0.0,
         };
-        let senders = [(Flow::Source, 0.0), (Flow::Source, 0.5)];
+        let senders = [(Flow::SOURCE, 0.0), (Flow::SOURCE, 0.5)];
         let out = simulate(path, &senders, frame, 65_536, 8.0);
         let what = format!("rate {rate}, {frame}-byte frames: {out:?}");
         assert!(out[0].carried + out[1].carried >= 0.95 * rate, "{what}");
         for o in &out {
             assert!((0.45..=0.55).contains(&(o.carried / rate)), "{what}");
+        }
+    }
+}
+
+#[test]
+fn sources_that_share_a_link_split_one_queue() {
+    // A local group of four on a 100 Mbit/s host link (`bench net --local-size 4`): each member
+    // owns a quarter of the chunks and pushes them. With a queue each, the four keep four
+    // queues in the link's buffer (at a quarter of the link each, SOURCE_DELAY of their rate:
+    // 625 kB, most of the tbf queue of 756 kB); as sharers of one queue they keep one, and
+    // still fill the link in equal shares.
+    let path = Path {
+        rate: 12.5e6,
+        rtt: 0.0005,
+        reverse: 0.0,
+    };
+    for sharers in [1, 4] {
+        let flow = Flow::Source { sharers };
+        let senders = [(flow, 0.0), (flow, 0.1), (flow, 0.2), (flow, 0.3)];
+        let out = simulate(path, &senders, 131_072, 65_536, 8.0);
+        let what = format!("{sharers} sharers: {out:?}");
+        let carried: f64 = out.iter().map(|o| o.carried).sum();
+        assert!(carried >= 0.95 * path.rate, "{what}");
+        for o in &out {
+            assert!((0.2..=0.3).contains(&(o.carried / path.rate)), "{what}");
+        }
+        // What the four keep queued: their windows less what the bare path holds.
+        let queued: f64 = out
+            .iter()
+            .map(|o| o.window as f64 - o.estimate * 2.0 * path.rtt)
+            .sum();
+        if sharers == 1 {
+            let each = (path.rate / 4.0 * SOURCE_DELAY.as_secs_f64()).min(SOURCE_QUEUE as f64);
+            assert!(queued >= 0.9 * 4.0 * each, "{what}: {queued} queued");
+        } else {
+            assert!(
+                (queued - SOURCE_QUEUE as f64).abs() <= 4.0,
+                "{what}: {queued} queued"
+            );
         }
     }
 }
