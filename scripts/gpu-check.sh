@@ -22,7 +22,11 @@
 #   torch   bench/torch_vs_ddp.py: ResNet-50 b32, two ranks on the GPU, pushpull.torch (none,
 #           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
 # Environment: TORCH_ARGS, more arguments of torch_vs_ddp.py (e.g. "--timeout 100");
-# JOB_COMPRESSORS, the job stage's compressors (default "onebit fp16 none").
+# JOB_COMPRESSORS, the job stage's compressors (default "onebit fp16 none"). RAYON_NUM_THREADS and
+# TOKIO_WORKER_THREADS reach every pushpull process (servers, workers: each otherwise starts
+# a rayon pool and a tokio runtime of one thread per core), e.g. to test whether the servers'
+# encode on the 16-core machine is slow because two servers, the workers and torch
+# oversubscribe it: RAYON_NUM_THREADS=2 TOKIO_WORKER_THREADS=2 TORCH_ARGS=... scripts/gpu-check.sh torch
 #
 # Logs: one per stage (and one per torch run) in /tmp/gpu-out; with the `device` tool's $OUT
 # set, they come back packed as $OUT/gpu-logs.tgz (the tool returns at most 8 files), also when

@@ -21,8 +21,8 @@
 //! The window follows the network ([`pushpull_proto::sendq::rate`] has the rule and why): a
 //! source's (a worker's pushes) is what the bare path holds at the node's delivery rate plus a
 //! fixed number of bytes queued ([`SOURCE_QUEUE`](pushpull_proto::sendq::rate::SOURCE_QUEUE)),
-//! so workers sharing a link share it equally (the members of a local group, which push
-//! through their host's one link, split those bytes: `Flow::Source`'s `sharers`; on a fast
+//! so workers sharing a link share it equally (the workers of one host, which push through
+//! its one link, split those bytes: `Flow::Source`'s `sharers`; on a fast
 //! path, at least 5 ms of the rate:
 //! [`source_queue`](pushpull_proto::sendq::rate::source_queue)); a reply's (a server's results) is the delivery
 //! rate times the round trip its frames see (the shortest smoothed RTT of its connections,

@@ -25,14 +25,15 @@
 //!   enters it beyond the path's minimum.
 //!
 //!
-//!   Sources that push through one link together (the members of a local group, which share
-//!   their host's link: `cluster.local_size`) split that queue: each keeps
-//!   [`SOURCE_QUEUE`] divided by their number ([`Flow::Source`]'s `sharers`), so a host of
-//!   four queues what a host of one does. Four full queues overflowed `bench net`'s tbf queue
+//!   Sources that push through one link together (the workers of one host: a local group's
+//!   members, `cluster.local_size`, or flat workers the scheduler saw at one IP address,
+//!   `ClusterMap::workers_on_host`) split that queue: each keeps [`SOURCE_QUEUE`] divided by
+//!   their number ([`Flow::Source`]'s `sharers`), so a host of four queues what a host of one
+//!   does. Four full queues overflowed `bench net`'s tbf queue
 //!   (756 kB at 100 Mbit/s): 100–390 packets dropped on each host a run, each halving a
 //!   congestion window, and rounds of 1.09–1.18× the wire floor (five runs of six over
-//!   1.15×) against 1.08–1.11× with the queue split (BENCHMARKS.md, "A host's members split
-//!   one queue").
+//!   1.15×) against 1.08–1.11× with the queue split; flat, four workers a host, 1.53× against
+//!   1.04× (BENCHMARKS.md, "A host's members split one queue").
 //!
 //!   On a fast path (loopback, a data centre) a fixed 256 KiB is a fraction of a millisecond
 //!   and smaller than one frame of a large partition, while a frame's bytes stay in flight
@@ -107,8 +108,8 @@ pub const REPLY_SPAN: (Duration, Duration) =
 pub enum Flow {
     /// Frames the node starts (a worker's pushes): the bare path's bytes plus its queue
     /// ([`source_queue`]). `sharers`: the sources (this one included, at least 1) that push
-    /// through the same link and split [`SOURCE_QUEUE`] between them (a local group's
-    /// members).
+    /// through the same link and split [`SOURCE_QUEUE`] between them (the workers of one
+    /// host).
     Source {
         /// Sources sharing the node's link, this one included.
         sharers: u32,

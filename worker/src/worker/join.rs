@@ -258,9 +258,10 @@ impl Worker {
         };
         let (sender, driver) = FrameSender::new(
             config.cluster.send_window_bytes,
-            // A local group's members push through their host's one link.
+            // The workers of one host (a local group's members, or flat workers the scheduler
+            // saw at one address) push through its one link.
             Flow::Source {
-                sharers: config.cluster.local_size.max(1),
+                sharers: map.workers_on_host(rank).max(config.cluster.local_size),
             },
             Some(endpoint.window_cap().clone()),
             on_error,
