@@ -13,14 +13,20 @@
 # two kinds oppositely). Each run's ratio is the median round time inside the window over the
 # median outside it; RUNS runs of each kind.
 #   [ON=both|metrics|trace|window] scripts/observe-cost.sh [RUNS] [SCALE] [ROUNDS]
+# PUSHPULL_BIN: the launcher to measure (default: this tree's, built here), e.g. to alternate
+# two builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5} scale=${2:-0.25} rounds=${3:-20}
-cargo build --release --bins >&2
+bin=${PUSHPULL_BIN:-}
+if [ -z "$bin" ]; then
+    cargo build --release --bins >&2
+    bin=target/release/pushpull
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 warmup=2
-base=(target/release/pushpull local --job benchmark --compressor onebit --scale "$scale"
+base=("$bin" local --job benchmark --compressor onebit --scale "$scale"
       --rounds "$rounds" --warmup "$warmup" --workers 2 --servers 2 --json)
 if [ "${ON:-both}" = window ]; then
   half=$((rounds / 2))

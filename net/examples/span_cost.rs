@@ -1,14 +1,17 @@
 //! What one timeline event costs the thread that records it (BENCHMARKS.md, "Watching a
 //! job"): a chunk phase's span as the worker records it (`Span::begin` with the chunk's args,
-//! dropped), a frame's begin with args and its end, an instant without args, and a clock read;
+//! dropped), a frame sent (`trace::frame_queued`, `frame_written`, `frame_acked`: one record),
+//! a frame arrived (an instant with args), and a clock read;
 //! on one thread and on two at once (the development machine's cores). Run with
 //! `cargo run --release -p pushpull-net --example span_cost`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use pushpull_net::timeline::{self, Args, Name, Ph, Span};
+use pushpull_net::timeline::{self, Args, Name, Span};
+use pushpull_net::trace;
 use pushpull_proto::config::TraceConfig;
+use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
 
 const N: u64 = 1_000_000;
 
@@ -39,6 +42,20 @@ fn chunk_args(i: u64) -> Args {
     }
 }
 
+/// A push frame's header, as a worker sends it.
+fn header(i: u64) -> FrameHeader {
+    FrameHeader {
+        kind: FrameKind::Push,
+        op: ReduceOp::Sum,
+        flags: FrameFlags::default(),
+        rank: 0,
+        aux: 0,
+        key: i % 1000,
+        round: i / 1000,
+        payload_len: 4096,
+    }
+}
+
 fn main() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let config = TraceConfig {
@@ -53,20 +70,14 @@ fn main() {
         ("chunk span (begin with args, drop)", |i| {
             drop(Span::begin("chunk", "compress", i, chunk_args(i)));
         }),
-        (
-            "frame span (begin with args, peer's name looked up, end)",
-            |i| {
-                let args = Args {
-                    peer: Some(Name::new("server 1")),
-                    bytes: Some(4096),
-                    ..chunk_args(i)
-                };
-                timeline::record(Ph::Begin, timeline::now(), "frame", "push", i, Some(args));
-                timeline::record(Ph::End, timeline::now(), "frame", "push", i, None);
-            },
-        ),
-        ("instant without args", |i| {
-            timeline::record(Ph::Instant, timeline::now(), "frame", "written", i, None);
+        ("frame sent (queued, written, acked: one record)", |i| {
+            let h = header(i);
+            let mut times = trace::frame_queued(&h, "server 1");
+            trace::frame_written(&mut times, &h, "server 1");
+            trace::frame_acked(times, &h, "server 1");
+        }),
+        ("frame arrived (an instant with args)", |i| {
+            trace::frame("arrived", &header(i), "worker 0");
         }),
     ];
     println!(

@@ -71,6 +71,8 @@ struct Frame {
     to: Peer,
     header: FrameHeader,
     payload: Bytes,
+    /// Its times for the timeline (`crate::trace::frame_queued`).
+    times: crate::trace::FrameTimes,
 }
 
 /// The window is at most this many times the sum of the connections' congestion windows.
@@ -170,11 +172,12 @@ impl FrameSender {
     pub fn send(&self, to: &Peer, header: FrameHeader, payload: Bytes, priority: i32) {
         debug_assert_eq!(header.payload_len, payload.len() as u64);
         let bytes = (FRAME_HEADER_LEN + payload.len()) as u64;
-        crate::trace::frame("queued", &header, &to.name);
+        let times = crate::trace::frame_queued(&header, &to.name);
         let frame = Frame {
             to: to.clone(),
             header,
             payload,
+            times,
         };
         {
             let mut s = self.shared.lock();
@@ -332,19 +335,19 @@ async fn drive(shared: Arc<Shared>, max_window: u64, on_error: OnError) {
                 break;
             };
             let to = frame.to.clone();
-            let header = frame.header;
+            let (header, mut times) = (frame.header, frame.times);
             let written = write(frame, priority).await;
             shared.lock().writing -= 1;
             match written {
                 Ok(stopped) => {
-                    crate::trace::frame("written", &header, &to.name);
+                    crate::trace::frame_written(&mut times, &header, &to.name);
                     let name = to.name.clone();
                     delivering.push(async move {
                         // Acknowledged in full, stopped by the peer, or the connection is gone:
                         // either way the bytes no longer occupy the window; for the rate they
                         // count as delivered unless the connection is gone.
                         let acked = stopped.await.is_ok();
-                        crate::trace::frame("acked", &header, &name);
+                        crate::trace::frame_acked(times, &header, &name);
                         (bytes, acked)
                     })
                 }

@@ -39,8 +39,8 @@
 //! plain numbers, tensor and peer names included ([`Name`]: interned once per process), and a
 //! [`Span`] is recorded once, when it ends, with both its times (written out as its `b` and
 //! `e`). A [`Span`] still open when the file is written is left out of it (the next write has
-//! it); a frame span still open (its peer's acknowledgement had not been seen) is closed at
-//! that moment with `"unacknowledged": true`.
+//! it). A frame sent is one record too, made when its peer acknowledged it (or stopped its
+//! stream, or the connection went; [`frame_span`]), its `written` instant inside it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -279,10 +279,9 @@ impl Packed {
     }
 }
 
-/// One recorded event (no allocation, 80 bytes: each is memory the thread touches for the
-/// first time, whose page faults were a third of recording's CPU samples in a job): `ph` at
-/// `ts`, or, `whole`, a span from
-/// `ts` to `ts + dur` (written as its `b` and `e`).
+/// One recorded event (no allocation, 88 bytes: each is memory the thread touches for the
+/// first time): `ph` at `ts`, or, `whole`, a span from `ts` to `ts + dur` (written as its `b`
+/// and `e`), with an instant inside it when `mark` is set (a frame's `written`).
 #[derive(Debug, Clone, Copy)]
 struct Event {
     ts: u64,
@@ -291,11 +290,16 @@ struct Event {
     cat: Name,
     name: Name,
     dur: u32,
+    /// A whole span's instant ([`MARK`]), microseconds after `ts` plus one; 0: none.
+    mark: u32,
     /// Which of `args` are set ([`Packed::of`]).
     set: u16,
     ph: Ph,
     whole: bool,
 }
+
+/// The name of a whole span's instant (`Event::mark`): a frame's, handed to QUIC in full.
+const MARK: &str = "written";
 
 impl Event {
     fn new(ph: Ph, ts: u64, cat: &'static str, name: Label, id: u64, args: Option<&Args>) -> Event {
@@ -307,6 +311,7 @@ impl Event {
             cat: Name::of_static(cat),
             name: name.name(),
             dur: 0,
+            mark: 0,
             set,
             ph,
             whole: false,
@@ -436,6 +441,29 @@ pub fn span(begin: u64, end: u64, cat: &'static str, name: impl Into<Label>, id:
     });
 }
 
+/// Records a frame sent (category [`FRAME`], named after its kind) as one whole span, from
+/// `queued` to `acked`, with its `written` instant inside it (all from [`now`]; a `written` of
+/// 0: none). Callers check [`traced`] first.
+pub fn frame_span(
+    (queued, written, acked): (u64, u64, u64),
+    name: &'static str,
+    id: u64,
+    args: Args,
+) {
+    let dur = acked.saturating_sub(queued).min(u64::from(u32::MAX - 1));
+    let mark = if written == 0 {
+        0
+    } else {
+        written.clamp(queued, queued + dur) - queued + 1
+    };
+    push(Event {
+        dur: dur as u32,
+        mark: mark as u32,
+        whole: true,
+        ..Event::new(Ph::Begin, queued, FRAME, name.into(), id, Some(&args))
+    });
+}
+
 fn push(event: Event) {
     // `try_with`: a span dropped while its thread is being torn down is lost, not a panic.
     let _ = LOCAL.try_with(|b| {
@@ -558,7 +586,7 @@ pub fn write() {
     }
     let nodes = lock(&state.nodes).clone();
     let pid = std::process::id();
-    let text = render(&events, &nodes, pid, now());
+    let text = render(&events, &nodes, pid);
     let first = nodes.first().map(String::as_str).unwrap_or("node");
     let stem: String = first
         .chars()
@@ -573,17 +601,21 @@ pub fn write() {
     }
 }
 
-/// The file's text: metadata naming the process, the events (a whole span as its `b` and
-/// `e`) in time order, and an end for every frame span still open at `now`.
-fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> String {
+/// The file's text: metadata naming the process, and the events (a whole span as its `b` and
+/// `e`, and its mark as an instant between them) in time order.
+fn render(events: &[(u64, Event)], nodes: &[String], pid: u32) -> String {
+    let mark = Name::new(MARK); // before the copy of the names, which must hold it
     let names = lock(&NAMES).texts.clone();
-    // (time, thread, event, which of its letters); a stable sort keeps a thread's own events
-    // in their order at equal times.
-    let mut out_events: Vec<(u64, u64, &Event, Ph)> = Vec::with_capacity(events.len() * 2);
+    // (time, thread, event, which of its letters: `None` for its mark); a stable sort keeps a
+    // thread's own events in their order at equal times.
+    let mut out_events: Vec<(u64, u64, &Event, Option<Ph>)> = Vec::with_capacity(events.len() * 3);
     for (tid, e) in events {
-        out_events.push((e.ts, *tid, e, e.ph));
+        out_events.push((e.ts, *tid, e, Some(e.ph)));
         if e.whole {
-            out_events.push((e.ts + u64::from(e.dur), *tid, e, Ph::End));
+            if e.mark != 0 {
+                out_events.push((e.ts + u64::from(e.mark - 1), *tid, e, None));
+            }
+            out_events.push((e.ts + u64::from(e.dur), *tid, e, Some(Ph::End)));
         }
     }
     out_events.sort_by_key(|&(ts, ..)| ts);
@@ -594,31 +626,20 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
         "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{}}}}}",
         json_str(&nodes.join(", "))
     );
-    let frame = Name::new(FRAME);
-    let mut open_frames: HashMap<(u64, Name), (u64, &Event)> = HashMap::new();
     for &(ts, tid, e, ph) in &out_events {
         out.push_str(",\n");
-        let args = ph != Ph::End;
-        event_json(&mut out, (ph, ts, e), args, (pid, tid), &names, None);
-        if e.cat == frame {
-            match ph {
-                Ph::Begin => {
-                    open_frames.insert((e.id, e.name), (tid, e));
-                }
-                Ph::End => {
-                    open_frames.remove(&(e.id, e.name));
-                }
-                Ph::Instant => {}
-            }
-        }
-    }
-    let mut left: Vec<_> = open_frames.into_values().collect();
-    left.sort_by_key(|(_, e)| (e.ts, e.id));
-    for (tid, e) in left {
-        out.push_str(",\n");
-        let end = (Ph::End, now.max(e.ts), e);
-        let extra = Some("\"unacknowledged\":true");
-        event_json(&mut out, end, false, (pid, tid), &names, extra);
+        let Some(ph) = ph else {
+            let instant = Event { name: mark, ..*e };
+            event_json(
+                &mut out,
+                (Ph::Instant, ts, &instant),
+                false,
+                (pid, tid),
+                &names,
+            );
+            continue;
+        };
+        event_json(&mut out, (ph, ts, e), ph != Ph::End, (pid, tid), &names);
     }
     out.push_str("\n]}\n");
     out
@@ -628,14 +649,13 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32, now: u64) -> Stri
 pub const FRAME: &str = "frame";
 
 /// One event's JSON: letter `ph` of event `e` at `ts`, with its args if `args` (names resolved
-/// in `names`) and the `extra` field.
+/// in `names`).
 fn event_json(
     out: &mut String,
     (ph, ts, e): (Ph, u64, &Event),
     args: bool,
     (pid, tid): (u32, u64),
     names: &[Arc<str>],
-    extra: Option<&str>,
 ) {
     let _ = write!(
         out,
@@ -665,9 +685,6 @@ fn event_json(
                 fields.push(format!("\"{k}\":{}", a.big[i]));
             }
         }
-    }
-    if let Some(x) = extra {
-        fields.push(x.to_string());
     }
     if !fields.is_empty() {
         let _ = write!(out, ",\"args\":{{{}}}", fields.join(","));
@@ -710,21 +727,15 @@ mod tests {
     }
 
     #[test]
-    fn open_frames_are_closed_and_names_escaped() {
+    fn names_are_escaped() {
         let events = [
             ev(Ph::Begin, 10, "chunk", "compress", 7),
             ev(Ph::End, 12, "chunk", "compress", 7),
-            ev(Ph::Begin, 13, FRAME, "push", 8),
-            ev(Ph::Instant, 14, FRAME, "written", 8),
-            ev(Ph::Begin, 15, FRAME, "push", 9),
-            ev(Ph::End, 16, FRAME, "push", 9),
+            ev(Ph::Instant, 14, FRAME, "push arrived", 8),
         ];
-        let text = render(&events, &["worker 0".into()], 42, 20);
+        let text = render(&events, &["worker 0".into()], 42);
         assert!(text.contains("\"a \\\"b\\\"\\n\""), "{text}");
         assert!(text.contains("\"ph\":\"n\""), "{text}");
-        // Frame 8 was never acknowledged: closed at 20, marked; frame 9 and the chunk are not.
-        assert_eq!(text.matches("unacknowledged").count(), 1, "{text}");
-        assert!(text.contains("\"id\":\"0x8\",\"ts\":20"), "{text}");
         assert!(text.starts_with("{\"displayTimeUnit\""));
         assert!(text.trim_end().ends_with("]}"));
     }
@@ -734,7 +745,7 @@ mod tests {
         let mut whole = ev(Ph::Begin, 10, "chunk", "wait", 5);
         (whole.1.whole, whole.1.dur) = (true, 20);
         let events = [whole, ev(Ph::Instant, 20, FRAME, "written", 8)];
-        let text = render(&events, &["worker 0".into()], 42, 40);
+        let text = render(&events, &["worker 0".into()], 42);
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.contains("\"ts\"") && !l.contains("\"ph\":\"M\""))
@@ -758,8 +769,47 @@ mod tests {
     }
 
     #[test]
-    fn an_event_is_80_bytes() {
-        assert_eq!(std::mem::size_of::<Event>(), 80);
+    fn an_event_is_88_bytes() {
+        assert_eq!(std::mem::size_of::<Event>(), 88);
+    }
+
+    #[test]
+    fn a_frame_is_one_record_written_as_its_begin_mark_and_end() {
+        let args = Args {
+            key: Some(9),
+            round: Some(2),
+            ..Args::default()
+        };
+        let frame = |written| {
+            let mark = |w: u64| if w == 0 { 0 } else { w - 100 + 1 };
+            let e = Event {
+                dur: 30,
+                mark: mark(written) as u32,
+                whole: true,
+                ..Event::new(Ph::Begin, 100, FRAME, "push".into(), 4, Some(&args))
+            };
+            render(&[(1, e)], &["worker 0".into()], 42)
+        };
+        let lines = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.contains("\"ts\"") && !l.contains("\"ph\":\"M\""))
+                .map(String::from)
+                .collect()
+        };
+        let with = frame(110);
+        let l = lines(&with);
+        assert_eq!(l.len(), 3, "{with}");
+        assert!(l[0].starts_with("{\"ph\":\"b\",\"cat\":\"frame\",\"name\":\"push\""));
+        assert!(l[0].contains("\"ts\":100,") && l[0].contains("\"key\":9"));
+        assert!(
+            l[1].starts_with("{\"ph\":\"n\",\"cat\":\"frame\",\"name\":\"written\""),
+            "{with}"
+        );
+        assert!(l[1].contains("\"id\":\"0x4\",\"ts\":110,") && !l[1].contains("args"));
+        assert!(l[2].starts_with("{\"ph\":\"e\",\"cat\":\"frame\",\"name\":\"push\""));
+        assert!(l[2].contains("\"ts\":130,"));
+        // Never written: its begin and end only.
+        assert_eq!(lines(&frame(0)).len(), 2);
     }
 
     #[test]

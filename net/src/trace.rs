@@ -20,10 +20,14 @@
 //! into one timeline. Unset (the default), each call is one relaxed load.
 //!
 //! The frame events are also the `frame` tracks of the Chrome-trace timeline
-//! ([`crate::timeline`], `PUSHPULL_TRACE=DIR`): [`frame`] is the one site of each event for
-//! both outputs, except a worker's result `arrived` ([`frame_line`]), which the timeline has
-//! as the end of the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the `window` lines, which
-//! describe the sender rather than a frame.
+//! ([`crate::timeline`], `PUSHPULL_TRACE=DIR`): each event has one site for both outputs. A
+//! frame sent is [`frame_queued`], [`frame_written`] and [`frame_acked`], whose
+//! [`FrameTimes`] its sender keeps, so the timeline records it once, at the end, as one span
+//! with `written` inside (three records of a frame, each looking its peer up, were two thirds of
+//! the timeline's cost: BENCHMARKS.md, "Within each job"); a frame received is [`frame`]'s
+//! `arrived`, except a worker's result ([`frame_line`]), which the timeline has as the end of
+//! the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the `window`
+//! lines, which describe the sender rather than a frame.
 
 use std::fs::File;
 use std::io::Write;
@@ -88,11 +92,19 @@ pub fn window(window: u64, rate: Option<f64>, in_flight: u64, queued: u64, paths
     ));
 }
 
-/// Records one event of frame `h` (see the [module docs](self)); `peer` names the other end.
-/// The same call feeds the timeline's `frame` tracks ([`crate::timeline`]) when that is on.
+/// Records a frame's `arrived` (read to the end of its stream; see the [module docs](self));
+/// `peer` names the other end. The same call feeds the timeline's `frame` tracks
+/// ([`crate::timeline`]) when that is on, as an instant.
 pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
     if crate::timeline::traced(h.round) {
-        frame_span(event, h, peer);
+        use crate::timeline::{self, Ph, FRAME};
+        let name: timeline::Label = match (h.kind, event) {
+            (FrameKind::Push, "arrived") => "push arrived".into(),
+            (FrameKind::Result, "arrived") => "result arrived".into(),
+            (kind, _) => format!("{} {event}", kind_name(kind)).into(),
+        };
+        let (id, args) = frame_track(1, h, peer);
+        timeline::record(Ph::Instant, timeline::now(), FRAME, name, id, Some(args));
     }
     frame_line(event, h, peer);
 }
@@ -113,12 +125,47 @@ pub fn frame_line(event: &str, h: &FrameHeader, peer: &str) {
     write_line(&line);
 }
 
-/// The timeline's side of [`frame`]: a span per frame sent, from `queued` to `acked`, with
-/// `written` as an instant; `arrived` as an instant on the receiver's own track.
-fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
-    use crate::timeline::{self, Args, Ph, FRAME};
-    let ts = timeline::now();
-    let kind = match h.kind {
+/// A frame's times on the timeline while its sender holds it, from [`frame_queued`] to
+/// [`frame_acked`] ([`crate::timeline::now`]'s clock; all 0 when its round is not traced).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FrameTimes {
+    queued: u64,
+    written: u64,
+}
+
+/// A frame was handed to the node's `FrameSender`: its `queued` line, and its times.
+pub fn frame_queued(h: &FrameHeader, peer: &str) -> FrameTimes {
+    frame_line("queued", h, peer);
+    let traced = crate::timeline::traced(h.round);
+    FrameTimes {
+        queued: if traced { crate::timeline::now() } else { 0 },
+        written: 0,
+    }
+}
+
+/// The frame was handed to quinn in full: its `written` line, and the time kept.
+pub fn frame_written(times: &mut FrameTimes, h: &FrameHeader, peer: &str) {
+    frame_line("written", h, peer);
+    if times.queued != 0 {
+        times.written = crate::timeline::now();
+    }
+}
+
+/// The peer acknowledged all of the frame (or stopped its stream, or the connection is gone):
+/// its `acked` line, and, when its round is traced, its one span on the timeline, from queued
+/// to now, with `written` inside.
+pub fn frame_acked(times: FrameTimes, h: &FrameHeader, peer: &str) {
+    frame_line("acked", h, peer);
+    if times.queued != 0 {
+        let (id, args) = frame_track(0, h, peer);
+        let at = (times.queued, times.written, crate::timeline::now());
+        crate::timeline::frame_span(at, kind_name(h.kind), id, args);
+    }
+}
+
+/// A frame kind's name on the timeline.
+fn kind_name(kind: FrameKind) -> &'static str {
+    match kind {
         FrameKind::Push => "push",
         FrameKind::Result => "result",
         FrameKind::Abort => "abort",
@@ -126,8 +173,12 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         FrameKind::StateGet => "state get",
         FrameKind::StatePut => "state put",
         FrameKind::State => "state",
-    };
-    let side = u64::from(event == "arrived");
+    }
+}
+
+/// The timeline id and args of frame `h` on one side (`side`: 0 sent, 1 received).
+fn frame_track(side: u64, h: &FrameHeader, peer: &str) -> (u64, crate::timeline::Args) {
+    use crate::timeline::{self, Args};
     let peer = timeline::Name::new(peer);
     let id = timeline::id(&[
         0xf4a3e,
@@ -138,7 +189,7 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         u64::from(h.rank),
         peer.number(),
     ]);
-    let args = || Args {
+    let args = Args {
         key: Some(h.key),
         round: Some(h.round),
         rank: Some(h.rank),
@@ -146,17 +197,5 @@ fn frame_span(event: &str, h: &FrameHeader, peer: &str) {
         peer: Some(peer),
         ..Args::default()
     };
-    match event {
-        "queued" => timeline::record(Ph::Begin, ts, FRAME, kind, id, Some(args())),
-        "acked" => timeline::record(Ph::End, ts, FRAME, kind, id, None),
-        "written" => timeline::record(Ph::Instant, ts, FRAME, "written", id, None),
-        _ => {
-            let name: timeline::Label = match (h.kind, event) {
-                (FrameKind::Push, "arrived") => "push arrived".into(),
-                (FrameKind::Result, "arrived") => "result arrived".into(),
-                _ => format!("{kind} {event}").into(),
-            };
-            timeline::record(Ph::Instant, ts, FRAME, name, id, Some(args()))
-        }
-    }
+    (id, args)
 }
