@@ -53,8 +53,9 @@ pub struct ClusterRun {
     /// Counters when worker 0 finished the warm-up and the last round (absent without
     /// warm-up rounds).
     pub window: Option<(Snapshot, Snapshot)>,
-    /// Packets dropped by tbf on each process's host link (both ends) during this run.
-    pub tbf_drops: Vec<u64>,
+    /// Packets dropped by tbf on each process's host link during this run: `[upload,
+    /// download]`.
+    pub tbf_drops: Vec<[u64; 2]>,
     /// Seconds from the first start to the last exit.
     pub wall_seconds: f64,
 }
@@ -114,9 +115,9 @@ pub async fn run_cluster(
         }));
     }
     // tbf counters live as long as the network: count this run's drops only.
-    let drops_before: Vec<u64> = hosts
+    let drops_before: Vec<[u64; 2]> = hosts
         .iter()
-        .map(|h| topo.tbf_drops(h).unwrap_or(0))
+        .map(|h| topo.tbf_drops(h).unwrap_or_default())
         .collect();
     let start = Instant::now();
     let run = tokio::time::timeout(
@@ -134,7 +135,10 @@ pub async fn run_cluster(
     let drops = hosts
         .iter()
         .zip(&drops_before)
-        .map(|(h, b)| topo.tbf_drops(h).unwrap_or(0).saturating_sub(*b))
+        .map(|(h, b)| {
+            let d = topo.tbf_drops(h).unwrap_or_default();
+            [d[0].saturating_sub(b[0]), d[1].saturating_sub(b[1])]
+        })
         .collect();
     let driven = match result {
         Ok(r) => r,

@@ -47,6 +47,10 @@ pub struct HostRow {
     pub cpu_seconds: f64,
     /// Packets dropped by its two tbf queues during the run (warm-up and set-up included).
     pub tbf_drops: u64,
+    /// Of those, the ones dropped on its download side (the bridge's queue toward it); absent
+    /// from reports saved before it was counted (read as 0).
+    #[serde(default)]
+    pub tbf_drops_down: u64,
 }
 
 /// One run of the benchmark.
@@ -289,7 +293,8 @@ pub fn make_row(ctx: &RowContext, run: &ClusterRun) -> RunRow {
                 payload_rx_bytes: prx,
                 link_seconds: 0.0,
                 cpu_seconds: cpu,
-                tbf_drops: run.tbf_drops.get(i).copied().unwrap_or(0),
+                tbf_drops: run.tbf_drops.get(i).map_or(0, |d| d[0] + d[1]),
+                tbf_drops_down: run.tbf_drops.get(i).map_or(0, |d| d[1]),
             }),
         }
     }
@@ -490,7 +495,7 @@ pub fn host_lines(r: &RunRow) -> String {
     for h in &r.hosts {
         let _ = writeln!(
             s,
-            "  {:<10} wire tx {:>8} rx {:>8} MB/round | pushpull tx {:>8} rx {:>8} | link {:.3} s | CPU {:.3} s/round | tbf drops {}",
+            "  {:<10} wire tx {:>8} rx {:>8} MB/round | pushpull tx {:>8} rx {:>8} | link {:.3} s | CPU {:.3} s/round | tbf drops {} ({} down)",
             h.host,
             mb(h.wire_tx_bytes),
             mb(h.wire_rx_bytes),
@@ -498,7 +503,8 @@ pub fn host_lines(r: &RunRow) -> String {
             mb(h.payload_rx_bytes),
             h.link_seconds,
             h.cpu_seconds,
-            h.tbf_drops
+            h.tbf_drops,
+            h.tbf_drops_down
         );
     }
     s

@@ -359,14 +359,16 @@ impl Topology {
             .collect()
     }
 
-    /// Packets dropped by the tbf queues of host `h` (its upload and download ends).
-    pub fn tbf_drops(&self, h: &Host) -> CliResult<u64> {
-        let mut drops = 0;
-        for (ns, dev) in [(h.ns.as_str(), "eth0"), (self.bridge_ns.as_str(), &h.port)] {
+    /// Packets dropped by the tbf queues of host `h`: `[upload, download]` (its own end's
+    /// queue, and the bridge's toward it).
+    pub fn tbf_drops(&self, h: &Host) -> CliResult<[u64; 2]> {
+        let mut drops = [0; 2];
+        let ends = [(h.ns.as_str(), "eth0"), (self.bridge_ns.as_str(), &h.port)];
+        for (side, (ns, dev)) in ends.into_iter().enumerate() {
             let out = run_cmd("tc", &["-n", ns, "-s", "-j", "qdisc", "show", "dev", dev])?;
             let v: serde_json::Value = serde_json::from_str(&out)
                 .map_err(|e| CliError::failed(format!("`tc -s -j qdisc` in {ns}: {e}")))?;
-            drops += v
+            drops[side] += v
                 .as_array()
                 .into_iter()
                 .flatten()
