@@ -450,6 +450,7 @@ pub fn frame_span(
     id: u64,
     args: Args,
 ) {
+    // At most u32::MAX - 1 µs, so that the mark (an offset within it, plus one) fits too.
     let dur = acked.saturating_sub(queued).min(u64::from(u32::MAX - 1));
     let mark = if written == 0 {
         0
