@@ -21,6 +21,11 @@
 #           on each worker)
 #   torch   bench/torch_vs_ddp.py: ResNet-50 b32, two ranks on the GPU, pushpull.torch (none,
 #           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
+#   oneworker  issue 28's one-worker A/B, each variant its own run and log: onebit + ef with
+#           the ceiling, then without it: every small gradient its own round (--no-fuse),
+#           4 MiB buckets (--bucket-mb 4), and each pushpull process capped at 2 rayon and 2
+#           tokio threads (is the servers' slow encode there oversubscription?); ONE_ARGS
+#           (default "--config configs/gpu-local.toml --timeout 100") go to every run
 # Environment: TORCH_ARGS, more arguments of torch_vs_ddp.py (e.g. "--timeout 100");
 # JOB_COMPRESSORS, the job stage's compressors (default "onebit fp16 none"). RAYON_NUM_THREADS and
 # TOKIO_WORKER_THREADS reach every pushpull process (servers, workers: each otherwise starts
@@ -106,7 +111,16 @@ for s in "$@"; do
         # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
         job) stage job 540 bash -c "$(declare -f job); out=$(printf %q "$out"); job" ;;
         torch) stage torch 580 python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --logs "$out/torch-runs" ${TORCH_ARGS:-} ;;
-        *) echo "unknown stage $s (correct, tests, pytest, bench, codecs, job, torch)"; failed+=("$s") ;;
+        oneworker)
+            one=(python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --workers 1
+                 --compressors onebit ${ONE_ARGS:---config configs/gpu-local.toml --timeout 100})
+            stage oneworker-fused 200 "${one[@]}" --skip ddp --logs "$out/one-fused"
+            stage oneworker-nofuse 150 "${one[@]}" --skip ddp,ceiling --no-fuse --logs "$out/one-nofuse"
+            stage oneworker-bucket4 150 "${one[@]}" --skip ddp,ceiling --bucket-mb 4 --logs "$out/one-bucket4"
+            stage oneworker-threads2 150 env RAYON_NUM_THREADS=2 TOKIO_WORKER_THREADS=2 \
+                "${one[@]}" --skip ddp,ceiling --logs "$out/one-threads2"
+            ;;
+        *) echo "unknown stage $s (correct, tests, pytest, bench, codecs, job, torch, oneworker)"; failed+=("$s") ;;
     esac
 done
 if [ "${#failed[@]}" -gt 0 ]; then
