@@ -77,7 +77,7 @@ fn main() {
             trace::frame_acked(times, &h, "server 1");
         }),
         ("frame arrived (an instant with args)", |i| {
-            trace::frame("arrived", &header(i), "worker 0");
+            trace::frame_arrived(&header(i), "worker 0");
         }),
     ];
     println!(

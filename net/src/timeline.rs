@@ -3,7 +3,7 @@
 //!
 //! Turned on by `[trace] dir` in the cluster file or `PUSHPULL_TRACE=DIR` (which wins), every
 //! node that [`start`]s records spans into memory and writes, when it ends normally (a worker's
-//! `finish`, a server's or scheduler's shutdown; [`write`]), `DIR/<node>-<pid>.json`: the Trace
+//! `finish`, a server's or scheduler's shutdown; [`write`](fn@write)), `DIR/<node>-<pid>.json`: the Trace
 //! Event format that chrome://tracing and ui.perfetto.dev load, `{"traceEvents": [...]}`. The
 //! nodes of one process (the in-process clusters of the tests) share one file, named after the
 //! first; each write rewrites the whole file, so it is valid JSON after every node's end.
@@ -69,7 +69,7 @@ struct State {
     usable: bool,
     nodes: Mutex<Vec<String>>,
     buffers: Mutex<Vec<Arc<Buffer>>>,
-    /// Serialises [`write`]s.
+    /// Serialises [`write`](fn@write)s.
     writing: Mutex<()>,
 }
 
@@ -646,7 +646,7 @@ fn render(events: &[(u64, Event)], nodes: &[String], pid: u32) -> String {
     out
 }
 
-/// The `cat` of frame spans ([`crate::trace::frame`] records them).
+/// The `cat` of frame events (`crate::trace` records them: [`frame_span`] for a frame sent).
 pub const FRAME: &str = "frame";
 
 /// One event's JSON: letter `ph` of event `e` at `ts`, with its args if `args` (names resolved

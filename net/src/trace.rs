@@ -24,8 +24,8 @@
 //! frame sent is [`frame_queued`], [`frame_written`] and [`frame_acked`], whose
 //! [`FrameTimes`] its sender keeps, so the timeline records it once, at the end, as one span
 //! with `written` inside (three records of a frame, each looking its peer up, were two thirds of
-//! the timeline's cost: BENCHMARKS.md, "Within each job"); a frame received is [`frame`]'s
-//! `arrived`, except a worker's result ([`frame_line`]), which the timeline has as the end of
+//! the timeline's cost: BENCHMARKS.md, "Within each job"); a frame received is
+//! [`frame_arrived`], except a worker's result ([`frame_line`]), which the timeline has as the end of
 //! the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the `window`
 //! lines, which describe the sender rather than a frame.
 
@@ -95,21 +95,21 @@ pub fn window(window: u64, rate: Option<f64>, in_flight: u64, queued: u64, paths
 /// Records a frame's `arrived` (read to the end of its stream; see the [module docs](self));
 /// `peer` names the other end. The same call feeds the timeline's `frame` tracks
 /// ([`crate::timeline`]) when that is on, as an instant.
-pub fn frame(event: &str, h: &FrameHeader, peer: &str) {
+pub fn frame_arrived(h: &FrameHeader, peer: &str) {
     if crate::timeline::traced(h.round) {
         use crate::timeline::{self, Ph, FRAME};
-        let name: timeline::Label = match (h.kind, event) {
-            (FrameKind::Push, "arrived") => "push arrived".into(),
-            (FrameKind::Result, "arrived") => "result arrived".into(),
-            (kind, _) => format!("{} {event}", kind_name(kind)).into(),
+        let name: timeline::Label = match h.kind {
+            FrameKind::Push => "push arrived".into(),
+            FrameKind::Result => "result arrived".into(),
+            kind => format!("{} arrived", kind_name(kind)).into(),
         };
         let (id, args) = frame_track(1, h, peer);
         timeline::record(Ph::Instant, timeline::now(), FRAME, name, id, Some(args));
     }
-    frame_line(event, h, peer);
+    frame_line("arrived", h, peer);
 }
 
-/// [`frame`]'s line of the text trace only, for an event the timeline already has in another
+/// A frame event's line of the text trace only, for an event the timeline already has in another
 /// form (a worker's result `arrived` is the end of its chunk's `pull` span).
 pub fn frame_line(event: &str, h: &FrameHeader, peer: &str) {
     if !enabled() {

@@ -473,7 +473,7 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             if pushpull_net::trace::enabled() {
                 pushpull_net::trace::set_node(format!("server{id}"));
             }
-            pushpull_net::trace::frame("arrived", h, &w.peer.name);
+            pushpull_net::trace::frame_arrived(h, &w.peer.name);
         }
     }
     let (header, payload, bad) = match frame {
