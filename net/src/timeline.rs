@@ -34,7 +34,7 @@
 //! number alone ([`traced`]): workers and servers record the same rounds.
 //!
 //! **Cost.** Off (the default), an event site is one relaxed load ([`on`]). On, an event is
-//! pushed onto its thread's buffer in memory (a mutex only the thread itself and [`write`]
+//! pushed onto its thread's buffer in memory (a mutex only the thread itself and [`write`](fn@write)
 //! take); nothing is written until the node ends. An event allocates nothing: its [`Args`] are
 //! plain numbers, tensor and peer names included ([`Name`]: interned once per process), and a
 //! [`Span`] is recorded once, when it ends, with both its times (written out as its `b` and
