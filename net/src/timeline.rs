@@ -3,8 +3,8 @@
 //!
 //! Turned on by `[trace] dir` in the cluster file or `PUSHPULL_TRACE=DIR` (which wins), every
 //! node that [`start`]s records spans into memory and writes, when it ends normally (a worker's
-//! `finish`, a server's or scheduler's shutdown; [`write`](fn@write)), `DIR/<node>-<pid>.json`: the Trace
-//! Event format that chrome://tracing and ui.perfetto.dev load, `{"traceEvents": [...]}`. The
+//! `finish`, a server's or scheduler's shutdown; [`write`](fn@write)),
+//! `DIR/<node>-<pid>.json`: the Trace Event format that chrome://tracing and ui.perfetto.dev load, `{"traceEvents": [...]}`. The
 //! nodes of one process (the in-process clusters of the tests) share one file, named after the
 //! first; each write rewrites the whole file, so it is valid JSON after every node's end.
 //!
@@ -34,8 +34,8 @@
 //! number alone ([`traced`]): workers and servers record the same rounds.
 //!
 //! **Cost.** Off (the default), an event site is one relaxed load ([`on`]). On, an event is
-//! pushed onto its thread's buffer in memory (a mutex only the thread itself and [`write`](fn@write)
-//! take); nothing is written until the node ends. An event allocates nothing: its [`Args`] are
+//! pushed onto its thread's buffer in memory (a mutex only the thread itself and
+//! [`write`](fn@write) take); nothing is written until the node ends. An event allocates nothing: its [`Args`] are
 //! plain numbers, tensor and peer names included ([`Name`]: interned once per process), and a
 //! [`Span`] is recorded once, when it ends, with both its times (written out as its `b` and
 //! `e`). A [`Span`] still open when the file is written is left out of it (the next write has
