@@ -4,9 +4,10 @@
 //! Turned on by `[trace] dir` in the cluster file or `PUSHPULL_TRACE=DIR` (which wins), every
 //! node that [`start`]s records spans into memory and writes, when it ends normally (a worker's
 //! `finish`, a server's or scheduler's shutdown; [`write`](fn@write)),
-//! `DIR/<node>-<pid>.json`: the Trace Event format that chrome://tracing and ui.perfetto.dev load, `{"traceEvents": [...]}`. The
-//! nodes of one process (the in-process clusters of the tests) share one file, named after the
-//! first; each write rewrites the whole file, so it is valid JSON after every node's end.
+//! `DIR/<node>-<pid>.json`: the Trace Event format that chrome://tracing and ui.perfetto.dev
+//! load, `{"traceEvents": [...]}`. The nodes of one process (the in-process clusters of the
+//! tests) share one file, named after the first; each write rewrites the whole file, so it is
+//! valid JSON after every node's end.
 //!
 //! Spans are async events (`"ph": "b"` / `"e"`, matched by `cat`, `id` and `name`) because a
 //! tensor's chunks are pipelined and their phases overlap. Times (`ts`) are microseconds since
