@@ -5,8 +5,8 @@
 //! # Map of the crate
 //! | item | what it is |
 //! |---|---|
-//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`], and its Prometheus endpoint when `PUSHPULL_METRICS=ADDR` or `[metrics] listen` asks for one (`metrics_address`; `pushpull_metrics`); `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `broadcast`, `barrier`, `save_state` / `load_state` (checkpoint and restart), `metrics`, `finish` |
-//! | [`Handle`] (`handle.rs`) | one round in flight: `poll()`, `wait()` |
+//! | [`Worker`] (`pushpull._native.Worker`) | a joined worker: its own tokio runtime and a [`pushpull_worker::Worker`], and its Prometheus endpoint when `PUSHPULL_METRICS=ADDR` or `[metrics] listen` asks for one (`metrics_address`; `pushpull_metrics`); `declare`, `push_pull`, `push_pull_group`, `push_pull_group_device` (device memory: CUDA, or the emulated device), `cuda_route`, `device_stream`, `order_after`, `broadcast`, `barrier`, `save_state` / `load_state` (checkpoint and restart), `metrics`, `finish` |
+//! | [`Handle`] (`handle.rs`) | one round in flight: `poll()`, `wait()`; `Worker.order_after` orders a stream after rounds on the device, without the host waiting |
 //! | `config.rs`, `devices.rs` | the join settings (cluster file, BytePS's variables, overrides); the emulated and CUDA devices of device rounds |
 //! | [`Reference`] (`reference.rs`) | the single-process reference ([`pushpull_worker::reference::Reference`]), for tests that compare a job's bits with it |
 //! | `PushPullError`, `NodeLostError` | the exceptions: every [`WorkerError`] becomes one, with its message (which names the tensor, key or node) |
@@ -493,6 +493,38 @@ impl Worker {
             Route::Emulated(_) => Ok(0),
             Route::Cuda(d) => Ok(d.stream()),
         }
+    }
+
+    /// Orders later work on `stream` (the driver's handle of a stream of `device`, as an int:
+    /// torch's `current_stream().cuda_stream`; 0 for `"emulated"`, whose stream is the calling
+    /// thread, which then waits) after the rounds of `handles`, all on `device`, without
+    /// waiting here: the stream waits, on the GPU, until the worker's stream has decoded every
+    /// one of them (`cuStreamWaitValue32` on a word the worker's stream writes). The handles
+    /// resolve as before, and their `wait()` raises a round's error: a failed round releases
+    /// the stream too (no stream waits forever), which then runs on what the buffer holds.
+    /// Raises `PushPullError` when the device cannot order streams this way (nothing was
+    /// ordered then: wait for the handles instead).
+    fn order_after(
+        &self,
+        py: Python<'_>,
+        handles: Vec<Py<Handle>>,
+        device: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let route = self.devices.get(device).map_err(to_py)?;
+        // SAFETY: the caller hands a live stream of the device (documented above); the
+        // emulated device refuses any but 0.
+        let ordered = match route {
+            Route::Emulated(d) => unsafe {
+                handle::order_after(py, &self.runtime, &handles, d, stream)
+            },
+            Route::Cuda(d) => unsafe {
+                handle::order_after(py, &self.runtime, &handles, d, stream)
+            },
+        };
+        ordered.map_err(|e| {
+            PushPullError::new_err(format!("ordering a stream of {device} after rounds: {e}"))
+        })
     }
 
     /// As `push_pull`, but one step of decentralised averaging of a tensor declared with

@@ -1,8 +1,8 @@
 """CUDA tensors through pushpull.torch on a real GPU: two workers sharing GPU 0 give the host
 path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor
 through a round that overflows on one worker and is discarded, float16 narrowed back), the round waits for the stream that produced the gradient and the
-result is there for work queued right after synchronize, a non-contiguous CUDA tensor is
-refused by name, and DistributedOptimizer's fused small gradients get the unfused bits.
+result is there for work queued right after synchronize, and after an ordered step()
+(DistributedOptimizer's ``ordered_step``), a non-contiguous CUDA tensor is refused by name, and DistributedOptimizer's fused small gradients get the unfused bits.
 
 Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
 missing GPU fails instead."""
@@ -53,8 +53,12 @@ def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
 
     for s in ranks:
         assert torch.equal(s["race_out"], torch.full((50_000,), 3.0)), "the round raced its stream"
+        for i, a in enumerate(s["ordered_after"]):
+            want = torch.full((20_000,), -1.5 * (i + 1))
+            assert torch.equal(a, want), f"ordered step {i}: the optimizer raced the results"
+        assert s["ordered_deferred"] == [True] * 3, "every ordered step left its outcomes for later"
         assert "non-contiguous" in (s["noncontiguous"] or ""), s["noncontiguous"]
         m = s["metrics"]
-        for name in ["t0", "t4", "onebit", "f16", "race"]:
+        for name in ["t0", "t4", "onebit", "f16", "race", "Gradient.ordered"]:
             assert m["tensors"][name]["device"] == "cuda:0", (name, m["tensors"][name])
         assert m["driver_calls"] > 0 and m["device_bytes"] > 0, m

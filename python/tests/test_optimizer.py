@@ -109,6 +109,62 @@ def test_distributed_optimizer_matches_the_single_process_run(
 
 
 @pytest.mark.parametrize("route", ["host", "emulated"])
+@pytest.mark.parametrize("mode", ["onebit", "none"])
+def test_an_ordered_step_gives_the_same_bits(pushpull, seed, tmp_path, monkeypatch, mode, route):
+    """``ordered_step=True``: on the emulated route every step leaves its rounds' outcomes
+    (and the non-finite check) for the next step's first bucket, and the parameters are still
+    the single-process run's; on the host route a step cannot be ordered, so it waits."""
+    monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
+    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, 0.01, "ordered",
+                workers=WORKERS, config=SMALL)
+    assert p.returncode == 0, p.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
+    want, _ = single_process(seed, mode, ranks[0]["job_seed"])
+    for r, got in enumerate(ranks):
+        for k, v in want.items():
+            assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
+        assert got["deferred"] == (STEPS if route == "emulated" else 0), got["deferred"]
+
+
+def test_collecting_an_ordered_step_waits_for_every_round_and_raises_the_first_error():
+    """``_collect`` (the next step's first bucket, synchronize, save_state, shutdown) waits for
+    every round of the ordered step, even after one failed, raises the first error, and
+    leaves nothing to collect again."""
+    from pushpull import PushPullError
+    from pushpull.torch.optimizer import _DistributedOptimizer
+
+    waited = []
+
+    class Native:
+        def __init__(self, name, error=None):
+            self.name, self.error = name, error
+
+        def wait(self):
+            waited.append(self.name)
+            if self.error:
+                raise PushPullError(self.error)
+
+    class Round:
+        def __init__(self, native):
+            self.native = native
+
+    class Holder:
+        _discard_non_finite = lambda self: waited.append("non-finite check")  # noqa: E731
+
+    h = Holder()
+    h._deferred = [Round(Native("a")), Round(Native("b", "b was lost")),
+                   Round(Native("c", "c was lost"))]
+    with pytest.raises(PushPullError, match="b was lost"):
+        _DistributedOptimizer._collect(h)
+    assert waited == ["a", "b", "c"], waited
+    assert h._deferred is None
+    _DistributedOptimizer._collect(h)  # nothing left
+    h._deferred = [Round(Native("d"))]
+    _DistributedOptimizer._collect(h)
+    assert waited == ["a", "b", "c", "d", "non-finite check"], waited
+
+
+@pytest.mark.parametrize("route", ["host", "emulated"])
 def test_fused_small_gradients_give_the_unfused_bits(pushpull, seed, tmp_path, monkeypatch, route):
     """jobs/fusion.py on CPU tensors (test_gpu.py runs it on CUDA)."""
     monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)

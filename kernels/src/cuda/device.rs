@@ -17,9 +17,9 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::sys::{self, CUevent_flags};
 use cudarc::driver::{
     result, CudaEvent, CudaSlice, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
@@ -27,7 +27,7 @@ use cudarc::driver::{
 use super::codec::{driver, GpuContext, THREADS};
 use super::{CudaError, Device as Place, Kernel};
 use crate::device::table::{Launch, Step, ENTRY_BYTES};
-use crate::device::{check_range, Device};
+use crate::device::{check_range, Device, Tickets};
 
 /// Page-locked host memory (a batch's payloads, its table, a tensor's pulled payloads), and
 /// the event recorded after the last copy into or out of it.
@@ -83,11 +83,70 @@ impl Drop for PinnedStaging {
     }
 }
 
+/// The word other streams wait on ([`Device::wait_ticket`]): page-locked host memory mapped
+/// into the device, so that the device's stream writes it in stream order
+/// (`cuStreamWriteValue32`) and the host can write it too, when that stream cannot.
+#[derive(Debug)]
+struct TicketWord {
+    host: *mut u32,
+    device: sys::CUdeviceptr,
+}
+
+// SAFETY: `host` is a page-locked allocation owned by the word, written only with volatile
+// stores under the device's ticket lock, and freed once, at drop.
+unsafe impl Send for TicketWord {}
+unsafe impl Sync for TicketWord {}
+
+impl TicketWord {
+    /// A zeroed word on the current context.
+    fn new() -> Result<TicketWord, CudaError> {
+        let what = "allocating the page-locked word other streams wait on";
+        let mut host = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: asks for 4 bytes into `host`.
+        unsafe { sys::cuMemHostAlloc(&mut host, 4, flags) }
+            .result()
+            .map_err(driver(what))?;
+        let host = host as *mut u32;
+        // SAFETY: `host` addresses the 4 bytes just allocated.
+        unsafe { host.write_volatile(0) };
+        let mut device = 0;
+        // SAFETY: `host` is a mapped page-locked allocation; flags must be 0.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
+            .result()
+            .map_err(driver(what));
+        if let Err(e) = mapped {
+            // SAFETY: allocated above and not used since.
+            unsafe { sys::cuMemFreeHost(host.cast()) };
+            return Err(e);
+        }
+        Ok(TicketWord { host, device })
+    }
+
+    /// Writes `value` from the host.
+    fn write(&self, value: u32) {
+        // SAFETY: `host` addresses the word's 4 bytes, alive as long as `self`.
+        unsafe { self.host.write_volatile(value) };
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+impl Drop for TicketWord {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once.
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}
+
 /// A CUDA GPU as a [`Device`]: the kernels loaded on one context and stream.
 #[derive(Debug, Clone)]
 pub struct CudaDevice {
     gpu: Arc<GpuContext>,
     calls: Arc<AtomicU64>,
+    /// The tickets of [`Device::wait_ticket`] (the lock orders the writes of the word).
+    tickets: Arc<Mutex<Tickets>>,
+    /// Allocated at the first ticket.
+    word: Arc<OnceLock<TicketWord>>,
 }
 
 impl CudaDevice {
@@ -97,6 +156,8 @@ impl CudaDevice {
         CudaDevice {
             gpu,
             calls: Arc::new(AtomicU64::new(0)),
+            tickets: Arc::default(),
+            word: Arc::default(),
         }
     }
 
@@ -328,6 +389,66 @@ impl Device for CudaDevice {
                 .map_err(driver(launch.step.kernel()))?;
         }
         Ok(())
+    }
+
+    fn ticket(&self) -> Result<u32, CudaError> {
+        if self.word.get().is_none() {
+            self.bind()?;
+            self.count(2);
+            let word = TicketWord::new()?;
+            // Another thread may have set it meanwhile; then this one is freed.
+            let _ = self.word.set(word);
+        }
+        Ok(self
+            .tickets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .issue())
+    }
+
+    unsafe fn wait_ticket(&self, stream: u64, ticket: u32) -> Result<(), CudaError> {
+        let word = self.word.get().ok_or_else(|| {
+            CudaError::Invalid(format!("wait_ticket({ticket}): no ticket was handed out"))
+        })?;
+        self.count(1);
+        self.bind()?;
+        let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+        // SAFETY: the caller vouches for `stream`; `word.device` is the mapped word, alive as
+        // long as the device.
+        unsafe { sys::cuStreamWaitValue32_v2(stream as sys::CUstream, word.device, ticket, flags) }
+            .result()
+            .map_err(driver(
+                "ordering a stream after the worker's (cuStreamWaitValue32)",
+            ))
+    }
+
+    fn signal(&self, ticket: u32) -> Result<(), CudaError> {
+        let Some(word) = self.word.get() else {
+            return Err(CudaError::Invalid(format!(
+                "signal({ticket}): no ticket was handed out"
+            )));
+        };
+        // Held while the write is queued, so that the word's writes are queued in order.
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(value) = tickets.finish(ticket) else {
+            return Ok(());
+        };
+        self.count(1);
+        let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let queued = self.bind().and_then(|()| {
+            // SAFETY: the word is mapped page-locked memory, alive as long as the device; the
+            // default flags put a memory barrier before the write, so the work queued before
+            // (the decodes) is visible to whoever the word releases.
+            unsafe { sys::cuStreamWriteValue32_v2(self.cu_stream(), word.device, value, flags) }
+                .result()
+                .map_err(driver("releasing the streams ordered after the worker's"))
+        });
+        if queued.is_err() {
+            // No stream may wait forever. The work queued before may still be running: the
+            // caller reports the error, and the streams it released run on what there is.
+            word.write(value);
+        }
+        queued
     }
 
     fn driver_calls(&self) -> u64 {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::table::Launch;
-use super::{check_range, Device};
+use super::{check_range, Device, Tickets};
 use crate::cuda::{host, CudaError, Device as Place};
 
 /// A device whose memory is host memory and whose kernels are the CUDA kernels' host twin.
@@ -29,6 +29,9 @@ pub struct EmulatedDevice {
     /// While true, a wait for staged copies blocks ([`EmulatedDevice::hold_staging`]).
     staging_held: Mutex<bool>,
     staging_gate: Condvar,
+    /// The tickets of [`Device::wait_ticket`], and the gate its waiters sleep on.
+    tickets: Mutex<Tickets>,
+    ticket_gate: Condvar,
 }
 
 impl EmulatedDevice {
@@ -234,6 +237,42 @@ impl Device for EmulatedDevice {
         self.count(1);
         // SAFETY: the caller vouches for the table and every address in it.
         unsafe { host::table_step(launch.step, table, chunks) }
+    }
+
+    fn ticket(&self) -> Result<u32, CudaError> {
+        Ok(self
+            .tickets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .issue())
+    }
+
+    unsafe fn wait_ticket(&self, stream: u64, ticket: u32) -> Result<(), CudaError> {
+        if stream != 0 {
+            return Err(CudaError::Invalid(format!(
+                "the emulated device has no streams: wait_ticket orders the calling thread \
+                 (stream 0), not stream {stream:#x}"
+            )));
+        }
+        self.count(1);
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        while !Tickets::passed(tickets.word(), ticket) {
+            tickets = self
+                .ticket_gate
+                .wait(tickets)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        Ok(())
+    }
+
+    fn signal(&self, ticket: u32) -> Result<(), CudaError> {
+        // The work queued before runs as it is asked for here, so the word is written now.
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        if tickets.finish(ticket).is_some() {
+            self.count(1);
+            self.ticket_gate.notify_all();
+        }
+        Ok(())
     }
 
     fn driver_calls(&self) -> u64 {

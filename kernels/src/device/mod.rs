@@ -11,6 +11,7 @@
 //! | [`table`] | [`table::Entry`] (a chunk of a table: `PPChunk` of the CUDA header), the steps and their grids |
 //! | [`DeviceTensor`] | a tensor's chunk chains on a device: every chunk's `Momentum(ErrorFeedback(codec))`, the state (residual, momentum) in device memory, the pulled payloads on their way back; the same bytes and state as the CPU chains of [`crate::chunk::chunk_codec`] |
 //! | [`Batch`] | the tables, payload arena and staging of a fixed list of tensors; [`Batch::start`] launches one round of each, [`Started`] hands out each chunk's payload (judged, its state committed) and decodes each tensor's results |
+//! | [`Tickets`] | the word other streams wait on ([`Device::wait_ticket`]) and what the device's stream writes into it ([`Device::signal`]), when the work waited for finishes in any order |
 //! | [`EmulatedDevice`] | "device" memory in host memory, every table step run by the host-compiled twin of the CUDA source ([`crate::cuda::host`]): how CI runs the device data path without a GPU |
 //! | `CudaDevice` (feature `cuda`) | a CUDA GPU: `CudaSlice` memory, the NVRTC-compiled table kernels on one stream (`cuda/device.rs`) |
 //!
@@ -59,10 +60,12 @@ mod batch;
 mod emulated;
 pub mod table;
 mod tensor;
+mod ticket;
 
 pub use batch::{Batch, Started};
 pub use emulated::{EmulatedDevice, EmulatedStaging};
 pub use tensor::{BatchRound, DeviceTensor};
+pub use ticket::Tickets;
 
 /// Where a chunk's checks leave their verdicts (`u32` words after its payload; 0 = fine).
 pub mod flag {
@@ -189,6 +192,29 @@ pub trait Device: Send + Sync + 'static {
         table: u64,
         chunks: usize,
     ) -> Result<(), CudaError>;
+
+    /// A new ticket for [`Device::wait_ticket`] and [`Device::signal`] (after every ticket
+    /// handed out before).
+    fn ticket(&self) -> Result<u32, CudaError>;
+
+    /// Makes later work on `stream` wait, without the host waiting, until this device's stream
+    /// has run the [`Device::signal`] of `ticket` and of every ticket handed out before it.
+    /// `stream` is the driver's handle of another stream of this device (on a CUDA GPU, e.g.
+    /// torch's current stream; 0 is the legacy default stream). The emulated device has no
+    /// streams: there `stream` must be 0 and the calling thread waits (the host is the stream
+    /// of its memory).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this device's context, and `ticket` is signalled later
+    /// whatever becomes of the work it stands for: until then the stream runs nothing more.
+    unsafe fn wait_ticket(&self, stream: u64, ticket: u32) -> Result<(), CudaError>;
+
+    /// Marks `ticket` done: once every ticket handed out before it is done too ([`Tickets`]),
+    /// this device's stream, after everything asked of it so far, releases their waiters.
+    /// Signal every ticket once, also when its work failed. If the device cannot queue the
+    /// release, the host releases the waiters at once (no stream waits forever) and the error
+    /// is returned.
+    fn signal(&self, ticket: u32) -> Result<(), CudaError>;
 
     /// Driver calls made so far (allocations, copies, launches, event records and waits): a
     /// round's cost is the difference before and after it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from . import _state
 from ._state import _w
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -21,7 +22,9 @@ def save_state(path: PathLike) -> None:
     Rank 0's file also carries every server's state, and state kept on a GPU is copied from
     it. Raises ``PushPullError`` naming the file and why (for instance a tensor whose last
     round was discarded and not yet carried to the servers)."""
-    _w().save_state(os.fspath(path))
+    w = _w()
+    _state.collect_deferred()
+    w.save_state(os.fspath(path))
 
 
 def load_state(path: PathLike) -> None:

@@ -107,10 +107,21 @@ class _Round:
         return self.target
 
     def finish(self) -> torch.Tensor:
+        self.wait()
+        return self.complete()
+
+    def wait(self) -> None:
+        """Waits for the round (raising its error); later work on the current stream is then
+        ordered after it."""
         assert self.native is not None
         self.native.wait()
         if self.ordering is not None:
             self.ordering.after()
+
+    def complete(self) -> torch.Tensor:
+        """What is left once the result is there (or once later work on the current stream
+        is ordered after it: ``Worker.order_after``): integers' exact sums, the scale, the
+        copy into the caller's tensor."""
         if self.integer:
             return self._integer_result()
         if self.scale != 1.0:

@@ -37,6 +37,16 @@ pending: Dict[str, Tuple[Dict[str, str], Optional[int]]] = {}
 # Every round started and not yet dropped (for suspend()), and whether rounds are suspended.
 live: "weakref.WeakSet[_Round]" = weakref.WeakSet()
 suspended = False
+# Whatever holds rounds whose outcomes are collected later (a DistributedOptimizer with
+# ordered_step): each has _collect(), which raises the first error; collect_deferred() calls it.
+deferred: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def collect_deferred() -> None:
+    """Collects the outcomes of rounds left for later (``ordered_step``), raising the first
+    error; before a checkpoint, a suspend, or leaving the job."""
+    for holder in list(deferred):
+        holder._collect()
 
 # PUSHPULL_TORCH_ROUTE: where CPU float32 tensors are reduced ("host", or "emulated": the
 # device path on the emulated device). Read at init().
@@ -81,10 +91,18 @@ def init(config: Optional[str] = None) -> None:
 def shutdown() -> None:
     """Leaves the job cleanly: waits for rounds in flight, tells the scheduler, and waits until
     every worker has finished (the job ends together)."""
-    global worker, suspended
     w = worker
     if w is None:
         return
+    try:
+        collect_deferred()  # a round's error left for later is raised here
+    finally:
+        deferred.clear()
+        _leave(w)
+
+
+def _leave(w: _native.Worker) -> None:
+    global worker, suspended
     worker = None
     suspended = False
     handles.clear()
@@ -161,6 +179,7 @@ def suspend() -> None:
     meanwhile."""
     global suspended
     _w()
+    collect_deferred()
     for r in list(live):
         if r.native is not None:
             try:

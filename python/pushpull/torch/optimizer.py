@@ -13,6 +13,7 @@ import torch
 
 from .._native import PushPullError
 from ._declare import ParamMap, declare
+from . import _state
 from ._push_pull import _start_sums
 from ._round import _Round
 from ._state import _w
@@ -130,6 +131,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         compression_params,
         bucket_cap_mb,
         fuse_small,
+        ordered_step,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -209,6 +211,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._inflight: Dict[int, List[_Round]] = {}  # by bucket
         self._synchronized = False
         self._should_synchronize = True
+        self._ordered_step = bool(ordered_step)
+        # The rounds of the last ordered step, until their outcomes are collected (_collect):
+        # they also keep the gradients alive until the worker's stream has written them.
+        self._deferred: Optional[List[_Round]] = None
+        _state.deferred.add(self)
         self._names = [f.name for f in self._fused] + [
             tname for k, (tname, _, _, _) in enumerate(self._entries) if k not in self._fusion_of
         ]
@@ -219,6 +226,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, b: int) -> None:
         """Starts bucket ``b``'s gradients together (one batch on a GPU)."""
+        self._collect()
         rounds = []
         fusions = set()
         for k in self._buckets[b]:
@@ -253,13 +261,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._waiting[b] == 0:
             self._start(b)
 
+    def _start_rest(self) -> None:
+        """Starts the buckets whose gradients are not all ready, gradients that no backward
+        pass produced this step as zeros, so every worker runs the same rounds."""
+        for b in range(len(self._buckets)):
+            if b not in self._inflight:
+                self._start(b)
+
+    def _step_done(self) -> None:
+        self._passes = [0] * len(self._entries)
+        self._ready = [False] * len(self._entries)
+        self._waiting = [len(b) for b in self._buckets]
+
+    def _discard_non_finite(self) -> None:
+        """A chunk that was not finite on some worker came back as NaN on every worker: a
+        loss scaler skips this step everywhere, so its rounds are discarded everywhere."""
+        non_finite = _w().rounds_non_finite(self._names)
+        if non_finite != self._non_finite:
+            self._non_finite = non_finite
+            _w().discard_last_round(self._names)
+
     def synchronize(self) -> None:
         """Waits for every gradient's push_pull; buckets whose gradients are not all ready
         start now, gradients that no backward pass produced this step as zeros, so every
         worker runs the same rounds."""
-        for b in range(len(self._buckets)):
-            if b not in self._inflight:
-                self._start(b)
+        self._collect()
+        self._start_rest()
         inflight, self._inflight = self._inflight, {}
         try:
             for rounds in inflight.values():
@@ -268,16 +295,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for f in self._fused:
                 f.finish()
         finally:
-            self._passes = [0] * len(self._entries)
-            self._ready = [False] * len(self._entries)
-            self._waiting = [len(b) for b in self._buckets]
-        # A chunk that was not finite on some worker came back as NaN on every worker: a loss
-        # scaler skips this step everywhere, so its rounds are discarded everywhere.
-        non_finite = _w().rounds_non_finite(self._names)
-        if non_finite != self._non_finite:
-            self._non_finite = non_finite
-            _w().discard_last_round(self._names)
+            self._step_done()
+        self._discard_non_finite()
         self._synchronized = True
+
+    def _synchronize_ordered(self) -> bool:
+        """:meth:`synchronize` without the host waiting (``ordered_step``): later work on
+        each GPU's current stream waits, on the GPU, for the rounds' results
+        (``Worker.order_after``); their outcomes are collected when the next step starts its
+        first bucket (:meth:`_collect`). Returns False, having ordered nothing, when a round is
+        not on a device or the device cannot order streams: then :meth:`synchronize` waits."""
+        self._collect()
+        self._start_rest()
+        rounds = [r for rs in self._inflight.values() for r in rs]
+        if any(r.device is None for r in rounds):
+            return False
+        by_device: Dict[str, List[_Round]] = {}
+        for r in rounds:
+            by_device.setdefault(r.device, []).append(r)
+        for device, rs in by_device.items():
+            stream = 0
+            if device != "emulated":
+                stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
+            try:
+                _w().order_after([r.native for r in rs], device, stream)
+            except PushPullError:
+                return False  # synchronize() waits for every round, ordered or not
+        self._inflight = {}
+        self._deferred = rounds
+        for r in rounds:
+            r.complete()
+        for f in self._fused:
+            f.finish()
+        self._step_done()
+        self._synchronized = True
+        return True
+
+    def _collect(self) -> None:
+        """The outcomes of the last ordered step's rounds, before anything starts again:
+        raises the first error (the step that followed that round ran on what its gradient
+        held), then discards the rounds of a non-finite step as :meth:`synchronize` does."""
+        rounds, self._deferred = self._deferred, None
+        if rounds is None:
+            return
+        first = None
+        for r in rounds:
+            try:
+                r.native.wait()
+            except PushPullError as e:
+                first = first or e
+        if first is not None:
+            raise first
+        self._discard_non_finite()
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """BytePS's setter: from now on a gradient is push_pulled after ``passes`` backward
@@ -302,7 +371,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if self._should_synchronize:
-            self.synchronize()
+            if not (self._ordered_step and self._synchronize_ordered()):
+                self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
@@ -315,6 +385,7 @@ def DistributedOptimizer(
     compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
     bucket_cap_mb: float = 25,
     fuse_small: bool = True,
+    ordered_step: bool = False,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
@@ -354,6 +425,19 @@ def DistributedOptimizer(
     ``set_backward_passes_per_step(passes)`` (BytePS's method) changes
     ``backward_passes_per_step`` later, e.g. when the accumulation schedule changes.
 
+    With ``ordered_step`` and every gradient on a GPU, ``step()`` does not wait on the CPU
+    for the results: the wrapped optimizer's kernels, and everything launched after them
+    (``zero_grad``, the next forward pass), are queued at once, and the GPU runs them once the
+    worker's stream has written the averaged gradients (the current stream waits on a word
+    that stream writes, ``cuStreamWaitValue32``), as DDP's asynchronous all-reduce lets a step
+    be queued. The CPU learns the rounds' outcomes when the next step starts its first bucket
+    (or at :meth:`synchronize`, ``save_state`` or ``shutdown``): a failed round raises there,
+    and the step after it has then run on what its gradient held (the job is usually over: a
+    lost node). Until then the step's gradients are kept alive, so ``zero_grad()`` may drop
+    them. A step with a gradient on the host (or a device that cannot order streams) waits as
+    without ``ordered_step``. On the emulated route (``PUSHPULL_TORCH_ROUTE=emulated``) the
+    host is the stream, so ``step()`` waits there, and only the outcomes are collected later.
+
     With mixed precision (``torch.amp.GradScaler``), call :meth:`synchronize` before the
     scaler's ``step`` (see "Mixed precision" in :mod:`pushpull.torch`): a step whose averaged
     gradients hold NaN (some worker's overflowed) has its rounds discarded on every worker.
@@ -371,4 +455,5 @@ def DistributedOptimizer(
         compression_params,
         bucket_cap_mb,
         fuse_small,
+        ordered_step,
     )

@@ -1,6 +1,8 @@
 """A worker of test_optimizer.py: trains a small MLP with DistributedOptimizer for a few steps
 on its own random batches and saves the final parameters. Usage: optimizer.py OUT SEED MODE
-BUCKET_MB, MODE one of optimizer_common.MAPS, BUCKET_MB the optimizer's bucket_cap_mb."""
+BUCKET_MB [ordered], MODE one of optimizer_common.MAPS, BUCKET_MB the optimizer's
+bucket_cap_mb, `ordered` for ordered_step=True (it saves how many steps left their rounds'
+outcomes for later)."""
 
 import os
 import sys
@@ -15,6 +17,7 @@ from optimizer_common import (  # noqa: E402
 )
 
 out, seed, mode, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+ordered = sys.argv[5:] == ["ordered"]
 torch.set_num_threads(1)
 bps.init()
 r = bps.rank()
@@ -24,10 +27,12 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 passes = PASSES.get(mode, 1)
 if mode == "fp16":
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression=bps.Compression.fp16,
-                                   bucket_cap_mb=cap)
+                                   bucket_cap_mb=cap, ordered_step=ordered)
 else:
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression_params=MAPS[mode],
-                                   backward_passes_per_step=passes, bucket_cap_mb=cap)
+                                   backward_passes_per_step=passes, bucket_cap_mb=cap,
+                                   ordered_step=ordered)
+deferred = 0
 # Mixed precision as with Horovod: synchronize, then the scaler's step without synchronizing.
 scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
 for step in range(STEPS):
@@ -48,8 +53,9 @@ for step in range(STEPS):
         scaler.update()
     else:
         opt.step()
+        deferred += opt._deferred is not None
 torch.save({"state": model.state_dict(), "job_seed": bps._w().job_seed,
-            "scale": scaler.get_scale() if scaler else None,
+            "scale": scaler.get_scale() if scaler else None, "deferred": deferred,
             "metrics": bps.metrics()}, os.path.join(out, f"rank{r}.pt"))
 bps.shutdown()
 print("done")
