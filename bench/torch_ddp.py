@@ -117,6 +117,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-fuse", action="store_true",
                    help="pushpull: DistributedOptimizer(fuse_small=False), every small gradient "
                    "its own round (the default packs a bucket's small ones into one)")
+    p.add_argument("--ordered-step", action="store_true",
+                   help="pushpull: DistributedOptimizer(ordered_step=True), step() queues the "
+                   "optimizer behind the results on the GPU instead of waiting on the CPU")
     p.add_argument("--sync-after-backward", action="store_true",
                    help="the CPU waits for the GPU after each backward pass (torch.cuda."
                    "synchronize), as a blocking end of the gradients' exchange makes it do: "
@@ -283,6 +286,7 @@ def report(a, mode: str, rank: int, world: int, dev, seconds: float, threads: in
         "batch": a.batch,
         "bucket_mb": a.bucket_mb,
         "fuse_small": not a.no_fuse,
+        "ordered_step": a.ordered_step,
         "image": a.image,
         "compressor": compressor_label(a),
         "params": a.param_map if mode == "pushpull" else None,
@@ -326,7 +330,7 @@ def run_pushpull(a) -> None:
     opt = make_sgd(a, model, map_has_momentum(a.param_map))
     opt = bps.DistributedOptimizer(
         opt, named_parameters=model.named_parameters(), compression_params=a.param_map,
-        bucket_cap_mb=a.bucket_mb, fuse_small=not a.no_fuse,
+        bucket_cap_mb=a.bucket_mb, fuse_small=not a.no_fuse, ordered_step=a.ordered_step,
     )
     # A push_pull of one element: returns once every worker has pushed it.
     token = torch.zeros(1)

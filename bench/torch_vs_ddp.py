@@ -96,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-fuse", action="store_true",
                    help="pushpull runs: every small gradient its own round (torch_ddp.py "
                    "--no-fuse)")
+    p.add_argument("--ordered-step", choices=["off", "on", "both"], default="off",
+                   help="pushpull runs: step() waits on the CPU (off), is ordered on the GPU "
+                   "(on: torch_ddp.py --ordered-step), or each compressor both ways in turn")
     a = p.parse_args(argv)
     if a.workers < 1:
         p.error("--workers must be >= 1")
@@ -142,15 +145,19 @@ def plan(a, pushpull: str) -> list:
         launcher += ["--servers", str(a.servers)]
     if a.config:
         launcher += ["--config", a.config]
+    orders = {"off": [False], "on": [True], "both": [False, True]}[a.ordered_step]
     for c in a.compressor_list:
-        cmd = launcher + ["--"] + py + ["--mode", "pushpull", "--compressor", c] + common_args(a)
-        if a.params:
-            cmd += ["--params", a.params]
-        if a.no_fuse:
-            cmd += ["--no-fuse"]
-        label = f"pushpull {c}" + (f" +{a.params}" if a.params else "") + (
-            " unfused" if a.no_fuse else "")
-        runs.append((label, "pushpull", cmd))
+        for ordered in orders:
+            cmd = launcher + ["--"] + py + ["--mode", "pushpull", "--compressor", c] + common_args(a)
+            if a.params:
+                cmd += ["--params", a.params]
+            if a.no_fuse:
+                cmd += ["--no-fuse"]
+            if ordered:
+                cmd += ["--ordered-step"]
+            label = f"pushpull {c}" + (f" +{a.params}" if a.params else "") + (
+                " unfused" if a.no_fuse else "") + (" ordered" if ordered else "")
+            runs.append((label, "pushpull", cmd))
     return runs
 
 

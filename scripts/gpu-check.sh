@@ -22,7 +22,8 @@
 #   torch   bench/torch_vs_ddp.py: ResNet-50 b32, two ranks on the GPU, pushpull.torch (none,
 #           fp16, onebit + ef) against torch DDP (gloo) and the no-communication ceiling
 #   oneworker  issue 28's one-worker A/B, each variant its own run and log: onebit + ef with
-#           the ceiling, then without it: every small gradient its own round (--no-fuse),
+#           the ceiling, step() waiting on the CPU and ordered on the GPU (--ordered-step
+#           both), then without the ceiling: every small gradient its own round (--no-fuse),
 #           4 MiB buckets (--bucket-mb 4), and each pushpull process capped at 2 rayon and 2
 #           tokio threads (is the servers' slow encode there oversubscription?); ONE_ARGS
 #           (default "--config configs/gpu-local.toml --timeout 100") go to every run
@@ -114,7 +115,7 @@ for s in "$@"; do
         oneworker)
             one=(python3 bench/torch_vs_ddp.py --pushpull "$PUSHPULL_BIN" --workers 1
                  --compressors onebit ${ONE_ARGS:---config configs/gpu-local.toml --timeout 100})
-            stage oneworker-fused 200 "${one[@]}" --skip ddp --logs "$out/one-fused"
+            stage oneworker-fused 240 "${one[@]}" --skip ddp --ordered-step both --logs "$out/one-fused"
             stage oneworker-nofuse 150 "${one[@]}" --skip ddp,ceiling --no-fuse --logs "$out/one-nofuse"
             stage oneworker-bucket4 150 "${one[@]}" --skip ddp,ceiling --bucket-mb 4 --logs "$out/one-bucket4"
             stage oneworker-threads2 150 env RAYON_NUM_THREADS=2 TOKIO_WORKER_THREADS=2 \
