@@ -148,7 +148,8 @@ def plan(a, pushpull: str) -> list:
     orders = {"off": [False], "on": [True], "both": [False, True]}[a.ordered_step]
     for c in a.compressor_list:
         for ordered in orders:
-            cmd = launcher + ["--"] + py + ["--mode", "pushpull", "--compressor", c] + common_args(a)
+            cmd = launcher + ["--"] + py + ["--mode", "pushpull", "--compressor", c]
+            cmd += common_args(a)
             if a.params:
                 cmd += ["--params", a.params]
             if a.no_fuse:

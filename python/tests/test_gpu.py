@@ -1,8 +1,10 @@
 """CUDA tensors through pushpull.torch on a real GPU: two workers sharing GPU 0 give the host
 path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor
-through a round that overflows on one worker and is discarded, float16 narrowed back), the round waits for the stream that produced the gradient and the
-result is there for work queued right after synchronize, and after an ordered step()
-(DistributedOptimizer's ``ordered_step``), a non-contiguous CUDA tensor is refused by name, and DistributedOptimizer's fused small gradients get the unfused bits.
+through a round that overflows on one worker and is discarded, float16 narrowed back); the
+round waits for the stream that produced the gradient, and the result is there for work
+queued right after synchronize and after an ordered step() (DistributedOptimizer's
+``ordered_step``, with another CUDA round between two steps); a non-contiguous CUDA tensor is
+refused by name; DistributedOptimizer's fused small gradients get the unfused bits.
 
 Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
 missing GPU fails instead."""
@@ -57,6 +59,7 @@ def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
             want = torch.full((20_000,), -1.5 * (i + 1))
             assert torch.equal(a, want), f"ordered step {i}: the optimizer raced the results"
         assert s["ordered_deferred"] == [True] * 3, "every ordered step left its outcomes for later"
+        assert torch.equal(s["ordered_between"], torch.ones(3)), s["ordered_between"]
         assert "non-contiguous" in (s["noncontiguous"] or ""), s["noncontiguous"]
         m = s["metrics"]
         for name in ["t0", "t4", "onebit", "f16", "race", "Gradient.ordered"]:

@@ -21,6 +21,12 @@ def _start_sums(rounds: Sequence[_Round], average: bool) -> None:
     host, a GPU, the emulated device), a group call (one batch on a device) where there are
     several. Integer rounds are summed (their average is taken at synchronize)."""
     _check_running("push_pull")
+    if any(r.device is not None and r.device.startswith("cuda") for r in rounds):
+        # The worker's stream is about to wait for the current stream. If that stream waits
+        # for rounds of an ordered step (DistributedOptimizer's ordered_step) whose decodes
+        # are not queued yet, they would be queued behind this wait: a deadlock. Once their
+        # outcomes are in, their decodes and the word releasing the stream are queued.
+        _state.collect_deferred()
     by_place: Dict[Tuple[Optional[str], bool], List[_Round]] = {}
     for r in rounds:
         if r.integer:

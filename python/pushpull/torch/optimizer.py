@@ -431,12 +431,14 @@ def DistributedOptimizer(
     worker's stream has written the averaged gradients (the current stream waits on a word
     that stream writes, ``cuStreamWaitValue32``), as DDP's asynchronous all-reduce lets a step
     be queued. The CPU learns the rounds' outcomes when the next step starts its first bucket
-    (or at :meth:`synchronize`, ``save_state`` or ``shutdown``): a failed round raises there,
-    and the step after it has then run on what its gradient held (the job is usually over: a
-    lost node). Until then the step's gradients are kept alive, so ``zero_grad()`` may drop
-    them. A step with a gradient on the host (or a device that cannot order streams) waits as
-    without ``ordered_step``. On the emulated route (``PUSHPULL_TORCH_ROUTE=emulated``) the
-    host is the stream, so ``step()`` waits there, and only the outcomes are collected later.
+    (or at :meth:`synchronize`, ``save_state``, ``shutdown``, or the next round of another
+    CUDA tensor, which must not queue the worker's stream behind the waiting one): a failed
+    round raises there, and the step after it has then run on what its gradient held (the job
+    is usually over: a lost node). Until then the step's gradients are kept alive, so
+    ``zero_grad()`` may drop them. A step with a gradient on the host (or a device that cannot
+    order streams) waits as without ``ordered_step``. On the emulated route
+    (``PUSHPULL_TORCH_ROUTE=emulated``) the host is the stream, so ``step()`` waits there, and
+    only the outcomes are collected later. Off by default until it is measured on a GPU.
 
     With mixed precision (``torch.amp.GradScaler``), call :meth:`synchronize` before the
     scaler's ``step`` (see "Mixed precision" in :mod:`pushpull.torch`): a step whose averaged

@@ -62,6 +62,10 @@ for step in range(3):
     opt.step()
     deferred.append(opt._deferred is not None)
     after.append(p.detach() * 1.0)
+    if step == 1:
+        # A CUDA round of its own while the step's are outstanding (a loss averaged for the
+        # log): its work must not queue the worker's stream behind the waiting stream.
+        saved["ordered_between"] = bps.push_pull(torch.ones(3, device=dev), name="between").cpu()
 saved["ordered_after"] = [a.cpu() for a in after]
 saved["ordered_deferred"] = deferred
 
