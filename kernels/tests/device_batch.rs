@@ -89,6 +89,41 @@ fn gpu_batches_match_the_cpu_chains() {
     compare_batches(&mut r, &gpu_device(), &[33, 257, 2049, 100_003]);
 }
 
+/// Another stream ordered after a ticket (`Device::wait_ticket`) runs nothing until the
+/// device's stream has passed the ticket's signal: its copy, queued at once, reads what the
+/// device's stream wrote just before the signal, 0.3 s later (without the wait it would read
+/// the zeros that were there). The emulated device's twin is in `device/ticket.rs`.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
+fn gpu_a_stream_waits_for_its_ticket() {
+    let d = gpu_device();
+    let other = d.gpu().context().new_stream().expect("another stream");
+    let n = 1 << 20;
+    let buf = d.alloc_zeros(n).expect("device memory");
+    let addr = d.mem_addr(&buf);
+    let ticket = d.ticket().expect("a ticket");
+    // SAFETY: `other` is a live stream of the device's context; the ticket is signalled below.
+    unsafe { d.wait_ticket(other.cu_stream() as u64, ticket) }.expect("cuStreamWaitValue32");
+    let writer = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let ones = vec![1.0f32; n];
+            // SAFETY: `addr` is `buf`'s n f32, alive until the thread is joined.
+            unsafe { d.upload(&ones, addr) }.expect("upload");
+            d.signal(ticket).expect("cuStreamWriteValue32");
+        })
+    };
+    let read = other.clone_dtoh(&buf).expect("the other stream's copy");
+    writer.join().unwrap();
+    let zeros = read.iter().filter(|&&x| x != 1.0).count();
+    assert_eq!(
+        zeros, 0,
+        "the other stream read {zeros} of {n} elements before the signal"
+    );
+}
+
 /// GPU 0 as a device; fails, saying so, where there is none.
 #[cfg(feature = "cuda")]
 fn gpu_device() -> Arc<pushpull_kernels::cuda::CudaDevice> {

@@ -111,6 +111,43 @@ mod tests {
         assert_eq!(t.finish(n as u32 + 1), None, "a ticket never handed out");
     }
 
+    /// On the emulated device the waiter is the calling thread: it passes once its ticket and
+    /// every earlier one are signalled, whatever order they are signalled in.
+    #[test]
+    fn an_emulated_wait_passes_once_the_prefix_is_signalled() {
+        use crate::device::{Device, EmulatedDevice};
+        use std::sync::mpsc;
+        use std::time::Duration;
+
+        let d = std::sync::Arc::new(EmulatedDevice::new());
+        let (a, b) = (d.ticket().unwrap(), d.ticket().unwrap());
+        // SAFETY: stream 0 is the emulated device's only stream.
+        assert!(
+            unsafe { d.wait_ticket(7, a) }.is_err(),
+            "the emulated device has no streams"
+        );
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                // SAFETY: as above.
+                unsafe { d.wait_ticket(0, b) }.unwrap();
+                tx.send(()).unwrap();
+            })
+        };
+        d.signal(b).unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "released before the earlier ticket was signalled"
+        );
+        d.signal(a).unwrap();
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("not released once both were signalled");
+        waiter.join().unwrap();
+        // SAFETY: as above. A ticket already passed returns at once.
+        unsafe { d.wait_ticket(0, a) }.unwrap();
+    }
+
     #[test]
     fn the_comparison_is_cyclic() {
         assert!(Tickets::passed(0, 0));
