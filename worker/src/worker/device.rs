@@ -33,7 +33,11 @@ impl Worker {
     /// `cuda`), or order that stream before it, and compression starts after them; the result
     /// is ordered before later work on the device's stream. `mem` is owned by the round until
     /// it completes, so dropping the returned future never leaves a round writing into freed
-    /// memory (the round finishes in the background, as on the host).
+    /// memory (the round finishes in the background, as on the host). To order another stream
+    /// after rounds without the host waiting for them, take a ticket ([`Device::ticket`]),
+    /// make that stream wait for it ([`Device::wait_ticket`]) and signal it
+    /// ([`Device::signal`]) once the rounds' futures have resolved, whatever their outcome
+    /// (`pushpull.torch`'s ordered step does this).
     ///
     /// # Errors
     /// As [`Worker::push_pull`], plus [`WorkerError::Device`] (nothing sent, no round used)
