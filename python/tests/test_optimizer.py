@@ -65,6 +65,21 @@ def single_process(seed: int, mode: str, job_seed: int):
     return model.state_dict(), scaler.get_scale() if scaler else None
 
 
+def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
+    """Runs jobs/optimizer.py (MODE, bucket cap, EXTRA) on WORKERS workers and checks every
+    rank's final parameters against the single-process run; returns what each rank saved and
+    the single-process run's final loss scale."""
+    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, *extra, workers=WORKERS,
+                config=SMALL)
+    assert p.returncode == 0, p.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
+    want, scale = single_process(seed, mode, ranks[0]["job_seed"])
+    for r, got in enumerate(ranks):
+        for k, v in want.items():
+            assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
+    return ranks, scale
+
+
 @pytest.mark.parametrize("route", ["host", "emulated"])
 @pytest.mark.parametrize("mode", list(MAPS))
 def test_distributed_optimizer_matches_the_single_process_run(
@@ -74,13 +89,8 @@ def test_distributed_optimizer_matches_the_single_process_run(
     device) with buckets of 10 KiB (three buckets of this model, started as they fill)."""
     monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
     cap = 25 if route == "host" else 0.01
-    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, workers=WORKERS, config=SMALL)
-    assert p.returncode == 0, p.stderr
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
-    want, scale = single_process(seed, mode, ranks[0]["job_seed"])
+    ranks, scale = train_and_compare(pushpull, seed, tmp_path, mode, cap)
     for r, got in enumerate(ranks):
-        for k, v in want.items():
-            assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
         assert got["scale"] == scale, f"rank {r}: loss scale"
     m = ranks[0]["metrics"]
     if mode == "amp":
@@ -115,14 +125,8 @@ def test_an_ordered_step_gives_the_same_bits(pushpull, seed, tmp_path, monkeypat
     (and the non-finite check) for the next step's first bucket, and the parameters are still
     the single-process run's; on the host route a step cannot be ordered, so it waits."""
     monkeypatch.setenv("PUSHPULL_TORCH_ROUTE", route)
-    p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, 0.01, "ordered",
-                workers=WORKERS, config=SMALL)
-    assert p.returncode == 0, p.stderr
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
-    want, _ = single_process(seed, mode, ranks[0]["job_seed"])
-    for r, got in enumerate(ranks):
-        for k, v in want.items():
-            assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
+    ranks, _ = train_and_compare(pushpull, seed, tmp_path, mode, 0.01, "ordered")
+    for got in ranks:
         assert got["deferred"] == (STEPS if route == "emulated" else 0), got["deferred"]
 
 
