@@ -399,11 +399,7 @@ impl Device for CudaDevice {
             // Another thread may have set it meanwhile; then this one is freed.
             let _ = self.word.set(word);
         }
-        Ok(self
-            .tickets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .issue())
+        Ok(Tickets::locked(&self.tickets).issue())
     }
 
     unsafe fn wait_ticket(&self, stream: u64, ticket: u32) -> Result<(), CudaError> {
@@ -429,7 +425,7 @@ impl Device for CudaDevice {
             )));
         };
         // Held while the write is queued, so that the word's writes are queued in order.
-        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tickets = Tickets::locked(&self.tickets);
         let Some(value) = tickets.finish(ticket) else {
             return Ok(());
         };

@@ -240,11 +240,7 @@ impl Device for EmulatedDevice {
     }
 
     fn ticket(&self) -> Result<u32, CudaError> {
-        Ok(self
-            .tickets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .issue())
+        Ok(Tickets::locked(&self.tickets).issue())
     }
 
     unsafe fn wait_ticket(&self, stream: u64, ticket: u32) -> Result<(), CudaError> {
@@ -255,7 +251,7 @@ impl Device for EmulatedDevice {
             )));
         }
         self.count(1);
-        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tickets = Tickets::locked(&self.tickets);
         while !Tickets::passed(tickets.word(), ticket) {
             tickets = self
                 .ticket_gate
@@ -267,7 +263,7 @@ impl Device for EmulatedDevice {
 
     fn signal(&self, ticket: u32) -> Result<(), CudaError> {
         // The work queued before runs as it is asked for here, so the word is written now.
-        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tickets = Tickets::locked(&self.tickets);
         if tickets.finish(ticket).is_some() {
             self.count(1);
             self.ticket_gate.notify_all();

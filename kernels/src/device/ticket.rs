@@ -9,6 +9,7 @@
 //! waiter. [`Tickets`] keeps that prefix; the devices write what it says.
 
 use std::collections::BTreeSet;
+use std::sync::{Mutex, MutexGuard};
 
 /// Tickets handed out in order and finished in any order, and the word a waiter compares with
 /// its ticket: the last ticket of the finished prefix (every ticket up to it has finished).
@@ -36,6 +37,12 @@ impl Tickets {
     pub fn issue(&mut self) -> u32 {
         self.issued += 1;
         self.issued as u32
+    }
+
+    /// The tickets behind a device's lock (a poisoned lock's tickets are still consistent:
+    /// every method leaves them so).
+    pub fn locked(m: &Mutex<Tickets>) -> MutexGuard<'_, Tickets> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Marks `ticket` finished. Returns the word's new value when the finished prefix grew
