@@ -90,16 +90,19 @@ fn gpu_batches_match_the_cpu_chains() {
 }
 
 /// Another stream ordered after a ticket (`Device::wait_ticket`) runs nothing until the
-/// device's stream has passed the ticket's signal: its copy, queued at once, reads what the
-/// device's stream wrote just before the signal, 0.3 s later (without the wait it would read
-/// the zeros that were there). The emulated device's twin is in `device/ticket.rs`.
+/// device's stream has passed the ticket's signal, and then sees everything that stream wrote
+/// before it: the signal is queued right behind an asynchronous 256 MiB upload (no host wait
+/// in between), 0.3 s after the other stream's wait and its copy of the buffer were queued.
+/// Without the wait the copy reads the zeros that were there, and without the write's ordering
+/// after the upload (its memory barrier) part of the upload. The emulated device's twin is in
+/// `device/ticket.rs`.
 #[cfg(feature = "cuda")]
 #[test]
 #[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]
 fn gpu_a_stream_waits_for_its_ticket() {
     let d = gpu_device();
     let other = d.gpu().context().new_stream().expect("another stream");
-    let n = 1 << 20;
+    let n = 1 << 26;
     let buf = d.alloc_zeros(n).expect("device memory");
     let addr = d.mem_addr(&buf);
     let ticket = d.ticket().expect("a ticket");
@@ -108,19 +111,23 @@ fn gpu_a_stream_waits_for_its_ticket() {
     let writer = {
         let d = d.clone();
         std::thread::spawn(move || {
+            let mut staging = d.alloc_staging(4 * n).expect("page-locked memory");
+            for w in staging.as_mut().chunks_exact_mut(4) {
+                w.copy_from_slice(&1.0f32.to_le_bytes());
+            }
             std::thread::sleep(std::time::Duration::from_millis(300));
-            let ones = vec![1.0f32; n];
             // SAFETY: `addr` is `buf`'s n f32, alive until the thread is joined.
-            unsafe { d.upload(&ones, addr) }.expect("upload");
+            unsafe { d.upload_staged(&mut staging, 0..4 * n, addr) }.expect("upload");
             d.signal(ticket).expect("cuStreamWriteValue32");
+            d.wait_staged(&mut staging).expect("the upload");
         })
     };
     let read = other.clone_dtoh(&buf).expect("the other stream's copy");
     writer.join().unwrap();
-    let zeros = read.iter().filter(|&&x| x != 1.0).count();
+    let wrong = read.iter().filter(|&&x| x != 1.0).count();
     assert_eq!(
-        zeros, 0,
-        "the other stream read {zeros} of {n} elements before the signal"
+        wrong, 0,
+        "the other stream read {wrong} of {n} elements before the signal"
     );
 }
 

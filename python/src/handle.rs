@@ -62,6 +62,29 @@ impl Handle {
 
 type TaskOf = JoinHandle<Result<(), WorkerError>>;
 
+/// A ticket to signal: when dropped unsignalled too (the task holding it cancelled, e.g. the
+/// runtime shutting down), since a stream waiting for it must never wait forever.
+struct Release<D: Device> {
+    device: Arc<D>,
+    ticket: u32,
+    done: bool,
+}
+
+impl<D: Device> Release<D> {
+    fn now(mut self) -> Result<(), pushpull_worker::CudaError> {
+        self.done = true;
+        self.device.signal(self.ticket)
+    }
+}
+
+impl<D: Device> Drop for Release<D> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.device.signal(self.ticket);
+        }
+    }
+}
+
 /// Orders later work on `stream` (a stream of `device`; 0 on the emulated device: the calling
 /// thread) after the rounds of `handles`, all on `device`, without the host waiting: the
 /// stream waits for a ticket ([`Device::wait_ticket`]) that the device's stream passes once
@@ -90,7 +113,11 @@ pub(crate) unsafe fn order_after<D: Device>(
             None => watched.push(h.clone_ref(py)),
         }
     }
-    let signaller = device.clone();
+    let release = Release {
+        device: device.clone(),
+        ticket,
+        done: false,
+    };
     runtime.spawn(async move {
         let mut outcomes = Vec::with_capacity(tasks.len());
         for (task, tx) in tasks {
@@ -106,7 +133,7 @@ pub(crate) unsafe fn order_after<D: Device>(
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
         }
-        let released = signaller.signal(ticket);
+        let released = release.now();
         for (outcome, tx) in outcomes {
             // The streams were released from the host, maybe before the results were written.
             let outcome = match (&released, outcome) {

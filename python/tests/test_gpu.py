@@ -4,7 +4,9 @@ through a round that overflows on one worker and is discarded, float16 narrowed 
 round waits for the stream that produced the gradient, and the result is there for work
 queued right after synchronize and after an ordered step() (DistributedOptimizer's
 ``ordered_step``, with another CUDA round between two steps); a non-contiguous CUDA tensor is
-refused by name; DistributedOptimizer's fused small gradients get the unfused bits.
+refused by name; DistributedOptimizer's fused small gradients get the unfused bits; an
+ordered step survives the host freeing GPU memory while its stream waits, and waits on the
+CPU under CUDA_DEVICE_MAX_CONNECTIONS=1.
 
 Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
 missing GPU fails instead."""
@@ -65,3 +67,21 @@ def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
         for name in ["t0", "t4", "onebit", "f16", "race", "Gradient.ordered"]:
             assert m["tensors"][name]["device"] == "cuda:0", (name, m["tensors"][name])
         assert m["driver_calls"] > 0 and m["device_bytes"] > 0, m
+
+
+@pytest.mark.parametrize("connections", [None, "1"])
+def test_an_ordered_step_survives_frees_and_waits_where_queues_are_shared(
+    pushpull, tmp_path, monkeypatch, connections
+):
+    """jobs/gpu_ordered.py: each step's parameter is the averaged update although rank 0
+    frees GPU memory while its stream waits for the results (a hang here fails by the
+    timeout); with CUDA_DEVICE_MAX_CONNECTIONS=1 the steps wait on the CPU instead."""
+    if connections is not None:
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", connections)
+    p = run_job(pushpull, "gpu_ordered.py", tmp_path, config=SMALL, timeout=90)
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        s = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+        for i, a in enumerate(s["after"]):
+            assert torch.equal(a, torch.full((100_000,), -1.5 * (i + 1))), f"rank {r}, step {i}"
+        assert s["deferred"] == [connections is None] * 3, s["deferred"]

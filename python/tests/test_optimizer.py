@@ -148,22 +148,17 @@ def test_collecting_an_ordered_step_waits_for_every_round_and_raises_the_first_e
             if self.error:
                 raise PushPullError(self.error)
 
-    class Round:
-        def __init__(self, native):
-            self.native = native
-
     class Holder:
         _discard_non_finite = lambda self: waited.append("non-finite check")  # noqa: E731
 
     h = Holder()
-    h._deferred = [Round(Native("a")), Round(Native("b", "b was lost")),
-                   Round(Native("c", "c was lost"))]
+    h._deferred = [Native("a"), Native("b", "b was lost"), Native("c", "c was lost")]
     with pytest.raises(PushPullError, match="b was lost"):
         _DistributedOptimizer._collect(h)
     assert waited == ["a", "b", "c"], waited
     assert h._deferred is None
     _DistributedOptimizer._collect(h)  # nothing left
-    h._deferred = [Round(Native("d"))]
+    h._deferred = [Native("d")]
     _DistributedOptimizer._collect(h)
     assert waited == ["a", "b", "c", "d", "non-finite check"], waited
 

@@ -85,7 +85,9 @@ impl Drop for PinnedStaging {
 
 /// The word other streams wait on ([`Device::wait_ticket`]): page-locked host memory mapped
 /// into the device, so that the device's stream writes it in stream order
-/// (`cuStreamWriteValue32`) and the host can write it too, when that stream cannot.
+/// (`cuStreamWriteValue32`) and the host can write it too, when that stream cannot. Never
+/// freed (4 bytes a device): a stream may still wait on it, or the device's stream still
+/// have a write to it queued, after the device is dropped.
 #[derive(Debug)]
 struct TicketWord {
     host: *mut u32,
@@ -93,7 +95,7 @@ struct TicketWord {
 }
 
 // SAFETY: `host` is a page-locked allocation owned by the word, written only with volatile
-// stores under the device's ticket lock, and freed once, at drop.
+// stores under the device's ticket lock, and never freed.
 unsafe impl Send for TicketWord {}
 unsafe impl Sync for TicketWord {}
 
@@ -128,13 +130,6 @@ impl TicketWord {
         // SAFETY: `host` addresses the word's 4 bytes, alive as long as `self`.
         unsafe { self.host.write_volatile(value) };
         std::sync::atomic::fence(Ordering::SeqCst);
-    }
-}
-
-impl Drop for TicketWord {
-    fn drop(&mut self) {
-        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once.
-        unsafe { sys::cuMemFreeHost(self.host.cast()) };
     }
 }
 
@@ -186,6 +181,26 @@ impl CudaDevice {
 
     fn cu_stream(&self) -> cudarc::driver::sys::CUstream {
         self.gpu.stream().cu_stream()
+    }
+
+    /// Runs `f` with the device's context current on this thread, then makes the thread's
+    /// previous context current again: for calls from a thread that is not the worker's
+    /// (Python's, whose current context is torch's current device). A panic of cudarc's (a
+    /// driver without the symbol) becomes an error.
+    fn on_borrowed_thread<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce() -> Result<R, CudaError>,
+    ) -> Result<R, CudaError> {
+        let previous = result::ctx::get_current().map_err(driver("reading the current context"))?;
+        self.bind()?;
+        let out = super::no_panic(f).unwrap_or_else(|| Err(missing(what)));
+        if let Some(ctx) = previous {
+            // SAFETY: the context that was current on this thread a moment ago.
+            unsafe { result::ctx::set_current(ctx) }
+                .map_err(driver("restoring the thread's context"))?;
+        }
+        out
     }
 
     /// Records the staging's event after the copies just launched.
@@ -393,10 +408,9 @@ impl Device for CudaDevice {
 
     fn ticket(&self) -> Result<u32, CudaError> {
         if self.word.get().is_none() {
-            self.bind()?;
             self.count(2);
-            let word = TicketWord::new()?;
-            // Another thread may have set it meanwhile; then this one is freed.
+            let word = self.on_borrowed_thread("allocating the ticket word", TicketWord::new)?;
+            // Another thread may have set it meanwhile; then this one is left unused.
             let _ = self.word.set(word);
         }
         Ok(Tickets::locked(&self.tickets).issue())
@@ -407,15 +421,17 @@ impl Device for CudaDevice {
             CudaError::Invalid(format!("wait_ticket({ticket}): no ticket was handed out"))
         })?;
         self.count(1);
-        self.bind()?;
+        let what = "ordering a stream after the worker's (cuStreamWaitValue32)";
         let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-        // SAFETY: the caller vouches for `stream`; `word.device` is the mapped word, alive as
-        // long as the device.
-        unsafe { sys::cuStreamWaitValue32_v2(stream as sys::CUstream, word.device, ticket, flags) }
+        self.on_borrowed_thread(what, || {
+            // SAFETY: the caller vouches for `stream`; `word.device` is the mapped word, never
+            // freed.
+            unsafe {
+                sys::cuStreamWaitValue32_v2(stream as sys::CUstream, word.device, ticket, flags)
+            }
             .result()
-            .map_err(driver(
-                "ordering a stream after the worker's (cuStreamWaitValue32)",
-            ))
+            .map_err(driver(what))
+        })
     }
 
     fn signal(&self, ticket: u32) -> Result<(), CudaError> {
@@ -431,13 +447,17 @@ impl Device for CudaDevice {
         };
         self.count(1);
         let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+        let what = "releasing the streams ordered after the worker's (cuStreamWriteValue32)";
         let queued = self.bind().and_then(|()| {
-            // SAFETY: the word is mapped page-locked memory, alive as long as the device; the
-            // default flags put a memory barrier before the write, so the work queued before
-            // (the decodes) is visible to whoever the word releases.
-            unsafe { sys::cuStreamWriteValue32_v2(self.cu_stream(), word.device, value, flags) }
-                .result()
-                .map_err(driver("releasing the streams ordered after the worker's"))
+            super::no_panic(|| {
+                // SAFETY: the word is mapped page-locked memory, never freed; the default
+                // flags put a memory barrier before the write, so the work queued before (the
+                // decodes) is visible to whoever the word releases.
+                unsafe { sys::cuStreamWriteValue32_v2(self.cu_stream(), word.device, value, flags) }
+                    .result()
+                    .map_err(driver(what))
+            })
+            .unwrap_or_else(|| Err(missing(what)))
         });
         if queued.is_err() {
             // No stream may wait forever. The work queued before may still be running: the
@@ -449,6 +469,14 @@ impl Device for CudaDevice {
 
     fn driver_calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
+    }
+}
+
+/// The error for a driver call cudarc could not load.
+fn missing(what: &str) -> CudaError {
+    CudaError::Driver {
+        what: what.to_string(),
+        detail: "the CUDA driver does not have this call (older than CUDA 11.7?)".into(),
     }
 }
 

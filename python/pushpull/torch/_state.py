@@ -43,10 +43,17 @@ deferred: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def collect_deferred() -> None:
-    """Collects the outcomes of rounds left for later (``ordered_step``), raising the first
-    error; before a checkpoint, a suspend, or leaving the job."""
+    """Collects the outcomes of rounds left for later (``ordered_step``), every holder's,
+    then raises the first error; before a checkpoint, a suspend, another CUDA round, or
+    leaving the job."""
+    first = None
     for holder in list(deferred):
-        holder._collect()
+        try:
+            holder._collect()
+        except PushPullError as e:
+            first = first or e
+    if first is not None:
+        raise first
 
 # PUSHPULL_TORCH_ROUTE: where CPU float32 tensors are reduced ("host", or "emulated": the
 # device path on the emulated device). Read at init().
@@ -90,7 +97,8 @@ def init(config: Optional[str] = None) -> None:
 
 def shutdown() -> None:
     """Leaves the job cleanly: waits for rounds in flight, tells the scheduler, and waits until
-    every worker has finished (the job ends together)."""
+    every worker has finished (the job ends together). Raises the error of a round that an
+    ordered step (``DistributedOptimizer(ordered_step=True)``) left for later."""
     w = worker
     if w is None:
         return
@@ -117,6 +125,11 @@ uncaught = False
 
 def _shutdown_at_exit() -> None:
     if worker is not None and not uncaught:
+        try:
+            collect_deferred()
+        except PushPullError as e:
+            # The script never saw it: the last ordered step's rounds failed after step().
+            print(f"pushpull: the rounds of the last ordered step failed: {e}", file=sys.stderr)
         try:
             shutdown()
         except PushPullError:
@@ -176,7 +189,8 @@ def suspend() -> None:
     refuses new rounds and declarations (:class:`PushPullError` naming the call) until
     :func:`resume`. The worker stays in the job (pushpull has no elastic mode: the job's
     workers and servers are fixed at :func:`init`); other workers' rounds wait for this one
-    meanwhile."""
+    meanwhile. Raises (and does not suspend) with the error of a round that an ordered step
+    left for later."""
     global suspended
     _w()
     collect_deferred()

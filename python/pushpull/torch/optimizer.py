@@ -7,6 +7,7 @@ call: one batch on a GPU) started by hooks as the backward pass produces them.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -57,6 +58,26 @@ def _buckets(sizes: Sequence[int], groups: Sequence[int], cap_bytes: int) -> Lis
     if current:
         buckets.append(current)
     return buckets
+
+
+def _stream_to_order(device: str) -> Optional[int]:
+    """The handle of the stream an ordered step makes wait on ``device`` (0 for
+    ``emulated``: the host), or None where it must wait on the CPU instead: the current
+    stream is being captured into a CUDA graph (the wait would be replayed with this step's
+    ticket), or is the worker's own stream (it would wait for itself), or
+    ``CUDA_DEVICE_MAX_CONNECTIONS`` is below its default of 8 (streams then share the GPU's
+    hardware queues, and the waiting stream could hold up the worker's, which releases it)."""
+    if device == "emulated":
+        return 0
+    connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "").strip()
+    if connections.isdigit() and int(connections) < 8:
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    current = torch.cuda.current_stream(torch.device(device)).cuda_stream
+    if current == _w().device_stream(device):
+        return None
+    return current
 
 
 # The map of a fused tensor: a plain float32 sum whatever the cluster file's defaults say
@@ -214,8 +235,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ordered_step = bool(ordered_step)
         # The rounds of the last ordered step, until their outcomes are collected (_collect):
         # they also keep the gradients alive until the worker's stream has written them.
-        self._deferred: Optional[List[_Round]] = None
-        _state.deferred.add(self)
+        self._deferred: Optional[List] = None
         self._names = [f.name for f in self._fused] + [
             tname for k, (tname, _, _, _) in enumerate(self._entries) if k not in self._fusion_of
         ]
@@ -308,21 +328,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._collect()
         self._start_rest()
         rounds = [r for rs in self._inflight.values() for r in rs]
-        if any(r.device is None for r in rounds):
-            return False
         by_device: Dict[str, List[_Round]] = {}
         for r in rounds:
+            if r.device is None:
+                return False
             by_device.setdefault(r.device, []).append(r)
+        streams = {d: _stream_to_order(d) for d in by_device}
+        if any(s is None for s in streams.values()):
+            return False
         for device, rs in by_device.items():
-            stream = 0
-            if device != "emulated":
-                stream = torch.cuda.current_stream(torch.device(device)).cuda_stream
             try:
-                _w().order_after([r.native for r in rs], device, stream)
+                _w().order_after([r.native for r in rs], device, streams[device])
             except PushPullError:
                 return False  # synchronize() waits for every round, ordered or not
         self._inflight = {}
-        self._deferred = rounds
+        # Only the handles: each native round keeps its buffer until it has ended.
+        self._deferred = [r.native for r in rounds]
+        _state.deferred.add(self)
         for r in rounds:
             r.complete()
         for f in self._fused:
@@ -335,13 +357,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The outcomes of the last ordered step's rounds, before anything starts again:
         raises the first error (the step that followed that round ran on what its gradient
         held), then discards the rounds of a non-finite step as :meth:`synchronize` does."""
-        rounds, self._deferred = self._deferred, None
-        if rounds is None:
+        natives, self._deferred = self._deferred, None
+        if natives is None:
             return
+        _state.deferred.discard(self)
         first = None
-        for r in rounds:
+        for native in natives:
             try:
-                r.native.wait()
+                native.wait()
             except PushPullError as e:
                 first = first or e
         if first is not None:
