@@ -458,8 +458,10 @@ def DistributedOptimizer(
     CUDA tensor, which must not queue the worker's stream behind the waiting one): a failed
     round raises there, and the step after it has then run on what its gradient held (the job
     is usually over: a lost node). Until then the step's gradients are kept alive, so
-    ``zero_grad()`` may drop them. A step with a gradient on the host (or a device that cannot
-    order streams) waits as without ``ordered_step``. On the emulated route
+    ``zero_grad()`` may drop them. A step with a gradient on the host, or a device that cannot
+    order streams, or where the worker's stream might not run beside the waiting one
+    (``CUDA_DEVICE_MAX_CONNECTIONS`` below 8, CUDA graph capture, the worker's stream current)
+    waits as without ``ordered_step``. On the emulated route
     (``PUSHPULL_TORCH_ROUTE=emulated``) the host is the stream, so ``step()`` waits there, and
     only the outcomes are collected later. Off by default until it is measured on a GPU.
 
