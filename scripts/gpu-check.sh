@@ -106,7 +106,7 @@ for s in "$@"; do
             stage kernels-device_batch 240 "$kit/bin/kernels-device_batch" --ignored --nocapture
             stage worker-device 240 "$kit/bin/worker-device" --ignored --nocapture
             ;;
-        pytest) stage pytest 300 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py python/tests/test_checkpoint.py -q -x ;;
+        pytest) stage pytest 360 env PUSHPULL_REQUIRE_GPU=1 python3 -m pytest python/tests/test_gpu.py python/tests/test_checkpoint.py -q -x ;;
         bench) stage bench 240 "$kit/bin/bench_gpu" --reps 10 ;;
         codecs) stage codecs 120 "$kit/bin/bench_compress" --sizes 1048576 --min-ms 200 --filter onebit ;;
         # `timeout` runs programs, not shell functions: the job runs in a bash of its own.
