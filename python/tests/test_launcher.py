@@ -1,7 +1,8 @@
 """`pushpull local --workers N -- COMMAND`: output prefixes, exit status, a failing rank stops
 the job; and, without the launcher (the BytePS environment set by hand, as on several hosts),
 a killed worker, one whose script raised, or one that shut down cleanly while the others
-still push, makes the others raise naming it instead of hanging."""
+still push, makes the others raise naming it instead of hanging (also when its rounds were
+left for later by an ordered step)."""
 
 import os
 import subprocess
@@ -48,7 +49,7 @@ def test_job_flags_are_refused_with_a_command(pushpull):
     assert p.returncode == 2 and "--compressor" in p.stderr, p.stderr
 
 
-@pytest.mark.parametrize("how", ["kill", "raise", "finally"])
+@pytest.mark.parametrize("how", ["kill", "raise", "finally", "ordered"])
 def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
     certs = tmp_path / "certs"
     subprocess.run([str(pushpull), "certs", "--out", str(certs), "--servers", "1", "--workers", "2"],
@@ -90,8 +91,11 @@ def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
         assert "lost: " in out and "worker 1" in out, out
         if how == "finally":
             assert "finished" in out, out
+        if how == "ordered":
+            # step 1's failed rounds released its step; their error came with step 2.
+            assert "lost: in backward 2: " in out, out
         assert took < 30, took
-        assert workers[1].wait(timeout=10) == (-9 if how == "kill" else 1)
+        assert workers[1].wait(timeout=10) == (-9 if how in ("kill", "ordered") else 1)
     finally:
         for p in procs:
             p.kill()
