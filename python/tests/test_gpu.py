@@ -2,11 +2,11 @@
 path's bits (a float32 rank-order sum, the Rust single-process reference with a compressor
 through a round that overflows on one worker and is discarded, float16 narrowed back); the
 round waits for the stream that produced the gradient, and the result is there for work
-queued right after synchronize and after an ordered step() (DistributedOptimizer's
-``ordered_step``, with another CUDA round between two steps); a non-contiguous CUDA tensor is
-refused by name; DistributedOptimizer's fused small gradients get the unfused bits; an
-ordered step survives the host freeing GPU memory while its stream waits, and waits on the
-CPU under CUDA_DEVICE_MAX_CONNECTIONS=1.
+queued right after synchronize; a non-contiguous CUDA tensor is refused by name;
+DistributedOptimizer's fused small gradients get the unfused bits; after an ordered step()
+(``ordered_step``) the parameter read at once holds the average, also with another CUDA round
+between two steps and the host freeing GPU memory while the stream waits, and under
+CUDA_DEVICE_MAX_CONNECTIONS=1 the step waits on the CPU.
 
 Skipped without a CUDA GPU; with PUSHPULL_REQUIRE_GPU=1 (the GPU machine's check script) a
 missing GPU fails instead."""
@@ -57,25 +57,21 @@ def test_cuda_tensors_on_the_gpu_give_the_host_bits(pushpull, seed, tmp_path):
 
     for s in ranks:
         assert torch.equal(s["race_out"], torch.full((50_000,), 3.0)), "the round raced its stream"
-        for i, a in enumerate(s["ordered_after"]):
-            want = torch.full((20_000,), -1.5 * (i + 1))
-            assert torch.equal(a, want), f"ordered step {i}: the optimizer raced the results"
-        assert s["ordered_deferred"] == [True] * 3, "every ordered step left its outcomes for later"
-        assert torch.equal(s["ordered_between"], torch.ones(3)), s["ordered_between"]
         assert "non-contiguous" in (s["noncontiguous"] or ""), s["noncontiguous"]
         m = s["metrics"]
-        for name in ["t0", "t4", "onebit", "f16", "race", "Gradient.ordered"]:
+        for name in ["t0", "t4", "onebit", "f16", "race"]:
             assert m["tensors"][name]["device"] == "cuda:0", (name, m["tensors"][name])
         assert m["driver_calls"] > 0 and m["device_bytes"] > 0, m
 
 
 @pytest.mark.parametrize("connections", [None, "1"])
-def test_an_ordered_step_survives_frees_and_waits_where_queues_are_shared(
+def test_an_ordered_step_orders_the_optimizer_after_the_results(
     pushpull, tmp_path, monkeypatch, connections
 ):
-    """jobs/gpu_ordered.py: each step's parameter is the averaged update although rank 0
-    frees GPU memory while its stream waits for the results (a hang here fails by the
-    timeout); with CUDA_DEVICE_MAX_CONNECTIONS=1 the steps wait on the CPU instead."""
+    """jobs/gpu_ordered.py: SGD with lr 1 on gradients 1 and 2 gives -1.5 a step; each
+    step's parameter, read right after step() while the peer pushes 0.5 s late, must already
+    hold it (a hang, e.g. a free while the stream waits, fails by the timeout); with
+    CUDA_DEVICE_MAX_CONNECTIONS=1 the steps wait on the CPU instead."""
     if connections is not None:
         monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", connections)
     p = run_job(pushpull, "gpu_ordered.py", tmp_path, config=SMALL, timeout=90)
@@ -85,3 +81,4 @@ def test_an_ordered_step_survives_frees_and_waits_where_queues_are_shared(
         for i, a in enumerate(s["after"]):
             assert torch.equal(a, torch.full((100_000,), -1.5 * (i + 1))), f"rank {r}, step {i}"
         assert s["deferred"] == [connections is None] * 3, s["deferred"]
+        assert torch.equal(s["between"], torch.ones(3)), s["between"]

@@ -46,10 +46,15 @@ def collect_deferred() -> None:
     """Collects the outcomes of rounds left for later (``ordered_step``), every holder's,
     then raises the first error; before a checkpoint, a suspend, another CUDA round, or
     leaving the job."""
+    raise_first([holder._collect for holder in list(deferred)])
+
+
+def raise_first(calls) -> None:
+    """Makes every call of ``calls``, then raises the first ``PushPullError`` one raised."""
     first = None
-    for holder in list(deferred):
+    for call in calls:
         try:
-            holder._collect()
+            call()
         except PushPullError as e:
             first = first or e
     if first is not None:

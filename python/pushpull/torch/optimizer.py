@@ -361,14 +361,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if natives is None:
             return
         _state.deferred.discard(self)
-        first = None
-        for native in natives:
-            try:
-                native.wait()
-            except PushPullError as e:
-                first = first or e
-        if first is not None:
-            raise first
+        _state.raise_first([native.wait for native in natives])
         self._discard_non_finite()
 
     def set_backward_passes_per_step(self, passes: int) -> None:

@@ -3,7 +3,6 @@ GPU 0), saved with what they were for the test's checks. Usage: gpu.py OUT SEED.
 
 import os
 import sys
-import time
 
 import torch
 
@@ -44,30 +43,6 @@ hd = bps.push_pull_async_inplace(x, average=False, name="race")
 bps.synchronize(hd)
 y = x * 1.0  # on the current stream, right after
 saved["race_out"] = y.cpu()
-
-# The ordered step: step() queues the optimizer behind the results on the GPU and returns
-# without waiting for them. Rank 1 pushes late, so rank 0's results arrive long after its
-# step() returned; the parameter read right after step() (queued on the current stream, no
-# torch.cuda.synchronize anywhere) must already hold the averaged update: SGD with lr 1 on
-# gradients 1 and 2 gives -1.5 a step.
-p = torch.nn.Parameter(torch.zeros(20_000, device=dev))
-opt = bps.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), [("ordered", p)], ordered_step=True)
-after, deferred = [], []
-for step in range(3):
-    opt.zero_grad()
-    if r == 1:
-        time.sleep(0.3)
-    torch.cuda._sleep(50_000_000)  # the gradient comes late on the GPU too
-    (p * float(r + 1)).sum().backward()
-    opt.step()
-    deferred.append(opt._deferred is not None)
-    after.append(p.detach() * 1.0)
-    if step == 1:
-        # A CUDA round of its own while the step's are outstanding (a loss averaged for the
-        # log): its work must not queue the worker's stream behind the waiting stream.
-        saved["ordered_between"] = bps.push_pull(torch.ones(3, device=dev), name="between").cpu()
-saved["ordered_after"] = [a.cpu() for a in after]
-saved["ordered_deferred"] = deferred
 
 # Bad input: a non-contiguous CUDA tensor is refused by name, and the job goes on.
 m = torch.randn(40, 30, device=dev)
