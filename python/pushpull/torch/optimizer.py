@@ -233,8 +233,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._ordered_step = bool(ordered_step)
-        # The rounds of the last ordered step, until their outcomes are collected (_collect):
-        # they also keep the gradients alive until the worker's stream has written them.
+        # The native handles of the last ordered step's rounds, until their outcomes are
+        # collected (_collect); each round keeps its gradient until it has ended.
         self._deferred: Optional[List] = None
         self._names = [f.name for f in self._fused] + [
             tname for k, (tname, _, _, _) in enumerate(self._entries) if k not in self._fusion_of
@@ -450,8 +450,8 @@ def DistributedOptimizer(
     (or at :meth:`synchronize`, ``save_state``, ``shutdown``, or the next round of another
     CUDA tensor, which must not queue the worker's stream behind the waiting one): a failed
     round raises there, and the step after it has then run on what its gradient held (the job
-    is usually over: a lost node). Until then the step's gradients are kept alive, so
-    ``zero_grad()`` may drop them. A step with a gradient on the host, or a device that cannot
+    is usually over: a lost node). Each round keeps its gradient until it has ended, so
+    ``zero_grad()`` may drop them meanwhile. A step with a gradient on the host, or a device that cannot
     order streams, or where the worker's stream might not run beside the waiting one
     (``CUDA_DEVICE_MAX_CONNECTIONS`` below 8, CUDA graph capture, the worker's stream current)
     waits as without ``ordered_step``. On the emulated route
