@@ -309,10 +309,13 @@ impl Worker {
                 let (shared, quinn, workers) =
                     (shared.clone(), endpoint.quinn.clone(), map.workers.clone());
                 move |e: WorkerError| {
+                    // Recorded first: closing the endpoint ends the scheduler's connection,
+                    // whose task would otherwise record "scheduler lost" as the job's error
+                    // (seen in CI: this worker then named the scheduler, not the member).
+                    shared.fail(e.clone());
                     if let Some(why) = crate::local::departure(&e, &workers) {
                         quinn.close(why.code().into(), &why.reason());
                     }
-                    shared.fail(e)
                 }
             };
             let joined = tokio::task::spawn_blocking(move || {
