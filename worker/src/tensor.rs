@@ -134,6 +134,10 @@ pub(crate) struct Residence {
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
+    /// A device buffer's host copy ([`crate::data`]'s `HostCopy`), kept between rounds so
+    /// that a round whose chunks go through the host does not allocate (and fault in) a
+    /// tensor's worth of memory.
+    pub(crate) host_copy: Vec<f32>,
 }
 
 impl Residence {
@@ -147,6 +151,7 @@ impl Residence {
             last_sum: None,
             discarded: None,
             restored: false,
+            host_copy: Vec::new(),
         }
     }
 

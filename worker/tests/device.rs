@@ -319,6 +319,65 @@ async fn a_group_call_costs_one_batch_of_driver_calls() {
     .expect("timed out");
 }
 
+/// Chunks that go through the host (a local group's sum, a compressor without a kernel, a
+/// broadcast) cost one copy of the tensor each way a round, not one per chunk: the driver
+/// calls of a round are the same for a tensor of 4 chunks and of 32.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunks_through_the_host_cost_one_copy_of_the_tensor_each_way() {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        const CHUNK: u64 = 4096;
+        // (workers, local group size, compressor): a group's sum, top-k's CPU chain.
+        let cases = [
+            (4, 2, map(&[("compressor", "onebit"), ("ef", "vanilla")])),
+            (
+                1,
+                1,
+                map(&[("compressor", "topk"), ("k", "0.25"), ("ef", "vanilla")]),
+            ),
+        ];
+        for (workers, local_size, p) in cases {
+            let compressor = p["compressor"].clone();
+            let s = stack_with(workers, 1, CHUNK * 4, |c| c.cluster.local_size = local_size).await;
+            let mut per_round = Vec::new();
+            for chunks in [4u64, 32] {
+                let len = chunks * CHUNK;
+                let ts = declare_all_with(&s, &format!("t{chunks}"), len, p.clone()).await;
+                let devices: Vec<_> = (0..workers)
+                    .map(|_| Arc::new(EmulatedDevice::new()))
+                    .collect();
+                let mut calls = Vec::new();
+                for round in 0..3 {
+                    let mems: Vec<_> = devices
+                        .iter()
+                        .enumerate()
+                        .map(|(r, d)| to_device(d, &data(round * 10 + r as u64, len as usize)))
+                        .collect();
+                    let before: u64 = devices.iter().map(|d| d.driver_calls()).sum();
+                    let rounds = s.workers.iter().zip(&ts).zip(&devices).zip(mems).map(
+                        |(((w, t), d), mem)| async move {
+                            w.push_pull_device(t, d, mem, Reduce::Average)
+                                .await
+                                .unwrap()
+                        },
+                    );
+                    let _mems = futures_util::future::join_all(rounds).await;
+                    calls.push(devices.iter().map(|d| d.driver_calls()).sum::<u64>() - before);
+                }
+                per_round.push((chunks, calls));
+            }
+            println!("{compressor}, groups of {local_size}: driver calls per round {per_round:?}");
+            let [(_, four), (_, many)] = &per_round[..] else {
+                unreachable!()
+            };
+            assert_eq!(four[2], many[2], "{compressor}: {per_round:?}");
+            assert!(four[2] <= 4 * workers as u64, "{compressor}: {per_round:?}");
+            s.finish_all().await;
+        }
+    })
+    .await
+    .expect("timed out");
+}
+
 #[cfg(feature = "cuda")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a CUDA GPU: run with --features cuda -- --ignored on a GPU machine"]

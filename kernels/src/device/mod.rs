@@ -50,7 +50,8 @@
 //!
 //! Compressors without a kernel (top-k, column-wise onebit, Elias-coded dithering, Moniqua)
 //! have no device chain ([`DeviceTensor::build`] returns `None`): the worker copies such a
-//! tensor's chunks to the host and uses the CPU chains (its metrics then say `cpu`).
+//! tensor to the host (once a round, and its results back once) and uses the CPU chains (its
+//! metrics then say `cpu`).
 
 use std::ops::Range;
 

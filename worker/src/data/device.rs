@@ -8,6 +8,7 @@
 //! tensors' batch (tables, arena, staging) between calls.
 
 use std::any::Any;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -33,8 +34,8 @@ pub(crate) struct ChainSetup {
     pub(crate) min_compress_bytes: u64,
     /// A codec factory other than the default is set: every chunk uses its CPU codec.
     pub(crate) custom_factory: bool,
-    /// The worker is in a local group (`cluster.local_size > 1`): its chunks are copied to the
-    /// host's sum and back, and each chunk's owner compresses the host sum with its CPU codec
+    /// The worker is in a local group (`cluster.local_size > 1`): its chunks are added to the
+    /// host's sum from a host copy of the tensor ([`HostCopy`]) and their results copied back, and each chunk's owner compresses the host sum with its CPU codec
     /// ([`crate::local`]), so the tensor has no device chains.
     pub(crate) local_group: bool,
 }
@@ -164,8 +165,49 @@ pub(crate) struct DeviceData<D: Device, K> {
     /// The tensor's device state during a push_pull round.
     state: Option<DeviceState<D>>,
     launched: Launched<D>,
-    /// Host staging for chunks compressed on the CPU and for broadcasts.
-    host: Vec<f32>,
+    /// The buffer on the host, for chunks that go through the host.
+    copy: HostCopy,
+}
+
+/// A device buffer's copy on the host, for a round whose chunks go through the host (a local
+/// group's sum, a compressor without a kernel, a custom codec factory, a broadcast): the whole
+/// buffer is copied in when the first chunk is read, and the chunks written are copied back
+/// when the round ends, one copy per run of adjacent chunks. Such a round costs one copy each
+/// way, not one per chunk (each copy waits for the device's stream).
+#[derive(Default)]
+struct HostCopy {
+    /// The buffer's elements (empty until a chunk is read or written).
+    values: Vec<f32>,
+    /// The whole buffer was copied in.
+    read: bool,
+    /// The element ranges written, to copy back.
+    written: Vec<Range<usize>>,
+}
+
+impl HostCopy {
+    /// `self` with room for `len` elements: the tensor's memory from its last round (it keeps
+    /// it in between).
+    fn sized(&mut self, len: usize, tensor: &TensorInner) -> &mut HostCopy {
+        if self.values.len() != len {
+            self.values = std::mem::take(&mut tensor.residence().host_copy);
+            self.values.resize(len, 0.0);
+        }
+        self
+    }
+
+    /// The runs of adjacent or overlapping ranges written, in order.
+    fn runs(&self) -> Vec<Range<usize>> {
+        let mut written = self.written.clone();
+        written.sort_by_key(|r| r.start);
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        for r in written {
+            match runs.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => runs.push(r),
+            }
+        }
+        runs
+    }
 }
 
 impl<D: Device> DeviceData<D, D::Mem> {
@@ -186,7 +228,7 @@ impl<D: Device, K> DeviceData<D, K> {
             setup,
             state: None,
             launched: Launched::No,
-            host: Vec::new(),
+            copy: HostCopy::default(),
         }
     }
 
@@ -261,24 +303,53 @@ impl<D: Device, K> DeviceData<D, K> {
         Ok(DeviceState { chains })
     }
 
-    /// Copies chunk `index` of the buffer into the host staging buffer.
-    fn stage(&mut self, tensor: &TensorInner, index: usize) -> Result<(), String> {
+    /// Chunk `index` of the buffer, on the host ([`HostCopy`]): the first chunk read copies
+    /// the whole buffer in, or, should a chunk have been written before, the chunk alone.
+    fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], String> {
         let range = tensor.ranges[index].clone();
-        self.host.resize(range.len(), 0.0);
-        // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round).
-        unsafe {
-            self.device
-                .download(self.addr + 4 * range.start as u64, &mut self.host)
+        let copy = self.copy.sized(self.len, tensor);
+        if !copy.read {
+            let whole = copy.written.is_empty();
+            let overwritten = |w: &Range<usize>| w.start < range.end && range.start < w.end;
+            if whole || !copy.written.iter().any(overwritten) {
+                let from = if whole { 0..self.len } else { range.clone() };
+                // SAFETY: the buffer holds `len` f32 (checked against the tensor before the
+                // round), and `from` lies within it.
+                unsafe {
+                    self.device
+                        .download(self.addr + 4 * from.start as u64, &mut copy.values[from])
+                }
+                .map_err(|e| format!("copying the buffer from {}: {e}", self.device.place()))?;
+            }
+            copy.read = whole;
         }
-        .map_err(|e| format!("copying the chunk from {}: {e}", self.device.place()))
+        Ok(&self.copy.values[range])
     }
 
-    /// Copies the host staging buffer to chunk `index` of the buffer.
-    fn unstage(&mut self, tensor: &TensorInner, index: usize) -> Result<(), String> {
-        let at = self.addr + 4 * tensor.ranges[index].start as u64;
-        // SAFETY: as in `stage`.
-        unsafe { self.device.upload(&self.host, at) }
-            .map_err(|e| format!("copying the result to {}: {e}", self.device.place()))
+    /// Chunk `index` of the host copy, to be overwritten whole and copied back when the round
+    /// ends.
+    fn write(&mut self, tensor: &TensorInner, index: usize) -> &mut [f32] {
+        let range = tensor.ranges[index].clone();
+        let copy = self.copy.sized(self.len, tensor);
+        copy.written.push(range.clone());
+        &mut copy.values[range]
+    }
+
+    /// Copies the chunks written on the host back to the buffer, one copy per run of adjacent
+    /// chunks, and gives the copy's memory back to the tensor.
+    fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
+        let copy = std::mem::take(&mut self.copy);
+        let mut runs = copy.runs();
+        let copied = runs.drain(..).try_for_each(|run| {
+            let at = self.addr + 4 * run.start as u64;
+            // SAFETY: as in `read`.
+            unsafe { self.device.upload(&copy.values[run], at) }
+                .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))
+        });
+        if !copy.values.is_empty() {
+            tensor.residence().host_copy = copy.values;
+        }
+        copied
     }
 
     /// The tensor's device chains this round, if its chunks compress on the device.
@@ -438,8 +509,8 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 Launched::No => {}
             }
         }
-        self.stage(tensor, index)?;
-        encode_host(tensor, index, &self.host, round, kind, lr, pool)
+        let values = self.read(tensor, index)?;
+        encode_host(tensor, index, values, round, kind, lr, pool)
     }
 
     fn decode(
@@ -460,21 +531,8 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 .receive(*part, chains, index, payload)
                 .map_err(|e| e.to_string());
         }
-        self.host.resize(tensor.ranges[index].len(), 0.0);
-        let mut host = std::mem::take(&mut self.host);
-        let res = decode_host(
-            tensor,
-            index,
-            &mut host,
-            round,
-            kind,
-            lr,
-            num_workers,
-            payload,
-        );
-        self.host = host;
-        res?;
-        self.unstage(tensor, index)
+        let out = self.write(tensor, index);
+        decode_host(tensor, index, out, round, kind, lr, num_workers, payload)
     }
 
     fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
@@ -485,9 +543,8 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             return Ok(());
         }
         tensor.codec(index).undo(round);
-        self.host.clear();
-        self.host.resize(tensor.ranges[index].len(), f32::NAN);
-        self.unstage(tensor, index)
+        self.write(tensor, index).fill(f32::NAN);
+        Ok(())
     }
 
     fn contribute(
@@ -500,8 +557,12 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         intra: IntraCodec,
         acc: &mut [f32],
     ) -> Result<(), String> {
-        self.stage(tensor, index)?;
-        contribute(&self.host, kind, rank, first, intra, acc);
+        // A broadcast's other members add nothing: their buffer is not read.
+        let values = match kind {
+            RoundKind::Broadcast { root } if root != rank => &[],
+            _ => self.read(tensor, index)?,
+        };
+        contribute(values, kind, rank, first, intra, acc);
         Ok(())
     }
 
@@ -513,9 +574,8 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         num_workers: u32,
         acc: &[f32],
     ) -> Result<(), String> {
-        self.host.resize(acc.len(), 0.0);
-        take_result(acc, kind, num_workers, &mut self.host);
-        self.unstage(tensor, index)
+        take_result(acc, kind, num_workers, self.write(tensor, index));
+        Ok(())
     }
 
     fn undo(&mut self, tensor: &TensorInner, round: u64) {
@@ -529,12 +589,20 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         if let Some(state) = self.state.take() {
             tensor.residence().chains = Some(Box::new(state));
         }
+        let name = tensor.placement.name.clone();
+        let copied = self
+            .write_back(tensor)
+            .map_err(|message| WorkerError::Device {
+                name: name.clone(),
+                message,
+            });
         let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) else {
-            return None;
+            return copied
+                .err()
+                .map(|e| Box::pin(std::future::ready(Err(e))) as Settling);
         };
         let mut decoded = run.decoded.subscribe();
         run.leave();
-        let name = tensor.placement.name.clone();
         Some(Box::pin(async move {
             // `run` holds the sender until the outcome is read.
             let _run = run;
@@ -542,6 +610,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 Ok(v) => v.clone().unwrap_or(Ok(())),
                 Err(_) => Err("the batch ended without decoding".to_string()),
             };
+            copied?;
             outcome.map_err(|message| WorkerError::Device {
                 name,
                 message: format!("decoding the results: {message}"),
@@ -557,5 +626,20 @@ impl<D: Device, K> Drop for DeviceData<D, K> {
         if let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) {
             run.leave();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostCopy;
+
+    #[test]
+    fn written_chunks_go_back_in_runs_of_adjacent_chunks() {
+        let copy = HostCopy {
+            written: vec![8..12, 0..4, 20..24, 4..8, 16..20, 30..31],
+            ..HostCopy::default()
+        };
+        assert_eq!(copy.runs(), vec![0..12, 16..24, 30..31]);
+        assert!(HostCopy::default().runs().is_empty());
     }
 }

@@ -24,7 +24,8 @@ impl Worker {
     /// are copied to the host and pushed; the results are copied to the device and decoded
     /// there into `mem`. Compressors without a device kernel (top-k, column-wise onebit,
     /// Elias-coded dithering), and every chunk when a custom [`crate::CodecFactory`] is set,
-    /// copy each chunk to the host and use its CPU codec. With `worker.device = "cpu"` the
+    /// or in a local group, go through a host copy of the tensor (copied in once a round, the
+    /// results copied back once) and use its CPU codec. With `worker.device = "cpu"` the
     /// whole tensor is copied to the host, reduced there, and copied back.
     /// [`crate::Tensor::metrics`] says where each round compressed.
     ///
