@@ -8,7 +8,6 @@
 //! tensors' batch (tables, arena, staging) between calls.
 
 use std::any::Any;
-use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -35,8 +34,9 @@ pub(crate) struct ChainSetup {
     /// A codec factory other than the default is set: every chunk uses its CPU codec.
     pub(crate) custom_factory: bool,
     /// The worker is in a local group (`cluster.local_size > 1`): its chunks are added to the
-    /// host's sum from a host copy of the tensor ([`HostCopy`]) and their results copied back, and each chunk's owner compresses the host sum with its CPU codec
-    /// ([`crate::local`]), so the tensor has no device chains.
+    /// host's sum from a host copy of the tensor ([`HostCopy`]), the results copied back, and
+    /// each chunk's owner compresses the host sum with its CPU codec ([`crate::local`]), so
+    /// the tensor has no device chains.
     pub(crate) local_group: bool,
 }
 
@@ -171,43 +171,18 @@ pub(crate) struct DeviceData<D: Device, K> {
 
 /// A device buffer's copy on the host, for a round whose chunks go through the host (a local
 /// group's sum, a compressor without a kernel, a custom codec factory, a broadcast): the whole
-/// buffer is copied in when the first chunk is read, and the chunks written are copied back
-/// when the round ends, one copy per run of adjacent chunks. Such a round costs one copy each
-/// way, not one per chunk (each copy waits for the device's stream).
+/// buffer is copied in when a chunk is first read or written, and copied back when the round
+/// ends if a chunk was written (the chunks not written go back as they came). Such a round
+/// costs one copy each way, not one per chunk (each copy waits for the device's stream). The
+/// memory is the tensor's between rounds (`Residence::host_copy`).
 #[derive(Default)]
 struct HostCopy {
-    /// The buffer's elements (empty until a chunk is read or written).
+    /// The buffer's elements, once copied in.
     values: Vec<f32>,
-    /// The whole buffer was copied in.
-    read: bool,
-    /// The element ranges written, to copy back.
-    written: Vec<Range<usize>>,
-}
-
-impl HostCopy {
-    /// `self` with room for `len` elements: the tensor's memory from its last round (it keeps
-    /// it in between).
-    fn sized(&mut self, len: usize, tensor: &TensorInner) -> &mut HostCopy {
-        if self.values.len() != len {
-            self.values = std::mem::take(&mut tensor.residence().host_copy);
-            self.values.resize(len, 0.0);
-        }
-        self
-    }
-
-    /// The runs of adjacent or overlapping ranges written, in order.
-    fn runs(&self) -> Vec<Range<usize>> {
-        let mut written = self.written.clone();
-        written.sort_by_key(|r| r.start);
-        let mut runs: Vec<Range<usize>> = Vec::new();
-        for r in written {
-            match runs.last_mut() {
-                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-                _ => runs.push(r),
-            }
-        }
-        runs
-    }
+    /// The buffer was copied in.
+    copied_in: bool,
+    /// A chunk was written since.
+    written: bool,
 }
 
 impl<D: Device> DeviceData<D, D::Mem> {
@@ -303,49 +278,47 @@ impl<D: Device, K> DeviceData<D, K> {
         Ok(DeviceState { chains })
     }
 
-    /// Chunk `index` of the buffer, on the host ([`HostCopy`]): the first chunk read copies
-    /// the whole buffer in, or, should a chunk have been written before, the chunk alone.
+    /// The buffer on the host ([`HostCopy`]), copied in at the first call of the round.
+    fn host_copy(&mut self, tensor: &TensorInner) -> Result<&mut [f32], String> {
+        let copy = &mut self.copy;
+        if !copy.copied_in {
+            if copy.values.len() != self.len {
+                copy.values = std::mem::take(&mut tensor.residence().host_copy);
+                copy.values.resize(self.len, 0.0);
+            }
+            // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round).
+            unsafe { self.device.download(self.addr, &mut copy.values) }
+                .map_err(|e| format!("copying the buffer from {}: {e}", self.device.place()))?;
+            copy.copied_in = true;
+        }
+        Ok(&mut copy.values)
+    }
+
+    /// Chunk `index` of the buffer, read on the host.
     fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], String> {
         let range = tensor.ranges[index].clone();
-        let copy = self.copy.sized(self.len, tensor);
-        if !copy.read {
-            let whole = copy.written.is_empty();
-            let overwritten = |w: &Range<usize>| w.start < range.end && range.start < w.end;
-            if whole || !copy.written.iter().any(overwritten) {
-                let from = if whole { 0..self.len } else { range.clone() };
-                // SAFETY: the buffer holds `len` f32 (checked against the tensor before the
-                // round), and `from` lies within it.
-                unsafe {
-                    self.device
-                        .download(self.addr + 4 * from.start as u64, &mut copy.values[from])
-                }
-                .map_err(|e| format!("copying the buffer from {}: {e}", self.device.place()))?;
-            }
-            copy.read = whole;
-        }
-        Ok(&self.copy.values[range])
+        Ok(&self.host_copy(tensor)?[range])
     }
 
-    /// Chunk `index` of the host copy, to be overwritten whole and copied back when the round
-    /// ends.
-    fn write(&mut self, tensor: &TensorInner, index: usize) -> &mut [f32] {
+    /// Chunk `index` of the buffer on the host, to be overwritten and copied back.
+    fn write(&mut self, tensor: &TensorInner, index: usize) -> Result<&mut [f32], String> {
         let range = tensor.ranges[index].clone();
-        let copy = self.copy.sized(self.len, tensor);
-        copy.written.push(range.clone());
-        &mut copy.values[range]
+        self.host_copy(tensor)?;
+        self.copy.written = true;
+        Ok(&mut self.copy.values[range])
     }
 
-    /// Copies the chunks written on the host back to the buffer, one copy per run of adjacent
-    /// chunks, and gives the copy's memory back to the tensor.
+    /// Copies the host copy back to the buffer if a chunk was written, and gives its memory
+    /// back to the tensor.
     fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
         let copy = std::mem::take(&mut self.copy);
-        let mut runs = copy.runs();
-        let copied = runs.drain(..).try_for_each(|run| {
-            let at = self.addr + 4 * run.start as u64;
-            // SAFETY: as in `read`.
-            unsafe { self.device.upload(&copy.values[run], at) }
+        let copied = if copy.written {
+            // SAFETY: as in `host_copy`.
+            unsafe { self.device.upload(&copy.values, self.addr) }
                 .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))
-        });
+        } else {
+            Ok(())
+        };
         if !copy.values.is_empty() {
             tensor.residence().host_copy = copy.values;
         }
@@ -531,7 +504,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 .receive(*part, chains, index, payload)
                 .map_err(|e| e.to_string());
         }
-        let out = self.write(tensor, index);
+        let out = self.write(tensor, index)?;
         decode_host(tensor, index, out, round, kind, lr, num_workers, payload)
     }
 
@@ -543,7 +516,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             return Ok(());
         }
         tensor.codec(index).undo(round);
-        self.write(tensor, index).fill(f32::NAN);
+        self.write(tensor, index)?.fill(f32::NAN);
         Ok(())
     }
 
@@ -557,11 +530,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         intra: IntraCodec,
         acc: &mut [f32],
     ) -> Result<(), String> {
-        // A broadcast's other members add nothing: their buffer is not read.
-        let values = match kind {
-            RoundKind::Broadcast { root } if root != rank => &[],
-            _ => self.read(tensor, index)?,
-        };
+        let values = self.read(tensor, index)?;
         contribute(values, kind, rank, first, intra, acc);
         Ok(())
     }
@@ -574,7 +543,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         num_workers: u32,
         acc: &[f32],
     ) -> Result<(), String> {
-        take_result(acc, kind, num_workers, self.write(tensor, index));
+        take_result(acc, kind, num_workers, self.write(tensor, index)?);
         Ok(())
     }
 
@@ -626,20 +595,5 @@ impl<D: Device, K> Drop for DeviceData<D, K> {
         if let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) {
             run.leave();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::HostCopy;
-
-    #[test]
-    fn written_chunks_go_back_in_runs_of_adjacent_chunks() {
-        let copy = HostCopy {
-            written: vec![8..12, 0..4, 20..24, 4..8, 16..20, 30..31],
-            ..HostCopy::default()
-        };
-        assert_eq!(copy.runs(), vec![0..12, 16..24, 30..31]);
-        assert!(HostCopy::default().runs().is_empty());
     }
 }
