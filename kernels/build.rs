@@ -1,5 +1,5 @@
 //! Compiles the CUDA element functions for the host (kernels/cuda/host_shim.cpp, which includes
-//! kernels/cuda/pushpull_elem.cuh) with the `cc` crate and links them into the crate, so tests
+//! kernels/cuda/pushpull_elem.cuh and pushpull_work.cuh) with the `cc` crate and links them into the crate, so tests
 //! can compare the CUDA math with the Rust path bit for bit on machines without a GPU.
 //!
 //! The flags matter: `-ffp-contract=off` forbids fusing `a * b + c` into an FMA (the device side
@@ -10,6 +10,7 @@
 fn main() {
     let sources = [
         "cuda/pushpull_elem.cuh",
+        "cuda/pushpull_work.cuh",
         "cuda/pushpull_table.cuh",
         "cuda/pushpull_kernels.cu",
         "cuda/host_shim.cpp",

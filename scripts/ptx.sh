@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates kernels/cuda/pushpull_kernels.ptx, the PTX shipped with pushpull-kernels (what a
-# GPU loads, so that users need no NVRTC): run it after changing kernels/cuda/pushpull_elem.cuh, pushpull_table.cuh
-# or kernels/cuda/pushpull_kernels.cu, and commit the .ptx with the change. The test
+# GPU loads, so that users need no NVRTC): run it after changing kernels/cuda/pushpull_elem.cuh,
+# pushpull_work.cuh, pushpull_table.cuh or pushpull_kernels.cu, and commit the .ptx with the change. The test
 # `shipped_ptx_is_fresh` (kernels/tests/nvrtc_compile.rs, run by CI with NVRTC 12.4) fails
 # until you do.
 #

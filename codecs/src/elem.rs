@@ -2,7 +2,7 @@
 //!
 //! Every quantity a compressor computes is defined here once, in plain f32/f64 arithmetic with
 //! no fused multiply-add, so that the serial CPU path, the rayon path and the CUDA kernels
-//! (`cuda/pushpull_elem.cuh`, compiled with NVRTC `--fmad=false`, no fast math) produce the
+//! (`cuda/pushpull_elem.cuh` and `pushpull_work.cuh`, compiled with NVRTC `--fmad=false`, no fast math) produce the
 //! same bits. Changing a formula here changes the wire format: change the CUDA header with it.
 //!
 //! # Reductions

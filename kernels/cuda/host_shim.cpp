@@ -4,7 +4,7 @@
 // -fno-fast-math -std=c++17`) and links it into pushpull-kernels; src/cuda/host.rs declares
 // the `extern "C"` functions below. Two kinds of entry points:
 //
-//   * pp_host_<fn>: one element function of pushpull_elem.cuh, for bit-for-bit comparison with
+//   * pp_host_<fn>: one element function of pushpull_elem.cuh or pushpull_work.cuh, for bit-for-bit comparison with
 //     rng.rs / elem.rs;
 //   * pp_emu_<kernel sequence>: a whole compress / decompress / decompress_add of one chunk,
 //     emulating the kernel launches that src/cuda/codec.rs makes: every CUDA block and thread
@@ -16,6 +16,7 @@
 // return false, so the Rust tests fail instead of corrupting memory.
 
 #include "pushpull_elem.cuh"
+#include "pushpull_work.cuh"
 #include "pushpull_table.cuh"
 
 #include <stddef.h>

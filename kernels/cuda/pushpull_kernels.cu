@@ -1,7 +1,7 @@
 // pushpull_kernels.cu: the CUDA kernels of the fixed-width compressors.
 //
-// Compiled to PTX by NVRTC (src/cuda/mod.rs prepends pushpull_elem.cuh and pushpull_table.cuh
-// to this file, so no include path is needed; nvcc finds the headers next to this file). Every
+// Compiled to PTX by NVRTC (src/cuda/mod.rs prepends pushpull_elem.cuh, pushpull_work.cuh and
+// pushpull_table.cuh to this file, so no include path is needed; nvcc finds the headers next to this file). Every
 // kernel is a thin wrapper: it maps threads to work units and calls the per-thread functions of
 // the headers, which the host emulation (host_shim.cpp) calls serially in the same way.
 // All element counts are 64-bit; pointers to payloads are u32 words (f32 values are stored as
@@ -16,6 +16,9 @@
 
 #ifndef PUSHPULL_ELEM_CUH
 #include "pushpull_elem.cuh"
+#endif
+#ifndef PUSHPULL_WORK_CUH
+#include "pushpull_work.cuh"
 #endif
 #ifndef PUSHPULL_TABLE_CUH
 #include "pushpull_table.cuh"

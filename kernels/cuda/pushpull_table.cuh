@@ -1,13 +1,14 @@
 // pushpull_table.cuh: the chunk tables of device batches, and the per-element and per-group
 // work units of the table kernels (pp_t_* in pushpull_kernels.cu), written once as
-// `__host__ __device__` functions on top of pushpull_elem.cuh, which it needs first. NVRTC gets
-// the three files concatenated (src/cuda/mod.rs SOURCE); host_shim.cpp includes both headers.
+// `__host__ __device__` functions on top of pushpull_elem.cuh and pushpull_work.cuh, which it
+// needs first. NVRTC gets the four files concatenated (src/cuda/mod.rs SOURCE); host_shim.cpp
+// includes the three headers.
 
 #ifndef PUSHPULL_TABLE_CUH
 #define PUSHPULL_TABLE_CUH
 
-#ifndef PUSHPULL_ELEM_CUH
-#include "pushpull_elem.cuh"
+#ifndef PUSHPULL_WORK_CUH
+#include "pushpull_work.cuh"
 #endif
 
 // ------------------------------------------------------------------------------------------------

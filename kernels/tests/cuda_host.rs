@@ -1,8 +1,9 @@
 //! The CUDA code compiled for the host (kernels/cuda/host_shim.cpp, built by build.rs) against
 //! the Rust path, bit for bit, on fresh random inputs (the seed is printed; set
-//! `PUSHPULL_TEST_SEED` to replay a run): every element function of `pushpull_elem.cuh` against its `rng.rs` / `elem.rs` twin,
-//! including edge values (±0, subnormals, values that must saturate, exact ties for
-//! round-to-nearest-even, levels at their boundaries). Whole kernel launch sequences are in
+//! `PUSHPULL_TEST_SEED` to replay a run): every element function of `pushpull_elem.cuh` and
+//! `pushpull_work.cuh` against its `rng.rs` / `elem.rs` twin, including edge values (±0,
+//! subnormals, values that must saturate, exact ties for round-to-nearest-even, levels at their
+//! boundaries). Whole kernel launch sequences are in
 //! `cuda_host_kernels.rs`.
 //!
 //! Runs everywhere (no GPU, no CUDA toolkit needed).

@@ -174,8 +174,8 @@ fn shipped_ptx_is_fresh() {
         let (line, shipped, now) = first_difference(SHIPPED_PTX, &fresh);
         panic!(
             "{SHIPPED_PTX_FILE} is stale: it is not what NVRTC {major}.{minor} makes of the \
-             current kernel sources (kernels/cuda/pushpull_elem.cuh, pushpull_table.cuh and pushpull_kernels.cu). Run \
-             `scripts/ptx.sh` to regenerate it and commit the file with the kernel change.\n\
+             current kernel sources (kernels/cuda/pushpull_elem.cuh, pushpull_work.cuh, \
+             pushpull_table.cuh and pushpull_kernels.cu). Run `scripts/ptx.sh` to regenerate it and commit the file with the kernel change.\n\
              First difference, line {line}:\n  shipped: {shipped}\n  fresh:   {now}"
         );
     }

@@ -1,7 +1,7 @@
 //! The CUDA element functions and kernels, compiled for the host.
 //!
-//! `build.rs` compiles `kernels/cuda/host_shim.cpp` (which includes `pushpull_elem.cuh`, the
-//! header the kernels use) with `-ffp-contract=off -fno-fast-math`. This module binds it:
+//! `build.rs` compiles `kernels/cuda/host_shim.cpp` (which includes `pushpull_elem.cuh` and
+//! `pushpull_work.cuh`, the headers the kernels use) with `-ffp-contract=off -fno-fast-math`. This module binds it:
 //!
 //! * one safe wrapper per element function, named after its [`crate::rng`] /
 //!   [`crate::elem`] counterpart, so tests compare the two bit for bit;
