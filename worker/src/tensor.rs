@@ -134,10 +134,10 @@ pub(crate) struct Residence {
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
-    /// A device buffer's host copy ([`crate::data`]'s `HostCopy`), kept between rounds so
-    /// that a round whose chunks go through the host does not allocate (and fault in) a
-    /// tensor's worth of memory.
-    pub(crate) host_copy: Vec<f32>,
+    /// A device buffer's host copy ([`crate::data`]'s `HostCopy`: the device's page-locked
+    /// staging) and its bytes, kept between rounds so that a round whose chunks go through the
+    /// host does not allocate it again.
+    pub(crate) host_copy: Option<(Box<dyn std::any::Any + Send + Sync>, u64)>,
 }
 
 impl Residence {
@@ -151,7 +151,7 @@ impl Residence {
             last_sum: None,
             discarded: None,
             restored: false,
-            host_copy: Vec::new(),
+            host_copy: None,
         }
     }
 
@@ -249,7 +249,7 @@ impl Tensor {
             decompress_seconds: secs(&self.inner.decompress_nanos),
             device: residence.compressed_on,
             buffer_device: residence.buffer_on,
-            device_bytes: residence.device_bytes,
+            device_bytes: residence.device_bytes + residence.host_copy.as_ref().map_or(0, |h| h.1),
             round_times: self.inner.round_clock.snapshot(),
         }
     }
@@ -307,7 +307,8 @@ pub struct TensorMetrics {
     /// Where the last round's buffer lived (`cpu` for host buffers).
     pub buffer_device: Device,
     /// Device and page-locked host bytes the tensor's device state holds (residual, momentum,
-    /// scratch, the staging of its pulled payloads): 0 for host buffers.
+    /// scratch, the staging of its pulled payloads, the host copy of a buffer whose chunks go
+    /// through the host): 0 for host buffers.
     pub device_bytes: u64,
     /// How long the completed rounds took (a histogram).
     pub round_times: RoundTimes,

@@ -166,7 +166,7 @@ pub(crate) struct DeviceData<D: Device, K> {
     state: Option<DeviceState<D>>,
     launched: Launched<D>,
     /// The buffer on the host, for chunks that go through the host.
-    copy: HostCopy,
+    copy: HostCopy<D>,
 }
 
 /// A device buffer's copy on the host, for a round whose chunks go through the host (a local
@@ -174,15 +174,36 @@ pub(crate) struct DeviceData<D: Device, K> {
 /// buffer is copied in when a chunk is first read or written, and copied back when the round
 /// ends if a chunk was written (the chunks not written go back as they came). Such a round
 /// costs one copy each way, not one per chunk (each copy waits for the device's stream). The
-/// memory is the tensor's between rounds (`Residence::host_copy`).
-#[derive(Default)]
-struct HostCopy {
-    /// The buffer's elements, once copied in.
-    values: Vec<f32>,
+/// copy is the device's page-locked staging (faster copies than pageable memory on a GPU),
+/// kept in the tensor between rounds (`Residence::host_copy`).
+struct HostCopy<D: Device> {
+    /// The buffer's bytes, once copied in (at least `4 * len`).
+    staging: Option<D::Staging>,
     /// The buffer was copied in.
     copied_in: bool,
     /// A chunk was written since.
     written: bool,
+}
+
+impl<D: Device> Default for HostCopy<D> {
+    fn default() -> Self {
+        HostCopy {
+            staging: None,
+            copied_in: false,
+            written: false,
+        }
+    }
+}
+
+/// `bytes` as f32 (staging is page-aligned on a GPU, heap memory on the emulated device).
+fn as_f32(bytes: &mut [u8]) -> Result<&mut [f32], String> {
+    // SAFETY: every bit pattern is a valid f32; `align_to_mut` only hands out aligned floats.
+    let (head, floats, tail) = unsafe { bytes.align_to_mut::<f32>() };
+    if head.is_empty() && tail.is_empty() {
+        Ok(floats)
+    } else {
+        Err("the host staging is not 4-byte aligned".into())
+    }
 }
 
 impl<D: Device> DeviceData<D, D::Mem> {
@@ -280,18 +301,31 @@ impl<D: Device, K> DeviceData<D, K> {
 
     /// The buffer on the host ([`HostCopy`]), copied in at the first call of the round.
     fn host_copy(&mut self, tensor: &TensorInner) -> Result<&mut [f32], String> {
-        let copy = &mut self.copy;
-        if !copy.copied_in {
-            if copy.values.len() != self.len {
-                copy.values = std::mem::take(&mut tensor.residence().host_copy);
-                copy.values.resize(self.len, 0.0);
-            }
-            // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round).
-            unsafe { self.device.download(self.addr, &mut copy.values) }
-                .map_err(|e| format!("copying the buffer from {}: {e}", self.device.place()))?;
-            copy.copied_in = true;
+        let bytes = 4 * self.len;
+        if !self.copy.copied_in {
+            let place = self.device.place();
+            let kept = tensor.residence().host_copy.take();
+            let kept = kept.and_then(|(s, _)| s.downcast::<D::Staging>().ok());
+            let mut staging = match kept {
+                Some(s) if s.as_ref().as_ref().len() >= bytes => *s,
+                _ => self.device.alloc_staging(bytes).map_err(|e| {
+                    format!("allocating {bytes} bytes of host staging for {place}: {e}")
+                })?,
+            };
+            // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round);
+            // the staging at least as many bytes.
+            unsafe { self.device.stage(self.addr, &mut staging, 0..bytes) }
+                .and_then(|()| self.device.wait_staged(&mut staging))
+                .map_err(|e| format!("copying the buffer from {place}: {e}"))?;
+            self.copy.staging = Some(staging);
+            self.copy.copied_in = true;
         }
-        Ok(&mut copy.values)
+        let staging = self
+            .copy
+            .staging
+            .as_mut()
+            .ok_or("the host copy is missing")?;
+        as_f32(&mut staging.as_mut()[..bytes])
     }
 
     /// Chunk `index` of the buffer, read on the host.
@@ -303,26 +337,27 @@ impl<D: Device, K> DeviceData<D, K> {
     /// Chunk `index` of the buffer on the host, to be overwritten and copied back.
     fn write(&mut self, tensor: &TensorInner, index: usize) -> Result<&mut [f32], String> {
         let range = tensor.ranges[index].clone();
-        self.host_copy(tensor)?;
         self.copy.written = true;
-        Ok(&mut self.copy.values[range])
+        Ok(&mut self.host_copy(tensor)?[range])
     }
 
-    /// Copies the host copy back to the buffer if a chunk was written, and gives its memory
+    /// Copies the host copy back to the buffer if a chunk was written, and gives the staging
     /// back to the tensor.
     fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
         let copy = std::mem::take(&mut self.copy);
-        let copied = if copy.written {
-            // SAFETY: as in `host_copy`.
-            unsafe { self.device.upload(&copy.values, self.addr) }
-                .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))
-        } else {
-            Ok(())
+        let Some(mut staging) = copy.staging else {
+            return Ok(());
         };
-        if !copy.values.is_empty() {
-            tensor.residence().host_copy = copy.values;
+        if copy.written {
+            let bytes = 4 * self.len;
+            // SAFETY: as in `host_copy`; the staging is not touched until the copy has run.
+            unsafe { self.device.upload_staged(&mut staging, 0..bytes, self.addr) }
+                .and_then(|()| self.device.wait_staged(&mut staging))
+                .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))?;
         }
-        copied
+        let bytes = staging.as_ref().len() as u64;
+        tensor.residence().host_copy = Some((Box::new(staging), bytes));
+        Ok(())
     }
 
     /// The tensor's device chains this round, if its chunks compress on the device.
