@@ -87,7 +87,8 @@ pub async fn run_worker(args: &NodeArgs, opts: &WorkerOptions) -> CliResult<()> 
     Ok(())
 }
 
-/// Ends the worker's part of the job (`finish` after a successful job) and renders its report
+/// Ends the worker's part of the job (`finish` after a successful job, `abort` after a failed
+/// one, so that the other nodes hear why before this process exits) and renders its report
 /// as text and JSON (with the process's CPU seconds filled in by `render`).
 async fn finish_report<R>(
     worker: pushpull_worker::Worker,
@@ -95,8 +96,14 @@ async fn finish_report<R>(
     report: CliResult<R>,
     render: impl FnOnce(R) -> (String, serde_json::Result<String>),
 ) -> CliResult<(String, String)> {
-    let report =
-        report.map_err(|e| CliError::failed(format!("pushpull-worker rank {rank}: {e}")))?;
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => {
+            let e = CliError::failed(format!("pushpull-worker rank {rank}: {e}"));
+            worker.abort(&e.to_string()).await;
+            return Err(e);
+        }
+    };
     worker
         .finish()
         .await

@@ -69,19 +69,35 @@ fn expect_failures(procs: &mut [&mut Proc], needle: &str, killed_at: Instant) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+    let statuses: Vec<_> = procs.iter_mut().map(|p| p.wait_exit(GENEROUS)).collect();
+    // Every process's warnings and errors, for a failure's message: a race shows only there.
+    let others: String = procs
+        .iter()
+        .map(|p| {
+            let lines = p.stderr();
+            let lines = lines.lines().filter(|l| {
+                l.starts_with("error:") || l.contains(" WARN ") || l.contains(" ERROR ")
+            });
+            format!(
+                "---- {}\n{}\n",
+                p.name,
+                lines.collect::<Vec<_>>().join("\n")
+            )
+        })
+        .collect();
     for (i, p) in procs.iter_mut().enumerate() {
-        let st = p.wait_exit(GENEROUS);
+        let st = statuses[i];
         let took = exited[i].unwrap();
         let err = p.stderr();
         assert_eq!(
             st.code(),
             Some(1),
-            "{} exit status {st}; stderr:\n{err}",
+            "{} exit status {st}; stderr:\n{err}\nall processes:\n{others}",
             p.name
         );
         assert!(
             err.contains(needle),
-            "{}'s error should name {needle:?}; stderr:\n{err}",
+            "{}'s error should name {needle:?}; stderr:\n{err}\nall processes:\n{others}",
             p.name
         );
         assert!(

@@ -115,6 +115,14 @@ pub enum WorkerError {
     #[error("the worker was dropped without finish(); its operations were cancelled")]
     Dropped,
 
+    /// [`crate::Worker::abort`] ended this worker after a failure while this operation was
+    /// running in the background.
+    #[error("the worker was aborted ({reason}); its operations were cancelled")]
+    Abandoned {
+        /// The reason given to `abort`.
+        reason: String,
+    },
+
     /// The scheduler answered a declare with an error (lengths or parameters differ between
     /// workers, a key collision, a server refused the tensor). Names the tensor and both
     /// values. Other tensors keep working.
@@ -325,6 +333,7 @@ impl WorkerError {
                 | WorkerError::Protocol { .. }
                 | WorkerError::Finished
                 | WorkerError::Dropped
+                | WorkerError::Abandoned { .. }
                 | WorkerError::Refused { .. }
         )
     }

@@ -241,7 +241,10 @@ impl Shared {
             None => error,
         };
         if first {
-            if matches!(error, WorkerError::Dropped | WorkerError::Finished) {
+            if matches!(
+                error,
+                WorkerError::Dropped | WorkerError::Finished | WorkerError::Abandoned { .. }
+            ) {
                 tracing::debug!("worker: {error}");
             } else {
                 tracing::error!("worker: {error}");

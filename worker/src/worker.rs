@@ -448,6 +448,24 @@ impl Worker {
         })?
     }
 
+    /// Ends a worker whose job failed, at once (instead of [`Worker::finish`], which waits for
+    /// the operations still running): they fail with [`WorkerError::Abandoned`], every
+    /// connection closes telling the other nodes why, and this waits (at most a second) for
+    /// the closes to leave, so that a process that exits next does not leave its peers to
+    /// notice by a missed heartbeat. Why: the job's fatal error where there is one (a lost
+    /// node or member of this worker's local group is then named, not this worker), else
+    /// `reason`.
+    pub async fn abort(self, reason: &str) {
+        let inner = &self.inner;
+        if inner.shared.state().phase < Phase::Closed {
+            inner.shared.fail(WorkerError::Abandoned {
+                reason: reason.to_string(),
+            });
+            inner.close(&Departure::Failed(reason.to_string()));
+        }
+        let _ = tokio::time::timeout(WAIT_IDLE_BOUND, inner.endpoint.quinn.wait_idle()).await;
+    }
+
     /// Ends this worker cleanly: stops new operations (on every clone), waits for running
     /// push_pulls/broadcasts (detached ones included) to complete (they complete when the other
     /// workers push their share, or fail when a node is lost), tells the scheduler

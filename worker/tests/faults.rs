@@ -62,6 +62,54 @@ async fn a_vanished_worker_fails_the_others_naming_it() {
     .expect("test timed out");
 }
 
+/// A worker whose job failed aborts: its own call in flight fails with `Abandoned`, and the
+/// other worker's round and the scheduler fail naming it and the reason it gave, at once (not
+/// after a heartbeat timeout: the close has left when `abort` returns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_worker_is_named_with_its_reason() {
+    tokio::time::timeout(TIMEOUT, async {
+        let mut s = stack_with(2, 1, 4096, |c| c.cluster.heartbeat_timeout_ms = 30_000).await;
+        let t = declare_all(&s, "grad", 100).await;
+        // Worker 1's round of a second tensor waits for worker 0, and worker 0's round of
+        // "grad" waits for worker 1.
+        let other = s.workers[1].declare("other", 10, Default::default());
+        let other0 = s.workers[0].declare("other", 10, Default::default());
+        let (other, _) = tokio::join!(other, other0);
+        let mine = {
+            let (w, o) = (s.workers[1].clone(), other.unwrap());
+            tokio::spawn(async move { w.push_pull(&o, vec![1.0; 10], Reduce::Sum).await })
+        };
+        let pending = {
+            let (w, t) = (s.workers[0].clone(), t[0].clone());
+            tokio::spawn(async move { w.push_pull(&t, vec![1.0; 100], Reduce::Sum).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        s.workers.pop().unwrap().abort("the model diverged").await;
+        let e = mine.await.unwrap().unwrap_err();
+        assert!(matches!(e, WorkerError::Abandoned { .. }), "{e}");
+        assert!(e.to_string().contains("the model diverged"), "{e}");
+        let e = pending.await.unwrap().unwrap_err();
+        println!(
+            "worker 0 got: {e} ({:?} after the abort)",
+            started.elapsed()
+        );
+        assert!(e.to_string().contains("worker 1 ("), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let e = s.scheduler.join().await.unwrap_err();
+        assert!(
+            e.contains("worker 1") && e.contains("the model diverged"),
+            "{e}"
+        );
+    })
+    .await
+    .expect("test timed out");
+}
+
 /// Worker 1 finishes cleanly while worker 0 waits for a round that needs worker 1's push (the
 /// workers made different numbers of calls, e.g. a script that ended early and shut down in a
 /// `finally`): the servers fail that round, and every later one, naming worker 1, instead of

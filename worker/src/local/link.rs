@@ -153,6 +153,8 @@ pub(crate) struct ShmLink {
     peers: Vec<SocketAddr>,
     ranks: (u32, u32, u32),
     stop: Arc<AtomicBool>,
+    /// Told when a note cannot reach a member, as the watching threads are.
+    on_lost: OnLost,
 }
 
 /// Called with [`WorkerError::MemberLost`] when a member is gone.
@@ -224,6 +226,7 @@ impl ShmLink {
             peers,
             ranks: (j.rank, l, host),
             stop,
+            on_lost: on_lost.clone(),
         };
         link.spawn_readers(table, on_lost, streams, g)
             .map_err(|e| err(format!("starting the group's threads: {e}")))?;
@@ -333,14 +336,21 @@ impl GroupLink for ShmLink {
     fn send(&self, to: u32, notes: &[Note]) -> Result<(), WorkerError> {
         let (rank, l, host) = self.ranks;
         for batch in notes.chunks(MAX_NOTES) {
-            self.notes_socket
-                .send_to_addr(&encode_notes(batch), &self.peers[to as usize])
-                .map_err(|e| WorkerError::MemberLost {
+            let sent = self
+                .notes_socket
+                .send_to_addr(&encode_notes(batch), &self.peers[to as usize]);
+            if let Err(e) = sent {
+                let e = WorkerError::MemberLost {
                     rank: rank - l + to,
                     local_rank: to,
                     host,
                     reason: format!("local rank {l} cannot reach its note socket: {e}"),
-                })?;
+                };
+                // The loss is the job's, told before this round fails with it (the round's
+                // failure may end the process).
+                (self.on_lost)(e.clone());
+                return Err(e);
+            }
         }
         Ok(())
     }

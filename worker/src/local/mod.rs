@@ -226,8 +226,8 @@ impl Local {
 /// Joins this worker's local group (`cluster.local_size` > 1): the members of its host, found
 /// by a name made of the scheduler's address (`scheduler`), the job seed and the host's index.
 /// Blocks until every member is in (at most `cluster.connect_timeout_ms`): call it off the
-/// runtime's threads. `on_lost` hears of a member lost (after this member's chunks waiting
-/// for notes have failed with it).
+/// runtime's threads. `on_lost` hears of a member lost (before this member's chunks waiting
+/// for notes fail with it).
 pub(crate) fn join(
     config: &pushpull_proto::Config,
     scheduler: &str,
@@ -247,8 +247,11 @@ pub(crate) fn join(
     let lost: link::OnLost = {
         let notes = notes.clone();
         Arc::new(move |e: WorkerError| {
-            notes.poison(e.clone());
-            on_lost(e)
+            // The job's error first (its connections close naming the member), then the
+            // waiting chunks: a round failing with the loss may end the process before a
+            // later close is sent (seen in CI: the scheduler then named this worker).
+            on_lost(e.clone());
+            notes.poison(e)
         })
     };
     let link = link::ShmLink::join(&join, notes.clone(), lost)?;

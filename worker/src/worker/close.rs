@@ -9,8 +9,15 @@ use crate::shared::Phase;
 
 impl WorkerInner {
     /// Closes every connection, saying why (servers fail the rounds that need this worker
-    /// when it has finished: `Departure::Done`), and stops the background tasks.
+    /// when it has finished: `Departure::Done`), and stops the background tasks. When the job's
+    /// error is a lost member of this worker's local group, the connections name that member
+    /// instead, whatever `why` says, so that the scheduler and the servers blame it (it may not
+    /// have noticed yet), not this worker: whichever closes first, the group's loss callback or
+    /// this, says the same.
     pub(super) fn close(&self, why: &Departure) {
+        let lost = self.shared.state().fatal;
+        let lost = lost.and_then(|e| crate::local::departure(&e, &self.map.workers));
+        let why = lost.as_ref().unwrap_or(why);
         self.shared.set_phase(Phase::Closed);
         for t in lock(&self.tasks).drain(..) {
             t.abort();
@@ -34,13 +41,7 @@ impl Drop for WorkerInner {
                 );
             }
             self.shared.fail(WorkerError::Dropped);
-            // A member of this worker's local group was lost: say so, so that the scheduler
-            // names it (it may not have noticed yet), not this worker.
-            let fatal = self.shared.state().fatal;
-            let why = fatal
-                .and_then(|e| crate::local::departure(&e, &self.map.workers))
-                .unwrap_or_else(|| Departure::Failed("worker dropped without finish()".into()));
-            self.close(&why);
+            self.close(&Departure::Failed("worker dropped without finish()".into()));
         }
     }
 }

@@ -311,7 +311,8 @@ impl Worker {
                 move |e: WorkerError| {
                     // Recorded first: closing the endpoint ends the scheduler's connection,
                     // whose task would otherwise record "scheduler lost" as the job's error
-                    // (seen in CI: this worker then named the scheduler, not the member).
+                    // (seen in CI: this worker then named the scheduler, not the member). The
+                    // error wakes `finish`, whose close names the member too (`close.rs`).
                     shared.fail(e.clone());
                     if let Some(why) = crate::local::departure(&e, &workers) {
                         quinn.close(why.code().into(), &why.reason());
