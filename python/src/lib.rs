@@ -670,6 +670,17 @@ impl Worker {
         py.detach(|| self.runtime.block_on(w.finish()))
             .map_err(to_py)
     }
+
+    /// Ends this worker at once after a failure (instead of `finish`, which waits for running
+    /// rounds): they fail, every connection closes telling the other nodes `reason` (or the
+    /// job's own error, naming a lost node), and this waits at most a second for that to
+    /// leave. Later calls raise `PushPullError` ("finished"); a second `abort` does nothing.
+    fn abort(&self, py: Python<'_>, reason: &str) {
+        let w = self.worker.lock().expect("not poisoned").take();
+        if let Some(w) = w {
+            py.detach(|| self.runtime.block_on(w.abort(reason)));
+        }
+    }
 }
 
 /// The module `pushpull._native`.

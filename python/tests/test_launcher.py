@@ -91,6 +91,9 @@ def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
         assert "lost: " in out and "worker 1" in out, out
         if how == "finally":
             assert "finished" in out, out
+        if how == "raise":
+            # Told at exit, with the exception: not found out by a missed heartbeat.
+            assert "the training script of rank 1 failed" in out, out
         if how == "ordered":
             # step 1's failed rounds released its step; their error came with step 2.
             assert "lost: in backward 2: " in out, out

@@ -77,8 +77,9 @@ def init(config: Optional[str] = None) -> None:
     node has registered. Calling it again does nothing.
 
     If the script ends without :func:`shutdown`, it runs at exit, unless the script ends with
-    an uncaught exception: then the worker leaves without a clean finish, so that the other
-    workers fail naming it instead of waiting for rounds it will never push."""
+    an uncaught exception: then the worker leaves at once, telling the other nodes the
+    exception, so that they fail naming it (and why) instead of waiting for rounds it will
+    never push."""
     global worker, settings, route
     if worker is not None:
         return
@@ -91,10 +92,10 @@ def init(config: Optional[str] = None) -> None:
     settings = new_settings
     previous_hook = sys.excepthook
 
-    def note_uncaught(*exc_info):
+    def note_uncaught(kind, value, tb):
         global uncaught
-        uncaught = True
-        previous_hook(*exc_info)
+        uncaught = f"the script raised {kind.__name__}: {value}"
+        previous_hook(kind, value, tb)
 
     sys.excepthook = note_uncaught
     atexit.register(_shutdown_at_exit)
@@ -125,11 +126,19 @@ def _leave(w: _native.Worker) -> None:
     w.finish()
 
 
-uncaught = False
+# Why the script died, when an exception reached the top (`init` notes it).
+uncaught: str | None = None
 
 
 def _shutdown_at_exit() -> None:
-    if worker is not None and not uncaught:
+    global worker
+    if worker is not None and uncaught:
+        # The other workers fail at once, told why, instead of waiting for rounds this one
+        # will never push.
+        w, worker = worker, None
+        w.abort(uncaught[:1000])
+        return
+    if worker is not None:
         try:
             collect_deferred()
         except PushPullError as e:
