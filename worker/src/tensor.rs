@@ -134,10 +134,20 @@ pub(crate) struct Residence {
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
-    /// A device buffer's host copy ([`crate::data`]'s `HostCopy`: the device's page-locked
-    /// staging) and its bytes, kept between rounds so that a round whose chunks go through the
-    /// host does not allocate it again.
-    pub(crate) host_copy: Option<(Box<dyn std::any::Any + Send + Sync>, u64)>,
+    /// A device buffer's host copy ([`crate::data`]'s `HostCopy`: the page-locked staging of
+    /// the device it was made for), kept between rounds so that a round whose chunks go
+    /// through the host does not allocate it again.
+    pub(crate) host_copy: Option<KeptCopy>,
+}
+
+/// A device's staging kept by a tensor ([`Residence::host_copy`]).
+pub(crate) struct KeptCopy {
+    /// The staging (a `Device::Staging`).
+    pub(crate) staging: Box<dyn std::any::Any + Send + Sync>,
+    /// Its bytes.
+    pub(crate) bytes: u64,
+    /// The device it was made for: only its copies may use it.
+    pub(crate) place: Device,
 }
 
 impl Residence {
@@ -249,7 +259,8 @@ impl Tensor {
             decompress_seconds: secs(&self.inner.decompress_nanos),
             device: residence.compressed_on,
             buffer_device: residence.buffer_on,
-            device_bytes: residence.device_bytes + residence.host_copy.as_ref().map_or(0, |h| h.1),
+            device_bytes: residence.device_bytes
+                + residence.host_copy.as_ref().map_or(0, |h| h.bytes),
             round_times: self.inner.round_clock.snapshot(),
         }
     }

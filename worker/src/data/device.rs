@@ -21,7 +21,7 @@ use super::{
     Ready, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
-use crate::tensor::{KeptChains, RoundKind, TensorInner};
+use crate::tensor::{KeptChains, KeptCopy, RoundKind, TensorInner};
 use pushpull_kernels::ChainState;
 use pushpull_kernels::IntraCodec;
 
@@ -305,7 +305,9 @@ impl<D: Device, K> DeviceData<D, K> {
         if !self.copy.copied_in {
             let place = self.device.place();
             let kept = tensor.residence().host_copy.take();
-            let kept = kept.and_then(|(s, _)| s.downcast::<D::Staging>().ok());
+            let kept = kept
+                .filter(|k| k.place == place)
+                .and_then(|k| k.staging.downcast::<D::Staging>().ok());
             let mut staging = match kept {
                 Some(s) if s.as_ref().as_ref().len() >= bytes => *s,
                 _ => self.device.alloc_staging(bytes).map_err(|e| {
@@ -355,8 +357,11 @@ impl<D: Device, K> DeviceData<D, K> {
                 .and_then(|()| self.device.wait_staged(&mut staging))
                 .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))?;
         }
-        let bytes = staging.as_ref().len() as u64;
-        tensor.residence().host_copy = Some((Box::new(staging), bytes));
+        tensor.residence().host_copy = Some(KeptCopy {
+            bytes: staging.as_ref().len() as u64,
+            staging: Box::new(staging),
+            place: self.device.place(),
+        });
         Ok(())
     }
 
