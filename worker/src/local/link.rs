@@ -336,19 +336,38 @@ impl GroupLink for ShmLink {
     fn send(&self, to: u32, notes: &[Note]) -> Result<(), WorkerError> {
         let (rank, l, host) = self.ranks;
         for batch in notes.chunks(MAX_NOTES) {
-            let sent = self
-                .notes_socket
-                .send_to_addr(&encode_notes(batch), &self.peers[to as usize]);
+            let datagram = encode_notes(batch);
+            let sent = loop {
+                match self
+                    .notes_socket
+                    .send_to_addr(&datagram, &self.peers[to as usize])
+                {
+                    // A signal (e.g. a Python handler) interrupted a send blocked on a full
+                    // queue: the member is alive.
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => break other,
+                }
+            };
             if let Err(e) = sent {
+                // Only a socket that is gone means the member is; another error fails the
+                // round alone.
+                let gone = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused
+                        | std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::NotConnected
+                );
                 let e = WorkerError::MemberLost {
                     rank: rank - l + to,
                     local_rank: to,
                     host,
                     reason: format!("local rank {l} cannot reach its note socket: {e}"),
                 };
-                // The loss is the job's, told before this round fails with it (the round's
-                // failure may end the process).
-                (self.on_lost)(e.clone());
+                if gone {
+                    // The loss is the job's, told before this round fails with it (the
+                    // round's failure may end the process).
+                    (self.on_lost)(e.clone());
+                }
                 return Err(e);
             }
         }
