@@ -255,6 +255,21 @@ async fn device_buffers_in_local_groups_give_the_reference_bits() {
     .expect("timed out");
 }
 
+/// A host with no page-locked memory to give: the host copies of device buffers in local
+/// groups go through pageable memory, and the job still gives the reference's bits (a member
+/// whose copy failed would have made every round's host sum NaN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_page_locked_memory_host_copies_are_pageable() {
+    tokio::time::timeout(TIMEOUT * 2, async {
+        let seed = seed();
+        let device = Arc::new(EmulatedDevice::with_staging_limit(0));
+        let (got, metrics) = run_mixed(seed, device, (4, 2), &[0, 3], false).await;
+        check_groups_against_reference(seed, (4, 2), &got, &metrics, Place::Emulated);
+    })
+    .await
+    .expect("timed out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_buffers_give_the_reference_bits() {
     // Ranks 0 and 2 on the device, rank 1 on the host.
@@ -566,8 +581,8 @@ async fn device_out_of_memory_is_named_and_costs_no_round() {
 /// A device still busy with work queued before a group call's batch (on a GPU: the training's
 /// kernels) holds up that call's rounds and nothing else: neither the runtime's threads (the
 /// group, and the single calls beside it, have more tensors than the runtime has threads, and
-/// a wait for the device blocks) nor the frames of a lower-priority tensor (the group's send
-/// holds wait for its payloads). A
+/// a wait for the device blocks; top-k's calls wait for the copy of their buffer to the host)
+/// nor the frames of a lower-priority tensor (the group's send holds wait for its payloads). A
 /// round of host buffers goes through while the device is held; a thread releases it after
 /// 20 s whatever happens, so that the old behaviour fails the test instead of hanging it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,12 +600,10 @@ async fn a_busy_device_holds_up_its_own_rounds_only() {
             );
         }
         let mut single = Vec::new();
-        for i in 0..3 {
-            single.push(
-                w.declare(&format!("s{i}"), 40_000, p.clone())
-                    .await
-                    .unwrap(),
-            );
+        let topk = map(&[("compressor", "topk"), ("k", "0.1")]);
+        for i in 0..5 {
+            let p = if i < 3 { p.clone() } else { topk.clone() };
+            single.push(w.declare(&format!("s{i}"), 40_000, p).await.unwrap());
         }
         let host = w
             .declare_with_priority("h", 5_000, map(&[]), -10)

@@ -204,12 +204,16 @@ impl CudaDevice {
     }
 
     /// Records the staging's event after the copies just launched.
+    /// If the event cannot be recorded, nothing would tell when those copies have run: the
+    /// stream is waited for here instead, so that the staging is never reused or freed under
+    /// a copy.
     fn copied(&self, staging: &mut PinnedStaging) -> Result<(), CudaError> {
         self.count(1);
-        staging
-            .copied
-            .record(self.gpu.stream())
-            .map_err(driver("recording a staging event"))?;
+        if let Err(e) = staging.copied.record(self.gpu.stream()) {
+            self.count(1);
+            let _ = self.gpu.stream().synchronize();
+            return Err(driver("recording a staging event")(e));
+        }
         staging.pending = true;
         Ok(())
     }

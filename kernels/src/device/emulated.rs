@@ -26,6 +26,9 @@ pub struct EmulatedDevice {
     /// of memory").
     allocated: AtomicU64,
     limit: Option<u64>,
+    /// The same for page-locked staging alone ([`EmulatedDevice::with_staging_limit`]).
+    staging_allocated: AtomicU64,
+    staging_limit: Option<u64>,
     /// While true, a wait for staged copies blocks ([`EmulatedDevice::hold_staging`]).
     staging_held: Mutex<bool>,
     staging_gate: Condvar,
@@ -46,6 +49,16 @@ impl EmulatedDevice {
     pub fn with_limit(bytes: u64) -> EmulatedDevice {
         EmulatedDevice {
             limit: Some(bytes),
+            ..EmulatedDevice::default()
+        }
+    }
+
+    /// An emulated device whose staging allocations fail, as a host out of page-locked memory
+    /// does, once they would hand out more than `bytes` in total (its other memory is
+    /// unlimited).
+    pub fn with_staging_limit(bytes: u64) -> EmulatedDevice {
+        EmulatedDevice {
+            staging_limit: Some(bytes),
             ..EmulatedDevice::default()
         }
     }
@@ -77,8 +90,13 @@ impl EmulatedDevice {
     /// out-of-memory error.
     fn take(&self, bytes: usize) -> Result<(), CudaError> {
         self.count(1);
-        let limit = self.limit.unwrap_or(u64::MAX);
-        self.allocated
+        Self::take_from(&self.allocated, self.limit, bytes)
+    }
+
+    /// Takes `bytes` from `allocated`, which may not pass `limit`.
+    fn take_from(allocated: &AtomicU64, limit: Option<u64>, bytes: usize) -> Result<(), CudaError> {
+        let limit = limit.unwrap_or(u64::MAX);
+        allocated
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |had| {
                 had.checked_add(bytes as u64).filter(|&now| now <= limit)
             })
@@ -96,7 +114,11 @@ impl EmulatedDevice {
 /// them but not yet waited for.
 #[derive(Debug, Default)]
 pub struct EmulatedStaging {
-    bytes: Vec<u8>,
+    /// The bytes, in u64 words so that they are 8-byte aligned as a GPU's page-locked memory
+    /// is (page-aligned there).
+    words: Vec<u64>,
+    /// Bytes asked for (`words` holds at least as many).
+    len: usize,
     pending: Vec<(usize, Vec<u8>)>,
     /// A copy into the device or a recorded event waits to be waited for.
     busy: bool,
@@ -104,13 +126,15 @@ pub struct EmulatedStaging {
 
 impl AsRef<[u8]> for EmulatedStaging {
     fn as_ref(&self) -> &[u8] {
-        &self.bytes
+        // SAFETY: `words` holds at least `len` initialised bytes, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
     }
 }
 
 impl AsMut<[u8]> for EmulatedStaging {
     fn as_mut(&mut self) -> &mut [u8] {
-        &mut self.bytes
+        // SAFETY: as `as_ref`, and `&mut self` is held.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }
     }
 }
 
@@ -147,9 +171,12 @@ impl Device for EmulatedDevice {
     }
 
     fn alloc_staging(&self, bytes: usize) -> Result<EmulatedStaging, CudaError> {
-        self.take(bytes)?;
+        self.count(1);
+        Self::take_from(&self.staging_allocated, self.staging_limit, bytes)?;
+        Self::take_from(&self.allocated, self.limit, bytes)?;
         Ok(EmulatedStaging {
-            bytes: vec![0; bytes],
+            words: vec![0; bytes.div_ceil(8)],
+            len: bytes,
             pending: Vec::new(),
             busy: false,
         })
@@ -182,9 +209,9 @@ impl Device for EmulatedDevice {
         range: Range<usize>,
         dst: u64,
     ) -> Result<(), CudaError> {
-        check_range("upload_staged", &range, staging.bytes.len())?;
+        check_range("upload_staged", &range, staging.len)?;
         self.count(2);
-        let src = &staging.bytes[range];
+        let src = &staging.as_ref()[range];
         if !src.is_empty() {
             // SAFETY: the caller vouches that `dst` addresses src.len() bytes nothing else uses.
             unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, src.len()) }
@@ -200,7 +227,7 @@ impl Device for EmulatedDevice {
         staging: &mut EmulatedStaging,
         range: Range<usize>,
     ) -> Result<(), CudaError> {
-        check_range("stage", &range, staging.bytes.len())?;
+        check_range("stage", &range, staging.len)?;
         self.count(2);
         let bytes = if range.is_empty() {
             Vec::new()
@@ -227,7 +254,7 @@ impl Device for EmulatedDevice {
         }
         drop(held);
         for (at, bytes) in std::mem::take(&mut staging.pending) {
-            staging.bytes[at..at + bytes.len()].copy_from_slice(&bytes);
+            staging.as_mut()[at..at + bytes.len()].copy_from_slice(&bytes);
         }
         staging.busy = false;
         Ok(())

@@ -21,9 +21,13 @@ use super::{
     Ready, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
-use crate::tensor::{KeptChains, KeptCopy, RoundKind, TensorInner};
+use crate::tensor::{KeptChains, RoundKind, TensorInner};
 use pushpull_kernels::ChainState;
 use pushpull_kernels::IntraCodec;
+
+mod host_copy;
+
+use host_copy::HostCopy;
 
 /// What [`DeviceData`] needs to build a tensor's device chains at its first device round.
 #[derive(Clone, Copy)]
@@ -165,45 +169,12 @@ pub(crate) struct DeviceData<D: Device, K> {
     /// The tensor's device state during a push_pull round.
     state: Option<DeviceState<D>>,
     launched: Launched<D>,
+    /// The round is a broadcast: its host copy is not kept in the tensor (a broadcast
+    /// usually runs once, and a tensor whose push_pulls compress on the device never uses
+    /// it again).
+    broadcast: bool,
     /// The buffer on the host, for chunks that go through the host.
     copy: HostCopy<D>,
-}
-
-/// A device buffer's copy on the host, for a round whose chunks go through the host (a local
-/// group's sum, a compressor without a kernel, a custom codec factory, a broadcast): the whole
-/// buffer is copied in when a chunk is first read or written, and copied back when the round
-/// ends if a chunk was written (the chunks not written go back as they came). Such a round
-/// costs one copy each way, not one per chunk (each copy waits for the device's stream). The
-/// copy is the device's page-locked staging (faster copies than pageable memory on a GPU),
-/// kept in the tensor between rounds (`Residence::host_copy`).
-struct HostCopy<D: Device> {
-    /// The buffer's bytes, once copied in (at least `4 * len`).
-    staging: Option<D::Staging>,
-    /// The buffer was copied in.
-    copied_in: bool,
-    /// A chunk was written since.
-    written: bool,
-}
-
-impl<D: Device> Default for HostCopy<D> {
-    fn default() -> Self {
-        HostCopy {
-            staging: None,
-            copied_in: false,
-            written: false,
-        }
-    }
-}
-
-/// `bytes` as f32 (staging is page-aligned on a GPU, heap memory on the emulated device).
-fn as_f32(bytes: &mut [u8]) -> Result<&mut [f32], String> {
-    // SAFETY: every bit pattern is a valid f32; `align_to_mut` only hands out aligned floats.
-    let (head, floats, tail) = unsafe { bytes.align_to_mut::<f32>() };
-    if head.is_empty() && tail.is_empty() {
-        Ok(floats)
-    } else {
-        Err("the host staging is not 4-byte aligned".into())
-    }
 }
 
 impl<D: Device> DeviceData<D, D::Mem> {
@@ -224,6 +195,7 @@ impl<D: Device, K> DeviceData<D, K> {
             setup,
             state: None,
             launched: Launched::No,
+            broadcast: false,
             copy: HostCopy::default(),
         }
     }
@@ -299,72 +271,6 @@ impl<D: Device, K> DeviceData<D, K> {
         Ok(DeviceState { chains })
     }
 
-    /// The buffer on the host ([`HostCopy`]), copied in at the first call of the round.
-    fn host_copy(&mut self, tensor: &TensorInner) -> Result<&mut [f32], String> {
-        let bytes = 4 * self.len;
-        if !self.copy.copied_in {
-            let place = self.device.place();
-            let kept = tensor.residence().host_copy.take();
-            let kept = kept
-                .filter(|k| k.place == place)
-                .and_then(|k| k.staging.downcast::<D::Staging>().ok());
-            let mut staging = match kept {
-                Some(s) if s.as_ref().as_ref().len() >= bytes => *s,
-                _ => self.device.alloc_staging(bytes).map_err(|e| {
-                    format!("allocating {bytes} bytes of host staging for {place}: {e}")
-                })?,
-            };
-            // SAFETY: the buffer holds `len` f32 (checked against the tensor before the round);
-            // the staging at least as many bytes.
-            unsafe { self.device.stage(self.addr, &mut staging, 0..bytes) }
-                .and_then(|()| self.device.wait_staged(&mut staging))
-                .map_err(|e| format!("copying the buffer from {place}: {e}"))?;
-            self.copy.staging = Some(staging);
-            self.copy.copied_in = true;
-        }
-        let staging = self
-            .copy
-            .staging
-            .as_mut()
-            .ok_or("the host copy is missing")?;
-        as_f32(&mut staging.as_mut()[..bytes])
-    }
-
-    /// Chunk `index` of the buffer, read on the host.
-    fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], String> {
-        let range = tensor.ranges[index].clone();
-        Ok(&self.host_copy(tensor)?[range])
-    }
-
-    /// Chunk `index` of the buffer on the host, to be overwritten and copied back.
-    fn write(&mut self, tensor: &TensorInner, index: usize) -> Result<&mut [f32], String> {
-        let range = tensor.ranges[index].clone();
-        self.copy.written = true;
-        Ok(&mut self.host_copy(tensor)?[range])
-    }
-
-    /// Copies the host copy back to the buffer if a chunk was written, and gives the staging
-    /// back to the tensor.
-    fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
-        let copy = std::mem::take(&mut self.copy);
-        let Some(mut staging) = copy.staging else {
-            return Ok(());
-        };
-        if copy.written {
-            let bytes = 4 * self.len;
-            // SAFETY: as in `host_copy`; the staging is not touched until the copy has run.
-            unsafe { self.device.upload_staged(&mut staging, 0..bytes, self.addr) }
-                .and_then(|()| self.device.wait_staged(&mut staging))
-                .map_err(|e| format!("copying the results to {}: {e}", self.device.place()))?;
-        }
-        tensor.residence().host_copy = Some(KeptCopy {
-            bytes: staging.as_ref().len() as u64,
-            staging: Box::new(staging),
-            place: self.device.place(),
-        });
-        Ok(())
-    }
-
     /// The tensor's device chains this round, if its chunks compress on the device.
     fn chains(&mut self) -> Option<&mut DeviceTensor<D>> {
         self.state.as_mut()?.chains.as_mut()
@@ -379,8 +285,10 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
     fn begin(&mut self, tensor: &TensorInner, kind: RoundKind) -> Result<(), WorkerError> {
         let place = self.device.place();
         check_home(tensor, kind, place)?;
+        self.broadcast = matches!(kind, RoundKind::Broadcast { .. });
         if !matches!(kind, RoundKind::Sum { .. }) {
             tensor.residence().buffer_on = place;
+            self.take_host_memory(tensor);
             return Ok(());
         }
         let kept = tensor.residence().chains.take();
@@ -410,6 +318,10 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         self.state = Some(state);
         res.home = Some(place);
         res.ran(on, place);
+        drop(res);
+        if on == Place::Cpu {
+            self.take_host_memory(tensor);
+        }
         Ok(())
     }
 
@@ -488,10 +400,12 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
     }
 
     fn ready(&mut self) -> Option<Ready> {
-        let Launched::Yes { run, .. } = &self.launched else {
-            return None;
-        };
-        Some(Box::pin(run.clone().staged()))
+        match &self.launched {
+            Launched::Yes { run, .. } => return Some(Box::pin(run.clone().staged())),
+            Launched::Failed(_) => return None,
+            Launched::No => {}
+        }
+        self.start_host_copy()
     }
 
     fn encode(
@@ -545,7 +459,11 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 .map_err(|e| e.to_string());
         }
         let out = self.write(tensor, index)?;
-        decode_host(tensor, index, out, round, kind, lr, num_workers, payload)
+        let decoded = decode_host(tensor, index, out, round, kind, lr, num_workers, payload);
+        if decoded.is_err() {
+            self.decode_failed(index);
+        }
+        decoded
     }
 
     fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
