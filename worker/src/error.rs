@@ -319,6 +319,31 @@ impl WorkerError {
         }
     }
 
+    /// How this worker's connections close when this is the job's error: a lost node, or a
+    /// lost member of its local group (`workers`: every worker's address, by rank), is named
+    /// ([`Departure::NodeLost`]), so that the scheduler and the servers blame it, not the
+    /// messenger; the scheduler's end of the job is passed on ([`Departure::JobFailed`]).
+    /// `None` for this worker's own errors. (A server closes the same way:
+    /// `pushpull_server`'s `service.rs`.)
+    pub(crate) fn departure(&self, workers: &[std::net::SocketAddr]) -> Option<Departure> {
+        match self {
+            WorkerError::NodeLost { node, reason } => Some(Departure::NodeLost {
+                node: node.clone(),
+                reason: reason.clone(),
+            }),
+            WorkerError::MemberLost { rank, reason, .. } => Some(Departure::NodeLost {
+                node: NodeName {
+                    role: pushpull_proto::NodeRole::Worker,
+                    id: *rank,
+                    addr: *workers.get(*rank as usize)?,
+                },
+                reason: reason.clone(),
+            }),
+            WorkerError::JobFailed { reason } => Some(Departure::JobFailed(reason.clone())),
+            _ => None,
+        }
+    }
+
     /// Whether this error ends the job for this worker (a lost node, a failed job, a protocol
     /// violation, finish, drop): every later call fails too. The other errors concern one call
     /// or one tensor.
@@ -391,6 +416,56 @@ mod tests {
                 "{got}"
             );
         }
+    }
+
+    /// A worker whose job failed tells its peers who was lost (or that the scheduler ended
+    /// the job), and the departure reads back as the same error at the other end.
+    #[test]
+    fn a_worker_closing_because_of_another_node_names_that_node() {
+        let workers: Vec<std::net::SocketAddr> = (0..3)
+            .map(|i| node(NodeRole::Worker, i, 5000 + i as u16).addr)
+            .collect();
+        let server = node(NodeRole::Server, 1, 9101);
+        let lost = WorkerError::NodeLost {
+            node: server.clone(),
+            reason: "no heartbeat for 10.0 s".into(),
+        };
+        let member = WorkerError::MemberLost {
+            rank: 2,
+            local_rank: 0,
+            host: 1,
+            reason: "its group socket closed".into(),
+        };
+        let ended = WorkerError::JobFailed {
+            reason: "worker 0 lost".into(),
+        };
+        let d = lost.departure(&workers).unwrap();
+        assert_eq!(
+            d.to_string(),
+            "server 1 (127.0.0.1:9101) was lost: no heartbeat for 10.0 s"
+        );
+        // Read back at the other end: the lost one, reported by this worker.
+        let back = Departure::from_close(d.code().into(), &d.reason());
+        assert_eq!(back, d);
+        let d = member.departure(&workers).unwrap();
+        assert_eq!(
+            d.to_string(),
+            "worker 2 (127.0.0.1:5002) was lost: its group socket closed"
+        );
+        assert_eq!(
+            ended.departure(&workers),
+            Some(Departure::JobFailed("worker 0 lost".into()))
+        );
+        // This worker's own errors, and a member the map does not know: the caller's reason.
+        let own = WorkerError::Codec {
+            name: "w".into(),
+            chunk: 0,
+            key: 0,
+            round: 0,
+            message: "bad".into(),
+        };
+        assert_eq!(own.departure(&workers), None);
+        assert_eq!(member.departure(&workers[..2]), None);
     }
 
     #[test]

@@ -452,9 +452,9 @@ impl Worker {
     /// the operations still running): they fail with [`WorkerError::Abandoned`], every
     /// connection closes telling the other nodes why, and this waits (at most a second) for
     /// the closes to leave, so that a process that exits next does not leave its peers to
-    /// notice by a missed heartbeat. Why: the job's fatal error where there is one (a lost
-    /// node or member of this worker's local group is then named, not this worker), else
-    /// `reason`.
+    /// notice by a missed heartbeat. Why: where the job already failed with a lost node or
+    /// member of this worker's local group, that one is named (not this worker); where the
+    /// scheduler ended it, its error is passed on; else `reason`.
     pub async fn abort(self, reason: &str) {
         let inner = &self.inner;
         if inner.shared.state().phase < Phase::Closed {

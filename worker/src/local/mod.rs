@@ -265,29 +265,6 @@ pub(crate) fn join(
     ))
 }
 
-/// How a worker whose group lost a member closes its connections: [`Departure::NodeLost`]
-/// naming the member (`workers`: every worker's address, by rank), so that the scheduler and
-/// the servers blame it, not the messenger. `None` for any other error.
-///
-/// [`Departure::NodeLost`]: pushpull_proto::departure::Departure::NodeLost
-pub(crate) fn departure(
-    e: &WorkerError,
-    workers: &[std::net::SocketAddr],
-) -> Option<pushpull_proto::departure::Departure> {
-    use pushpull_proto::protocol::{NodeName, NodeRole};
-    let WorkerError::MemberLost { rank, reason, .. } = e else {
-        return None;
-    };
-    Some(pushpull_proto::departure::Departure::NodeLost {
-        node: NodeName {
-            role: NodeRole::Worker,
-            id: *rank,
-            addr: *workers.get(*rank as usize)?,
-        },
-        reason: reason.clone(),
-    })
-}
-
 /// A tensor's intra-host codec, from its agreed map.
 fn intra_of(tensor: &TensorInner) -> Result<IntraCodec, WorkerError> {
     pushpull_kernels::parse_params(&tensor.placement.params)

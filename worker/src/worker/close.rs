@@ -10,14 +10,15 @@ use crate::shared::Phase;
 impl WorkerInner {
     /// Closes every connection, saying why (servers fail the rounds that need this worker
     /// when it has finished: `Departure::Done`), and stops the background tasks. When the job's
-    /// error is a lost member of this worker's local group, the connections name that member
-    /// instead, whatever `why` says, so that the scheduler and the servers blame it (it may not
-    /// have noticed yet), not this worker: whichever closes first, the group's loss callback or
-    /// this, says the same.
+    /// error is a lost node or member of this worker's local group, or the scheduler's end of
+    /// the job, the connections say that instead, whatever `why` says
+    /// (`WorkerError::departure`), so that the scheduler and the servers
+    /// blame the lost one (it may not have noticed yet), not this worker: whichever closes
+    /// first, the group's loss callback or this, says the same.
     pub(super) fn close(&self, why: &Departure) {
-        let lost = self.shared.state().fatal;
-        let lost = lost.and_then(|e| crate::local::departure(&e, &self.map.workers));
-        let why = lost.as_ref().unwrap_or(why);
+        let fatal = self.shared.state().fatal;
+        let passed_on = fatal.and_then(|e| e.departure(&self.map.workers));
+        let why = passed_on.as_ref().unwrap_or(why);
         self.shared.set_phase(Phase::Closed);
         for t in lock(&self.tasks).drain(..) {
             t.abort();

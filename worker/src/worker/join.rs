@@ -314,7 +314,7 @@ impl Worker {
                     // (seen in CI: this worker then named the scheduler, not the member). The
                     // error wakes `finish`, whose close names the member too (`close.rs`).
                     shared.fail(e.clone());
-                    if let Some(why) = crate::local::departure(&e, &workers) {
+                    if let Some(why) = e.departure(&workers) {
                         quinn.close(why.code().into(), &why.reason());
                     }
                 }
