@@ -94,8 +94,14 @@ def init(config: Optional[str] = None) -> None:
 
     def note_uncaught(kind, value, tb):
         global uncaught
-        uncaught = f"the script raised {kind.__name__}: {value}"
-        previous_hook(kind, value, tb)
+        try:
+            previous_hook(kind, value, tb)  # the traceback first, whatever happens below
+        finally:
+            try:
+                text = str(value)
+            except Exception:  # an exception whose __str__ raises still ends the job
+                text = "(its message could not be printed)"
+            uncaught = f"the script raised {kind.__name__}: {text}"
 
     sys.excepthook = note_uncaught
     atexit.register(_shutdown_at_exit)
