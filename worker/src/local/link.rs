@@ -153,11 +153,12 @@ pub(crate) struct ShmLink {
     peers: Vec<SocketAddr>,
     ranks: (u32, u32, u32),
     stop: Arc<AtomicBool>,
-    /// Told when a note cannot reach a member, as the watching threads are.
+    /// Told when a note cannot be sent, as the watching threads are told of a lost member.
     on_lost: OnLost,
 }
 
-/// Called with [`WorkerError::MemberLost`] when a member is gone.
+/// Called with the group's end: [`WorkerError::MemberLost`] when a member is gone, or
+/// [`WorkerError::LocalGroup`] when this member cannot send a note.
 pub(crate) type OnLost = Arc<dyn Fn(WorkerError) + Send + Sync>;
 
 /// What a member needs to join its group.
@@ -349,25 +350,34 @@ impl GroupLink for ShmLink {
                 }
             };
             if let Err(e) = sent {
-                // Only a socket that is gone means the member is; another error fails the
-                // round alone.
+                // A note that cannot be sent leaves a member waiting for it: the group cannot
+                // go on. A socket that is gone means the member is; any other error is this
+                // member's, and names it.
                 let gone = matches!(
                     e.kind(),
                     std::io::ErrorKind::ConnectionRefused
                         | std::io::ErrorKind::NotFound
                         | std::io::ErrorKind::NotConnected
                 );
-                let e = WorkerError::MemberLost {
-                    rank: rank - l + to,
-                    local_rank: to,
-                    host,
-                    reason: format!("local rank {l} cannot reach its note socket: {e}"),
+                let e = if gone {
+                    WorkerError::MemberLost {
+                        rank: rank - l + to,
+                        local_rank: to,
+                        host,
+                        reason: format!("local rank {l} cannot reach its note socket: {e}"),
+                    }
+                } else {
+                    WorkerError::LocalGroup {
+                        host,
+                        message: format!(
+                            "local rank {l} (worker {rank}) could not send a note to local \
+                             rank {to}: {e}"
+                        ),
+                    }
                 };
-                if gone {
-                    // The loss is the job's, told before this round fails with it (the
-                    // round's failure may end the process).
-                    (self.on_lost)(e.clone());
-                }
+                // The job's error, told before this round fails with it (the round's failure
+                // may end the process).
+                (self.on_lost)(e.clone());
                 return Err(e);
             }
         }
@@ -602,6 +612,58 @@ mod tests {
                 .collect();
             let _ = decode_notes(&b);
         }
+    }
+
+    /// A note sent to a member whose process is gone (its socket closed) fails naming that
+    /// member, and the group's loss callback hears of it before the send returns.
+    #[test]
+    fn a_note_to_a_member_that_is_gone_names_it() {
+        let name = format!("pushpull-test/{}/gone", std::process::id());
+        let heard: Arc<std::sync::Mutex<Vec<WorkerError>>> = Arc::default();
+        let member = |rank: u32| {
+            let (name, heard) = (name.clone(), heard.clone());
+            std::thread::spawn(move || {
+                let join = Join {
+                    name: &name,
+                    rank,
+                    local_size: 2,
+                    timeout: Duration::from_secs(10),
+                };
+                let on_lost: OnLost = Arc::new(move |e| heard.lock().unwrap().push(e));
+                ShmLink::join(&join, Arc::new(NoteTable::default()), on_lost).unwrap()
+            })
+        };
+        let (zero, one) = (member(2), member(3));
+        let (zero, one) = (zero.join().unwrap(), one.join().unwrap());
+        let note = Note {
+            kind: NoteKind::Added,
+            key: 1,
+            round: 0,
+        };
+        zero.send(1, &[note]).unwrap();
+        drop(one);
+        // Its note thread holds the socket until it sees the stop (every 200 ms).
+        std::thread::sleep(Duration::from_millis(600));
+        let e = zero.send(1, &[note]).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(
+                e,
+                WorkerError::MemberLost {
+                    rank: 3,
+                    local_rank: 1,
+                    host: 1,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cannot reach its note socket"), "{text}");
+        let heard = heard.lock().unwrap();
+        assert!(
+            heard.iter().any(|h| *h == e),
+            "the callback heard {heard:?}"
+        );
     }
 
     #[test]
