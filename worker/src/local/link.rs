@@ -661,7 +661,7 @@ mod tests {
         assert!(text.contains("cannot reach its note socket"), "{text}");
         let heard = heard.lock().unwrap();
         assert!(
-            heard.iter().any(|h| *h == e),
+            heard.contains(&e),
             "the callback heard {heard:?}"
         );
     }
