@@ -660,10 +660,7 @@ mod tests {
         );
         assert!(text.contains("cannot reach its note socket"), "{text}");
         let heard = heard.lock().unwrap();
-        assert!(
-            heard.contains(&e),
-            "the callback heard {heard:?}"
-        );
+        assert!(heard.contains(&e), "the callback heard {heard:?}");
     }
 
     #[test]
