@@ -8,8 +8,6 @@
 //! They implement compression and their state; everything else (the length, payload sizes,
 //! decoding) is the codec's, reached through [`Compressor::codec`].
 
-use rayon::prelude::*;
-
 use crate::error::KernelError;
 use crate::params::EfKind;
 use crate::simd::multiversion;
@@ -75,21 +73,7 @@ fn add_scaled_impl(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -
 }
 
 multiversion! {
-    fn add_scaled_seg(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool = add_scaled_impl;
-}
-
-/// `p = g + e` (vanilla) or `p = g + f·e`; whether every result is finite. Element by element,
-/// so the same bits on any number of threads ([`crate::par`]); every element is written.
-fn add_scaled(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool {
-    if !crate::par::enabled(p.len()) {
-        return add_scaled_seg(g, e, f, vanilla, p);
-    }
-    let seg = crate::par::SEG;
-    p.par_chunks_mut(seg)
-        .zip(g.par_chunks(seg))
-        .zip(e.par_chunks(seg))
-        .map(|((p, g), e)| add_scaled_seg(g, e, f, vanilla, p))
-        .reduce(|| true, |a, b| a & b)
+    fn add_scaled(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool = add_scaled_impl;
 }
 
 /// `d = p - d`; whether every result is finite.
@@ -105,19 +89,7 @@ fn sub_into_impl(p: &[f32], d: &mut [f32]) -> bool {
 }
 
 multiversion! {
-    fn sub_into_seg(p: &[f32], d: &mut [f32]) -> bool = sub_into_impl;
-}
-
-/// [`sub_into_seg`] in parallel segments, as [`add_scaled`].
-fn sub_into(p: &[f32], d: &mut [f32]) -> bool {
-    if !crate::par::enabled(d.len()) {
-        return sub_into_seg(p, d);
-    }
-    let seg = crate::par::SEG;
-    d.par_chunks_mut(seg)
-        .zip(p.par_chunks(seg))
-        .map(|(d, p)| sub_into_seg(p, d))
-        .reduce(|| true, |a, b| a & b)
+    fn sub_into(p: &[f32], d: &mut [f32]) -> bool = sub_into_impl;
 }
 
 fn first_bad(name: &str, what: &'static str, g: &[f32]) -> Option<KernelError> {
@@ -335,21 +307,7 @@ fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32])
 }
 
 multiversion! {
-    fn nesterov_seg(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool = nesterov_impl;
-}
-
-/// [`nesterov_seg`] in parallel segments, as [`add_scaled`].
-fn nesterov(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool {
-    if !crate::par::enabled(p.len()) {
-        return nesterov_seg(g, m, mu, next, p);
-    }
-    let seg = crate::par::SEG;
-    p.par_chunks_mut(seg)
-        .zip(next.par_chunks_mut(seg))
-        .zip(g.par_chunks(seg))
-        .zip(m.par_chunks(seg))
-        .map(|(((p, next), g), m)| nesterov_seg(g, m, mu, next, p))
-        .reduce(|| true, |a, b| a & b)
+    fn nesterov(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool = nesterov_impl;
 }
 
 impl Compressor for Momentum {
