@@ -49,17 +49,24 @@ enum Held<D: Device> {
 
 impl<D: Device> Held<D> {
     /// Host memory for `len` elements: the device's staging, or pageable memory if it has
-    /// none to give (said once: the tensor keeps it).
+    /// none to give (a warning the first time in the process, then a debug line per tensor;
+    /// the tensor keeps what it got).
     fn new(device: &D, len: usize, name: &str) -> Held<D> {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         match device.alloc_staging(4 * len) {
             Ok(staging) => Held::Staging(staging),
             Err(e) => {
-                tracing::warn!(
-                    tensor = name,
-                    "no page-locked host memory for a copy of the device buffer ({e}): its \
-                     copies to and from {} go through pageable memory",
-                    device.place()
-                );
+                let place = device.place();
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        tensor = name,
+                        "no page-locked host memory for a copy of the device buffer ({e}): \
+                         its copies to and from {place} go through pageable memory (slower), \
+                         as will those of other tensors that find none"
+                    );
+                } else {
+                    tracing::debug!(tensor = name, "no page-locked host memory on {place}: {e}");
+                }
                 Held::Pageable(vec![0.0; len])
             }
         }
