@@ -11,7 +11,7 @@
 use crate::error::KernelError;
 use crate::params::EfKind;
 use crate::simd::multiversion;
-use crate::{ChainState, Codec, Compressor, RoundCtx};
+use crate::{ChainState, Codec, Compressor, Fed, RoundCtx};
 
 /// Error feedback: `p = g + e` (vanilla) or `p = g + (η_{t−1}/η_t)·e` (corrected), send
 /// `C(p)`, keep `e ← p − D(C(p))`.
@@ -65,7 +65,7 @@ impl ErrorFeedback {
 fn add_scaled_impl(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool {
     let mut bad = 0u32;
     for ((pi, gi), ei) in p.iter_mut().zip(g).zip(e) {
-        let v = if vanilla { *gi + *ei } else { *gi + f * *ei };
+        let v = crate::elem::fed(*gi, *ei, f, vanilla);
         bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
         *pi = v;
     }
@@ -146,7 +146,21 @@ impl Compressor for ErrorFeedback {
             ));
         }
         let vanilla = self.kind == EfKind::Vanilla;
-        if !add_scaled(input, &self.e, factor, vanilla, &mut self.p) {
+        // A codec that forms p while encoding (onebit) saves a pass over it.
+        let fed = Fed {
+            gradient: input,
+            residual: &self.e,
+            factor,
+            vanilla,
+        };
+        let (finite, encoded) = match self.inner.compress_fed(fed, &mut self.p, ctx, out) {
+            Some(encoded) => (encoded?, true),
+            None => (
+                add_scaled(input, &self.e, factor, vanilla, &mut self.p),
+                false,
+            ),
+        };
+        if !finite {
             if let Some(err) = first_bad(&self.name, "input", input) {
                 return Err(err);
             }
@@ -159,7 +173,9 @@ impl Compressor for ErrorFeedback {
                 ),
             ));
         }
-        self.inner.compress(&self.p, ctx, out)?;
+        if !encoded {
+            self.inner.compress(&self.p, ctx, out)?;
+        }
         // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
         // random-k) subtracted in place on its support, which is the same bits and saves
         // decoding a whole chunk and subtracting it; otherwise computed in `d`.

@@ -139,6 +139,18 @@ pub fn stochastic_round(t: f32, u: f32) -> u32 {
     fl as u32 + (u < frac) as u32
 }
 
+/// Error feedback's codec input: `g + e` (vanilla), or `g + f·e` (corrected, `f` = η_{t−1}/η_t),
+/// one rounding each (no FMA): `decorators::ErrorFeedback`, and the onebit pass that forms it
+/// while encoding (`Codec::compress_fed`).
+#[inline(always)]
+pub fn fed(g: f32, e: f32, f: f32, vanilla: bool) -> f32 {
+    if vanilla {
+        g + e
+    } else {
+        g + f * e
+    }
+}
+
 /// The sign bit every sign-carrying code uses: 1 for `x < 0` (so `-0.0` gives 0).
 #[inline(always)]
 pub fn sign_bit(x: f32) -> u32 {

@@ -263,6 +263,21 @@ impl<'a> RoundCtx<'a> {
     }
 }
 
+/// Error feedback's codec input, for a codec that forms it while encoding
+/// ([`Codec::compress_fed`]): `p = gradient + residual` (vanilla) or `gradient + factor ·
+/// residual` ([`elem::fed`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Fed<'a> {
+    /// The round's gradient.
+    pub gradient: &'a [f32],
+    /// The residual carried from the last round.
+    pub residual: &'a [f32],
+    /// The residual's factor (corrected error feedback: η_{t−1}/η_t).
+    pub factor: f32,
+    /// Vanilla error feedback: the factor is not applied.
+    pub vanilla: bool,
+}
+
 /// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
 /// payloads. Every codec of `codecs` implements it through the one implementation over that
 /// module's `Format` trait (what each wire format writes itself); through the blanket
@@ -302,6 +317,20 @@ pub trait Codec: Send {
         ctx: &RoundCtx,
         acc: &mut [f32],
     ) -> Result<(), KernelError>;
+    /// Compresses error feedback's `p` ([`Fed`]) while writing it into `p` (`len` elements), in
+    /// one pass over the inputs, for codecs that can (onebit): the payload and `p` are those of
+    /// computing `p` first and compressing it. `Ok(false)` when some element of `p` is not
+    /// finite: `p` is then whole, `out` empty, and the caller names the element. `None` when the
+    /// codec has no such pass (error feedback then forms `p` and calls `compress`).
+    fn compress_fed(
+        &mut self,
+        _fed: Fed<'_>,
+        _p: &mut [f32],
+        _ctx: &RoundCtx,
+        _out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        None
+    }
     /// `acc = acc - decompress(payload)` in place, bit for bit, and whether every element of
     /// `acc` is finite afterwards, for codecs that can do it without decoding into a buffer:
     /// top-k and random-k subtract on their support only (off it `a - 0.0 == a` for every
@@ -336,6 +365,16 @@ pub trait Compressor: Send {
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError>;
+    /// [`Codec::compress_fed`] when the chain is a codec alone; `None` for decorated chains.
+    fn compress_fed(
+        &mut self,
+        _fed: Fed<'_>,
+        _p: &mut [f32],
+        _ctx: &RoundCtx,
+        _out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        None
+    }
     /// The chunk length it is bound to.
     fn len(&self) -> usize {
         self.codec().len()
@@ -426,5 +465,14 @@ impl<C: Codec> Compressor for C {
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
         Codec::compress(self, input, ctx, out)
+    }
+    fn compress_fed(
+        &mut self,
+        fed: Fed<'_>,
+        p: &mut [f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        Codec::compress_fed(self, fed, p, ctx, out)
     }
 }

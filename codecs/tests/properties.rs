@@ -439,15 +439,18 @@ fn decompress_add_equals_decompress_then_add() {
     }
 }
 
-/// Error feedback over many rounds, for every compressor: `e == fl(p - D(C(p)))` bit for bit
-/// with `p = fl(g + e_prev)`, and `sum g - sum D(C(p)) == e` in f64 within the accumulated
-/// rounding.
+/// Error feedback over many rounds, for every compressor: the payload is the plain codec's
+/// of `p = fl(g + e_prev)` (whether the codec forms `p` itself, as onebit does, or not),
+/// `e == fl(p - D(C(p)))` bit for bit, and `sum g - sum D(C(p)) == e` in f64 within the
+/// accumulated rounding.
 #[test]
 fn error_feedback_invariants_for_every_compressor() {
     let seed = seed("error_feedback_invariants_for_every_compressor");
     let mut rng = TestRng::new(seed);
     let n = 200;
-    for mut kv in all_configs() {
+    for kv in all_configs() {
+        let mut plain = build(&kv, n);
+        let mut kv = kv;
         kv.push(("ef", "vanilla"));
         let mut c = build(&kv, n);
         assert!(c.name().starts_with("ef(vanilla, "), "{}", c.name());
@@ -464,6 +467,12 @@ fn error_feedback_invariants_for_every_compressor() {
             let cx = ctx(round, &refv);
             let mut out = Vec::new();
             c.compress(&g, &cx, &mut out).unwrap();
+            let mut want_out = Vec::new();
+            plain.compress(&p, &cx, &mut want_out).unwrap();
+            assert!(
+                out == want_out,
+                "{kv:?} round {round}: the payload is not C(p)"
+            );
             let mut d = vec![0f32; n];
             c.decompress(&out, &cx, &mut d).unwrap();
             let e = c.residual().expect("ef has a residual").to_vec();
@@ -528,6 +537,75 @@ fn corrected_error_feedback_scales_the_residual_by_the_lr_ratio() {
         .unwrap_err();
     assert!(err.to_string().contains("learning rate"), "{err}");
     assert_eq!(before, c.residual().unwrap());
+}
+
+/// onebit forms error feedback's `p` while it encodes (`Codec::compress_fed`): at a length that
+/// goes parallel, on one thread and two, vanilla and corrected, the payload is the plain
+/// codec's of `p`, the residual `p - D(C(p))`, and a round whose `p` overflows is refused
+/// naming the element, with the state unchanged.
+#[test]
+fn onebit_forms_the_error_feedback_input_as_it_encodes() {
+    let seed = seed("onebit_forms_the_error_feedback_input_as_it_encodes");
+    let mut rng = TestRng::new(seed);
+    let n = 300_001;
+    for ef in ["vanilla", "corrected"] {
+        for threads in [1, 2] {
+            pool(threads).install(|| {
+                let kv = [("compressor", "onebit"), ("scaling", "true")];
+                let mut plain = build(&kv, n);
+                let mut c = build(&[kv[0], kv[1], ("ef", ef)], n);
+                let mut e_prev = vec![0f32; n];
+                let mut lr_prev: Option<f32> = None;
+                for round in 0..4u64 {
+                    let lr = 0.1 / (1.0 + round as f32);
+                    let f = match ef {
+                        "vanilla" => 1.0,
+                        _ => lr_prev.map(|p| p / lr).unwrap_or(1.0),
+                    };
+                    let g = rng.gradient(n, 1.0);
+                    let p: Vec<f32> = match ef {
+                        "vanilla" => g.iter().zip(&e_prev).map(|(a, b)| a + b).collect(),
+                        _ => g.iter().zip(&e_prev).map(|(a, b)| a + f * b).collect(),
+                    };
+                    let cx = RoundCtx::new(round).with_lr(lr);
+                    let (mut out, mut want) = (Vec::new(), Vec::new());
+                    c.compress(&g, &cx, &mut out).unwrap();
+                    plain.compress(&p, &cx, &mut want).unwrap();
+                    assert!(
+                        out == want,
+                        "{ef}, {threads} threads, round {round}: payload"
+                    );
+                    let mut d = vec![0f32; n];
+                    c.decompress(&out, &cx, &mut d).unwrap();
+                    let e = c.residual().unwrap().to_vec();
+                    for i in 0..n {
+                        let r = p[i] - d[i];
+                        assert_eq!(e[i].to_bits(), r.to_bits(), "{ef} round {round} i={i}");
+                    }
+                    e_prev = e;
+                    lr_prev = Some(lr);
+                }
+                // One huge element makes the scale (mean |p|) huge and so every residual;
+                // then g + e overflows where g is finite: refused naming the element, nothing
+                // changes.
+                let lr = lr_prev.unwrap();
+                let mut g = rng.gradient(n, 1.0);
+                g[0] = 3.0e38;
+                c.compress(&g, &RoundCtx::new(8).with_lr(lr), &mut Vec::new())
+                    .unwrap();
+                let before = c.residual().unwrap().to_vec();
+                let mut g = rng.gradient(n, 1.0);
+                let at = 1 + rng.below(n as u64 - 1) as usize;
+                g[at] = f32::MAX.copysign(before[at]);
+                let cx = RoundCtx::new(9).with_lr(lr);
+                let mut out = vec![1u8; 3];
+                let err = c.compress(&g, &cx, &mut out).unwrap_err().to_string();
+                assert!(err.contains(&format!("element {at}")), "{ef}: {err}");
+                assert!(out.is_empty(), "{ef}: a refused round leaves no payload");
+                assert!(before == c.residual().unwrap(), "{ef}: state changed");
+            });
+        }
+    }
 }
 
 #[test]

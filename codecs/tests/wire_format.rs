@@ -245,8 +245,9 @@ fn parallel_path_gives_the_same_bytes() {
         ("theta", "1"),
         ("bits", "5"),
     ]);
-    // Decorated chains: error feedback's and momentum's element-wise passes split too (with
-    // an in-place subtraction, onebit, and a decoded one, minmax), and so must their state.
+    // Decorated chains, whose state must not depend on the threads either: onebit forms
+    // error feedback's input in its own split pass and subtracts in place; minmax decodes
+    // into a buffer under serial error-feedback and momentum passes.
     configs.push(vec![("compressor", "onebit"), ("ef", "vanilla")]);
     configs.push(vec![
         ("compressor", "minmax"),

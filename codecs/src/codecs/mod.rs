@@ -21,7 +21,7 @@ pub mod topk;
 use crate::error::KernelError;
 use crate::rng::{uniform_from_bits, Role, Stream};
 use crate::simd::{load_group, pack32, put_words, unpack32};
-use crate::{Codec, NodeIdentity, RoundCtx};
+use crate::{Codec, Fed, NodeIdentity, RoundCtx};
 use rayon::prelude::*;
 
 /// What every codec knows about itself: its name, chunk length and where its random numbers
@@ -140,6 +140,18 @@ pub(crate) trait Format: Send {
     fn subtract(&self) -> Option<Subtract<Self>> {
         None
     }
+
+    /// [`Codec::compress_fed`] of inputs already checked to hold `len` elements, if the codec
+    /// has such a pass; `None` (the default) otherwise.
+    fn encode_fed(
+        &mut self,
+        _fed: Fed<'_>,
+        _p: &mut [f32],
+        _ctx: &RoundCtx,
+        _out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        None
+    }
 }
 
 /// `acc -= decode(payload)` in place for an `acc` already checked to hold `len` elements, and
@@ -193,6 +205,24 @@ impl<F: Format> Codec for F {
     ) -> Result<(), KernelError> {
         self.base().check("accumulator", acc.len())?;
         self.decode(payload, ctx, acc, true)
+    }
+    #[inline]
+    fn compress_fed(
+        &mut self,
+        fed: Fed<'_>,
+        p: &mut [f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        let base = self.base();
+        let checked = base
+            .check("input", fed.gradient.len())
+            .and_then(|()| base.check("residual", fed.residual.len()))
+            .and_then(|()| base.check("error-feedback input", p.len()));
+        match checked {
+            Ok(()) => self.encode_fed(fed, p, ctx, out),
+            Err(e) => Some(Err(e)),
+        }
     }
     #[inline]
     fn subtract_decoded(

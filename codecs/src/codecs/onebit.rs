@@ -9,7 +9,7 @@ use crate::elem;
 use crate::elem::REDUCE_BLOCK;
 use crate::error::KernelError;
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::RoundCtx;
+use crate::{Fed, RoundCtx};
 use rayon::prelude::*;
 
 /// The onebit compressor.
@@ -29,38 +29,110 @@ impl OneBit {
 /// returns non-zero if some element is not finite.
 #[inline(always)]
 fn signs_sums_impl(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 {
-    let mut bad = 0u32;
     let words = dst.len() / 4;
     assert!(words >= x.len().div_ceil(32) && partials.len() >= x.len().div_ceil(REDUCE_BLOCK));
     let p = dst.as_mut_ptr();
+    let mut bad = 0u32;
     for (bi, blk) in x.chunks(REDUCE_BLOCK).enumerate() {
-        partials[bi] = crate::stats::tree_sum(blk, false);
-        let mut groups = blk.chunks_exact(32);
-        let mut wi = bi * (REDUCE_BLOCK / 32);
-        for g in &mut groups {
-            let mut w = 0u32;
-            let mut b = 0u32;
-            for (t, &v) in g.iter().enumerate() {
-                w |= elem::sign_bit(v) << t;
-                b |= ((v.to_bits() & EXP) == EXP) as u32;
-            }
-            bad |= b;
-            // SAFETY: wi < ceil(x.len() / 32) <= words.
-            unsafe { store_u32(p, wi, w) };
-            wi += 1;
-        }
-        let rem = groups.remainder();
-        if !rem.is_empty() {
-            let mut w = 0u32;
-            for (t, &v) in rem.iter().enumerate() {
-                w |= elem::sign_bit(v) << t;
-                bad |= ((v.to_bits() & EXP) == EXP) as u32;
-            }
-            // SAFETY: as above.
-            unsafe { store_u32(p, wi, w) };
-        }
+        // SAFETY: block `bi` of `x` has its words in `dst` (asserted above).
+        bad |= unsafe { block_signs_sum(blk, bi, p, &mut partials[bi]) };
     }
     bad
+}
+
+/// [`signs_sums_impl`] of error feedback's `p` ([`Fed`]), formed block by block into `p` as
+/// it goes (each block is then signed and summed from the cache): one pass over the inputs.
+#[inline(always)]
+fn fed_signs_sums_impl(
+    fed: (&[f32], &[f32], f32, bool),
+    x: &mut [f32],
+    dst: &mut [u8],
+    partials: &mut [f32],
+) -> u32 {
+    let (g, e, f, vanilla) = fed;
+    let words = dst.len() / 4;
+    assert!(words >= x.len().div_ceil(32) && partials.len() >= x.len().div_ceil(REDUCE_BLOCK));
+    assert!(g.len() == x.len() && e.len() == x.len());
+    let p = dst.as_mut_ptr();
+    let mut bad = 0u32;
+    let blocks = x
+        .chunks_mut(REDUCE_BLOCK)
+        .zip(g.chunks(REDUCE_BLOCK))
+        .zip(e.chunks(REDUCE_BLOCK));
+    for (bi, ((blk, gb), eb)) in blocks.enumerate() {
+        for ((xi, gi), ei) in blk.iter_mut().zip(gb).zip(eb) {
+            *xi = elem::fed(*gi, *ei, f, vanilla);
+        }
+        // SAFETY: as in `signs_sums_impl`.
+        bad |= unsafe { block_signs_sum(blk, bi, p, &mut partials[bi]) };
+    }
+    bad
+}
+
+/// Block `bi` of [`signs_sums_impl`]: its sign words at `dst` and its abs-sum in `partial`.
+///
+/// # Safety
+/// `dst` is valid for writes of the words of elements up to `bi * REDUCE_BLOCK + blk.len()`.
+#[inline(always)]
+unsafe fn block_signs_sum(blk: &[f32], bi: usize, dst: *mut u8, partial: &mut f32) -> u32 {
+    *partial = crate::stats::tree_sum(blk, false);
+    let mut bad = 0u32;
+    let mut groups = blk.chunks_exact(32);
+    let mut wi = bi * (REDUCE_BLOCK / 32);
+    for g in &mut groups {
+        let mut w = 0u32;
+        let mut b = 0u32;
+        for (t, &v) in g.iter().enumerate() {
+            w |= elem::sign_bit(v) << t;
+            b |= ((v.to_bits() & EXP) == EXP) as u32;
+        }
+        bad |= b;
+        // SAFETY: guaranteed by the caller.
+        unsafe { store_u32(dst, wi, w) };
+        wi += 1;
+    }
+    let rem = groups.remainder();
+    if !rem.is_empty() {
+        let mut w = 0u32;
+        for (t, &v) in rem.iter().enumerate() {
+            w |= elem::sign_bit(v) << t;
+            bad |= ((v.to_bits() & EXP) == EXP) as u32;
+        }
+        // SAFETY: as above.
+        unsafe { store_u32(dst, wi, w) };
+    }
+    bad
+}
+
+multiversion! {
+    fn fed_signs_sums(fed: (&[f32], &[f32], f32, bool), x: &mut [f32], dst: &mut [u8], partials: &mut [f32]) -> u32 = fed_signs_sums_impl;
+}
+
+/// `acc -= D(payload)` for the sign words `src` of elements `i0..` (`i0 % 32 == 0`), as
+/// decoding with the scale negated and adding it (`a - v == a + (-v)` exactly, signed zeros
+/// included: the bits of `decompress` into a buffer and a subtraction); returns non-zero if a
+/// result is not finite.
+#[inline(always)]
+fn subtract_signs_impl(src: &[u8], acc: &mut [f32], scale: f32) -> u32 {
+    assert!(src.len() >= 4 * acc.len().div_ceil(32));
+    let mut bad = 0u32;
+    for (wi, g) in acc.chunks_mut(32).enumerate() {
+        // SAFETY: word `wi` lies within `src` (asserted above).
+        let w = unsafe { crate::simd::load_u32(src.as_ptr(), wi) };
+        let mut b = 0u32;
+        for (t, a) in g.iter_mut().enumerate() {
+            let v = if (w >> t) & 1 != 0 { scale } else { -scale };
+            let r = *a + v;
+            b |= ((r.to_bits() & EXP) == EXP) as u32;
+            *a = r;
+        }
+        bad |= b;
+    }
+    bad
+}
+
+multiversion! {
+    fn subtract_signs(src: &[u8], acc: &mut [f32], scale: f32) -> u32 = subtract_signs_impl;
 }
 
 multiversion! {
@@ -94,7 +166,8 @@ multiversion! {
 }
 
 impl OneBit {
-    fn decode_as(&self, payload: &[u8], out: &mut [f32], mode: Mode) -> Result<(), KernelError> {
+    /// The scale of a payload, once its length, scale and padding are checked.
+    fn checked_scale(&self, payload: &[u8]) -> Result<f32, KernelError> {
         self.base.check_payload(self.size(), payload.len())?;
         let scale = crate::simd::get_f32(payload, 0);
         if !scale.is_finite() || scale < 0.0 {
@@ -103,34 +176,47 @@ impl OneBit {
                 format!("scale {scale} is not a finite number >= 0"),
             ));
         }
-        let bits = &payload[4..];
-        if !super::tail_bits_zero(bits, self.base.n, 1) {
+        if !super::tail_bits_zero(&payload[4..], self.base.n, 1) {
             return Err(KernelError::malformed(
                 &self.base.name,
                 "padding bits after the last sign bit are not zero",
             ));
         }
-        let (add, scale) = match mode {
-            Mode::Store => (false, scale),
-            Mode::Add => (true, scale),
-            // `a - v == a + (-v)` exactly: the decoding with the scale negated, added.
-            Mode::Subtract => (true, -scale),
-        };
-        let f = if add { expand_add } else { expand };
-        par_segments_out(bits, 1, out, |s, i0, o| f(s, i0, o, scale));
-        Ok(())
+        Ok(scale)
     }
-}
 
-/// What [`OneBit::decode_as`] does with the decoded values.
-#[derive(Clone, Copy)]
-enum Mode {
-    /// `out = D(payload)`.
-    Store,
-    /// `out += D(payload)`.
-    Add,
-    /// `out -= D(payload)`.
-    Subtract,
+    /// Encodes the sign words and block sums that `signs` writes (returning its non-finite
+    /// flag) into a payload with its scale: `Ok(false)`, with `out` empty, when `signs` saw a
+    /// non-finite element.
+    fn encode_signs(
+        &self,
+        out: &mut Vec<u8>,
+        signs: impl FnOnce(&mut [u8], &mut [f32]) -> u32,
+    ) -> Result<bool, KernelError> {
+        let n = self.base.n;
+        let mut partials = vec![0f32; n.div_ceil(REDUCE_BLOCK)];
+        let bad = signs(&mut prepare(out, self.size())[4..], &mut partials);
+        if bad != 0 {
+            out.clear();
+            return Ok(false);
+        }
+        let scale = if self.scaling {
+            let sum = elem::sum_partials(&partials);
+            let m = if n == 0 { 0.0 } else { (sum / n as f64) as f32 };
+            if !m.is_finite() {
+                out.clear();
+                return Err(KernelError::overflow(
+                    &self.base.name,
+                    "the sum of |x| overflows f32 within a block of 256 elements",
+                ));
+            }
+            m
+        } else {
+            1.0
+        };
+        out[..4].copy_from_slice(&scale.to_le_bytes());
+        Ok(true)
+    }
 }
 
 impl Format for OneBit {
@@ -151,11 +237,10 @@ impl Format for OneBit {
     ) -> Result<(), KernelError> {
         let n = self.base.n;
         // One pass: sign words and the blocked |x| sums (the scale), in parallel segments.
-        let mut partials = vec![0f32; n.div_ceil(REDUCE_BLOCK)];
-        let size = self.size();
-        let dst = prepare(out, size);
-        let (head, bits) = dst.split_at_mut(4);
-        let bad = if crate::par::enabled(n) {
+        let finite = self.encode_signs(out, |bits, partials| {
+            if !crate::par::enabled(n) {
+                return signs_sums(input, bits, partials);
+            }
             let seg = crate::par::SEG;
             input
                 .par_chunks(seg)
@@ -163,29 +248,40 @@ impl Format for OneBit {
                 .zip(partials.par_chunks_mut(seg / REDUCE_BLOCK))
                 .map(|((xs, d), ps)| signs_sums(xs, d, ps))
                 .reduce(|| 0, |a, b| a | b)
-        } else {
-            signs_sums(input, bits, &mut partials)
-        };
-        if bad != 0 {
-            out.clear();
+        })?;
+        if !finite {
             return Err(self.base.non_finite(input));
         }
-        let scale = if self.scaling {
-            let sum = elem::sum_partials(&partials);
-            let m = if n == 0 { 0.0 } else { (sum / n as f64) as f32 };
-            if !m.is_finite() {
-                out.clear();
-                return Err(KernelError::overflow(
-                    &self.base.name,
-                    "the sum of |x| overflows f32 within a block of 256 elements",
-                ));
-            }
-            m
-        } else {
-            1.0
-        };
-        head.copy_from_slice(&scale.to_le_bytes());
         Ok(())
+    }
+    fn encode_fed(
+        &mut self,
+        fed: Fed<'_>,
+        p: &mut [f32],
+        _ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<bool, KernelError>> {
+        let n = self.base.n;
+        let Fed {
+            gradient: g,
+            residual: e,
+            factor: f,
+            vanilla,
+        } = fed;
+        // `encode`'s pass, forming p as it goes.
+        Some(self.encode_signs(out, |bits, partials| {
+            if !crate::par::enabled(n) {
+                return fed_signs_sums((g, e, f, vanilla), p, bits, partials);
+            }
+            let seg = crate::par::SEG;
+            p.par_chunks_mut(seg)
+                .zip(g.par_chunks(seg))
+                .zip(e.par_chunks(seg))
+                .zip(bits.par_chunks_mut(seg / 8))
+                .zip(partials.par_chunks_mut(seg / REDUCE_BLOCK))
+                .map(|((((x, g), e), d), ps)| fed_signs_sums((g, e, f, vanilla), x, d, ps))
+                .reduce(|| 0, |a, b| a | b)
+        }))
     }
     fn decode(
         &self,
@@ -194,12 +290,26 @@ impl Format for OneBit {
         out: &mut [f32],
         add: bool,
     ) -> Result<(), KernelError> {
-        self.decode_as(payload, out, if add { Mode::Add } else { Mode::Store })
+        let scale = self.checked_scale(payload)?;
+        let f = if add { expand_add } else { expand };
+        par_segments_out(&payload[4..], 1, out, |s, i0, o| f(s, i0, o, scale));
+        Ok(())
     }
     fn subtract(&self) -> Option<Subtract<Self>> {
         Some(|c, payload, _ctx, acc| {
-            c.decode_as(payload, acc, Mode::Subtract)?;
-            Ok(crate::simd::first_non_finite(acc).is_none())
+            let scale = c.checked_scale(payload)?;
+            let bits = &payload[4..];
+            // One pass: the subtraction and its finiteness.
+            let bad = if crate::par::enabled(acc.len()) {
+                let seg = crate::par::SEG;
+                acc.par_chunks_mut(seg)
+                    .zip(bits.par_chunks(seg / 8))
+                    .map(|(a, s)| subtract_signs(s, a, scale))
+                    .reduce(|| 0, |a, b| a | b)
+            } else {
+                subtract_signs(bits, acc, scale)
+            };
+            Ok(bad == 0)
         })
     }
 }
