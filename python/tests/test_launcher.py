@@ -103,3 +103,26 @@ def test_a_lost_worker_is_named_by_the_others(pushpull, tmp_path, how):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_exit_hook_notes_any_uncaught_exception(monkeypatch):
+    """The hook runs the previous one first (the traceback), and notes the exception for the
+    exit's abort even when that hook fails and the exception cannot be printed."""
+    from pushpull.torch import _state
+
+    monkeypatch.setattr(_state, "uncaught", None)
+    seen = []
+
+    def previous(kind, value, tb):
+        seen.append(kind)
+        raise RuntimeError("the previous hook failed")
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise KeyboardInterrupt
+
+    hook = _state._noting_uncaught(previous)
+    with pytest.raises(RuntimeError, match="previous hook failed"):
+        hook(Unprintable, Unprintable(), None)
+    assert seen == [Unprintable]
+    assert _state.uncaught == "the script raised Unprintable: (its message could not be printed)"

@@ -32,8 +32,8 @@ use crate::device::{check_range, Device, Tickets};
 /// Page-locked host memory (a batch's payloads, its table, a tensor's pulled payloads), and
 /// the event recorded after the last copy into or out of it.
 pub struct PinnedStaging {
-    /// Owns the allocation (read through `ptr`).
-    _mem: PinnedHostSlice<u8>,
+    /// Owns the allocation (read through `ptr`); `None` once leaked ([`PinnedStaging::lost`]).
+    mem: Option<PinnedHostSlice<u8>>,
     /// `mem`'s address, taken once at allocation (the slice's own accessors wait on an event
     /// of cudarc's that our copies do not record).
     ptr: *mut u8,
@@ -42,6 +42,9 @@ pub struct PinnedStaging {
     copied: CudaEvent,
     /// A copy into or out of `mem` was launched and not yet waited for.
     pending: bool,
+    /// A copy was launched and nothing can tell when it ends (its event could not be recorded
+    /// nor the stream waited for): the memory is never freed.
+    lost: bool,
 }
 
 // SAFETY: `ptr` points into `mem`, which is `Send + Sync`, and is only read through `&self` or
@@ -77,8 +80,11 @@ impl AsMut<[u8]> for PinnedStaging {
 impl Drop for PinnedStaging {
     fn drop(&mut self) {
         // Never free page-locked memory a copy is still using.
-        if self.pending {
-            let _ = self.copied.synchronize();
+        if self.pending && self.copied.synchronize().is_err() {
+            self.lost = true;
+        }
+        if self.lost {
+            std::mem::forget(self.mem.take());
         }
     }
 }
@@ -205,13 +211,15 @@ impl CudaDevice {
 
     /// Records the staging's event after the copies just launched.
     /// If the event cannot be recorded, nothing would tell when those copies have run: the
-    /// stream is waited for here instead, so that the staging is never reused or freed under
-    /// a copy.
+    /// stream is waited for here instead, and if that fails too the staging's memory is never
+    /// freed, so that no copy ever runs into freed memory.
     fn copied(&self, staging: &mut PinnedStaging) -> Result<(), CudaError> {
         self.count(1);
         if let Err(e) = staging.copied.record(self.gpu.stream()) {
             self.count(1);
-            let _ = self.gpu.stream().synchronize();
+            if self.gpu.stream().synchronize().is_err() {
+                staging.lost = true;
+            }
             return Err(driver("recording a staging event")(e));
         }
         staging.pending = true;
@@ -285,11 +293,12 @@ impl Device for CudaDevice {
             .new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))
             .map_err(driver("creating a staging event"))?;
         Ok(PinnedStaging {
-            _mem: mem,
+            mem: Some(mem),
             ptr,
             len: bytes,
             copied,
             pending: false,
+            lost: false,
         })
     }
 

@@ -32,6 +32,8 @@ pub struct EmulatedDevice {
     /// While true, a wait for staged copies blocks ([`EmulatedDevice::hold_staging`]).
     staging_held: Mutex<bool>,
     staging_gate: Condvar,
+    /// Waits blocked by [`EmulatedDevice::hold_staging`] now.
+    held_waits: AtomicU64,
     /// The tickets of [`Device::wait_ticket`], and the gate its waiters sleep on.
     tickets: Mutex<Tickets>,
     ticket_gate: Condvar,
@@ -75,6 +77,12 @@ impl EmulatedDevice {
     pub fn release_staging(&self) {
         *self.staging_held.lock().unwrap_or_else(|p| p.into_inner()) = false;
         self.staging_gate.notify_all();
+    }
+
+    /// How many waits for staged copies ([`Device::wait_staged`]) are blocked by
+    /// [`EmulatedDevice::hold_staging`] now: how a test knows its calls reached the device.
+    pub fn held_waits(&self) -> u64 {
+        self.held_waits.load(Ordering::Relaxed)
     }
 
     /// Whether [`EmulatedDevice::hold_staging`] holds the copies now.
@@ -172,8 +180,12 @@ impl Device for EmulatedDevice {
 
     fn alloc_staging(&self, bytes: usize) -> Result<EmulatedStaging, CudaError> {
         self.count(1);
-        Self::take_from(&self.staging_allocated, self.staging_limit, bytes)?;
         Self::take_from(&self.allocated, self.limit, bytes)?;
+        if let Err(e) = Self::take_from(&self.staging_allocated, self.staging_limit, bytes) {
+            // A failed allocation takes nothing.
+            self.allocated.fetch_sub(bytes as u64, Ordering::Relaxed);
+            return Err(e);
+        }
         Ok(EmulatedStaging {
             words: vec![0; bytes.div_ceil(8)],
             len: bytes,
@@ -246,11 +258,15 @@ impl Device for EmulatedDevice {
         }
         self.count(1);
         let mut held = self.staging_held.lock().unwrap_or_else(|p| p.into_inner());
-        while *held {
-            held = self
-                .staging_gate
-                .wait(held)
-                .unwrap_or_else(|p| p.into_inner());
+        if *held {
+            self.held_waits.fetch_add(1, Ordering::Relaxed);
+            while *held {
+                held = self
+                    .staging_gate
+                    .wait(held)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            self.held_waits.fetch_sub(1, Ordering::Relaxed);
         }
         drop(held);
         for (at, bytes) in std::mem::take(&mut staging.pending) {

@@ -90,21 +90,26 @@ def init(config: Optional[str] = None) -> None:
     new_settings = join_settings(config)
     worker = _native.Worker(**new_settings.worker_kwargs())
     settings = new_settings
-    previous_hook = sys.excepthook
+    sys.excepthook = _noting_uncaught(sys.excepthook)
+    atexit.register(_shutdown_at_exit)
+
+
+def _noting_uncaught(previous_hook):
+    """An excepthook that runs ``previous_hook`` (the traceback first, whatever happens next)
+    and then notes the exception in ``uncaught``, for :func:`_shutdown_at_exit`."""
 
     def note_uncaught(kind, value, tb):
         global uncaught
         try:
-            previous_hook(kind, value, tb)  # the traceback first, whatever happens below
+            previous_hook(kind, value, tb)
         finally:
             try:
                 text = str(value)
-            except Exception:  # an exception whose __str__ raises still ends the job
+            except BaseException:  # an exception whose __str__ raises still ends the job
                 text = "(its message could not be printed)"
             uncaught = f"the script raised {kind.__name__}: {text}"
 
-    sys.excepthook = note_uncaught
-    atexit.register(_shutdown_at_exit)
+    return note_uncaught
 
 
 def shutdown() -> None:

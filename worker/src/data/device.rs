@@ -169,9 +169,9 @@ pub(crate) struct DeviceData<D: Device, K> {
     /// The tensor's device state during a push_pull round.
     state: Option<DeviceState<D>>,
     launched: Launched<D>,
-    /// The round is a broadcast: its host copy is not kept in the tensor (a broadcast
-    /// usually runs once, and a tensor whose push_pulls compress on the device never uses
-    /// it again).
+    /// The round is a broadcast: it uses the tensor's kept host copy if there is one, else
+    /// pageable memory, which is not kept (a broadcast usually runs once, and a tensor whose
+    /// push_pulls compress on the device never uses a host copy again).
     broadcast: bool,
     /// The buffer on the host, for chunks that go through the host.
     copy: HostCopy<D>,

@@ -327,6 +327,34 @@ impl ShmLink {
     }
 }
 
+/// The job's error for a note that local rank `l` (worker `rank` of host `host`) could not send
+/// to local rank `to`: the group cannot go on, since a member would wait for it forever. A
+/// socket that is gone means the member is ([`WorkerError::MemberLost`]); any other error is
+/// this member's ([`WorkerError::LocalGroup`], naming it).
+fn send_error(e: &std::io::Error, (rank, l, host): (u32, u32, u32), to: u32) -> WorkerError {
+    let gone = matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::NotFound
+            | std::io::ErrorKind::NotConnected
+    );
+    if gone {
+        WorkerError::MemberLost {
+            rank: rank - l + to,
+            local_rank: to,
+            host,
+            reason: format!("local rank {l} cannot reach its note socket: {e}"),
+        }
+    } else {
+        WorkerError::LocalGroup {
+            host,
+            message: format!(
+                "local rank {l} (worker {rank}) could not send a note to local rank {to}: {e}"
+            ),
+        }
+    }
+}
+
 impl Drop for ShmLink {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
@@ -350,31 +378,7 @@ impl GroupLink for ShmLink {
                 }
             };
             if let Err(e) = sent {
-                // A note that cannot be sent leaves a member waiting for it: the group cannot
-                // go on. A socket that is gone means the member is; any other error is this
-                // member's, and names it.
-                let gone = matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionRefused
-                        | std::io::ErrorKind::NotFound
-                        | std::io::ErrorKind::NotConnected
-                );
-                let e = if gone {
-                    WorkerError::MemberLost {
-                        rank: rank - l + to,
-                        local_rank: to,
-                        host,
-                        reason: format!("local rank {l} cannot reach its note socket: {e}"),
-                    }
-                } else {
-                    WorkerError::LocalGroup {
-                        host,
-                        message: format!(
-                            "local rank {l} (worker {rank}) could not send a note to local \
-                             rank {to}: {e}"
-                        ),
-                    }
-                };
+                let e = send_error(&e, (rank, l, host), to);
                 // The job's error, told before this round fails with it (the round's failure
                 // may end the process).
                 (self.on_lost)(e.clone());
@@ -643,8 +647,14 @@ mod tests {
         zero.send(1, &[note]).unwrap();
         drop(one);
         // Its note thread holds the socket until it sees the stop (every 200 ms).
-        std::thread::sleep(Duration::from_millis(600));
-        let e = zero.send(1, &[note]).unwrap_err();
+        let until = Instant::now() + Duration::from_secs(10);
+        let e = loop {
+            match zero.send(1, &[note]) {
+                Err(e) => break e,
+                Ok(()) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                Ok(()) => panic!("notes still reach a member whose link was dropped 10 s ago"),
+            }
+        };
         let text = e.to_string();
         assert!(
             matches!(
@@ -661,6 +671,48 @@ mod tests {
         assert!(text.contains("cannot reach its note socket"), "{text}");
         let heard = heard.lock().unwrap();
         assert!(heard.contains(&e), "the callback heard {heard:?}");
+    }
+
+    /// A vanished socket names the member; any other send error names this member.
+    #[test]
+    fn a_note_that_cannot_be_sent_names_who_is_at_fault() {
+        use std::io::{Error, ErrorKind};
+        let me = (5, 1, 1); // worker 5, local rank 1 of host 1 (groups of 4)
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::NotFound,
+            ErrorKind::NotConnected,
+        ] {
+            let e = send_error(&Error::from(kind), me, 3);
+            assert!(
+                matches!(
+                    e,
+                    WorkerError::MemberLost {
+                        rank: 7,
+                        local_rank: 3,
+                        host: 1,
+                        ..
+                    }
+                ),
+                "{kind:?}: {e}"
+            );
+        }
+        for kind in [
+            ErrorKind::OutOfMemory,
+            ErrorKind::Other,
+            ErrorKind::InvalidInput,
+        ] {
+            let e = send_error(&Error::from(kind), me, 3);
+            let text = e.to_string();
+            assert!(
+                matches!(e, WorkerError::LocalGroup { host: 1, .. }),
+                "{kind:?}: {text}"
+            );
+            assert!(
+                text.contains("local rank 1 (worker 5)") && text.contains("local rank 3"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -176,11 +176,13 @@ impl Worker {
         prepared.sort_by_key(|(i, p)| (std::cmp::Reverse(p.tensor.placement.priority), *i));
         let mut all: Vec<&mut Prepared<R>> = prepared.iter_mut().map(|(_, p)| p).collect();
         self.launch(&mut all);
-        for (_, p) in prepared.iter_mut() {
-            if let Some(ready) = p.data.ready() {
-                ready.await;
-            }
-        }
+        // Together: a round's wait may have started a copy that the next round's need not
+        // wait for (a host copy each).
+        let readies: Vec<_> = prepared
+            .iter_mut()
+            .filter_map(|(_, p)| p.data.ready())
+            .collect();
+        futures_util::future::join_all(readies).await;
         let holds: Vec<SendHold> = prepared
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))

@@ -314,9 +314,11 @@ impl Worker {
                     // (seen in CI: this worker then named the scheduler, not the member). The
                     // error wakes `finish`, whose close names the member too (`close.rs`).
                     shared.fail(e.clone());
-                    if let Some(why) = e.departure(&workers) {
-                        quinn.close(why.code().into(), &why.reason());
-                    }
+                    // A note this member could not send is its own failure.
+                    let why = e.departure(&workers).unwrap_or_else(|| {
+                        pushpull_proto::departure::Departure::Failed(e.to_string())
+                    });
+                    quinn.close(why.code().into(), &why.reason());
                 }
             };
             let joined = tokio::task::spawn_blocking(move || {

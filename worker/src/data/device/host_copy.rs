@@ -13,14 +13,16 @@ use crate::tensor::{KeptCopy, TensorInner};
 /// group's sum, a compressor without a kernel, a custom codec factory, a broadcast): the whole
 /// buffer is copied in before the first chunk is read or written, and copied back when the
 /// round ends if a chunk was written (the chunks not written go back as they came). Such a
-/// round costs one copy each way, not one per chunk (each copy waits for the device's stream).
+/// round costs one copy each way, not one per chunk.
 ///
-/// The copy in is started by [`RoundData::ready`](crate::data::RoundData::ready) and waited for on the blocking pool, so that
-/// a device still busy with the training's kernels holds up this round only, not a runtime
-/// thread. The copy is the device's page-locked staging (faster copies than pageable memory
-/// on a GPU, as BytePS pins its host copies), kept in the tensor between rounds
-/// (`Residence::host_copy`); where the device has no page-locked memory to give, pageable
-/// memory (slower copies, the same bits).
+/// The copy is the device's page-locked staging (faster copies than pageable memory on a GPU,
+/// as BytePS pins its host copies), kept in the tensor between rounds
+/// (`Residence::host_copy`). Its copy in is started by
+/// [`RoundData::ready`](crate::data::RoundData::ready) and waited for on the blocking pool, so
+/// that a device still busy with the training's kernels holds up this round only, not a
+/// runtime thread; its copy back is only started. Where the device has no page-locked memory
+/// to give (and for a broadcast without a kept copy), the copy is pageable memory: the same
+/// bits, slower copies, each waited for on the round's thread.
 pub(super) struct HostCopy<D: Device> {
     /// Host memory taken from the tensor when the round began, for the copy in.
     spare: Option<Held<D>>,
@@ -138,15 +140,22 @@ fn copy_landed<D: Device>(device: &D, held: Held<D>) -> CopyIn<D> {
 
 impl<D: Device, K> DeviceData<D, K> {
     /// The round's chunks go through the host: takes the host memory for its copy from the
-    /// tensor (if it was made for this device and fits), or makes it.
+    /// tensor (if it was made for this device and fits), or makes it: page-locked, except for
+    /// a broadcast (usually a one-off, not worth an allocation of page-locked memory).
     pub(super) fn take_host_memory(&mut self, tensor: &TensorInner) {
         let place = self.device.place();
         let kept = tensor.residence().host_copy.take();
-        self.copy.spare = kept
+        let kept = kept
             .filter(|k| k.place == place)
             .and_then(|k| k.held.downcast::<Held<D>>().ok())
-            .map(|held| *held);
-        self.copy.spare = Some(self.host_memory(tensor));
+            .map(|held| *held)
+            .filter(|held| held.fits(self.len));
+        let memory = match kept {
+            Some(held) => held,
+            None if self.broadcast => Held::Pageable(vec![0.0; self.len]),
+            None => Held::new(&*self.device, self.len, &tensor.placement.name),
+        };
+        self.copy.spare = Some(memory);
     }
 
     /// Host memory for the buffer's copy: the spare taken from the tensor, or new.
@@ -239,12 +248,18 @@ impl<D: Device, K> DeviceData<D, K> {
         self.copy.failed.push(index);
     }
 
-    /// Copies the host copy back to the buffer if a chunk was written (the chunks whose decode
-    /// failed first get their input back), and gives the host memory back to the tensor
-    /// unless the round was a broadcast (memory whose copy in failed is dropped).
+    /// Starts copying the host copy back to the buffer if a chunk was written (the chunks
+    /// whose decode failed first get their input back), and gives the host memory back to the
+    /// tensor (a broadcast's pageable memory excepted; memory whose copy in failed is
+    /// dropped). The copy back from staging is not waited for: later work on the device's
+    /// stream, the next copy into the staging included, runs after it, and a staging dropped
+    /// with a copy pending waits for it.
     pub(super) fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
         let copy = std::mem::take(&mut self.copy);
-        let mut held = match (copy.held, copy.spare) {
+        let landed = copy
+            .coming
+            .and_then(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let mut held = match (copy.held.or(landed), copy.spare) {
             (Some(Ok(held)), _) => held,
             // Never copied into (no chunk was read or written): it goes back unused.
             (None, Some(spare)) => spare,
@@ -261,21 +276,18 @@ impl<D: Device, K> DeviceData<D, K> {
                     .map_err(|e| self.copy_error("from", e))?;
             }
             match &mut held {
-                Held::Staging(staging) => {
-                    // SAFETY: as in `copy_in_now`; the staging is not touched until the copy
-                    // has run.
-                    unsafe {
-                        self.device
-                            .upload_staged(staging, 0..4 * self.len, self.addr)
-                    }
-                    .and_then(|()| self.device.wait_staged(staging))
-                }
+                // SAFETY: as in `copy_in_now`; the host does not touch the staging before a
+                // later copy into it has been waited for, which runs after this one.
+                Held::Staging(staging) => unsafe {
+                    self.device
+                        .upload_staged(staging, 0..4 * self.len, self.addr)
+                },
                 // SAFETY: as in `copy_in_now`.
                 Held::Pageable(v) => unsafe { self.device.upload(&v[..self.len], self.addr) },
             }
             .map_err(|e| self.copy_error("to", e))?;
         }
-        if !self.broadcast {
+        if !(self.broadcast && matches!(held, Held::Pageable(_))) {
             tensor.residence().host_copy = Some(KeptCopy {
                 bytes: held.pinned_bytes(),
                 held: Box::new(held),
