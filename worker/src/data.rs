@@ -93,8 +93,9 @@ pub(crate) trait RoundData: Send + 'static {
     }
 
     /// What the round waits for before its chunks are encoded, if anything: a device batch's
-    /// payloads on their way to host staging, which takes as long as the device is busy with
-    /// work queued before them (a training's kernels). Awaited before the round's sends are
+    /// payloads on their way to host staging, or a device buffer's copy to the host (its
+    /// `HostCopy`), which take as long as the device is busy with work queued before them (a
+    /// training's kernels). Awaited before the round's sends are
     /// held ([`crate::Worker::push_pull_group_into`]) and before its chunks are encoded, so
     /// that a busy device holds back neither the runtime's threads nor the frames of other
     /// tensors.

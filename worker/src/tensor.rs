@@ -134,13 +134,14 @@ pub(crate) struct Residence {
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
-    /// The host memory of a device buffer's copy ([`crate::data`]'s `HostCopy`: the
-    /// page-locked staging of the device it was made for, or pageable memory), kept between
-    /// rounds so that a round whose chunks go through the host does not allocate it again.
+    /// The host memory of a device buffer's copy (`HostCopy` of `data/device/host_copy.rs`:
+    /// the page-locked staging of the device it was made for, or pageable memory), kept
+    /// between rounds so that a round whose chunks go through the host does not allocate it
+    /// again.
     pub(crate) host_copy: Option<KeptCopy>,
 }
 
-/// A device's staging kept by a tensor ([`Residence::host_copy`]).
+/// The host memory of a device buffer's copy, kept by its tensor ([`Residence::host_copy`]).
 pub(crate) struct KeptCopy {
     /// The memory (`crate::data`'s `Held<D>`).
     pub(crate) held: Box<dyn std::any::Any + Send + Sync>,
