@@ -161,6 +161,8 @@ impl Compressor for ErrorFeedback {
             ),
         };
         if !finite {
+            // No payload, whether the codec began one or not.
+            out.clear();
             if let Some(err) = first_bad(&self.name, "input", input) {
                 return Err(err);
             }

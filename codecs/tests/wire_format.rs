@@ -276,8 +276,8 @@ fn parallel_path_gives_the_same_bytes() {
                 let bits = |v: Option<Vec<f32>>| {
                     v.map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>())
                 };
-                out.extend_from_slice(&second);
-                (out, y, acc, (bits(state.residual), bits(state.momentum)))
+                let state = (bits(state.residual), bits(state.momentum), second);
+                (out, y, acc, state)
             })
         };
         let (a, ya, aa, sa) = run(&one);
@@ -296,7 +296,7 @@ fn parallel_path_gives_the_same_bytes() {
         let plain = !kv.iter().any(|(k, _)| matches!(*k, "ef" | "momentum"));
         if let Some(want) = reference(&kv, &x, who, round).filter(|_| plain) {
             assert!(
-                a[..want.len()] == want,
+                a == want,
                 "{kv:?}: parallel bytes differ from the reference encoder"
             );
         }

@@ -322,9 +322,10 @@ impl WorkerError {
     /// How this worker's connections close when this is the job's error: a lost node, or a
     /// lost member of its local group (`workers`: every worker's address, by rank), is named
     /// ([`Departure::NodeLost`]), so that the scheduler and the servers blame it, not the
-    /// messenger; the scheduler's end of the job is passed on ([`Departure::JobFailed`]).
-    /// `None` for this worker's own errors. (A server closes the same way:
-    /// `pushpull_server`'s `service.rs`.)
+    /// messenger; the scheduler's end of the job is passed on ([`Departure::JobFailed`]); a
+    /// local group this worker could not use is its own failure ([`Departure::Failed`]).
+    /// `None` for the other errors, which end one call, not the job. (A server closes the same
+    /// way: `pushpull_server`'s `service.rs`.)
     pub(crate) fn departure(&self, workers: &[std::net::SocketAddr]) -> Option<Departure> {
         match self {
             WorkerError::NodeLost { node, reason } => Some(Departure::NodeLost {
@@ -340,6 +341,7 @@ impl WorkerError {
                 reason: reason.clone(),
             }),
             WorkerError::JobFailed { reason } => Some(Departure::JobFailed(reason.clone())),
+            WorkerError::LocalGroup { .. } => Some(Departure::Failed(self.to_string())),
             _ => None,
         }
     }
@@ -456,7 +458,15 @@ mod tests {
             ended.departure(&workers),
             Some(Departure::JobFailed("worker 0 lost".into()))
         );
-        // This worker's own errors, and a member the map does not know: the caller's reason.
+        let group = WorkerError::LocalGroup {
+            host: 0,
+            message: "local rank 1 (worker 1) could not send a note to local rank 0".into(),
+        };
+        assert_eq!(
+            group.departure(&workers),
+            Some(Departure::Failed(group.to_string()))
+        );
+        // This worker's other errors, and a member the map does not know: the caller's reason.
         let own = WorkerError::Codec {
             name: "w".into(),
             chunk: 0,

@@ -40,8 +40,8 @@ fn signs_sums_impl(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 {
     bad
 }
 
-/// [`signs_sums_impl`] of error feedback's `p` ([`Fed`]), formed block by block into `p` as
-/// it goes (each block is then signed and summed from the cache): one pass over the inputs.
+/// [`signs_sums_impl`] of error feedback's input `fed(g, e, f, vanilla)` ([`Fed`]'s fields,
+/// [`elem::fed`]), formed block by block into `x` as it goes (each block is then signed and summed from the cache): one pass over the inputs.
 #[inline(always)]
 fn fed_signs_sums_impl(
     fed: (&[f32], &[f32], f32, bool),

@@ -43,7 +43,8 @@ pub struct PinnedStaging {
     /// A copy into or out of `mem` was launched and not yet waited for.
     pending: bool,
     /// A copy was launched and nothing can tell when it ends (its event could not be recorded
-    /// nor the stream waited for): the memory is never freed.
+    /// nor the stream waited for, or waiting for the event failed at drop): the memory is
+    /// never freed.
     lost: bool,
 }
 

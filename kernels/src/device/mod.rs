@@ -117,8 +117,7 @@ pub trait Device: Send + Sync + 'static {
     /// (pinned) memory on CUDA, at least 8-byte aligned (so it may be read as f32 or u64).
     /// After a copy out of the device, its bytes are meaningful only once
     /// [`Device::wait_staged`] returned; after a copy into the device, the host must not
-    /// change them until then. A copy started on a staging whose earlier copies were not
-    /// waited for runs after them (one stream).
+    /// change them until then.
     type Staging: AsRef<[u8]> + AsMut<[u8]> + std::fmt::Debug + Send + Sync + 'static;
 
     /// Where compression runs on this device, for metrics (`cuda:N`, or `emulated`).

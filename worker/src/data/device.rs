@@ -524,9 +524,10 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 message,
             });
         let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) else {
-            return copied
-                .err()
-                .map(|e| Box::pin(std::future::ready(Err(e))) as Settling);
+            return match copied {
+                Ok(settling) => settling,
+                Err(e) => Some(Box::pin(std::future::ready(Err(e)))),
+            };
         };
         let mut decoded = run.decoded.subscribe();
         run.leave();
@@ -537,7 +538,9 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 Ok(v) => v.clone().unwrap_or(Ok(())),
                 Err(_) => Err("the batch ended without decoding".to_string()),
             };
-            copied?;
+            if let Some(copied_back) = copied? {
+                copied_back.await?;
+            }
             outcome.map_err(|message| WorkerError::Device {
                 name,
                 message: format!("decoding the results: {message}"),

@@ -176,13 +176,16 @@ impl Worker {
         prepared.sort_by_key(|(i, p)| (std::cmp::Reverse(p.tensor.placement.priority), *i));
         let mut all: Vec<&mut Prepared<R>> = prepared.iter_mut().map(|(_, p)| p).collect();
         self.launch(&mut all);
-        // Together: a round's wait may have started a copy that the next round's need not
-        // wait for (a host copy each).
+        // Every round's copies start (in `ready`) before any is waited for, so that they
+        // overlap on the device; waited for in turn, one blocking thread at a time (they land
+        // in that order).
         let readies: Vec<_> = prepared
             .iter_mut()
             .filter_map(|(_, p)| p.data.ready())
             .collect();
-        futures_util::future::join_all(readies).await;
+        for ready in readies {
+            ready.await;
+        }
         let holds: Vec<SendHold> = prepared
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))

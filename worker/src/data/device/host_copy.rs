@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use pushpull_kernels::device::Device;
 
 use super::DeviceData;
-use crate::data::Ready;
+use crate::data::{Ready, Settling};
+use crate::error::WorkerError;
 use crate::tensor::{KeptCopy, TensorInner};
 
 /// A device buffer's copy on the host, for a round whose chunks go through the host (a local
@@ -20,12 +21,16 @@ use crate::tensor::{KeptCopy, TensorInner};
 /// (`Residence::host_copy`). Its copy in is started by
 /// [`RoundData::ready`](crate::data::RoundData::ready) and waited for on the blocking pool, so
 /// that a device still busy with the training's kernels holds up this round only, not a
-/// runtime thread; its copy back is only started. Where the device has no page-locked memory
-/// to give (and for a broadcast without a kept copy), the copy is pageable memory: the same
-/// bits, slower copies, each waited for on the round's thread.
+/// runtime thread; its copy back is waited for the same way before the round completes, and
+/// the memory then goes back to the tensor (through a [`CopySlot`]). A broadcast uses the
+/// tensor's copy, or memory it does not keep. Where the device has no page-locked memory to
+/// give, the copy is pageable memory: the same bits, slower copies, each waited for on the
+/// round's thread.
 pub(super) struct HostCopy<D: Device> {
     /// Host memory taken from the tensor when the round began, for the copy in.
     spare: Option<Held<D>>,
+    /// The memory is not the tensor's to keep (a broadcast's).
+    transient: bool,
     /// The copy in started by `ready`: its outcome lands here once waited for.
     coming: Option<Arc<Mutex<Option<CopyIn<D>>>>>,
     /// The buffer on the host once copied in, or why that failed (every chunk of the round
@@ -40,6 +45,10 @@ pub(super) struct HostCopy<D: Device> {
 
 /// A copy in's outcome: the host memory holding the buffer, or why it does not.
 type CopyIn<D> = Result<Held<D>, String>;
+
+/// Where a tensor keeps its copy's host memory between rounds (`Residence::host_copy`): filled
+/// once the round's copy back has been waited for, before the tensor's next round can begin.
+type CopySlot<D> = Arc<Mutex<Option<Held<D>>>>;
 
 /// The host memory of a [`HostCopy`].
 enum Held<D: Device> {
@@ -106,6 +115,7 @@ impl<D: Device> Default for HostCopy<D> {
     fn default() -> Self {
         HostCopy {
             spare: None,
+            transient: false,
             coming: None,
             held: None,
             written: false,
@@ -147,12 +157,12 @@ impl<D: Device, K> DeviceData<D, K> {
         let kept = tensor.residence().host_copy.take();
         let kept = kept
             .filter(|k| k.place == place)
-            .and_then(|k| k.held.downcast::<Held<D>>().ok())
-            .map(|held| *held)
+            .and_then(|k| k.held.downcast::<CopySlot<D>>().ok())
+            .and_then(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take())
             .filter(|held| held.fits(self.len));
+        self.copy.transient = kept.is_none() && self.broadcast;
         let memory = match kept {
             Some(held) => held,
-            None if self.broadcast => Held::Pageable(vec![0.0; self.len]),
             None => Held::new(&*self.device, self.len, &tensor.placement.name),
         };
         self.copy.spare = Some(memory);
@@ -248,13 +258,12 @@ impl<D: Device, K> DeviceData<D, K> {
         self.copy.failed.push(index);
     }
 
-    /// Starts copying the host copy back to the buffer if a chunk was written (the chunks
-    /// whose decode failed first get their input back), and gives the host memory back to the
-    /// tensor (a broadcast's pageable memory excepted; memory whose copy in failed is
-    /// dropped). The copy back from staging is not waited for: later work on the device's
-    /// stream, the next copy into the staging included, runs after it, and a staging dropped
-    /// with a copy pending waits for it.
-    pub(super) fn write_back(&mut self, tensor: &TensorInner) -> Result<(), String> {
+    /// Copies the host copy back to the buffer if a chunk was written (the chunks whose decode
+    /// failed first get their input back), and gives the host memory back to the tensor
+    /// (unless it is a broadcast's own; memory whose copy in failed is dropped). A copy back
+    /// from staging is only started here: the returned future waits for it on the blocking
+    /// pool, then puts the memory in the tensor's slot.
+    pub(super) fn write_back(&mut self, tensor: &TensorInner) -> Result<Option<Settling>, String> {
         let copy = std::mem::take(&mut self.copy);
         let landed = copy
             .coming
@@ -263,8 +272,9 @@ impl<D: Device, K> DeviceData<D, K> {
             (Some(Ok(held)), _) => held,
             // Never copied into (no chunk was read or written): it goes back unused.
             (None, Some(spare)) => spare,
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
+        let mut started = false;
         if copy.written {
             let floats = held.floats(self.len)?;
             for &index in &copy.failed {
@@ -276,8 +286,8 @@ impl<D: Device, K> DeviceData<D, K> {
                     .map_err(|e| self.copy_error("from", e))?;
             }
             match &mut held {
-                // SAFETY: as in `copy_in_now`; the host does not touch the staging before a
-                // later copy into it has been waited for, which runs after this one.
+                // SAFETY: as in `copy_in_now`; the staging is not touched until the copy has
+                // been waited for (below).
                 Held::Staging(staging) => unsafe {
                     self.device
                         .upload_staged(staging, 0..4 * self.len, self.addr)
@@ -286,15 +296,36 @@ impl<D: Device, K> DeviceData<D, K> {
                 Held::Pageable(v) => unsafe { self.device.upload(&v[..self.len], self.addr) },
             }
             .map_err(|e| self.copy_error("to", e))?;
+            started = matches!(held, Held::Staging(_));
         }
-        if !(self.broadcast && matches!(held, Held::Pageable(_))) {
+        let slot: CopySlot<D> = Arc::default();
+        if !copy.transient {
             tensor.residence().host_copy = Some(KeptCopy {
                 bytes: held.pinned_bytes(),
-                held: Box::new(held),
+                held: Box::new(slot.clone()),
                 place: self.device.place(),
             });
         }
-        Ok(())
+        if !started {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
+            return Ok(None);
+        }
+        let (device, name) = (self.device.clone(), tensor.placement.name.clone());
+        Ok(Some(Box::pin(async move {
+            let waited = tokio::task::spawn_blocking(move || {
+                let Held::Staging(mut staging) = held else {
+                    return Ok(());
+                };
+                device
+                    .wait_staged(&mut staging)
+                    .map_err(|e| format!("copying the buffer to {}: {e}", device.place()))?;
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Held::Staging(staging));
+                Ok(())
+            })
+            .await
+            .unwrap_or_else(|e| Err(format!("waiting for the copy to the device: {e}")));
+            waited.map_err(|message| WorkerError::Device { name, message })
+        })))
     }
 
     /// [`RoundData::ready`](crate::data::RoundData::ready) of a round whose chunks go through
