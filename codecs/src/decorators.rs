@@ -153,7 +153,11 @@ impl Compressor for ErrorFeedback {
             factor,
             vanilla,
         };
-        let (finite, encoded) = match self.inner.compress_fed(fed, &mut self.p, ctx, out) {
+        let fused = self
+            .inner
+            .codec_mut()
+            .and_then(|codec| codec.compress_fed(fed, &mut self.p, ctx, out));
+        let (finite, encoded) = match fused {
             Some(encoded) => (encoded?, true),
             None => (
                 add_scaled(input, &self.e, factor, vanilla, &mut self.p),

@@ -365,14 +365,9 @@ pub trait Compressor: Send {
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError>;
-    /// [`Codec::compress_fed`] when the chain is a codec alone; `None` for decorated chains.
-    fn compress_fed(
-        &mut self,
-        _fed: Fed<'_>,
-        _p: &mut [f32],
-        _ctx: &RoundCtx,
-        _out: &mut Vec<u8>,
-    ) -> Option<Result<bool, KernelError>> {
+    /// The codec, to compress with, when the chain is the codec alone; `None` for a
+    /// decorated chain (whose compression is more than its codec's).
+    fn codec_mut(&mut self) -> Option<&mut dyn Codec> {
         None
     }
     /// The chunk length it is bound to.
@@ -466,13 +461,7 @@ impl<C: Codec> Compressor for C {
     ) -> Result<(), KernelError> {
         Codec::compress(self, input, ctx, out)
     }
-    fn compress_fed(
-        &mut self,
-        fed: Fed<'_>,
-        p: &mut [f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Option<Result<bool, KernelError>> {
-        Codec::compress_fed(self, fed, p, ctx, out)
+    fn codec_mut(&mut self) -> Option<&mut dyn Codec> {
+        Some(self)
     }
 }
