@@ -395,16 +395,18 @@ async fn serve_conn(
             Ok(Some(msg)) => Inbound::Message(id, msg),
             Ok(None) => {
                 // A node ending closes its stream, then its connection, saying why: give the
-                // close a moment to arrive.
-                let closed = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
-                if let Ok(source) = closed {
-                    if let Some(blamed) = blamed(id, &source) {
-                        if tx.send(blamed).await.is_err() {
-                            return;
+                // close a moment to arrive, and report it as the connection's end would be.
+                match tokio::time::timeout(CLOSE_GRACE, conn.closed()).await {
+                    Ok(source) => {
+                        if let Some(blamed) = blamed(id, &source) {
+                            if tx.send(blamed).await.is_err() {
+                                return;
+                            }
                         }
+                        Inbound::Closed(id, source.to_string())
                     }
+                    Err(_) => Inbound::Closed(id, "it closed its control stream".into()),
                 }
-                Inbound::Closed(id, "it closed its control stream".into())
             }
             Err(TransportError::Connection { source, .. }) => {
                 if let Some(blamed) = blamed(id, &source) {
