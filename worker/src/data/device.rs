@@ -170,8 +170,7 @@ pub(crate) struct DeviceData<D: Device, K> {
     state: Option<DeviceState<D>>,
     launched: Launched<D>,
     /// The round is a broadcast: it uses the tensor's kept host copy if there is one, else
-    /// pageable memory, which is not kept (a broadcast usually runs once, and a tensor whose
-    /// push_pulls compress on the device never uses a host copy again).
+    /// memory it does not keep (`HostCopy`).
     broadcast: bool,
     /// The buffer on the host, for chunks that go through the host.
     copy: HostCopy<D>,

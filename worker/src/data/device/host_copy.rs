@@ -150,8 +150,9 @@ fn copy_landed<D: Device>(device: &D, held: Held<D>) -> CopyIn<D> {
 
 impl<D: Device, K> DeviceData<D, K> {
     /// The round's chunks go through the host: takes the host memory for its copy from the
-    /// tensor (if it was made for this device and fits), or makes it: page-locked, except for
-    /// a broadcast (usually a one-off, not worth an allocation of page-locked memory).
+    /// tensor (if it was made for this device and fits), or makes it ([`Held::new`]); memory
+    /// made for a broadcast is not kept (a broadcast usually runs once, and a tensor whose
+    /// push_pulls compress on the device never uses a host copy again).
     pub(super) fn take_host_memory(&mut self, tensor: &TensorInner) {
         let place = self.device.place();
         let kept = tensor.residence().host_copy.take();
