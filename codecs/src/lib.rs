@@ -8,7 +8,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], re-exports |
+//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], [`Fed`] (error feedback's input to a codec that forms it as it encodes), re-exports |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
@@ -20,7 +20,7 @@
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
 //! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) behind `pushpull bench compress` |
 //! | [`payload`] | the payload checks the device's decoders share with the codecs' |
-//! | `codecs` (private) | one module per wire format; each implements the narrow `Format` trait (its `Base` identity, payload size, encoding, decoding, optional in-place subtraction) and one blanket implementation there makes it a [`Codec`] (name, length and the length checks, written once) |
+//! | `codecs` (private) | one module per wire format; each implements the narrow `Format` trait (its `Base` identity, payload size, encoding, decoding, optional in-place subtraction and encoding of error feedback's input) and one blanket implementation there makes it a [`Codec`] (name, length and the length checks, written once) |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
 //! # The traits and the chain
