@@ -601,7 +601,7 @@ async fn a_busy_device_holds_up_its_own_rounds_only() {
         }
         let mut single = Vec::new();
         let topk = map(&[("compressor", "topk"), ("k", "0.1")]);
-        for i in 0..5 {
+        for i in 0..7 {
             let p = if i < 3 { p.clone() } else { topk.clone() };
             single.push(w.declare(&format!("s{i}"), 40_000, p).await.unwrap());
         }
@@ -609,23 +609,31 @@ async fn a_busy_device_holds_up_its_own_rounds_only() {
             .declare_with_priority("h", 5_000, map(&[]), -10)
             .await
             .unwrap();
+        // The last two top-k calls on a device without page-locked memory: their copies are
+        // blocking ones.
         let device = Arc::new(EmulatedDevice::new());
+        let paged = Arc::new(EmulatedDevice::with_staging_limit(0));
+        let on = |i: usize| if i < 5 { &device } else { &paged };
+        let group_mems: Vec<_> = (0..ts.len())
+            .map(|i| to_device(&device, &data(i as u64, 40_000)))
+            .collect();
+        let single_mems: Vec<_> = (0..single.len())
+            .map(|i| to_device(on(i), &data(10 + i as u64, 40_000)))
+            .collect();
         device.hold_staging();
+        paged.hold_staging();
         let (done, finished) = std::sync::mpsc::channel::<()>();
         let release = {
-            let device = device.clone();
+            let (device, paged) = (device.clone(), paged.clone());
             std::thread::spawn(move || {
                 let _ = finished.recv_timeout(std::time::Duration::from_secs(20));
                 device.release_staging();
+                paged.release_staging();
             })
         };
         let group = {
             let (w, device) = (w.clone(), device.clone());
-            let calls: Vec<_> = ts
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.clone(), to_device(&device, &data(i as u64, 40_000))))
-                .collect();
+            let calls: Vec<_> = ts.iter().cloned().zip(group_mems).collect();
             tokio::spawn(async move {
                 let handles = w.push_pull_group_device(calls, &device, Reduce::Sum).await;
                 for h in handles {
@@ -635,10 +643,10 @@ async fn a_busy_device_holds_up_its_own_rounds_only() {
         };
         let singles: Vec<_> = single
             .iter()
+            .zip(single_mems)
             .enumerate()
-            .map(|(i, t)| {
-                let (w, device, t) = (w.clone(), device.clone(), t.clone());
-                let mem = to_device(&device, &data(10 + i as u64, 40_000));
+            .map(|(i, (t, mem))| {
+                let (w, device, t) = (w.clone(), on(i).clone(), t.clone());
                 tokio::spawn(async move {
                     w.push_pull_device(&t, &device, mem, Reduce::Sum)
                         .await
@@ -646,23 +654,24 @@ async fn a_busy_device_holds_up_its_own_rounds_only() {
                 })
             })
             .collect();
-        // Until every call waits for the device: the group's batch, the onebit calls' own, and
-        // the top-k calls' copies of their buffers.
-        let waits = 1 + single.len() as u64;
+        // Until every call waits for its device: the group's batch, the onebit calls' own,
+        // the top-k calls' copies of their buffers (staged, and blocking ones).
+        let waits = |d: &EmulatedDevice| d.held_waits();
+        let want = (1 + 5, 2);
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while device.held_waits() < waits && std::time::Instant::now() < until {
+        while (waits(&device), waits(&paged)) != want && std::time::Instant::now() < until {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         assert_eq!(
-            device.held_waits(),
-            waits,
-            "the calls that wait for the device"
+            (waits(&device), waits(&paged)),
+            want,
+            "the calls that wait for the devices"
         );
         let x = data(99, 5_000);
         let got = w.push_pull(&host, x.clone(), Reduce::Sum).await.unwrap();
         assert!(
-            device.staging_held(),
-            "the host round finished only after the device was released"
+            device.staging_held() && paged.staging_held(),
+            "the host round finished only after the devices were released"
         );
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&x), "one worker's sum is its own data");

@@ -66,8 +66,9 @@ impl EmulatedDevice {
     }
 
     /// Holds every copy into host staging until [`EmulatedDevice::release_staging`]: a wait
-    /// for one ([`Device::wait_staged`]) blocks meanwhile, as on a GPU still busy with work
-    /// queued before it (the training's kernels). How tests check that a busy device holds up
+    /// for one ([`Device::wait_staged`]) blocks meanwhile, and so does a blocking copy
+    /// ([`Device::download`], [`Device::upload`]), as on a GPU still busy with work queued
+    /// before them (the training's kernels). How tests check that a busy device holds up
     /// only the rounds that wait for it.
     pub fn hold_staging(&self) {
         *self.staging_held.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -79,7 +80,7 @@ impl EmulatedDevice {
         self.staging_gate.notify_all();
     }
 
-    /// How many waits for staged copies ([`Device::wait_staged`]) are blocked by
+    /// How many waits for the device (staged copies, blocking copies) are blocked by
     /// [`EmulatedDevice::hold_staging`] now: how a test knows its calls reached the device.
     pub fn held_waits(&self) -> u64 {
         self.held_waits.load(Ordering::Relaxed)
@@ -88,6 +89,23 @@ impl EmulatedDevice {
     /// Whether [`EmulatedDevice::hold_staging`] holds the copies now.
     pub fn staging_held(&self) -> bool {
         *self.staging_held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Blocks while [`EmulatedDevice::hold_staging`] holds the device: what a wait for the
+    /// device's earlier work does on a GPU still busy with it (a staged copy's wait, a
+    /// blocking copy).
+    fn wait_unless_held(&self) {
+        let mut held = self.staging_held.lock().unwrap_or_else(|p| p.into_inner());
+        if *held {
+            self.held_waits.fetch_add(1, Ordering::Relaxed);
+            while *held {
+                held = self
+                    .staging_gate
+                    .wait(held)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            self.held_waits.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn count(&self, calls: u64) {
@@ -196,6 +214,7 @@ impl Device for EmulatedDevice {
 
     unsafe fn download(&self, src: u64, dst: &mut [f32]) -> Result<(), CudaError> {
         self.count(2);
+        self.wait_unless_held();
         if !dst.is_empty() {
             // SAFETY: the caller vouches that `src` addresses dst.len() live f32.
             dst.copy_from_slice(unsafe {
@@ -207,6 +226,7 @@ impl Device for EmulatedDevice {
 
     unsafe fn upload(&self, src: &[f32], dst: u64) -> Result<(), CudaError> {
         self.count(2);
+        self.wait_unless_held();
         if !src.is_empty() {
             // SAFETY: the caller vouches that `dst` addresses src.len() f32 nothing else uses.
             unsafe { std::slice::from_raw_parts_mut(dst as *mut f32, src.len()) }
@@ -257,18 +277,7 @@ impl Device for EmulatedDevice {
             return Ok(());
         }
         self.count(1);
-        let mut held = self.staging_held.lock().unwrap_or_else(|p| p.into_inner());
-        if *held {
-            self.held_waits.fetch_add(1, Ordering::Relaxed);
-            while *held {
-                held = self
-                    .staging_gate
-                    .wait(held)
-                    .unwrap_or_else(|p| p.into_inner());
-            }
-            self.held_waits.fetch_sub(1, Ordering::Relaxed);
-        }
-        drop(held);
+        self.wait_unless_held();
         for (at, bytes) in std::mem::take(&mut staging.pending) {
             staging.as_mut()[at..at + bytes.len()].copy_from_slice(&bytes);
         }

@@ -25,7 +25,7 @@ use crate::tensor::{KeptCopy, TensorInner};
 /// the memory then goes back to the tensor (through a [`CopySlot`]). A broadcast uses the
 /// tensor's copy, or memory it does not keep. Where the device has no page-locked memory to
 /// give, the copy is pageable memory: the same bits, slower copies, each waited for on the
-/// round's thread.
+/// round's thread (which the runtime then knows blocks: `waiting_for_device`).
 pub(super) struct HostCopy<D: Device> {
     /// Host memory taken from the tensor when the round began, for the copy in.
     spare: Option<Held<D>>,
@@ -135,6 +135,17 @@ fn as_f32(bytes: &mut [u8]) -> Result<&mut [f32], String> {
     }
 }
 
+/// Runs `f`, a copy that waits for the device, telling a multi-threaded runtime that this
+/// thread blocks (`block_in_place`: its other tasks move to other threads), so that a busy
+/// device holds up no other round; on any other thread `f` just runs.
+fn waiting_for_device<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Waits for a started copy into `held`'s staging (at once for pageable memory).
 fn copy_landed<D: Device>(device: &D, held: Held<D>) -> CopyIn<D> {
     match held {
@@ -184,11 +195,16 @@ impl<D: Device, K> DeviceData<D, K> {
             Held::Pageable(mut v) => {
                 // SAFETY: the buffer holds `len` f32 (checked against the tensor before the
                 // round), alive while `keep` is; `v` at least as many.
-                unsafe { self.device.download(self.addr, &mut v[..self.len]) }
-                    .map_err(|e| self.copy_error("from", e))?;
+                waiting_for_device(|| unsafe {
+                    self.device.download(self.addr, &mut v[..self.len])
+                })
+                .map_err(|e| self.copy_error("from", e))?;
                 Ok(Held::Pageable(v))
             }
-            staging => copy_landed(&*self.device, self.start_copy_in(staging)?),
+            staging => {
+                let started = self.start_copy_in(staging)?;
+                waiting_for_device(|| copy_landed(&*self.device, started))
+            }
         }
     }
 
@@ -283,7 +299,7 @@ impl<D: Device, K> DeviceData<D, K> {
                 let from = self.addr + 4 * range.start as u64;
                 // SAFETY: the chunk lies within the buffer's `len` f32 (`tensor.ranges`), alive
                 // while `keep` is; nothing has been copied back yet.
-                unsafe { self.device.download(from, &mut floats[range]) }
+                waiting_for_device(|| unsafe { self.device.download(from, &mut floats[range]) })
                     .map_err(|e| self.copy_error("from", e))?;
             }
             match &mut held {
@@ -294,7 +310,9 @@ impl<D: Device, K> DeviceData<D, K> {
                         .upload_staged(staging, 0..4 * self.len, self.addr)
                 },
                 // SAFETY: as in `copy_in_now`.
-                Held::Pageable(v) => unsafe { self.device.upload(&v[..self.len], self.addr) },
+                Held::Pageable(v) => {
+                    waiting_for_device(|| unsafe { self.device.upload(&v[..self.len], self.addr) })
+                }
             }
             .map_err(|e| self.copy_error("to", e))?;
             started = matches!(held, Held::Staging(_));
