@@ -108,7 +108,8 @@ multiversion! {
     fn fed_signs_sums(fed: (&[f32], &[f32], f32, bool), x: &mut [f32], dst: &mut [u8], partials: &mut [f32]) -> u32 = fed_signs_sums_impl;
 }
 
-/// `acc -= D(payload)` for the sign words `src` of elements `i0..` (`i0 % 32 == 0`), as
+/// `acc -= D(payload)` for the sign words `src` of `acc`'s elements (a segment starting at a
+/// multiple of 32), as
 /// decoding with the scale negated and adding it (`a - v == a + (-v)` exactly, signed zeros
 /// included: the bits of `decompress` into a buffer and a subtraction); returns non-zero if a
 /// result is not finite.
