@@ -49,7 +49,7 @@ fn compare_batches<D: Device>(r: &mut Rng, device: &Arc<D>, fulls: &[usize]) {
                 // Batches of one to five tensors of different maps.
                 if r.below(3) == 0 {
                     let mut batch = std::mem::take(&mut pending);
-                    let t = run_batch(r, device, &mut batch, 3);
+                    let t = run_batch(r, device, &mut batch, 0..3);
                     total.same += t.same;
                     total.refused += t.refused;
                     total.untouched += t.untouched;
@@ -60,7 +60,7 @@ fn compare_batches<D: Device>(r: &mut Rng, device: &Arc<D>, fulls: &[usize]) {
             }
         }
         if !pending.is_empty() {
-            run_batch(r, device, &mut pending, 3);
+            run_batch(r, device, &mut pending, 0..3);
             batches += 1;
         }
     }
@@ -170,7 +170,7 @@ fn raw_fp32_on_the_device_keeps_momentum() {
         )
         .unwrap();
         let what = t.what.clone();
-        let tally = run_batch(&mut r, &device, &mut [t], 4);
+        let tally = run_batch(&mut r, &device, &mut [t], 0..4);
         assert!(tally.same >= 2, "{what}: no round compared");
     }
 }
@@ -313,7 +313,7 @@ fn non_finite_gradients_fail_their_chunk_alone() {
             .unwrap(),
         ];
         // One good round first, so there is state to keep.
-        run_batch(&mut r, &device, &mut ts, 1);
+        run_batch(&mut r, &device, &mut ts, 0..1);
         let bad_at = 500 + r.below(500) as usize;
         let mut g: Vec<f32> = (0..1300).map(|_| r.grad()).collect();
         g[bad_at] = if r.bool() {
@@ -353,23 +353,30 @@ fn non_finite_gradients_fail_their_chunk_alone() {
                 KernelError::NonFinite { index, .. } => {
                     assert_eq!(*index, bad_at - 500, "{}: {e}", ts[0].what)
                 }
+                // The first round's extreme inputs can leave a residual that overflows before
+                // the bad element is reached: both chains must say so.
+                KernelError::Overflow { .. } => assert_eq!(
+                    cpu.to_string(),
+                    dev.to_string(),
+                    "{}: overflow",
+                    ts[0].what
+                ),
                 other => panic!("{}: {other}", ts[0].what),
             }
         }
         // The neighbours compress as their CPU chains do.
         for (t, c, x) in [(0, 0, &g[..500]), (0, 2, &g[1000..]), (1, 0, &g2[..])] {
             let mut want = Vec::new();
-            ts[t].cpu[c].compress(x, &ctx, &mut want).unwrap();
-            let got = started.finish(t, &mut ts[t].dev, c).unwrap();
-            assert_same_bytes(
+            assert_same_outcome(
                 &format!("{} chunk {c} beside a refused chunk", ts[t].what),
-                &got,
+                ts[t].cpu[c].compress(x, &ctx, &mut want),
                 &want,
+                started.finish(t, &mut ts[t].dev, c),
             );
         }
         drop(started);
         // The refused chunk's state is untouched: the next rounds still agree bit for bit.
-        let tally = run_batch(&mut r, &device, &mut ts, 2);
+        let tally = run_batch(&mut r, &device, &mut ts, 2..4);
         assert!(tally.same >= 4, "{}", ts[0].what);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::cuda_common::*;
 use pushpull_kernels::chunk::{chunk_codec, ChunkInfo, Node};
 use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor};
-use pushpull_kernels::{Compressor, RoundCtx};
+use pushpull_kernels::{Compressor, KernelError, RoundCtx};
 
 /// The decorator settings every case is tried with.
 pub const DECORATIONS: &[&[(&str, &str)]] = &[
@@ -127,21 +127,38 @@ pub struct Tally {
     pub undone: u32,
 }
 
-/// Runs `rounds` rounds of `tensors` as one batch on `device`: compress on both, compare,
+/// A chunk compressed on both chains outside `run_batch`: the same payload, or a refusal by
+/// both (earlier rounds' extreme inputs can leave a residual or momentum that overflows with
+/// any gradient).
+pub fn assert_same_outcome<B: AsRef<[u8]> + std::fmt::Debug>(
+    what: &str,
+    cpu: Result<(), KernelError>,
+    want: &[u8],
+    dev: Result<B, KernelError>,
+) {
+    match (cpu, dev) {
+        (Ok(()), Ok(got)) => assert_same_bytes(what, got.as_ref(), want),
+        (Err(_), Err(_)) => {}
+        (cpu, dev) => panic!("{what}: cpu {cpu:?}, device {dev:?}"),
+    }
+}
+
+/// Runs rounds `rounds` of `tensors` as one batch on `device`: compress on both, compare,
 /// receive a random subset of the payloads on the device, decode, compare the output and the
-/// state.
+/// state. Rounds only increase, as a worker's do: an undo matches the last committed round by
+/// its number, so a tensor's later batch continues where its earlier one stopped.
 pub fn run_batch<D: Device>(
     r: &mut Rng,
     device: &Arc<D>,
     tensors: &mut [Under<D>],
-    rounds: u64,
+    rounds: std::ops::Range<u64>,
 ) -> Tally {
     let mut tally = Tally::default();
     let batch = {
         let refs: Vec<&DeviceTensor<D>> = tensors.iter().map(|t| &t.dev).collect();
         Arc::new(Batch::new(device, &refs).unwrap())
     };
-    for round in 0..rounds {
+    for round in rounds {
         let lr = 0.05 + r.unit() * 0.1;
         let ctx = RoundCtx::new(round).with_lr(lr);
         // An average over 1 to 5 workers: the device's formula against `reduce::average`.
