@@ -11,7 +11,7 @@
 use crate::error::KernelError;
 use crate::params::EfKind;
 use crate::simd::multiversion;
-use crate::{ChainState, Codec, Compressor, Fed, RoundCtx};
+use crate::{ChainState, Codec, Compressor, Fed, Nesterov, RoundCtx};
 
 /// Error feedback: `p = g + e` (vanilla) or `p = g + (η_{t−1}/η_t)·e` (corrected), send
 /// `C(p)`, keep `e ← p − D(C(p))`.
@@ -58,6 +58,77 @@ impl ErrorFeedback {
             prev_lr: None,
             undo: None,
         }
+    }
+
+    /// The residual's factor this round and the learning rate to keep (`corrected`), or why
+    /// the round's context is refused.
+    fn factor(&self, ctx: &RoundCtx) -> Result<(f32, Option<f32>), KernelError> {
+        let (factor, lr) = match self.kind {
+            EfKind::Vanilla => (1.0f32, None),
+            EfKind::Corrected => {
+                let lr = ctx.lr.ok_or_else(|| {
+                    KernelError::context(
+                        &self.name,
+                        "corrected error feedback needs the learning rate of this round in \
+                         RoundCtx::lr",
+                    )
+                })?;
+                if !(lr.is_finite() && lr > 0.0) {
+                    return Err(KernelError::context(
+                        &self.name,
+                        format!("learning rate {lr} in RoundCtx::lr must be finite and > 0"),
+                    ));
+                }
+                (self.prev_lr.map(|p| p / lr).unwrap_or(1.0), Some(lr))
+            }
+        };
+        if !factor.is_finite() {
+            return Err(KernelError::context(
+                &self.name,
+                format!("learning-rate ratio {factor} is not finite"),
+            ));
+        }
+        Ok((factor, lr))
+    }
+
+    /// After `p` (in `self.p`) was compressed into `out`: `e ← p − D(C(p))` and the round's
+    /// commit, or the new residual's overflow (no payload then, the state unchanged).
+    fn keep_residual(
+        &mut self,
+        ctx: &RoundCtx,
+        lr: Option<f32>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
+        // random-k) subtracted in place on its support, which is the same bits and saves
+        // decoding a whole chunk and subtracting it; otherwise computed in `d`.
+        let (new_e, finite, in_p) = match self.inner.codec().subtract_decoded(out, ctx, &mut self.p)
+        {
+            Some(res) => (&mut self.p, res?, true),
+            None => {
+                self.inner.decompress(out, ctx, &mut self.d)?;
+                let finite = sub_into(&self.p, &mut self.d);
+                (&mut self.d, finite, false)
+            }
+        };
+        if !finite {
+            let i = new_e.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            out.clear();
+            return Err(KernelError::overflow(
+                &self.name,
+                format!("element {i}: the new residual p - D(C(p)) overflows f32"),
+            ));
+        }
+        std::mem::swap(&mut self.e, new_e);
+        self.undo = Some(EfUndo {
+            round: ctx.round,
+            in_p,
+            prev_lr: self.prev_lr,
+        });
+        if lr.is_some() {
+            self.prev_lr = lr;
+        }
+        Ok(())
     }
 }
 
@@ -120,35 +191,12 @@ impl Compressor for ErrorFeedback {
         if input.len() != n {
             return Err(KernelError::len(&self.name, "input", n, input.len()));
         }
-        let (factor, lr) = match self.kind {
-            EfKind::Vanilla => (1.0f32, None),
-            EfKind::Corrected => {
-                let lr = ctx.lr.ok_or_else(|| {
-                    KernelError::context(
-                        &self.name,
-                        "corrected error feedback needs the learning rate of this round in \
-                         RoundCtx::lr",
-                    )
-                })?;
-                if !(lr.is_finite() && lr > 0.0) {
-                    return Err(KernelError::context(
-                        &self.name,
-                        format!("learning rate {lr} in RoundCtx::lr must be finite and > 0"),
-                    ));
-                }
-                (self.prev_lr.map(|p| p / lr).unwrap_or(1.0), Some(lr))
-            }
-        };
-        if !factor.is_finite() {
-            return Err(KernelError::context(
-                &self.name,
-                format!("learning-rate ratio {factor} is not finite"),
-            ));
-        }
+        let (factor, lr) = self.factor(ctx)?;
         let vanilla = self.kind == EfKind::Vanilla;
         // A codec that forms p while encoding (onebit) saves a pass over it.
         let fed = Fed {
             gradient: input,
+            nesterov: None,
             residual: &self.e,
             factor,
             vanilla,
@@ -182,36 +230,40 @@ impl Compressor for ErrorFeedback {
         if !encoded {
             self.inner.compress(&self.p, ctx, out)?;
         }
-        // e <- p - D(C(p)), committed only when finite: for a sparse payload (top-k,
-        // random-k) subtracted in place on its support, which is the same bits and saves
-        // decoding a whole chunk and subtracting it; otherwise computed in `d`.
-        let (new_e, finite, in_p) = match self.inner.codec().subtract_decoded(out, ctx, &mut self.p)
-        {
-            Some(res) => (&mut self.p, res?, true),
-            None => {
-                self.inner.decompress(out, ctx, &mut self.d)?;
-                let finite = sub_into(&self.p, &mut self.d);
-                (&mut self.d, finite, false)
-            }
+        self.keep_residual(ctx, lr, out)
+    }
+    fn compress_nesterov(
+        &mut self,
+        input: &[f32],
+        nesterov: Nesterov<'_>,
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Option<Result<(), KernelError>> {
+        let n = self.e.len();
+        // The pass below overwrites `p`, which may hold the state before the last round.
+        self.undo = None;
+        if input.len() != n || nesterov.momentum.len() != n || nesterov.next.len() != n {
+            return None;
+        }
+        let (factor, lr) = self.factor(ctx).ok()?;
+        let fed = Fed {
+            gradient: input,
+            nesterov: Some(nesterov),
+            residual: &self.e,
+            factor,
+            vanilla: self.kind == EfKind::Vanilla,
         };
-        if !finite {
-            let i = new_e.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        if !matches!(
+            self.inner
+                .codec_mut()?
+                .compress_fed(fed, &mut self.p, ctx, out)?,
+            Ok(true)
+        ) {
+            // The passes one by one name what failed.
             out.clear();
-            return Err(KernelError::overflow(
-                &self.name,
-                format!("element {i}: the new residual p - D(C(p)) overflows f32"),
-            ));
+            return None;
         }
-        std::mem::swap(&mut self.e, new_e);
-        self.undo = Some(EfUndo {
-            round: ctx.round,
-            in_p,
-            prev_lr: self.prev_lr,
-        });
-        if lr.is_some() {
-            self.prev_lr = lr;
-        }
-        Ok(())
+        Some(self.keep_residual(ctx, lr, out))
     }
     fn residual(&self) -> Option<&[f32]> {
         Some(&self.e)
@@ -281,6 +333,8 @@ impl Compressor for ErrorFeedback {
 }
 
 /// Nesterov momentum: `m ← μ·m + g; p ← g + μ·m` (with the new `m`), then compress `p`.
+/// Where the chain below takes this step in its own pass (error feedback into onebit,
+/// [`Compressor::compress_nesterov`]), it does: the same bits, one pass over the chunk fewer.
 ///
 /// The training code's own optimizer momentum must then be 0 (the RFC's precaution 4: this is
 /// dist-EF-SGDM, where momentum comes before compression). Built on workers only.
@@ -318,8 +372,7 @@ impl Momentum {
 fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool {
     let mut bad = 0u32;
     for (((pi, ni), gi), mi) in p.iter_mut().zip(next.iter_mut()).zip(g).zip(m) {
-        let mn = mu * *mi + *gi;
-        let v = *gi + mu * mn;
+        let (mn, v) = crate::elem::nesterov(*gi, *mi, mu);
         bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
             | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
         *ni = mn;
@@ -351,16 +404,27 @@ impl Compressor for Momentum {
         if input.len() != n {
             return Err(KernelError::len(&self.name, "input", n, input.len()));
         }
-        if !nesterov(input, &self.m, self.mu, &mut self.next, &mut self.p) {
-            if let Some(err) = first_bad(&self.name, "input", input) {
-                return Err(err);
+        // A chain that takes the momentum's step in its own pass (error feedback into onebit)
+        // saves one over the chunk; otherwise, or where that pass fails, one pass at a time.
+        let step = Nesterov {
+            momentum: &self.m,
+            mu: self.mu,
+            next: &mut self.next,
+        };
+        if let Some(done) = self.inner.compress_nesterov(input, step, ctx, out) {
+            done?;
+        } else {
+            if !nesterov(input, &self.m, self.mu, &mut self.next, &mut self.p) {
+                if let Some(err) = first_bad(&self.name, "input", input) {
+                    return Err(err);
+                }
+                return Err(KernelError::overflow(
+                    &self.name,
+                    "the momentum update overflows f32",
+                ));
             }
-            return Err(KernelError::overflow(
-                &self.name,
-                "the momentum update overflows f32",
-            ));
+            self.inner.compress(&self.p, ctx, out)?;
         }
-        self.inner.compress(&self.p, ctx, out)?;
         // Commit the new momentum only once the round succeeded.
         std::mem::swap(&mut self.m, &mut self.next);
         self.undo = Some(ctx.round);

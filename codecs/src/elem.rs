@@ -151,6 +151,15 @@ pub fn fed(g: f32, e: f32, f: f32, vanilla: bool) -> f32 {
     }
 }
 
+/// Nesterov momentum's step: the next momentum `μ·m + g` and the input it hands on, `g + μ·(μ·m
+/// + g)`, one rounding each (no FMA): `decorators::Momentum`, and the onebit pass that forms
+/// error feedback's input from it while encoding (`Codec::compress_fed`).
+#[inline(always)]
+pub fn nesterov(g: f32, m: f32, mu: f32) -> (f32, f32) {
+    let next = mu * m + g;
+    (next, g + mu * next)
+}
+
 /// The sign bit every sign-carrying code uses: 1 for `x < 0` (so `-0.0` gives 0).
 #[inline(always)]
 pub fn sign_bit(x: f32) -> u32 {

@@ -8,7 +8,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], [`Fed`] (error feedback's input to a codec that forms it as it encodes), re-exports |
+//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], [`Fed`] and [`Nesterov`] (error feedback's input, and momentum's before it, to a codec that forms it as it encodes), re-exports |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
@@ -264,18 +264,34 @@ impl<'a> RoundCtx<'a> {
 }
 
 /// Error feedback's codec input, for a codec that forms it while encoding
-/// ([`Codec::compress_fed`]): `p = gradient + residual` (vanilla) or `gradient + factor ·
-/// residual` ([`elem::fed`]).
-#[derive(Debug, Clone, Copy)]
+/// ([`Codec::compress_fed`]): `p = g + residual` (vanilla) or `g + factor · residual`
+/// ([`elem::fed`]), where `g` is the gradient, or with Nesterov momentum before error feedback
+/// the momentum's output for it ([`Nesterov`]).
+#[derive(Debug)]
 pub struct Fed<'a> {
     /// The round's gradient.
     pub gradient: &'a [f32],
+    /// Nesterov momentum between the gradient and error feedback, when the chain has it.
+    pub nesterov: Option<Nesterov<'a>>,
     /// The residual carried from the last round.
     pub residual: &'a [f32],
     /// The residual's factor (corrected error feedback: η_{t−1}/η_t).
     pub factor: f32,
     /// Vanilla error feedback: the factor is not applied.
     pub vanilla: bool,
+}
+
+/// Nesterov momentum's step in one pass with what follows it ([`Compressor::compress_nesterov`],
+/// [`Fed::nesterov`]): for a gradient `g`, `next ← μ·m + g` and the input handed on is
+/// `g + μ·next` ([`elem::nesterov`]); `momentum` itself is not changed.
+#[derive(Debug)]
+pub struct Nesterov<'a> {
+    /// The momentum `m` carried from the last round.
+    pub momentum: &'a [f32],
+    /// μ.
+    pub mu: f32,
+    /// Where the next momentum goes (the chain commits it if the round succeeds).
+    pub next: &'a mut [f32],
 }
 
 /// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
@@ -318,10 +334,11 @@ pub trait Codec: Send {
         acc: &mut [f32],
     ) -> Result<(), KernelError>;
     /// Compresses error feedback's `p` ([`Fed`]) while writing it into `p` (`len` elements), in
-    /// one pass over the inputs, for codecs that can (onebit): the payload and `p` are those of
-    /// computing `p` first and compressing it. `Ok(false)` when some element of `p` is not
-    /// finite: `p` is then whole, `out` empty, and the caller names the element. `None` when the
-    /// codec has no such pass (error feedback then forms `p` and calls `compress`).
+    /// one pass over the inputs, for codecs that can (onebit): the payload, `p` and a
+    /// [`Nesterov`] step's `next` are those of taking the passes one by one. `Ok(false)` when
+    /// some element of `p` or of `next` is not finite: `p` and `next` are then whole, `out`
+    /// empty, and the caller names the element. `None` when the codec has no such pass (error
+    /// feedback then forms `p` and calls `compress`).
     fn compress_fed(
         &mut self,
         _fed: Fed<'_>,
@@ -368,6 +385,23 @@ pub trait Compressor: Send {
     /// The codec, to compress with, when the chain is the codec alone; `None` for a
     /// decorated chain (whose compression is more than its codec's).
     fn codec_mut(&mut self) -> Option<&mut dyn Codec> {
+        None
+    }
+    /// Compresses Nesterov momentum's output for `input` ([`Nesterov`]), writing the next
+    /// momentum into `nesterov.next`, in one pass with what the chain does with it (error
+    /// feedback into onebit: [`Codec::compress_fed`]), for chains that can; momentum
+    /// ([`crate::decorators::Momentum`]) commits `next` when this succeeds. `None` when the
+    /// chain has no such pass, or a setting or a value would make the round fail: no state has
+    /// changed then
+    /// (what [`Compressor::undo`] could restore aside), and the caller takes the passes one by
+    /// one, which name the error.
+    fn compress_nesterov(
+        &mut self,
+        _input: &[f32],
+        _nesterov: Nesterov<'_>,
+        _ctx: &RoundCtx,
+        _out: &mut Vec<u8>,
+    ) -> Option<Result<(), KernelError>> {
         None
     }
     /// The chunk length it is bound to.

@@ -539,22 +539,35 @@ fn corrected_error_feedback_scales_the_residual_by_the_lr_ratio() {
     assert_eq!(before, c.residual().unwrap());
 }
 
-/// onebit forms error feedback's `p` while it encodes (`Codec::compress_fed`): at a length that
-/// goes parallel, on one thread and two, vanilla and corrected, the payload is the plain
-/// codec's of `p`, the residual `p - D(C(p))`, and a round whose `p` overflows is refused
-/// naming the element, with the state unchanged.
+/// onebit forms error feedback's `p` while it encodes (`Codec::compress_fed`), and Nesterov
+/// momentum's step before it (`Compressor::compress_nesterov`): at a length that goes
+/// parallel, on one thread and two, vanilla and corrected, with and without momentum, the
+/// payload is the plain codec's of `p` computed here, the residual `p - D(C(p))` and the
+/// momentum `μ·m + g`; a round whose `p` overflows is refused, with the state unchanged.
 #[test]
 fn onebit_forms_the_error_feedback_input_as_it_encodes() {
     let seed = seed("onebit_forms_the_error_feedback_input_as_it_encodes");
     let mut rng = TestRng::new(seed);
     let n = 300_001;
-    for ef in ["vanilla", "corrected"] {
+    let mu = 0.9f32;
+    for (ef, momentum) in [
+        ("vanilla", false),
+        ("corrected", false),
+        ("vanilla", true),
+        ("corrected", true),
+    ] {
         for threads in [1, 2] {
+            let what = format!("{ef}, momentum {momentum}, {threads} threads");
             pool(threads).install(|| {
                 let kv = [("compressor", "onebit"), ("scaling", "true")];
                 let mut plain = build(&kv, n);
-                let mut c = build(&[kv[0], kv[1], ("ef", ef)], n);
+                let mut chain = vec![kv[0], kv[1], ("ef", ef)];
+                if momentum {
+                    chain.extend([("momentum", "nesterov"), ("mu", "0.9")]);
+                }
+                let mut c = build(&chain, n);
                 let mut e_prev = vec![0f32; n];
+                let mut m_prev = vec![0f32; n];
                 let mut lr_prev: Option<f32> = None;
                 for round in 0..4u64 {
                     let lr = 0.1 / (1.0 + round as f32);
@@ -563,46 +576,79 @@ fn onebit_forms_the_error_feedback_input_as_it_encodes() {
                         _ => lr_prev.map(|p| p / lr).unwrap_or(1.0),
                     };
                     let g = rng.gradient(n, 1.0);
+                    // Momentum's output (or the gradient), then error feedback's input.
+                    let m: Vec<f32> = g.iter().zip(&m_prev).map(|(g, m)| mu * m + g).collect();
+                    let x: Vec<f32> = match momentum {
+                        true => g.iter().zip(&m).map(|(g, m)| g + mu * m).collect(),
+                        false => g.clone(),
+                    };
                     let p: Vec<f32> = match ef {
-                        "vanilla" => g.iter().zip(&e_prev).map(|(a, b)| a + b).collect(),
-                        _ => g.iter().zip(&e_prev).map(|(a, b)| a + f * b).collect(),
+                        "vanilla" => x.iter().zip(&e_prev).map(|(a, b)| a + b).collect(),
+                        _ => x.iter().zip(&e_prev).map(|(a, b)| a + f * b).collect(),
                     };
                     let cx = RoundCtx::new(round).with_lr(lr);
                     let (mut out, mut want) = (Vec::new(), Vec::new());
                     c.compress(&g, &cx, &mut out).unwrap();
                     plain.compress(&p, &cx, &mut want).unwrap();
-                    assert!(
-                        out == want,
-                        "{ef}, {threads} threads, round {round}: payload"
-                    );
+                    assert!(out == want, "{what}, round {round}: payload");
                     let mut d = vec![0f32; n];
                     c.decompress(&out, &cx, &mut d).unwrap();
                     let e = c.residual().unwrap().to_vec();
                     for i in 0..n {
                         let r = p[i] - d[i];
-                        assert_eq!(e[i].to_bits(), r.to_bits(), "{ef} round {round} i={i}");
+                        assert_eq!(e[i].to_bits(), r.to_bits(), "{what} round {round} i={i}");
+                    }
+                    if momentum {
+                        let got = c.momentum().unwrap();
+                        let i = (0..n).find(|&i| got[i].to_bits() != m[i].to_bits());
+                        assert!(i.is_none(), "{what} round {round}: momentum at {i:?}");
                     }
                     e_prev = e;
+                    m_prev = m;
                     lr_prev = Some(lr);
                 }
                 // One huge element makes the scale (mean |p|) huge and so every residual;
-                // then g + e overflows where g is finite: refused naming the element, nothing
-                // changes.
+                // then p overflows where g is finite: refused (without momentum naming the
+                // element), nothing changes.
                 let lr = lr_prev.unwrap();
                 let mut g = rng.gradient(n, 1.0);
-                g[0] = 3.0e38;
+                g[0] = if momentum { 1.0e38 } else { 3.0e38 };
                 c.compress(&g, &RoundCtx::new(8).with_lr(lr), &mut Vec::new())
                     .unwrap();
                 let before = c.residual().unwrap().to_vec();
+                let m_before = c.momentum().map(|m| m.to_vec());
                 let mut g = rng.gradient(n, 1.0);
                 let at = 1 + rng.below(n as u64 - 1) as usize;
                 g[at] = f32::MAX.copysign(before[at]);
                 let cx = RoundCtx::new(9).with_lr(lr);
                 let mut out = vec![1u8; 3];
                 let err = c.compress(&g, &cx, &mut out).unwrap_err().to_string();
-                assert!(err.contains(&format!("element {at}")), "{ef}: {err}");
-                assert!(out.is_empty(), "{ef}: a refused round leaves no payload");
-                assert!(before == c.residual().unwrap(), "{ef}: state changed");
+                let named = match momentum {
+                    true => "the momentum update overflows".to_string(),
+                    false => format!("element {at}"),
+                };
+                assert!(err.contains(&named), "{what}: {err}");
+                assert!(out.is_empty(), "{what}: a refused round leaves no payload");
+                assert!(before == c.residual().unwrap(), "{what}: state changed");
+                assert!(
+                    m_before.as_deref() == c.momentum(),
+                    "{what}: momentum changed"
+                );
+                // With momentum, p = x + e overflowing after a finite momentum step is error
+                // feedback's refusal, as when the passes run one by one.
+                if momentum {
+                    let mut g = rng.gradient(n, 1.0);
+                    // p₁ = g·(1 + μ) + μ²·m falls just short of f32::MAX: the residual
+                    // (about the scale, mean |p| ≈ 1.9e38 / n) pushes it over.
+                    g[at] = (f32::MAX / (1.0 + mu) * (1.0 - 4.0e-7)).copysign(before[at]);
+                    let err = c.compress(&g, &cx, &mut out).unwrap_err().to_string();
+                    assert!(err.contains(&format!("element {at}")), "{what}: {err}");
+                    assert!(before == c.residual().unwrap(), "{what}: state changed");
+                    assert!(
+                        m_before.as_deref() == c.momentum(),
+                        "{what}: momentum changed"
+                    );
+                }
             });
         }
     }

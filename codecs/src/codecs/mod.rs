@@ -218,7 +218,13 @@ impl<F: Format> Codec for F {
         let checked = base
             .check("input", fed.gradient.len())
             .and_then(|()| base.check("residual", fed.residual.len()))
-            .and_then(|()| base.check("error-feedback input", p.len()));
+            .and_then(|()| base.check("error-feedback input", p.len()))
+            .and_then(|()| match &fed.nesterov {
+                Some(n) => base
+                    .check("momentum", n.momentum.len())
+                    .and_then(|()| base.check("next momentum", n.next.len())),
+                None => Ok(()),
+            });
         match checked {
             Ok(()) => self.encode_fed(fed, p, ctx, out),
             Err(e) => Some(Err(e)),

@@ -40,19 +40,78 @@ fn signs_sums_impl(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 {
     bad
 }
 
-/// [`signs_sums_impl`] of error feedback's input `fed(g, e, f, vanilla)` ([`Fed`]'s fields,
-/// [`elem::fed`]), formed block by block into `x` as it goes (each block is then signed and summed from the cache): one pass over the inputs.
+/// A segment of error feedback's input as onebit forms it ([`Fed`]'s fields, split for the
+/// parallel path).
+struct FedSeg<'a> {
+    g: &'a [f32],
+    e: &'a [f32],
+    f: f32,
+    vanilla: bool,
+    /// Nesterov momentum before error feedback: `m`, μ and the next momentum's segment.
+    nesterov: Option<(&'a [f32], f32, &'a mut [f32])>,
+}
+
+impl<'a> FedSeg<'a> {
+    /// Segments of `seg` elements (the last one shorter).
+    fn split(self, seg: usize) -> Vec<FedSeg<'a>> {
+        let mut segs = Vec::with_capacity(self.g.len().div_ceil(seg));
+        let mut rest = self;
+        while rest.g.len() > seg {
+            let (g, g2) = rest.g.split_at(seg);
+            let (e, e2) = rest.e.split_at(seg);
+            let (head, tail) = match rest.nesterov {
+                Some((m, mu, next)) => {
+                    let (m, m2) = m.split_at(seg);
+                    let (next, next2) = next.split_at_mut(seg);
+                    (Some((m, mu, next)), Some((m2, mu, next2)))
+                }
+                None => (None, None),
+            };
+            let (f, vanilla) = (rest.f, rest.vanilla);
+            segs.push(FedSeg {
+                g,
+                e,
+                f,
+                vanilla,
+                nesterov: head,
+            });
+            rest = FedSeg {
+                g: g2,
+                e: e2,
+                f,
+                vanilla,
+                nesterov: tail,
+            };
+        }
+        segs.push(rest);
+        segs
+    }
+}
+
+/// [`signs_sums_impl`] of error feedback's input ([`FedSeg`]: `elem::fed` of the gradient, or
+/// of Nesterov momentum's `elem::nesterov` output, writing the next momentum), formed block by
+/// block into `x` as it goes (each block is then signed and summed from the cache): one pass
+/// over the inputs. Non-zero if some element of `x` or of the next momentum is not finite.
 #[inline(always)]
 fn fed_signs_sums_impl(
-    fed: (&[f32], &[f32], f32, bool),
+    fed: FedSeg<'_>,
     x: &mut [f32],
     dst: &mut [u8],
     partials: &mut [f32],
 ) -> u32 {
-    let (g, e, f, vanilla) = fed;
+    let FedSeg {
+        g,
+        e,
+        f,
+        vanilla,
+        mut nesterov,
+    } = fed;
     let words = dst.len() / 4;
     assert!(words >= x.len().div_ceil(32) && partials.len() >= x.len().div_ceil(REDUCE_BLOCK));
     assert!(g.len() == x.len() && e.len() == x.len());
+    if let Some((m, _, next)) = &nesterov {
+        assert!(m.len() == x.len() && next.len() == x.len());
+    }
     let p = dst.as_mut_ptr();
     let mut bad = 0u32;
     let blocks = x
@@ -60,8 +119,26 @@ fn fed_signs_sums_impl(
         .zip(g.chunks(REDUCE_BLOCK))
         .zip(e.chunks(REDUCE_BLOCK));
     for (bi, ((blk, gb), eb)) in blocks.enumerate() {
-        for ((xi, gi), ei) in blk.iter_mut().zip(gb).zip(eb) {
-            *xi = elem::fed(*gi, *ei, f, vanilla);
+        match &mut nesterov {
+            None => {
+                for ((xi, gi), ei) in blk.iter_mut().zip(gb).zip(eb) {
+                    *xi = elem::fed(*gi, *ei, f, vanilla);
+                }
+            }
+            Some((m, mu, next)) => {
+                let len = blk.len();
+                let at = bi * REDUCE_BLOCK;
+                let (mb, nb) = (&m[at..at + len], &mut next[at..at + len]);
+                let (gb, eb) = (&gb[..len], &eb[..len]);
+                let mut b = 0u32;
+                for i in 0..len {
+                    let (mn, v) = elem::nesterov(gb[i], mb[i], *mu);
+                    b |= ((mn.to_bits() & EXP) == EXP) as u32;
+                    nb[i] = mn;
+                    blk[i] = elem::fed(v, eb[i], f, vanilla);
+                }
+                bad |= b;
+            }
         }
         // SAFETY: as in `signs_sums_impl`.
         bad |= unsafe { block_signs_sum(blk, bi, p, &mut partials[bi]) };
@@ -105,7 +182,7 @@ unsafe fn block_signs_sum(blk: &[f32], bi: usize, dst: *mut u8, partial: &mut f3
 }
 
 multiversion! {
-    fn fed_signs_sums(fed: (&[f32], &[f32], f32, bool), x: &mut [f32], dst: &mut [u8], partials: &mut [f32]) -> u32 = fed_signs_sums_impl;
+    fn fed_signs_sums(fed: FedSeg<'_>, x: &mut [f32], dst: &mut [u8], partials: &mut [f32]) -> u32 = fed_signs_sums_impl;
 }
 
 /// `acc -= D(payload)` for the sign words `src` of `acc`'s elements (a segment starting at a
@@ -265,22 +342,30 @@ impl Format for OneBit {
         let n = self.base.n;
         let Fed {
             gradient: g,
+            nesterov,
             residual: e,
             factor: f,
             vanilla,
         } = fed;
+        let fed = FedSeg {
+            g,
+            e,
+            f,
+            vanilla,
+            nesterov: nesterov.map(|s| (s.momentum, s.mu, s.next)),
+        };
         // `encode`'s pass, forming p as it goes.
         Some(self.encode_signs(out, |bits, partials| {
             if !crate::par::enabled(n) {
-                return fed_signs_sums((g, e, f, vanilla), p, bits, partials);
+                return fed_signs_sums(fed, p, bits, partials);
             }
             let seg = crate::par::SEG;
-            p.par_chunks_mut(seg)
-                .zip(g.par_chunks(seg))
-                .zip(e.par_chunks(seg))
+            fed.split(seg)
+                .into_par_iter()
+                .zip(p.par_chunks_mut(seg))
                 .zip(bits.par_chunks_mut(seg / 8))
                 .zip(partials.par_chunks_mut(seg / REDUCE_BLOCK))
-                .map(|((((x, g), e), d), ps)| fed_signs_sums((g, e, f, vanilla), x, d, ps))
+                .map(|(((fed, x), d), ps)| fed_signs_sums(fed, x, d, ps))
                 .reduce(|| 0, |a, b| a | b)
         }))
     }
