@@ -355,12 +355,9 @@ fn non_finite_gradients_fail_their_chunk_alone() {
                 }
                 // The first round's extreme inputs can leave a residual that overflows before
                 // the bad element is reached: both chains must say so.
-                KernelError::Overflow { .. } => assert_eq!(
-                    cpu.to_string(),
-                    dev.to_string(),
-                    "{}: overflow",
-                    ts[0].what
-                ),
+                KernelError::Overflow { .. } => {
+                    assert_eq!(cpu.to_string(), dev.to_string(), "{}: overflow", ts[0].what)
+                }
                 other => panic!("{}: {other}", ts[0].what),
             }
         }
