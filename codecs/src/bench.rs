@@ -104,6 +104,24 @@ pub fn default_cases() -> Vec<BenchCase> {
                 ("momentum", "nesterov"),
             ],
         ),
+        BenchCase::new(
+            "nesterov + ef + topk k=0.01",
+            &[
+                ("compressor", "topk"),
+                ("k", "0.01"),
+                ("ef", "vanilla"),
+                ("momentum", "nesterov"),
+            ],
+        ),
+        BenchCase::new(
+            "nesterov + ef + randomk k=0.1",
+            &[
+                ("compressor", "randomk"),
+                ("k", "0.1"),
+                ("ef", "vanilla"),
+                ("momentum", "nesterov"),
+            ],
+        ),
     ]
 }
 

@@ -147,6 +147,40 @@ multiversion! {
     fn add_scaled(g: &[f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool = add_scaled_impl;
 }
 
+/// Momentum's step and error feedback's input in one pass, for a codec without its own
+/// ([`Codec::compress_fed`]): `next = μ·m + g`, `p = fed(g + μ·next, e)` ([`crate::elem`]'s
+/// `nesterov` and `fed`); whether every `next` and `p` is finite.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn nesterov_fed_impl(
+    g: &[f32],
+    m: &[f32],
+    mu: f32,
+    next: &mut [f32],
+    e: &[f32],
+    f: f32,
+    vanilla: bool,
+    p: &mut [f32],
+) -> bool {
+    let n = p.len();
+    let (g, m, next, e) = (&g[..n], &m[..n], &mut next[..n], &e[..n]);
+    let mut bad = 0u32;
+    for i in 0..n {
+        let (mn, x) = crate::elem::nesterov(g[i], m[i], mu);
+        let v = crate::elem::fed(x, e[i], f, vanilla);
+        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
+            | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        next[i] = mn;
+        p[i] = v;
+    }
+    bad == 0
+}
+
+multiversion! {
+    #[allow(clippy::too_many_arguments)]
+    fn nesterov_fed(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], e: &[f32], f: f32, vanilla: bool, p: &mut [f32]) -> bool = nesterov_fed_impl;
+}
+
 /// `d = p - d`; whether every result is finite.
 #[inline(always)]
 fn sub_into_impl(p: &[f32], d: &mut [f32]) -> bool {
@@ -246,19 +280,40 @@ impl Compressor for ErrorFeedback {
             return None;
         }
         let (factor, lr) = self.factor(ctx).ok()?;
+        let vanilla = self.kind == EfKind::Vanilla;
+        let Nesterov { momentum, mu, next } = nesterov;
         let fed = Fed {
             gradient: input,
-            nesterov: Some(nesterov),
+            nesterov: Some(Nesterov {
+                momentum,
+                mu,
+                next: &mut *next,
+            }),
             residual: &self.e,
             factor,
-            vanilla: self.kind == EfKind::Vanilla,
+            vanilla,
         };
-        if !matches!(
-            self.inner
-                .codec_mut()?
-                .compress_fed(fed, &mut self.p, ctx, out)?,
-            Ok(true)
-        ) {
+        let fused = self
+            .inner
+            .codec_mut()
+            .and_then(|codec| codec.compress_fed(fed, &mut self.p, ctx, out));
+        let encoded = match fused {
+            Some(encoded) => matches!(encoded, Ok(true)),
+            // One pass forms p, then the codec encodes it.
+            None => {
+                nesterov_fed(
+                    input,
+                    momentum,
+                    mu,
+                    next,
+                    &self.e,
+                    factor,
+                    vanilla,
+                    &mut self.p,
+                ) && self.inner.compress(&self.p, ctx, out).is_ok()
+            }
+        };
+        if !encoded {
             // The passes one by one name what failed.
             out.clear();
             return None;
@@ -333,8 +388,9 @@ impl Compressor for ErrorFeedback {
 }
 
 /// Nesterov momentum: `m ← μ·m + g; p ← g + μ·m` (with the new `m`), then compress `p`.
-/// Where the chain below takes this step in its own pass (error feedback into onebit,
-/// [`Compressor::compress_nesterov`]), it does: the same bits, one pass over the chunk fewer.
+/// Where the chain below takes this step with its own first pass (error feedback's, which
+/// onebit makes part of its encoding: [`Compressor::compress_nesterov`]), it does: the same
+/// bits, one pass over the chunk fewer.
 ///
 /// The training code's own optimizer momentum must then be 0 (the RFC's precaution 4: this is
 /// dist-EF-SGDM, where momentum comes before compression). Built on workers only.

@@ -389,7 +389,8 @@ pub trait Compressor: Send {
     }
     /// Compresses Nesterov momentum's output for `input` ([`Nesterov`]), writing the next
     /// momentum into `nesterov.next`, in one pass with what the chain does with it (error
-    /// feedback into onebit: [`Codec::compress_fed`]), for chains that can; momentum
+    /// feedback forming its input, and onebit encoding it: [`Codec::compress_fed`]), for
+    /// chains that can; momentum
     /// ([`crate::decorators::Momentum`]) commits `next` when this succeeds. `None` when the
     /// chain has no such pass, or a setting or a value would make the round fail: no state has
     /// changed then

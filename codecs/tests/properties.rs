@@ -498,6 +498,70 @@ fn error_feedback_invariants_for_every_compressor() {
     }
 }
 
+/// Nesterov momentum before error feedback takes one pass with error feedback's for every
+/// compressor (`Compressor::compress_nesterov`): each round's payload is the plain codec's of
+/// `p = g + μ·m' + e` with `m' = μ·m + g` computed here, the residual is `p - D(C(p))` and the
+/// momentum `m'`; a round with a non-finite gradient element is refused naming it, with the
+/// state unchanged.
+#[test]
+fn momentum_and_error_feedback_agree_with_their_formulas_for_every_compressor() {
+    let seed = seed("momentum_and_error_feedback_agree_with_their_formulas_for_every_compressor");
+    let mut rng = TestRng::new(seed);
+    let n = 300;
+    let mu = 0.9f32;
+    for kv in all_configs() {
+        let mut plain = build(&kv, n);
+        let mut kv = kv;
+        kv.extend([("ef", "vanilla"), ("momentum", "nesterov"), ("mu", "0.9")]);
+        let mut c = build(&kv, n);
+        let (mut e, mut m) = (vec![0f32; n], vec![0f32; n]);
+        for round in 0..6u64 {
+            let scale = 0.5 + rng.unit();
+            let g = rng.gradient(n, scale);
+            let next: Vec<f32> = g.iter().zip(&m).map(|(g, m)| mu * m + g).collect();
+            let p: Vec<f32> = (0..n).map(|i| (g[i] + mu * next[i]) + e[i]).collect();
+            // Moniqua decodes against a reference within theta of p.
+            let refv: Vec<f32> = p.iter().map(|v| v + 0.1).collect();
+            let cx = ctx(round, &refv);
+            let (mut out, mut want) = (Vec::new(), Vec::new());
+            c.compress(&g, &cx, &mut out).unwrap();
+            plain.compress(&p, &cx, &mut want).unwrap();
+            assert!(out == want, "{kv:?} round {round}: the payload is not C(p)");
+            let mut d = vec![0f32; n];
+            c.decompress(&out, &cx, &mut d).unwrap();
+            let (got_e, got_m) = (c.residual().unwrap(), c.momentum().unwrap());
+            for i in 0..n {
+                let want_e = p[i] - d[i];
+                assert_eq!(
+                    got_e[i].to_bits(),
+                    want_e.to_bits(),
+                    "{kv:?} {round} e[{i}]"
+                );
+                assert_eq!(
+                    got_m[i].to_bits(),
+                    next[i].to_bits(),
+                    "{kv:?} {round} m[{i}]"
+                );
+            }
+            (e, m) = (got_e.to_vec(), next);
+        }
+        let mut g = rng.gradient(n, 1.0);
+        let at = rng.below(n as u64) as usize;
+        g[at] = f32::NAN;
+        let mut out = vec![1u8; 3];
+        let err = c
+            .compress(&g, &ctx(9, &e), &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("element {at}")), "{kv:?}: {err}");
+        assert!(out.is_empty(), "{kv:?}: a refused round leaves no payload");
+        assert!(
+            c.residual().unwrap() == e && c.momentum().unwrap() == m,
+            "{kv:?}"
+        );
+    }
+}
+
 #[test]
 fn corrected_error_feedback_scales_the_residual_by_the_lr_ratio() {
     let seed = seed("corrected_error_feedback_scales_the_residual_by_the_lr_ratio");
