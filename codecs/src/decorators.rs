@@ -5,8 +5,9 @@
 //! fails (non-finite input, an overflow, a bad context) leaves the state as it was. A
 //! successful round computes the new state into a second buffer and swaps it in, so the state
 //! before it stays there until the next round and [`Compressor::undo`] swaps it back.
-//! They implement compression and their state; everything else (the length, payload sizes,
-//! decoding) is the codec's, reached through [`Compressor::codec`].
+//! A refused round also leaves no payload in `out`, whichever pass refused it. They implement
+//! compression and their state; everything else (the length, payload sizes, decoding) is the
+//! codec's, reached through [`Compressor::codec`].
 
 use crate::error::KernelError;
 use crate::params::EfKind;
@@ -130,6 +131,59 @@ impl ErrorFeedback {
         }
         Ok(())
     }
+
+    /// One round of [`Compressor::compress`] (which leaves no payload when it fails).
+    fn round(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let n = self.e.len();
+        // Whatever happens below may overwrite the state before the last round.
+        self.undo = None;
+        if input.len() != n {
+            return Err(KernelError::len(&self.name, "input", n, input.len()));
+        }
+        let (factor, lr) = self.factor(ctx)?;
+        let vanilla = self.kind == EfKind::Vanilla;
+        // A codec that forms p while encoding (onebit) saves a pass over it.
+        let fed = Fed {
+            gradient: input,
+            nesterov: None,
+            residual: &self.e,
+            factor,
+            vanilla,
+        };
+        let fused = self
+            .inner
+            .codec_mut()
+            .and_then(|codec| codec.compress_fed(fed, &mut self.p, ctx, out));
+        let (finite, encoded) = match fused {
+            Some(encoded) => (encoded?, true),
+            None => (
+                add_scaled(input, &self.e, factor, vanilla, &mut self.p),
+                false,
+            ),
+        };
+        if !finite {
+            if let Some(err) = first_bad(&self.name, "input", input) {
+                return Err(err);
+            }
+            let i = self.p.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            return Err(KernelError::overflow(
+                &self.name,
+                format!(
+                    "element {i}: gradient {} plus residual {} overflows f32",
+                    input[i], self.e[i]
+                ),
+            ));
+        }
+        if !encoded {
+            self.inner.compress(&self.p, ctx, out)?;
+        }
+        self.keep_residual(ctx, lr, out)
+    }
 }
 
 #[inline(always)]
@@ -197,6 +251,17 @@ multiversion! {
     fn sub_into(p: &[f32], d: &mut [f32]) -> bool = sub_into_impl;
 }
 
+/// A decorated chain's refused round leaves no payload, whichever pass refused it.
+fn no_payload_unless_done(
+    done: Result<(), KernelError>,
+    out: &mut Vec<u8>,
+) -> Result<(), KernelError> {
+    if done.is_err() {
+        out.clear();
+    }
+    done
+}
+
 fn first_bad(name: &str, what: &'static str, g: &[f32]) -> Option<KernelError> {
     crate::simd::first_non_finite(g).map(|i| KernelError::NonFinite {
         compressor: name.to_string(),
@@ -219,52 +284,8 @@ impl Compressor for ErrorFeedback {
         ctx: &RoundCtx,
         out: &mut Vec<u8>,
     ) -> Result<(), KernelError> {
-        let n = self.e.len();
-        // Whatever happens below may overwrite the state before the last round.
-        self.undo = None;
-        if input.len() != n {
-            return Err(KernelError::len(&self.name, "input", n, input.len()));
-        }
-        let (factor, lr) = self.factor(ctx)?;
-        let vanilla = self.kind == EfKind::Vanilla;
-        // A codec that forms p while encoding (onebit) saves a pass over it.
-        let fed = Fed {
-            gradient: input,
-            nesterov: None,
-            residual: &self.e,
-            factor,
-            vanilla,
-        };
-        let fused = self
-            .inner
-            .codec_mut()
-            .and_then(|codec| codec.compress_fed(fed, &mut self.p, ctx, out));
-        let (finite, encoded) = match fused {
-            Some(encoded) => (encoded?, true),
-            None => (
-                add_scaled(input, &self.e, factor, vanilla, &mut self.p),
-                false,
-            ),
-        };
-        if !finite {
-            // No payload, whether the codec began one or not.
-            out.clear();
-            if let Some(err) = first_bad(&self.name, "input", input) {
-                return Err(err);
-            }
-            let i = self.p.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(KernelError::overflow(
-                &self.name,
-                format!(
-                    "element {i}: gradient {} plus residual {} overflows f32",
-                    input[i], self.e[i]
-                ),
-            ));
-        }
-        if !encoded {
-            self.inner.compress(&self.p, ctx, out)?;
-        }
-        self.keep_residual(ctx, lr, out)
+        let done = self.round(input, ctx, out);
+        no_payload_unless_done(done, out)
     }
     fn compress_nesterov(
         &mut self,
@@ -421,34 +442,9 @@ impl Momentum {
             undo: None,
         }
     }
-}
 
-/// `next = μ·m + g; p = g + μ·next`; whether every value is finite.
-#[inline(always)]
-fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool {
-    let mut bad = 0u32;
-    for (((pi, ni), gi), mi) in p.iter_mut().zip(next.iter_mut()).zip(g).zip(m) {
-        let (mn, v) = crate::elem::nesterov(*gi, *mi, mu);
-        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
-            | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
-        *ni = mn;
-        *pi = v;
-    }
-    bad == 0
-}
-
-multiversion! {
-    fn nesterov(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool = nesterov_impl;
-}
-
-impl Compressor for Momentum {
-    fn codec(&self) -> &dyn Codec {
-        self.inner.codec()
-    }
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn compress(
+    /// One round of [`Compressor::compress`] (which leaves no payload when it fails).
+    fn round(
         &mut self,
         input: &[f32],
         ctx: &RoundCtx,
@@ -485,6 +481,42 @@ impl Compressor for Momentum {
         std::mem::swap(&mut self.m, &mut self.next);
         self.undo = Some(ctx.round);
         Ok(())
+    }
+}
+
+/// `next = μ·m + g; p = g + μ·next`; whether every value is finite.
+#[inline(always)]
+fn nesterov_impl(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool {
+    let mut bad = 0u32;
+    for (((pi, ni), gi), mi) in p.iter_mut().zip(next.iter_mut()).zip(g).zip(m) {
+        let (mn, v) = crate::elem::nesterov(*gi, *mi, mu);
+        bad |= ((v.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32
+            | ((mn.to_bits() & crate::simd::EXP) == crate::simd::EXP) as u32;
+        *ni = mn;
+        *pi = v;
+    }
+    bad == 0
+}
+
+multiversion! {
+    fn nesterov(g: &[f32], m: &[f32], mu: f32, next: &mut [f32], p: &mut [f32]) -> bool = nesterov_impl;
+}
+
+impl Compressor for Momentum {
+    fn codec(&self) -> &dyn Codec {
+        self.inner.codec()
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn compress(
+        &mut self,
+        input: &[f32],
+        ctx: &RoundCtx,
+        out: &mut Vec<u8>,
+    ) -> Result<(), KernelError> {
+        let done = self.round(input, ctx, out);
+        no_payload_unless_done(done, out)
     }
     fn residual(&self) -> Option<&[f32]> {
         self.inner.residual()

@@ -266,8 +266,10 @@ impl<'a> RoundCtx<'a> {
 /// Error feedback's codec input, for a codec that forms it while encoding
 /// ([`Codec::compress_fed`]): `p = g + residual` (vanilla) or `g + factor · residual`
 /// ([`elem::fed`]), where `g` is the gradient, or with Nesterov momentum before error feedback
-/// the momentum's output for it ([`Nesterov`]).
+/// the momentum's output for it ([`Nesterov`]). A codec that forms `p` must honour every field
+/// (`nesterov` included), or return `None` from [`Codec::compress_fed`].
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Fed<'a> {
     /// The round's gradient.
     pub gradient: &'a [f32],
@@ -337,8 +339,9 @@ pub trait Codec: Send {
     /// one pass over the inputs, for codecs that can (onebit): the payload, `p` and a
     /// [`Nesterov`] step's `next` are those of taking the passes one by one. `Ok(false)` when
     /// some element of `p` or of `next` is not finite: `p` and `next` are then whole, `out`
-    /// empty, and the caller names the element. `None` when the codec has no such pass (error
-    /// feedback then forms `p` and calls `compress`).
+    /// empty, and the caller names the element (with [`Nesterov`], by taking the passes one by
+    /// one). `None` when the codec has no such pass (error feedback then forms `p` and calls
+    /// `compress`).
     fn compress_fed(
         &mut self,
         _fed: Fed<'_>,
@@ -390,12 +393,11 @@ pub trait Compressor: Send {
     /// Compresses Nesterov momentum's output for `input` ([`Nesterov`]), writing the next
     /// momentum into `nesterov.next`, in one pass with what the chain does with it (error
     /// feedback forming its input, and onebit encoding it: [`Codec::compress_fed`]), for
-    /// chains that can; momentum
-    /// ([`crate::decorators::Momentum`]) commits `next` when this succeeds. `None` when the
-    /// chain has no such pass, or a setting or a value would make the round fail: no state has
-    /// changed then
-    /// (what [`Compressor::undo`] could restore aside), and the caller takes the passes one by
-    /// one, which name the error.
+    /// chains that can; momentum ([`crate::decorators::Momentum`]) commits `next` when this
+    /// succeeds. `None` when the chain has no such pass, or a setting or a value would make the
+    /// round fail: then `out` is empty, `next` may hold anything, and no state has changed
+    /// (what [`Compressor::undo`] could restore aside); the caller takes the passes one by one,
+    /// which name the error.
     fn compress_nesterov(
         &mut self,
         _input: &[f32],

@@ -562,6 +562,52 @@ fn momentum_and_error_feedback_agree_with_their_formulas_for_every_compressor() 
     }
 }
 
+/// A decorated chain's refused round leaves no payload, whichever pass refuses it: a wrong
+/// length, a missing learning rate (corrected error feedback refuses it before any pass), a
+/// non-finite gradient (momentum's pass, or error feedback's fused one).
+#[test]
+fn refused_rounds_leave_no_payload_whichever_pass_refuses() {
+    let seed = seed("refused_rounds_leave_no_payload_whichever_pass_refuses");
+    let mut rng = TestRng::new(seed);
+    let n = 100;
+    for (codec, ef, momentum) in [
+        ("onebit", "corrected", true),
+        ("onebit", "vanilla", true),
+        ("onebit", "corrected", false),
+        ("topk", "corrected", true),
+        ("topk", "vanilla", false),
+    ] {
+        let mut kv = vec![("compressor", codec), ("ef", ef)];
+        if codec == "topk" {
+            kv.push(("k", "0.1"));
+        }
+        if momentum {
+            kv.push(("momentum", "nesterov"));
+        }
+        let mut c = build(&kv, n);
+        let g = rng.gradient(n, 1.0);
+        c.compress(&g, &RoundCtx::new(0).with_lr(0.1), &mut Vec::new())
+            .unwrap();
+        let mut bad = rng.gradient(n, 1.0);
+        bad[rng.below(n as u64) as usize] = f32::NAN;
+        let cases = [
+            (
+                "a short input",
+                g[1..].to_vec(),
+                RoundCtx::new(1).with_lr(0.1),
+            ),
+            ("a NaN", bad.clone(), RoundCtx::new(1).with_lr(0.1)),
+            ("a NaN, no learning rate", bad, RoundCtx::new(1)),
+        ];
+        for (what, input, cx) in cases {
+            let mut out = vec![1u8; 3];
+            let err = c.compress(&input, &cx, &mut out);
+            assert!(err.is_err(), "{kv:?}, {what}: accepted");
+            assert!(out.is_empty(), "{kv:?}, {what}: {err:?} left {out:?}");
+        }
+    }
+}
+
 #[test]
 fn corrected_error_feedback_scales_the_residual_by_the_lr_ratio() {
     let seed = seed("corrected_error_feedback_scales_the_residual_by_the_lr_ratio");

@@ -9,7 +9,7 @@ use crate::elem;
 use crate::elem::REDUCE_BLOCK;
 use crate::error::KernelError;
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::{Fed, RoundCtx};
+use crate::{Fed, Nesterov, RoundCtx};
 use rayon::prelude::*;
 
 /// The onebit compressor.
@@ -40,48 +40,69 @@ fn signs_sums_impl(x: &[f32], dst: &mut [u8], partials: &mut [f32]) -> u32 {
     bad
 }
 
-/// A segment of error feedback's input as onebit forms it ([`Fed`]'s fields, split for the
-/// parallel path).
+/// Error feedback's input as onebit forms it ([`Fed`]'s fields), whole or one segment of it
+/// (the parallel path's).
 struct FedSeg<'a> {
     g: &'a [f32],
     e: &'a [f32],
     f: f32,
     vanilla: bool,
-    /// Nesterov momentum before error feedback: `m`, μ and the next momentum's segment.
-    nesterov: Option<(&'a [f32], f32, &'a mut [f32])>,
+    nesterov: Option<Nesterov<'a>>,
 }
 
 impl<'a> FedSeg<'a> {
+    /// The first `at` elements, and the rest.
+    fn split_at(self, at: usize) -> (FedSeg<'a>, FedSeg<'a>) {
+        let FedSeg {
+            g,
+            e,
+            f,
+            vanilla,
+            nesterov,
+        } = self;
+        let ((g, g2), (e, e2)) = (g.split_at(at), e.split_at(at));
+        let (n, n2) = match nesterov {
+            Some(Nesterov { momentum, mu, next }) => {
+                let ((m, m2), (next, next2)) = (momentum.split_at(at), next.split_at_mut(at));
+                let head = Nesterov {
+                    momentum: m,
+                    mu,
+                    next,
+                };
+                let tail = Nesterov {
+                    momentum: m2,
+                    mu,
+                    next: next2,
+                };
+                (Some(head), Some(tail))
+            }
+            None => (None, None),
+        };
+        let head = FedSeg {
+            g,
+            e,
+            f,
+            vanilla,
+            nesterov: n,
+        };
+        let tail = FedSeg {
+            g: g2,
+            e: e2,
+            f,
+            vanilla,
+            nesterov: n2,
+        };
+        (head, tail)
+    }
+
     /// Segments of `seg` elements (the last one shorter).
     fn split(self, seg: usize) -> Vec<FedSeg<'a>> {
         let mut segs = Vec::with_capacity(self.g.len().div_ceil(seg));
         let mut rest = self;
         while rest.g.len() > seg {
-            let (g, g2) = rest.g.split_at(seg);
-            let (e, e2) = rest.e.split_at(seg);
-            let (head, tail) = match rest.nesterov {
-                Some((m, mu, next)) => {
-                    let (m, m2) = m.split_at(seg);
-                    let (next, next2) = next.split_at_mut(seg);
-                    (Some((m, mu, next)), Some((m2, mu, next2)))
-                }
-                None => (None, None),
-            };
-            let (f, vanilla) = (rest.f, rest.vanilla);
-            segs.push(FedSeg {
-                g,
-                e,
-                f,
-                vanilla,
-                nesterov: head,
-            });
-            rest = FedSeg {
-                g: g2,
-                e: e2,
-                f,
-                vanilla,
-                nesterov: tail,
-            };
+            let (head, tail) = rest.split_at(seg);
+            segs.push(head);
+            rest = tail;
         }
         segs.push(rest);
         segs
@@ -109,8 +130,8 @@ fn fed_signs_sums_impl(
     let words = dst.len() / 4;
     assert!(words >= x.len().div_ceil(32) && partials.len() >= x.len().div_ceil(REDUCE_BLOCK));
     assert!(g.len() == x.len() && e.len() == x.len());
-    if let Some((m, _, next)) = &nesterov {
-        assert!(m.len() == x.len() && next.len() == x.len());
+    if let Some(n) = &nesterov {
+        assert!(n.momentum.len() == x.len() && n.next.len() == x.len());
     }
     let p = dst.as_mut_ptr();
     let mut bad = 0u32;
@@ -125,7 +146,11 @@ fn fed_signs_sums_impl(
                     *xi = elem::fed(*gi, *ei, f, vanilla);
                 }
             }
-            Some((m, mu, next)) => {
+            Some(Nesterov {
+                momentum: m,
+                mu,
+                next,
+            }) => {
                 let len = blk.len();
                 let at = bi * REDUCE_BLOCK;
                 let (mb, nb) = (&m[at..at + len], &mut next[at..at + len]);
@@ -133,6 +158,8 @@ fn fed_signs_sums_impl(
                 let mut b = 0u32;
                 for i in 0..len {
                     let (mn, v) = elem::nesterov(gb[i], mb[i], *mu);
+                    // A non-finite `v` makes `p` non-finite too, which the block's signs pass
+                    // flags.
                     b |= ((mn.to_bits() & EXP) == EXP) as u32;
                     nb[i] = mn;
                     blk[i] = elem::fed(v, eb[i], f, vanilla);
@@ -352,7 +379,7 @@ impl Format for OneBit {
             e,
             f,
             vanilla,
-            nesterov: nesterov.map(|s| (s.momentum, s.mu, s.next)),
+            nesterov,
         };
         // `encode`'s pass, forming p as it goes.
         Some(self.encode_signs(out, |bits, partials| {
