@@ -297,6 +297,8 @@ impl Compressor for ErrorFeedback {
         let n = self.e.len();
         // The pass below overwrites `p`, which may hold the state before the last round.
         self.undo = None;
+        // No payload unless this succeeds (the trait's promise).
+        out.clear();
         if input.len() != n || nesterov.momentum.len() != n || nesterov.next.len() != n {
             return None;
         }
