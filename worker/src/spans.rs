@@ -2,8 +2,10 @@
 //! round of a tensor (`cat` `round`, named after the tensor) and, per chunk and round, its
 //! phases on one track (`cat` `chunk`): `compress`, `wait` (from queuing the push to the
 //! result handed to the chunk), inside it `pull` (the result's stream, accepted to read;
-//! recorded by the connection's reader) and `decompress`. Each is a [`Span`] that ends when
-//! dropped, so a span ends on every path; off, each site costs one relaxed load.
+//! recorded by the connection's reader) and `decompress`; in a local group also `turn`, `add`,
+//! `host sum` (the owner), `outcome` (the others) and `copy` ([`crate::local::chunk_round`]).
+//! Each is a [`Span`] that ends when dropped, so a span ends on every path; off, each site costs
+//! one relaxed load.
 
 use std::time::Instant;
 

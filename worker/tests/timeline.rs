@@ -10,6 +10,7 @@ use pushpull_worker::Reduce;
 use serde_json::Value;
 
 mod common;
+use common::trace::{self, Span};
 use common::*;
 
 /// Steps 2..=3: rounds 1 and 2 of each tensor (rounds count from 0).
@@ -61,96 +62,15 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
     .unwrap();
     s.finish_all().await;
 
-    let files: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    // In-process nodes share one file (named after the first node, the scheduler).
-    assert_eq!(files.len(), 1, "{files:?}");
-    let mut events = Vec::new();
-    for f in &files {
-        let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap())
-            .unwrap_or_else(|e| panic!("{}: not JSON: {e}", f.display()));
-        let list = v["traceEvents"].as_array().expect("traceEvents").clone();
-        let names = list
-            .iter()
-            .find(|e| e["ph"] == "M" && e["name"] == "process_name")
-            .expect("process_name metadata");
-        let names = names["args"]["name"].as_str().unwrap();
-        for node in ["scheduler", "server 0", "server 1", "worker 0", "worker 1"] {
-            assert!(names.contains(node), "{names}");
-        }
-        events.extend(list.into_iter().filter(|e| e["ph"] != "M"));
-    }
+    let nodes = ["scheduler", "server 0", "server 1", "worker 0", "worker 1"];
+    let events = trace::read_events(dir.path(), &nodes);
     check(&events, &tensor_of_key);
 }
 
-/// One span: begin and end times and the begin's args.
-#[derive(Debug)]
-struct Span {
-    cat: String,
-    name: String,
-    b: u64,
-    e: u64,
-    args: Value,
-}
-
 fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
-    // Well formed: every `b` has exactly one `e` of the same cat, id and name after it, and
-    // every `e` a `b` (events in time order, pairs of one track and name in order).
-    let mut open: HashMap<(String, String, String), Vec<(u64, Value)>> = HashMap::new();
-    let mut spans = Vec::new();
-    let mut last_ts = 0;
-    for e in events {
-        let ph = e["ph"].as_str().unwrap();
-        let ts = e["ts"].as_u64().expect("ts in µs");
-        assert!(ts >= last_ts, "events out of time order: {e}");
-        last_ts = ts;
-        for field in ["pid", "tid"] {
-            assert!(e[field].is_u64(), "{field}: {e}");
-        }
-        let cat = e["cat"].as_str().expect("cat").to_string();
-        let id = e["id"].as_str().expect("id").to_string();
-        let name = e["name"].as_str().expect("name").to_string();
-        assert!(id.starts_with("0x"), "{e}");
-        let track = (cat.clone(), id, name.clone());
-        match ph {
-            "b" => open.entry(track).or_default().push((ts, e["args"].clone())),
-            "e" => {
-                let Some((b, args)) = open.get_mut(&track).and_then(|v| v.pop()) else {
-                    panic!("an end without a begin: {e}");
-                };
-                assert!(ts >= b, "ends before it begins: {e}");
-                spans.push(Span {
-                    cat,
-                    name,
-                    b,
-                    e: ts,
-                    args,
-                });
-            }
-            "n" => {}
-            other => panic!("unexpected ph {other}: {e}"),
-        }
-    }
-    let orphans: Vec<_> = open.iter().filter(|(_, v)| !v.is_empty()).collect();
-    assert!(orphans.is_empty(), "begins without an end: {orphans:?}");
-
-    // The window: only rounds 1 and 2 (steps 2 and 3), of every kind of span.
     let window: BTreeSet<u64> = (START_STEP - 1..END_STEP).collect();
-    let round_of = |s: &Span| s.args["round"].as_u64().expect("round in args");
-    for s in &spans {
-        assert!(
-            window.contains(&round_of(s)),
-            "outside the step window: {s:?}"
-        );
-    }
-    for e in events.iter().filter(|e| e["ph"] == "n") {
-        if let Some(r) = e["args"]["round"].as_u64() {
-            assert!(window.contains(&r), "outside the step window: {e}");
-        }
-    }
+    let spans = trace::spans(events, &window);
+    let round_of = trace::round_of;
 
     // The worker: a round span per (rank, tensor, round), and each chunk's phases inside it.
     let mut rounds: HashMap<(u64, String, u64), &Span> = HashMap::new();

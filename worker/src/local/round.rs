@@ -30,9 +30,12 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let owner = chunk_owner(key, g);
     let range = tensor.ranges[index].clone();
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
+    // The chunk's phases in the timeline (each span ends when dropped, on every path).
+    let span = |phase| crate::spans::chunk(phase, ctx.rank, tensor, index, round);
 
     // 1. The turn: member 0 once everyone copied the last round out, the others after the
     // member before them.
+    let turn = span("turn");
     if l == 0 {
         if round
             > tensor
@@ -44,9 +47,11 @@ pub(crate) async fn chunk_round<R: RoundData>(
     } else {
         local.wait(Channel::Turn, key, round, 1).await?;
     }
+    drop(turn);
 
     // 2. This member's part of the host sum.
     let added = {
+        let _add = span("add");
         // SAFETY: this member holds the chunk's turn until its next note.
         let acc = unsafe { local.acc(place, range.clone()) };
         let added = lock().contribute(tensor, index, kind, ctx.rank, l == 0, place.intra, acc);
@@ -70,6 +75,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let mut failure = added.err().map(|e| codec_error(tensor, index, round, e));
     let outcome = if l == owner {
         if owner + 1 != g {
+            let _rest = span("host sum");
             local.wait(Channel::Turn, key, round, 1).await?;
         }
         let (note, error) =
@@ -83,12 +89,14 @@ pub(crate) async fn chunk_round<R: RoundData>(
         note
     } else {
         drop(mark);
+        let _outcome = span("outcome");
         local.wait(Channel::Outcome, key, round, 1).await?.kind
     };
 
     // 4. Every member copies the result out and tells member 0.
     let pulled = match outcome {
         NoteKind::Result | NoteKind::NonFinite => {
+            let _copy = span("copy");
             // SAFETY: the owner's note hands every member the accumulator to read until they
             // all said Copied.
             let acc = unsafe { local.acc(place, range.clone()) };

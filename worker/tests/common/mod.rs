@@ -20,6 +20,7 @@
 #![allow(dead_code)]
 
 pub mod set;
+pub mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;
