@@ -4,8 +4,11 @@
 //! result handed to the chunk), inside it `pull` (the result's stream, accepted to read;
 //! recorded by the connection's reader) and `decompress`; in a local group also `turn`, `add`,
 //! `host sum` (the owner), `outcome` (the others) and `copy` ([`crate::local::chunk_round`]).
-//! Each is a [`Span`] that ends when dropped, so a span ends on every path; off, each site costs
-//! one relaxed load.
+//! A call's device batch has its own track (`cat` `batch`, [`BatchTrack`]): `launch` (its
+//! steps issued, before its rounds begin), `staged` (waiting for its payloads in host staging)
+//! and `decode` (by the last of its rounds to end). Each is a
+//! [`Span`] that ends when dropped, so a span ends on every path; off, each site costs one
+//! relaxed load.
 
 use std::time::Instant;
 
@@ -91,6 +94,42 @@ pub(crate) fn chunk_at(
         chunk_id(rank, key, round),
         args,
     ))
+}
+
+/// The track of a device batch's round on worker `rank`: named by its first tensor and that
+/// tensor's round.
+pub(crate) struct BatchTrack {
+    rank: u32,
+    tensor: timeline::Name,
+    round: u64,
+}
+
+impl BatchTrack {
+    /// The track of the batch whose first round is `round` of `tensor`, when traced.
+    pub(crate) fn of(rank: u32, tensor: &TensorInner, round: u64) -> Option<BatchTrack> {
+        timeline::traced(round).then_some(BatchTrack {
+            rank,
+            tensor: tensor.trace_name,
+            round,
+        })
+    }
+
+    /// A phase (`launch`, `staged`, `decode`) of the batch's round.
+    pub(crate) fn span(&self, phase: &'static str) -> Span {
+        let id = timeline::id(&[
+            0xba7,
+            u64::from(self.rank),
+            self.tensor.number(),
+            self.round,
+        ]);
+        let args = Args {
+            tensor: Some(self.tensor),
+            round: Some(self.round),
+            rank: Some(self.rank),
+            ..Args::default()
+        };
+        Span::begin("batch", phase, id, args)
+    }
 }
 
 /// A result frame of `key` and `round` that reached worker `rank`: its `pull`, from `accepted`

@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use pushpull_worker::Reduce;
+use std::sync::Arc;
+
+use pushpull_worker::{Device, EmulatedDevice, Reduce};
 use serde_json::Value;
 
 mod common;
@@ -35,9 +37,12 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
     .unwrap();
     let a = declare_all(&s, "a", 40).await;
     let b = declare_all(&s, "b", 20).await;
+    // "c" is pushed from device buffers (the emulated device): its chunks go as a batch.
+    let c = declare_all(&s, "c", 24).await;
     assert_eq!((a[0].num_chunks(), b[0].num_chunks()), (3, 2));
+    let device = Arc::new(EmulatedDevice::new());
     let mut tensor_of_key = HashMap::new();
-    for t in [&a[0], &b[0]] {
+    for t in [&a[0], &b[0], &c[0]] {
         for c in &t.placement().chunks {
             tensor_of_key.insert(c.key, t.name().to_string());
         }
@@ -54,6 +59,16 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
                 })
             });
             for result in futures_util::future::join_all(calls).await {
+                result.unwrap();
+            }
+            let on_device = (0..2usize).map(|r| {
+                let (w, t, device) = (s.workers[r].clone(), c[r].clone(), device.clone());
+                let mem = device.alloc_zeros(24).unwrap();
+                // SAFETY: `mem` holds 24 elements.
+                unsafe { device.upload(&data(round, 24), device.mem_addr(&mem)) }.unwrap();
+                async move { w.push_pull_device(&t, &device, mem, Reduce::Sum).await }
+            });
+            for result in futures_util::future::join_all(on_device).await {
                 result.unwrap();
             }
         }
@@ -104,13 +119,35 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
             .or_default()
             .insert(s.name.clone());
     }
-    assert_eq!(rounds.len(), 2 * 2 * window.len(), "{:?}", rounds.keys());
+    assert_eq!(rounds.len(), 2 * 3 * window.len(), "{:?}", rounds.keys());
     let want: BTreeSet<String> = ["compress", "wait", "pull", "decompress"]
         .map(String::from)
         .into();
     assert_eq!(phases.len(), 2 * tensor_of_key.len() * window.len());
     for (at, got) in &phases {
         assert_eq!(got, &want, "{at:?}");
+    }
+
+    // The device tensor's batch: per worker and round, launch, staged and decode, in order;
+    // the launch comes before its rounds begin, the decode ends them.
+    let mut batches: HashMap<(u64, u64), Vec<&Span>> = HashMap::new();
+    for s in spans.iter().filter(|s| s.cat == "batch") {
+        assert_eq!(s.args["tensor"], "c", "{s:?}");
+        let rank = s.args["rank"].as_u64().unwrap();
+        batches.entry((rank, round_of(s))).or_default().push(s);
+    }
+    assert_eq!(batches.len(), 2 * window.len(), "{:?}", batches.keys());
+    for ((rank, round), list) in &batches {
+        let names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        let phase = |name: &str| *list.iter().find(|s| s.name == name).unwrap();
+        let (launch, staged, decode) = (phase("launch"), phase("staged"), phase("decode"));
+        assert!(launch.e <= staged.b && staged.e <= decode.b, "{list:?}");
+        let r = rounds[&(*rank, "c".to_string(), *round)];
+        assert!(
+            launch.e <= r.b && r.b <= decode.b && decode.e <= r.e,
+            "{list:?}, {r:?}"
+        );
     }
 
     // The servers: per key and round, receive, a sum per worker and the encode, after them.

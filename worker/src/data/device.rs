@@ -21,6 +21,7 @@ use super::{
     Ready, RoundData, Settling, Starting,
 };
 use crate::error::WorkerError;
+use crate::spans::BatchTrack;
 use crate::tensor::{KeptChains, RoundKind, TensorInner};
 use pushpull_kernels::ChainState;
 use pushpull_kernels::IntraCodec;
@@ -77,6 +78,8 @@ struct BatchRun<D: Device> {
     decoded: tokio::sync::watch::Sender<Option<Result<(), String>>>,
     /// Set once the batch's payloads are in host staging ([`BatchRun::staged`]).
     staged: tokio::sync::OnceCell<()>,
+    /// The batch's track in the timeline, when traced.
+    track: Option<BatchTrack>,
 }
 
 impl<D: Device> BatchRun<D> {
@@ -87,7 +90,9 @@ impl<D: Device> BatchRun<D> {
         let run = self.clone();
         self.staged
             .get_or_init(|| async move {
-                let _ = tokio::task::spawn_blocking(move || run.started.wait_staged()).await;
+                let _staged = run.track.as_ref().map(|t| t.span("staged"));
+                let wait = run.clone();
+                let _ = tokio::task::spawn_blocking(move || wait.started.wait_staged()).await;
             })
             .await;
     }
@@ -95,6 +100,7 @@ impl<D: Device> BatchRun<D> {
     /// One round of the batch has ended: the last to end decodes every round's results.
     fn leave(&self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _decode = self.track.as_ref().map(|t| t.span("decode"));
             let outcome = self.started.decode().map_err(|e| e.to_string());
             self.decoded.send_replace(Some(outcome));
         }
@@ -334,6 +340,9 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             .collect();
         let Some(&first) = on.first() else { return };
         let device = rounds[first].data.device.clone();
+        let (rank, round) = (rounds[first].data.setup.rank, rounds[first].round);
+        let track = BatchTrack::of(rank, rounds[first].tensor, round);
+        let launch = track.as_ref().map(|t| t.span("launch"));
         let key: Vec<usize> = std::iter::once(Arc::as_ptr(&device) as *const () as usize)
             .chain(
                 on.iter()
@@ -368,6 +377,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             // settle (decode) before they end.
             batch.and_then(|b| unsafe { b.start(&tensors, &args) }.map_err(|e| e.to_string()))
         };
+        drop(launch);
         match launched {
             Ok(started) => {
                 let run = Arc::new(BatchRun {
@@ -375,6 +385,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                     left: AtomicUsize::new(on.len()),
                     decoded: tokio::sync::watch::Sender::new(None),
                     staged: tokio::sync::OnceCell::new(),
+                    track,
                 });
                 for (part, &i) in on.iter().enumerate() {
                     rounds[i].data.launched = Launched::Yes {
