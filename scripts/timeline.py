@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draws a worker's timeline (a Chrome trace file from `[trace] dir` / PUSHPULL_TRACE) as a
 Gantt-like PNG: one row per tensor with its rounds (push_pull calls), and under it one row per
-chunk with its phases coloured (compress, wait, pull, decompress).
+chunk with its phases coloured (compress, wait, pull, decompress, and a local group's turn,
+add, others add, outcome, copy); the legend lists the phases drawn.
 
     scripts/timeline.py TRACE.json OUT.png [--rank R] [--max-chunks N] [--max-tensors N]
         [--min-chunks N]
@@ -21,6 +22,12 @@ COLOURS = {
     "wait": "#ffbb78",
     "pull": "#d62728",
     "decompress": "#2ca02c",
+    # A local group's phases (cluster.local_size > 1).
+    "turn": "#c5b0d5",
+    "add": "#9467bd",
+    "others add": "#e377c2",
+    "outcome": "#f7b6d2",
+    "copy": "#8c564b",
 }
 
 
@@ -63,6 +70,7 @@ def draw(mine, rows, index, where, t0, rank, out):
         d.line([(left, y + row_h - 1), (width - 20, y + row_h - 1)], fill=(240, 240, 240))
     # Rounds first, then phases, pull last (drawn over its wait).
     order = {"round": 0, "pull": 2}
+    drawn = set()
     for cat, name, b, e, args in sorted(mine, key=lambda s: order.get(s[1] if s[0] == "chunk" else "round", 1)):
         if cat == "round":
             row = index.get((args["tensor"], None))
@@ -74,6 +82,7 @@ def draw(mine, rows, index, where, t0, rank, out):
             colour = COLOURS.get(name, "#000000")
         if row is None:
             continue
+        drawn.add(name if cat == "chunk" else "round")
         y = top + row * row_h + row_h / 2
         x0, x1 = x(b), max(x(e), x(b) + 1)
         d.rectangle([x0, y - frac * row_h / 2, x1, y + frac * row_h / 2], fill=hex_rgb(colour))
@@ -93,6 +102,8 @@ def draw(mine, rows, index, where, t0, rank, out):
     # The legend.
     lx = left
     for name, colour in COLOURS.items():
+        if name not in drawn:
+            continue
         d.rectangle([lx, height - 18, lx + 12, height - 6], fill=hex_rgb(colour))
         d.text((lx + 16, height - 18), name, fill="black", font=font)
         lx += 110

@@ -17,8 +17,8 @@
 //! | `cat` | where | spans (`name`) |
 //! |---|---|---|
 //! | `round` | worker | one per push_pull/broadcast call of a tensor: the tensor's name |
-//! | `chunk` | worker | per chunk and round, in order: `compress`, `wait` (queued to the result handed over), inside it `pull` (the result frame's stream accepted to read), `decompress`; in a local group `turn`, `add`, on the chunk's owner `host sum` and the push's phases, on the others `outcome`, then `copy` |
-//! | `batch` | worker | per device batch (a call's tensors on the GPU) and round of its first tensor: `launch`, `staged` (its payloads in host staging), `decode` |
+//! | `chunk` | worker | per chunk and round, in order: `compress`, `wait` (queued to the result handed over), inside it `pull` (the result frame's stream accepted to read), `decompress`; in a local group, in order: `turn`, `add`, on the chunk's owner `others add` (unless it is the last member) and the push's phases, on the others `outcome`, then `copy` |
+//! | `batch` | worker | per device batch (a call's tensors compressed on the GPU) and round, named after its first traced tensor and round: `launch`, `staged` (its payloads in host staging), `decode` |
 //! | `key` | server | per key and round: `receive` (the first push of the round to the last), `sum` (one per decompress/add, per host), `encode` |
 //! | `frame` | all | one per data frame sent: its kind (`push`, `result`, ...) from queued to acknowledged by the peer, with `written` (handed to QUIC in full) as an instant; `arrived` instants on the receiving side |
 //!

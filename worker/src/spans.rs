@@ -2,11 +2,13 @@
 //! round of a tensor (`cat` `round`, named after the tensor) and, per chunk and round, its
 //! phases on one track (`cat` `chunk`): `compress`, `wait` (from queuing the push to the
 //! result handed to the chunk), inside it `pull` (the result's stream, accepted to read;
-//! recorded by the connection's reader) and `decompress`; in a local group also `turn`, `add`,
-//! `host sum` (the owner), `outcome` (the others) and `copy` ([`crate::local::chunk_round`]).
-//! A call's device batch has its own track (`cat` `batch`, [`BatchTrack`]): `launch` (its
-//! steps issued, before its rounds begin), `staged` (waiting for its payloads in host staging)
-//! and `decode` (by the last of its rounds to end). Each is a
+//! recorded by the connection's reader) and `decompress`. In a local group a chunk's track
+//! holds, in order, `turn`, `add`, on the owner `others add` (waiting for the rest of the
+//! host's sum, unless it is the last member) and the push's phases, on the others `outcome`,
+//! then `copy` ([`crate::local::chunk_round`]). A call's device batch has its own track (`cat`
+//! `batch`, [`BatchTrack`]): `launch` (the batch found or made and its steps issued, before its
+//! rounds begin), `staged` (waiting for its payloads in host staging) and `decode` (by the last
+//! of its rounds to end, before the others hear of it). Each is a
 //! [`Span`] that ends when dropped, so a span ends on every path; off, each site costs one
 //! relaxed load.
 
@@ -51,8 +53,8 @@ pub(crate) fn round(rank: u32, tensor: &TensorInner, round: u64, kind: RoundKind
     ))
 }
 
-/// A phase (`compress`, `wait`, `decompress`) of chunk `index` of `tensor` in `round`, when
-/// traced.
+/// A phase (`compress`, `wait`, `decompress`; in a local group also `turn`, `add`, `others
+/// add`, `outcome`, `copy`) of chunk `index` of `tensor` in `round`, when traced.
 pub(crate) fn chunk(
     phase: &'static str,
     rank: u32,
@@ -96,39 +98,44 @@ pub(crate) fn chunk_at(
     ))
 }
 
-/// The track of a device batch's round on worker `rank`: named by its first tensor and that
-/// tensor's round.
+/// The track of a device batch's round on worker `rank` (the id of [`BatchTrack`]).
+fn batch_id(rank: u32, tensor: &TensorInner, round: u64) -> u64 {
+    timeline::id(&[0xba7, u64::from(rank), tensor.trace_name.number(), round])
+}
+
+/// The track of a device batch's round: named after the first of its tensors whose round is
+/// traced, and that round (its tensors may be at different rounds).
 pub(crate) struct BatchTrack {
-    rank: u32,
-    tensor: timeline::Name,
-    round: u64,
+    id: u64,
+    args: Args,
 }
 
 impl BatchTrack {
-    /// The track of the batch whose first round is `round` of `tensor`, when traced.
-    pub(crate) fn of(rank: u32, tensor: &TensorInner, round: u64) -> Option<BatchTrack> {
-        timeline::traced(round).then_some(BatchTrack {
-            rank,
-            tensor: tensor.trace_name,
-            round,
+    /// The track of a batch of `rounds` (each tensor and its round) on worker `rank`, when
+    /// one of them is traced.
+    pub(crate) fn of<'a>(
+        rank: u32,
+        mut rounds: impl Iterator<Item = (&'a TensorInner, u64)>,
+    ) -> Option<BatchTrack> {
+        if !timeline::on() {
+            return None;
+        }
+        let (tensor, round) = rounds.find(|&(_, round)| timeline::traced(round))?;
+        let args = Args {
+            tensor: Some(tensor.trace_name),
+            round: Some(round),
+            rank: Some(rank),
+            ..Args::default()
+        };
+        Some(BatchTrack {
+            id: batch_id(rank, tensor, round),
+            args,
         })
     }
 
     /// A phase (`launch`, `staged`, `decode`) of the batch's round.
     pub(crate) fn span(&self, phase: &'static str) -> Span {
-        let id = timeline::id(&[
-            0xba7,
-            u64::from(self.rank),
-            self.tensor.number(),
-            self.round,
-        ]);
-        let args = Args {
-            tensor: Some(self.tensor),
-            round: Some(self.round),
-            rank: Some(self.rank),
-            ..Args::default()
-        };
-        Span::begin("batch", phase, id, args)
+        Span::begin("batch", phase, self.id, self.args)
     }
 }
 

@@ -1,8 +1,10 @@
 //! The timeline (`[trace] dir`): a small job with tracing on and a step window, then every
 //! trace file read back with serde_json: spans well formed, each chunk's phases inside its
 //! round on the worker, every phase of every node present for the rounds in the window and
-//! nothing recorded outside it. One cluster test per binary (the recorder is the process's);
-//! the checks themselves are tried on events made here (`the_checks`).
+//! nothing recorded outside it; two tensors pushed from device buffers (the emulated device) in
+//! one group call, one batch, whose track holds its launch, staging and decode. One cluster
+//! test per binary (the recorder is the process's); the checks themselves are tried on events
+//! made here (`the_checks`).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -37,12 +39,14 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
     .unwrap();
     let a = declare_all(&s, "a", 40).await;
     let b = declare_all(&s, "b", 20).await;
-    // "c" is pushed from device buffers (the emulated device): its chunks go as a batch.
+    // "c" and "d" are pushed from device buffers (the emulated device) in one group call:
+    // their chunks go as one batch.
     let c = declare_all(&s, "c", 24).await;
+    let d = declare_all(&s, "d", 16).await;
     assert_eq!((a[0].num_chunks(), b[0].num_chunks()), (3, 2));
     let device = Arc::new(EmulatedDevice::new());
     let mut tensor_of_key = HashMap::new();
-    for t in [&a[0], &b[0], &c[0]] {
+    for t in [&a[0], &b[0], &c[0], &d[0]] {
         for c in &t.placement().chunks {
             tensor_of_key.insert(c.key, t.name().to_string());
         }
@@ -62,15 +66,23 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
                 result.unwrap();
             }
             let on_device = (0..2usize).map(|r| {
-                let (w, t, device) = (s.workers[r].clone(), c[r].clone(), device.clone());
-                let mem = device.alloc_zeros(24).unwrap();
-                // SAFETY: `mem` holds 24 elements.
-                unsafe { device.upload(&data(round, 24), device.mem_addr(&mem)) }.unwrap();
-                async move { w.push_pull_device(&t, &device, mem, Reduce::Sum).await }
+                let (w, device) = (s.workers[r].clone(), device.clone());
+                let calls: Vec<_> = [(&c, 24), (&d, 16)]
+                    .map(|(t, len)| {
+                        let mem = device.alloc_zeros(len).unwrap();
+                        // SAFETY: `mem` holds `len` elements.
+                        unsafe { device.upload(&data(round, len), device.mem_addr(&mem)) }.unwrap();
+                        (t[r].clone(), mem)
+                    })
+                    .into();
+                async move {
+                    let handles = w.push_pull_group_device(calls, &device, Reduce::Sum).await;
+                    for h in handles {
+                        h.await.unwrap();
+                    }
+                }
             });
-            for result in futures_util::future::join_all(on_device).await {
-                result.unwrap();
-            }
+            futures_util::future::join_all(on_device).await;
         }
     })
     .await
@@ -83,7 +95,7 @@ async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
 }
 
 fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
-    let window: BTreeSet<u64> = (START_STEP - 1..END_STEP).collect();
+    let window = trace::window(START_STEP, END_STEP);
     let spans = trace::spans(events, &window);
     let round_of = trace::round_of;
 
@@ -119,7 +131,7 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
             .or_default()
             .insert(s.name.clone());
     }
-    assert_eq!(rounds.len(), 2 * 3 * window.len(), "{:?}", rounds.keys());
+    assert_eq!(rounds.len(), 2 * 4 * window.len(), "{:?}", rounds.keys());
     let want: BTreeSet<String> = ["compress", "wait", "pull", "decompress"]
         .map(String::from)
         .into();
@@ -128,8 +140,9 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
         assert_eq!(got, &want, "{at:?}");
     }
 
-    // The device tensor's batch: per worker and round, launch, staged and decode, in order;
-    // the launch comes before its rounds begin, the decode ends them.
+    // The device tensors' batch: per worker and round, one track named after "c", the first
+    // of its tensors: launch, staged and decode, in order; the launch comes before the batch's
+    // rounds begin, the decode ends before either ends.
     let mut batches: HashMap<(u64, u64), Vec<&Span>> = HashMap::new();
     for s in spans.iter().filter(|s| s.cat == "batch") {
         assert_eq!(s.args["tensor"], "c", "{s:?}");
@@ -143,11 +156,10 @@ fn check(events: &[Value], tensor_of_key: &HashMap<u64, String>) {
         let phase = |name: &str| *list.iter().find(|s| s.name == name).unwrap();
         let (launch, staged, decode) = (phase("launch"), phase("staged"), phase("decode"));
         assert!(launch.e <= staged.b && staged.e <= decode.b, "{list:?}");
-        let r = rounds[&(*rank, "c".to_string(), *round)];
-        assert!(
-            launch.e <= r.b && r.b <= decode.b && decode.e <= r.e,
-            "{list:?}, {r:?}"
-        );
+        let of = |t: &str| rounds[&(*rank, t.to_string(), *round)];
+        let (c, d) = (of("c"), of("d"));
+        assert!(launch.e <= c.b.min(d.b), "{list:?}, {c:?}, {d:?}");
+        assert!(decode.e <= c.e.min(d.e), "{list:?}, {c:?}, {d:?}");
     }
 
     // The servers: per key and round, receive, a sum per worker and the encode, after them.
@@ -198,6 +210,18 @@ mod the_checks {
     #[should_panic(expected = "begins without an end")]
     fn an_orphan_begin_fails() {
         check(&[ev("b", 1, "chunk", "wait", "0x1", 1)], &HashMap::new());
+    }
+
+    #[test]
+    #[should_panic(expected = "while its twin is open")]
+    fn twins_open_at_once_fail() {
+        let events = [
+            ev("b", 1, "chunk", "wait", "0x1", 1),
+            ev("b", 2, "chunk", "wait", "0x1", 1),
+            ev("e", 3, "chunk", "wait", "0x1", 1),
+            ev("e", 4, "chunk", "wait", "0x1", 1),
+        ];
+        check(&events, &HashMap::new());
     }
 
     #[test]

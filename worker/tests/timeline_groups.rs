@@ -1,8 +1,8 @@
 //! The timeline of a two-level job (`cluster.local_size` 2, two hosts of two workers): every
 //! member's chunk track holds the group's phases, in order, inside the member's round: `turn`
 //! (waiting for the member before it, or for every member's copy of the last round), `add`
-//! (its part of the host's sum), then on the chunk's owner `host sum` (waiting for the rest of
-//! the host, unless it is the last member) and the push's `compress`, `wait`, `pull` and
+//! (its part of the host's sum), then on the chunk's owner `others add` (waiting for the rest
+//! of the host, unless it is the last member) and the push's `compress`, `wait`, `pull` and
 //! `decompress`, on the others `outcome` (waiting for the owner's note), and `copy` (the
 //! result out). One cluster test per binary: the recorder is the process's.
 
@@ -61,7 +61,7 @@ async fn a_two_level_job_traces_its_group_phases() {
 
     let nodes = ["scheduler", "server 0", "server 1", "worker 0", "worker 3"];
     let events = trace::read_events(dir.path(), &nodes);
-    let window: BTreeSet<u64> = (START_STEP - 1..END_STEP).collect();
+    let window = trace::window(START_STEP, END_STEP);
     check(&trace::spans(&events, &window), &keys, &window);
 }
 
@@ -88,7 +88,7 @@ fn check(spans: &[Span], keys: &[u64], window: &BTreeSet<u64>) {
         if owner {
             want.extend(["compress", "wait", "pull", "decompress"]);
             if l + 1 != g {
-                want.push("host sum");
+                want.push("others add");
             }
         } else {
             want.push("outcome");
@@ -106,11 +106,34 @@ fn check(spans: &[Span], keys: &[u64], window: &BTreeSet<u64>) {
             );
         }
         // The order of a member's round: its turn, its add, what it waits for, the copy.
-        let waits = if owner { "decompress" } else { "outcome" };
-        for (before, after) in [("turn", "add"), ("add", waits), (waits, "copy")] {
+        let order: &[&str] = match (owner, l + 1 != g) {
+            (true, true) => &[
+                "turn",
+                "add",
+                "others add",
+                "compress",
+                "wait",
+                "decompress",
+                "copy",
+            ],
+            (true, false) => &["turn", "add", "compress", "wait", "decompress", "copy"],
+            (false, _) => &["turn", "add", "outcome", "copy"],
+        };
+        for pair in order.windows(2) {
             assert!(
-                phase(before).e <= phase(after).b,
-                "{what}: {before} ends after {after} begins"
+                phase(pair[0]).e <= phase(pair[1]).b,
+                "{what}: {} ends after {} begins",
+                pair[0],
+                pair[1]
+            );
+        }
+        // Across the host: a member's turn ends once the member before it added its part.
+        if l > 0 {
+            let before = &tracks[&(rank - 1, *key, *round)];
+            let add = before.iter().find(|s| s.name == "add").unwrap();
+            assert!(
+                add.e <= phase("turn").e,
+                "{what}: its turn before the add of {l} - 1"
             );
         }
     }

@@ -91,8 +91,7 @@ impl<D: Device> BatchRun<D> {
         self.staged
             .get_or_init(|| async move {
                 let _staged = run.track.as_ref().map(|t| t.span("staged"));
-                let wait = run.clone();
-                let _ = tokio::task::spawn_blocking(move || wait.started.wait_staged()).await;
+                let _ = tokio::task::spawn_blocking(move || run.started.wait_staged()).await;
             })
             .await;
     }
@@ -100,8 +99,11 @@ impl<D: Device> BatchRun<D> {
     /// One round of the batch has ended: the last to end decodes every round's results.
     fn leave(&self) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _decode = self.track.as_ref().map(|t| t.span("decode"));
-            let outcome = self.started.decode().map_err(|e| e.to_string());
+            let outcome = {
+                // Ended before the waiting rounds hear of it.
+                let _decode = self.track.as_ref().map(|t| t.span("decode"));
+                self.started.decode().map_err(|e| e.to_string())
+            };
             self.decoded.send_replace(Some(outcome));
         }
     }
@@ -340,8 +342,11 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             .collect();
         let Some(&first) = on.first() else { return };
         let device = rounds[first].data.device.clone();
-        let (rank, round) = (rounds[first].data.setup.rank, rounds[first].round);
-        let track = BatchTrack::of(rank, rounds[first].tensor, round);
+        let rank = rounds[first].data.setup.rank;
+        let track = BatchTrack::of(
+            rank,
+            on.iter().map(|&i| (rounds[i].tensor, rounds[i].round)),
+        );
         let launch = track.as_ref().map(|t| t.span("launch"));
         let key: Vec<usize> = std::iter::once(Arc::as_ptr(&device) as *const () as usize)
             .chain(

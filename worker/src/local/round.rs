@@ -75,7 +75,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let mut failure = added.err().map(|e| codec_error(tensor, index, round, e));
     let outcome = if l == owner {
         if owner + 1 != g {
-            let _rest = span("host sum");
+            let _others = span("others add");
             local.wait(Channel::Turn, key, round, 1).await?;
         }
         let (note, error) =

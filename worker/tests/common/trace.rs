@@ -45,9 +45,14 @@ pub fn round_of(s: &Span) -> u64 {
     s.args["round"].as_u64().expect("round in args")
 }
 
+/// The rounds of steps `start..=end` (a tensor's round `r` is step `r + 1`).
+pub fn window(start: u64, end: u64) -> BTreeSet<u64> {
+    (start - 1..end).collect()
+}
+
 /// The spans of `events`, checked well formed (every `b` has exactly one `e` of the same cat,
-/// id and name after it, and every `e` a `b`; events in time order) and of the rounds in
-/// `window` only (spans and instants alike).
+/// id and name after it, with no twin open between them, and every `e` a `b`; events in time
+/// order) and of the rounds in `window` only (spans and instants alike).
 pub fn spans(events: &[Value], window: &BTreeSet<u64>) -> Vec<Span> {
     let mut open: HashMap<(String, String, String), Vec<(u64, Value)>> = HashMap::new();
     let mut spans = Vec::new();
@@ -66,7 +71,12 @@ pub fn spans(events: &[Value], window: &BTreeSet<u64>) -> Vec<Span> {
         assert!(id.starts_with("0x"), "{e}");
         let track = (cat.clone(), id, name.clone());
         match ph {
-            "b" => open.entry(track).or_default().push((ts, e["args"].clone())),
+            "b" => {
+                // Two spans of one track and name open at once would mis-pair in a viewer.
+                let list = open.entry(track).or_default();
+                assert!(list.is_empty(), "a span begins while its twin is open: {e}");
+                list.push((ts, e["args"].clone()));
+            }
             "e" => {
                 let Some((b, args)) = open.get_mut(&track).and_then(|v| v.pop()) else {
                     panic!("an end without a begin: {e}");
