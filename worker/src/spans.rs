@@ -8,9 +8,8 @@
 //! then `copy` ([`crate::local::chunk_round`]). A call's device batch has its own track (`cat`
 //! `batch`, [`BatchTrack`]): `launch` (the batch found or made and its steps issued, before its
 //! rounds begin), `staged` (waiting for its payloads in host staging) and `decode` (by the last
-//! of its rounds to end, before the others hear of it). Each is a
-//! [`Span`] that ends when dropped, so a span ends on every path; off, each site costs one
-//! relaxed load.
+//! of its rounds to end, before the others hear of it). Each is a [`Span`] that ends when
+//! dropped, so a span ends on every path; off, each site costs one relaxed load.
 
 use std::time::Instant;
 
