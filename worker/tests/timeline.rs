@@ -24,19 +24,8 @@ const ROUNDS: u64 = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_writes_a_well_formed_timeline_within_its_step_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace_dir = dir.path().to_path_buf();
-    let s = tokio::time::timeout(TIMEOUT, async {
-        // 64-byte partitions: 16 elements per chunk, so "a" has 3 chunks and "b" 2.
-        stack_with(2, 2, 64, |c| {
-            c.trace.dir = Some(trace_dir.to_string_lossy().into_owned());
-            c.trace.start_step = START_STEP;
-            c.trace.end_step = Some(END_STEP);
-        })
-        .await
-    })
-    .await
-    .unwrap();
+    // 64-byte partitions: 16 elements per chunk, so "a" has 3 chunks and "b" 2.
+    let (dir, s) = trace::traced_stack((2, 2, 64), (START_STEP, END_STEP), |_| {}).await;
     let a = declare_all(&s, "a", 40).await;
     let b = declare_all(&s, "b", 20).await;
     // "c" and "d" are pushed from device buffers (the emulated device) in one group call:

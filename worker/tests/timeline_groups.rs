@@ -24,20 +24,11 @@ const LOCAL_SIZE: u32 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_level_job_traces_its_group_phases() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace_dir = dir.path().to_path_buf();
-    let s = tokio::time::timeout(TIMEOUT, async {
-        // 64-byte partitions: 16 elements per chunk, so "a" has 3 chunks.
-        stack_with(WORKERS, 2, 64, |c| {
-            c.cluster.local_size = LOCAL_SIZE;
-            c.trace.dir = Some(trace_dir.to_string_lossy().into_owned());
-            c.trace.start_step = START_STEP;
-            c.trace.end_step = Some(END_STEP);
-        })
-        .await
+    // 64-byte partitions: 16 elements per chunk, so "a" has 3 chunks.
+    let (dir, s) = trace::traced_stack((WORKERS, 2, 64), (START_STEP, END_STEP), |c| {
+        c.cluster.local_size = LOCAL_SIZE;
     })
-    .await
-    .unwrap();
+    .await;
     let a = declare_all(&s, "a", 40).await;
     let keys: Vec<u64> = a[0].placement().chunks.iter().map(|c| c.key).collect();
     assert_eq!(keys.len(), 3);

@@ -4,7 +4,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
+use pushpull_proto::Config;
 use serde_json::Value;
+
+use super::{stack_with, Stack, TIMEOUT};
 
 /// One span: begin and end times and the begin's args.
 #[derive(Debug)]
@@ -14,6 +17,29 @@ pub struct Span {
     pub b: u64,
     pub e: u64,
     pub args: Value,
+}
+
+/// A stack of `workers` and `servers` (chunks of `partition_bytes`) whose nodes trace steps
+/// `start..=end` into a fresh folder, returned with it; `tweak` sets the rest of the config.
+pub async fn traced_stack(
+    (workers, servers, partition_bytes): (u32, u32, u64),
+    (start, end): (u64, u64),
+    tweak: impl FnOnce(&mut Config),
+) -> (tempfile::TempDir, Stack) {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_dir = dir.path().to_string_lossy().into_owned();
+    let stack = tokio::time::timeout(TIMEOUT, async {
+        stack_with(workers, servers, partition_bytes, |c| {
+            c.trace.dir = Some(trace_dir);
+            c.trace.start_step = start;
+            c.trace.end_step = Some(end);
+            tweak(c);
+        })
+        .await
+    })
+    .await
+    .unwrap();
+    (dir, stack)
 }
 
 /// The events (metadata left out) of the one trace file in `dir`, whose process names
