@@ -25,7 +25,7 @@
 //! | 0 | 4 | magic `b"PPF1"` |
 //! | 4 | 1 | kind ([`FrameKind`]) |
 //! | 5 | 1 | op ([`ReduceOp`]; 0 for frames that aren't pushes) |
-//! | 6 | 2 | flags ([`FrameFlags`]): bit 0 non-finite, bit 1 undo the previous round; other bits 0 |
+//! | 6 | 2 | flags ([`FrameFlags`]): bit 0 non-finite, bit 1 undo the previous round (sum pushes, `StateGet`); other bits 0 |
 //! | 8 | 4 | rank of the worker (sender of a push/hello; receiver of a result/abort) |
 //! | 12 | 4 | aux: the root rank of a broadcast; for a sum, the learning rate the worker set for the round as f32 bits (0: none; every push of a round must carry the same) |
 //! | 16 | 8 | key |
@@ -58,7 +58,10 @@
 //! the non-finite gradients. A worker that discards a round whose sum was finite (its
 //! optimizer skipped the step) undoes its state and flags its next push of the key
 //! [`FrameFlags::undo_previous`]; the server then undoes its state's change of the key's
-//! previous sum round before summing (every push of a round must agree).
+//! previous sum round before summing (every push of a round must agree). A checkpoint taken
+//! after such a discard, before that next push, asks for the key's state with a `StateGet`
+//! flagged [`FrameFlags::undo_previous`]: the server undoes that change then (undoing twice
+//! does nothing) and answers with the state as it will be when the next round opens.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -91,7 +94,9 @@ use crate::config::{ClusterDigest, ParamMap};
 ///   back.
 /// * Version 9: gossip rounds ([`ReduceOp::Gossip`]), and the registration's digest carries the
 ///   `[gossip]` table.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// * Version 10: a `StateGet` may be flagged [`FrameFlags::undo_previous`] (a checkpoint
+///   taken after a discarded round; see the [module docs](self)).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Largest control frame body (bytes). A placement of a 1e9-element tensor is ~1000 chunks,
 /// far below this.
@@ -228,7 +233,8 @@ pub fn split_gossip_result(
 pub struct FrameFlags {
     /// A sum push or result whose chunk was not finite (bit 0); its payload is empty.
     pub non_finite: bool,
-    /// A sum push whose sender discarded the key's previous sum round (bit 1).
+    /// A sum push whose sender discarded the key's previous sum round, or a `StateGet` asking
+    /// for the key's state with that round undone (bit 1).
     pub undo_previous: bool,
 }
 
@@ -266,8 +272,8 @@ impl FrameFlags {
                 return bad("a non-finite frame carries no payload");
             }
         }
-        if flags.undo_previous && !sum_push {
-            return bad("only a sum push can undo the previous round");
+        if flags.undo_previous && !(sum_push || kind == FrameKind::StateGet) {
+            return bad("only a sum push or a StateGet can undo the previous round");
         }
         Ok(flags)
     }

@@ -293,8 +293,8 @@ fn reference_header(b: &[u8], max: u64) -> Result<FrameHeader, ProtocolError> {
         Some("only a sum push or a result can be non-finite")
     } else if non_finite && payload_len != 0 {
         Some("a non-finite frame carries no payload")
-    } else if undo_previous && !sum_push {
-        Some("only a sum push can undo the previous round")
+    } else if undo_previous && !(sum_push || kind == FrameKind::StateGet) {
+        Some("only a sum push or a StateGet can undo the previous round")
     } else {
         None
     };
@@ -328,7 +328,7 @@ fn frame_headers_decode_as_the_layout_says_and_refusals_name_the_field() {
         } else {
             // A valid header (kind and op drawn past the valid ones now and then), mutated.
             let mut h = FrameHeader {
-                kind: [FrameKind::Hello, FrameKind::Push, FrameKind::Result, FrameKind::Abort][r.below(4) as usize],
+                kind: [FrameKind::Hello, FrameKind::Push, FrameKind::Result, FrameKind::Abort, FrameKind::StateGet][r.below(5) as usize],
                 op: [ReduceOp::Sum, ReduceOp::Broadcast, ReduceOp::Gossip][r.below(3) as usize],
                 flags: FrameFlags::default(),
                 rank: r.next() as u32,
@@ -343,7 +343,8 @@ fn frame_headers_decode_as_the_layout_says_and_refusals_name_the_field() {
                 h.flags.non_finite = true;
                 h.payload_len = 0;
             }
-            h.flags.undo_previous = sum_push && r.below(4) == 0;
+            h.flags.undo_previous =
+                (sum_push || h.kind == FrameKind::StateGet) && r.below(4) == 0;
             let mut b = h.to_bytes().to_vec();
             prop_assert_eq!(FrameHeader::decode(&b, u64::MAX), Ok(h));
             for _ in 0..r.below(3) {

@@ -1,7 +1,8 @@
 //! The state frames of a checkpoint on the data plane: a worker's `StateGet` is answered with
-//! the key's [`KeyState`] in a `State` frame, its `StatePut` restores the key's state before
-//! its first round and is answered with an empty `State` frame; a refusal is an `Abort` at
-//! round [`STATE_ROUND`] naming the key and why. The rules are
+//! the key's [`KeyState`] in a `State` frame (the key's last sum round undone first when the
+//! `StateGet` is flagged undo-previous: a checkpoint after a discarded round), its `StatePut`
+//! restores the key's state before its first round and is answered with an empty `State`
+//! frame; a refusal is an `Abort` at round [`STATE_ROUND`] naming the key and why. The rules are
 //! [`KeyRounds::save_state`](crate::rounds::KeyRounds::save_state) and
 //! [`KeyRounds::load_state`](crate::rounds::KeyRounds::load_state); servers keep no file:
 //! a key's state lands in the checkpoint of the worker that asked (rank 0), next to the
@@ -71,7 +72,10 @@ fn answer(
     };
     let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
     match kind {
-        FrameKind::StateGet if payload.is_empty() => Ok(Bytes::from(k.save_state()?.encode())),
+        FrameKind::StateGet if payload.is_empty() => {
+            let state = k.save_state(header.flags.undo_previous)?;
+            Ok(Bytes::from(state.encode()))
+        }
         FrameKind::StateGet => Err(format!(
             "{server}: StateGet frame for key {key:#018x} carries {} bytes; it must be empty",
             payload.len()

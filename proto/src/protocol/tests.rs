@@ -137,8 +137,17 @@ fn flags_round_trip_and_are_checked_against_the_frame() {
             ..sum_push(undo, 0)
         },
         None,
-        "only a sum push can undo",
+        "only a sum push or a StateGet can undo",
     );
+    let get = FrameHeader {
+        kind: FrameKind::StateGet,
+        op: ReduceOp::Sum,
+        flags: undo,
+        round: crate::checkpoint::STATE_ROUND,
+        payload_len: 0,
+        ..header()
+    };
+    assert_eq!(FrameHeader::decode(&get.to_bytes(), u64::MAX).unwrap(), get);
 }
 
 #[test]

@@ -8,12 +8,19 @@ use super::KeyRounds;
 
 impl KeyRounds {
     /// The key's next round and its chain's state ([`pushpull_codecs::Compressor::state`]).
+    /// With `undo_previous` (the workers discarded the key's last sum round and have not
+    /// pushed since: a `StateGet` so flagged), that round's change of the state is undone
+    /// first, as the next round's pushes would have it undone when it opens (which then does
+    /// nothing more: an undo is taken once).
     ///
     /// # Errors
     /// A message naming the key when a round is open (ranks have pushed to it: a checkpoint is
-    /// taken between rounds, at a barrier) or the key has failed.
-    pub fn save_state(&self) -> Result<KeyState, String> {
+    /// taken between rounds, at a barrier) or the key has failed; nothing is undone then.
+    pub fn save_state(&mut self, undo_previous: bool) -> Result<KeyState, String> {
         self.check_quiet("save")?;
+        if let Some(previous) = self.last_sum.filter(|_| undo_previous) {
+            self.codec.undo(previous);
+        }
         Ok(KeyState {
             round: self.current,
             chain: self.codec.state(),
@@ -87,6 +94,16 @@ mod tests {
     }
 
     fn push(k: &mut KeyRounds, rank: u32, round: u64, x: &[f32]) -> Vec<Action> {
+        push_flagged(k, rank, round, x, FrameFlags::default())
+    }
+
+    fn push_flagged(
+        k: &mut KeyRounds,
+        rank: u32,
+        round: u64,
+        x: &[f32],
+        flags: FrameFlags,
+    ) -> Vec<Action> {
         let mut payload = Vec::new();
         let params = [("compressor", "onebit")]
             .iter()
@@ -95,7 +112,6 @@ mod tests {
         let mut c = build_compressor(&params, x.len(), &NodeIdentity::worker(7, 3, rank)).unwrap();
         c.compress(x, &pushpull_codecs::RoundCtx::new(round), &mut payload)
             .unwrap();
-        let flags = FrameFlags::default();
         k.push_flagged(rank, round, ReduceOp::Sum, 0, flags, Bytes::from(payload))
     }
 
@@ -123,7 +139,7 @@ mod tests {
             push(&mut a, 0, r, &x[r as usize]);
             push(&mut a, 1, r, &x[r as usize + 1]);
         }
-        let saved = KeyState::decode(&a.save_state().unwrap().encode()).unwrap();
+        let saved = KeyState::decode(&a.save_state(false).unwrap().encode()).unwrap();
         assert_eq!(saved.round, 3);
         let mut b = key(2);
         b.load_state(&saved).unwrap();
@@ -138,14 +154,62 @@ mod tests {
         }
     }
 
+    /// A checkpoint after a discarded round (a `StateGet` flagged undo previous) saves the
+    /// state with that round undone; the job that saved it and the one restored from it then
+    /// run the next round (its pushes flagged undo previous) as a job that never saved does.
+    #[test]
+    fn a_state_saved_after_a_discarded_round_has_it_undone() {
+        let x: Vec<Vec<f32>> = (0..6)
+            .map(|i| {
+                (0..16)
+                    .map(|j| ((i * 16 + j) as f32 * 0.61).cos())
+                    .collect()
+            })
+            .collect();
+        let first_rounds = |k: &mut KeyRounds| {
+            for r in 0..3u64 {
+                push(k, 0, r, &x[r as usize]);
+                push(k, 1, r, &x[r as usize + 1]);
+            }
+        };
+        let undo = FrameFlags {
+            undo_previous: true,
+            ..FrameFlags::default()
+        };
+        let round_3 = |k: &mut KeyRounds, flags: FrameFlags| {
+            let mut out = push_flagged(k, 0, 3, &x[3], flags);
+            out.extend(push_flagged(k, 1, 3, &x[4], flags));
+            results(&out)
+        };
+        // Never saved: round 3 undoes round 2 when it opens; and without the discard.
+        let (mut never, mut kept) = (key(2), key(2));
+        first_rounds(&mut never);
+        first_rounds(&mut kept);
+        let expected = round_3(&mut never, undo);
+        assert_eq!(expected.len(), 1);
+        assert_ne!(expected, round_3(&mut kept, FrameFlags::default()));
+
+        let mut saving = key(2);
+        first_rounds(&mut saving);
+        let before = saving.save_state(false).unwrap();
+        let saved = saving.save_state(true).unwrap();
+        assert_eq!(saved.round, 3);
+        assert_ne!(saved.chain, before.chain, "round 2's change undone");
+        assert_eq!(saving.save_state(true).unwrap(), saved, "undone once");
+        let mut restored = key(2);
+        restored.load_state(&saved).unwrap();
+        assert_eq!(round_3(&mut saving, undo), expected, "the job that saved");
+        assert_eq!(round_3(&mut restored, undo), expected, "the restored job");
+    }
+
     #[test]
     fn open_rounds_used_keys_and_other_shapes_are_refused() {
         let mut a = key(2);
         push(&mut a, 0, 0, &[1.0; 16]);
-        let e = a.save_state().unwrap_err();
+        let e = a.save_state(true).unwrap_err();
         assert!(e.contains("round 0 is open") && e.contains("[0]"), "{e}");
         push(&mut a, 1, 0, &[1.0; 16]);
-        let saved = a.save_state().unwrap();
+        let saved = a.save_state(false).unwrap();
         let e = a.load_state(&saved).unwrap_err();
         assert!(e.contains("already run rounds"), "{e}");
         let mut b = key(2);
