@@ -1,8 +1,9 @@
 """pushpull.torch.save_state / load_state: a job of 2 workers stopped after K rounds with a
 checkpoint and restarted from it (a fresh `pushpull local`, so fresh servers) gives rounds
-K..2K bit for bit as a job that never stopped; the stateful tensors are onebit with error
-feedback, top-k with momentum and dithering (stochastic) with corrected error feedback. A
-damaged checkpoint raises PushPullError naming the damage.
+K..2K bit for bit as a job that never stopped, though the step before the checkpoint was
+skipped (its rounds discarded); the stateful tensors are onebit with error feedback, top-k with
+momentum and dithering (stochastic) with corrected error feedback. A damaged checkpoint raises
+PushPullError naming the damage.
 
 With CUDA tensors (on a GPU only; skipped without one, failing under PUSHPULL_REQUIRE_GPU=1 as
 test_gpu.py does) onebit's and dithering's state lives on the GPU and top-k's on the host: the

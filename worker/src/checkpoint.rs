@@ -26,8 +26,9 @@ use pushpull_proto::ParamMap;
 use serde::{Deserialize, Serialize};
 
 /// The checkpoint file format's version; a file of another version is refused naming both.
-/// Version 2 added each tensor's gradient bound.
-pub const CHECKPOINT_VERSION: u32 = 2;
+/// Version 2 added each tensor's gradient bound; version 3 its last sum round and a discarded
+/// round not yet carried to the servers.
+pub const CHECKPOINT_VERSION: u32 = 3;
 
 const MAGIC: [u8; 8] = *b"PPCKPT\0\0";
 const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 8;
@@ -70,13 +71,18 @@ pub(crate) struct TensorSettings {
     pub(crate) chunks: Vec<ChunkPlacement>,
 }
 
-/// One tensor's state: its next round, each chunk's chain, and the gradient bound `G` tracked
-/// for moniqua's `theta_schedule = bound` (0: none).
+/// One tensor's state: its next round, each chunk's chain, the gradient bound `G` tracked
+/// for moniqua's `theta_schedule = bound` (0: none), its last sum round, and a round
+/// discarded ([`crate::Worker::discard_last_round`]) whose undoing the tensor's next push
+/// still has to ask of the servers (the chains' states are saved with it undone, here and on
+/// the servers).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct TensorState {
     pub(crate) next_round: u64,
     pub(crate) chains: Vec<ChainState>,
     pub(crate) gradient_bound: f32,
+    pub(crate) last_sum: Option<u64>,
+    pub(crate) discarded: Option<u64>,
 }
 
 /// `digest` without the settings that may differ across a restart: timeouts, windows, the
@@ -314,6 +320,8 @@ mod tests {
                         ..ChainState::default()
                     }],
                     gradient_bound: 0.75,
+                    last_sum: Some(3),
+                    discarded: Some(3),
                 },
             )]),
             servers: BTreeMap::from([(9, KeyState::default())]),

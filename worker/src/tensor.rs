@@ -108,6 +108,10 @@ pub(crate) trait KeptChains: Send {
     /// Each chunk's state as its CPU chain keeps it, copied from the device; `None` when the
     /// tensor has no device chains (its CPU chains hold the state).
     fn chain_states(&self) -> Option<Result<Vec<pushpull_kernels::ChainState>, String>>;
+    /// Undoes `round` (the tensor's last) on the device chains, as
+    /// [`crate::data::RoundData::undo`] does; `false` when the tensor has none (its CPU
+    /// chains hold the state).
+    fn undo(&mut self, round: u64) -> bool;
     /// For the device's round to take its own kind back.
     fn as_any(&self) -> &dyn std::any::Any;
     /// The same, by value.
@@ -128,6 +132,10 @@ pub(crate) struct Residence {
     /// The last push_pull round started: what [`crate::Worker::discard_last_round`]
     /// discards.
     pub(crate) last_sum: Option<u64>,
+    /// The checkpoint (its path) this tensor was restored from, while `last_sum` is a round of
+    /// the job that saved it: the state before that round is not here, so it cannot be
+    /// discarded unless it was before the checkpoint was saved.
+    pub(crate) last_sum_saved_in: Option<String>,
     /// A discarded round, undone when the next push_pull round begins (where the state is
     /// at hand), whose pushes ask the servers to undo it too.
     pub(crate) discarded: Option<u64>,
@@ -160,6 +168,7 @@ impl Residence {
             buffer_on: Device::Cpu,
             device_bytes: 0,
             last_sum: None,
+            last_sum_saved_in: None,
             discarded: None,
             restored: false,
             host_copy: None,

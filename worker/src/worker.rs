@@ -575,6 +575,7 @@ impl<R: RoundData> Prepared<R> {
             if let RoundKind::Sum { .. } = kind {
                 let mut res = t.residence();
                 res.last_sum = Some(round);
+                res.last_sum_saved_in = None;
                 // This round's pushes tell the servers.
                 res.discarded = None;
             }

@@ -3,8 +3,9 @@
 //! continues bit for bit as a job that never stopped (rounds K..2K on every worker), with
 //! stateful chains (onebit with vanilla error feedback; top-k with momentum; dithering,
 //! stochastic, with corrected error feedback and a learning rate that changes every step) on
-//! workers and servers; a setting that changes results is refused naming it, a damaged file
-//! gives an error naming the damage, and neither changes anything.
+//! workers and servers, and so does the job that saved it; so do both when the step before the
+//! checkpoint was skipped (its rounds discarded); a setting that changes results is refused
+//! naming it, a damaged file gives an error naming the damage, and neither changes anything.
 
 mod common;
 
@@ -146,6 +147,15 @@ async fn all<T>(
     futures_util::future::join_all(s.workers.iter().map(|w| f(w.clone()))).await
 }
 
+/// Every worker discards the last round of every tensor, as after a step its loss scaler
+/// skipped.
+async fn discard_all(s: &Stack, ts: &[Vec<Tensor>]) {
+    for (rank, w) in s.workers.iter().enumerate() {
+        let mine: Vec<Tensor> = ts.iter().map(|t| t[rank].clone()).collect();
+        w.discard_last_round(&mine).await.unwrap();
+    }
+}
+
 /// Every worker saves its checkpoint into `dir` (a collective), and it must succeed.
 async fn save_all(s: &Stack, dir: &std::path::Path) {
     let d = dir.to_path_buf();
@@ -195,16 +205,28 @@ fn compare(a: &[Vec<Vec<Vec<f32>>>], b: &[Vec<Vec<Vec<f32>>>], first_round: u64,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_job_continues_bit_for_bit() {
-    restart_case(WORKERS, 1).await;
+    restart_case(WORKERS, 1, false).await;
 }
 
 /// Two hosts of two workers (`cluster.local_size` 2): each chunk's chain lives with its owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_two_level_job_continues_bit_for_bit() {
-    restart_case(4, 2).await;
+    restart_case(4, 2, false).await;
 }
 
-async fn restart_case(workers: u32, local_size: u32) {
+/// The step before the checkpoint was skipped: its rounds are discarded on every worker, and
+/// the checkpoint is saved before the next round carries the discard to the servers. The
+/// restarted job's first round asks the servers to undo it too, as the uninterrupted one's
+/// does; the state was saved undone, so that undoes nothing more. Then a discard of a round
+/// that ran before a checkpoint and was not discarded then is refused naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_checkpointed_after_a_skipped_step_continues_bit_for_bit() {
+    restart_case(WORKERS, 1, true).await;
+}
+
+/// Rounds 0..K, the last discarded when `skipped`, a checkpoint; rounds K..2K after it in the
+/// job that saved it and in a restarted one, against a job that never saved.
+async fn restart_case(workers: u32, local_size: u32, skipped: bool) {
     tokio::time::timeout(TIMEOUT * 2, async {
         let seed = seed();
         let dir = tempfile::tempdir().unwrap();
@@ -223,20 +245,37 @@ async fn restart_case(workers: u32, local_size: u32) {
         broadcast_parameters(&s).await;
         assert!(ts[0][0].num_chunks() > 1, "several chunks, on both servers");
         let before = run(&s, &ts, seed, 0, K).await;
+        if skipped {
+            discard_all(&s, &ts).await;
+        }
         save_all(&s, dir.path()).await;
+        let continued = run(&s, &ts, seed, K, 2 * K).await;
+        // A second checkpoint, after round 2K-1, which was not discarded.
+        let later = tempfile::tempdir().unwrap();
+        save_all(&s, later.path()).await;
         s.finish_all().await;
 
         // The job that never stops: the same seed, 2K rounds.
         let s = stack_with(workers, SERVERS, 4096, tweak(Some(job_seed))).await;
         let ts = declare(&s).await;
         broadcast_parameters(&s).await;
-        let whole = run(&s, &ts, seed, 0, 2 * K).await;
+        let mut whole = run(&s, &ts, seed, 0, K).await;
+        if skipped {
+            discard_all(&s, &ts).await;
+        }
+        whole.extend(run(&s, &ts, seed, K, 2 * K).await);
         s.finish_all().await;
         compare(
             &before,
             &whole[..K as usize],
             0,
             "rounds before the checkpoint",
+        );
+        compare(
+            &continued,
+            &whole[K as usize..],
+            K,
+            "rounds after the checkpoint, in the job that saved it",
         );
 
         // The restart: a fresh cluster told the seed, with settings that do not change
@@ -252,9 +291,33 @@ async fn restart_case(workers: u32, local_size: u32) {
         broadcast_parameters(&s).await;
         load_all(&s, dir.path()).await;
         assert_eq!(ts[2][1].rounds_started(), K);
+        if skipped {
+            // Discarding again does nothing, as in the job that saved it.
+            discard_all(&s, &ts).await;
+        }
         let after = run(&s, &ts, seed, K, 2 * K).await;
         s.finish_all().await;
         compare(&after, &whole[K as usize..], K, "rounds after the restart");
+
+        if skipped {
+            // A discard after loading the second checkpoint: refused naming the file.
+            let s = stack_with(workers, SERVERS, 4096, restart).await;
+            let ts = declare(&s).await;
+            broadcast_parameters(&s).await;
+            load_all(&s, later.path()).await;
+            let e = s.workers[1]
+                .discard_last_round(&[ts[0][1].clone()])
+                .await
+                .unwrap_err();
+            let m = e.to_string();
+            let path = file(later.path(), 1).display().to_string();
+            let round = format!("round {}", 2 * K - 1);
+            assert!(
+                m.contains(&path) && m.contains(&round) && m.contains("onebit"),
+                "{m}"
+            );
+            s.finish_all().await;
+        }
     })
     .await
     .expect("timed out");
@@ -324,9 +387,10 @@ async fn changed_settings_and_damaged_files_are_refused_by_name() {
 }
 
 /// Compressor state kept on a device (emulated: the same code as a GPU's): a job on device
-/// buffers saves it, a fresh job on device buffers loads it, and the rounds after the restart
-/// are those of a job that never stopped, on host buffers (device and host chains give the
-/// same bits). The topk tensor has no kernel: its chains run on the host either way.
+/// buffers saves it (after a skipped step: the device chains undo its rounds), a fresh job on
+/// device buffers loads it, and the rounds after the restart are those of a job that never
+/// stopped, on host buffers (device and host chains give the same bits). The topk tensor has
+/// no kernel: its chains run on the host either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_on_device_buffers_restarts_bit_for_bit() {
     tokio::time::timeout(TIMEOUT * 2, async {
@@ -345,12 +409,15 @@ async fn a_job_on_device_buffers_restarts_bit_for_bit() {
         let before = run_on(&s, &ts, seed, 0..K, Some(&on)).await;
         let m = ts[0][0].metrics();
         assert_ne!(m.device, pushpull_worker::Place::Cpu, "{m:?}");
+        discard_all(&s, &ts).await;
         save_all(&s, dir.path()).await;
         s.finish_all().await;
 
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
         let ts = declare(&s).await;
-        let whole = run(&s, &ts, seed, 0, 2 * K).await;
+        let mut whole = run(&s, &ts, seed, 0, K).await;
+        discard_all(&s, &ts).await;
+        whole.extend(run(&s, &ts, seed, K, 2 * K).await);
         s.finish_all().await;
         compare(
             &before,

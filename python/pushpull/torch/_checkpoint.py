@@ -20,8 +20,9 @@ def save_state(path: PathLike) -> None:
     at the same point between steps (after the step's rounds are synchronized), each with its
     own file, e.g. ``f"ckpt/pushpull-{bps.rank()}.bin"`` next to the model's checkpoint.
     Rank 0's file also carries every server's state, and state kept on a GPU is copied from
-    it. Raises ``PushPullError`` naming the file and why (for instance a tensor whose last
-    round was discarded and not yet carried to the servers)."""
+    it. A step skipped just before (its rounds discarded, :func:`discard_last_round`) is saved
+    undone, and the restarted job's next rounds are those of the job that saved it. Raises
+    ``PushPullError`` naming the file and why (it cannot be written; a server refused)."""
     w = _w()
     _state.collect_deferred()
     w.save_state(os.fspath(path))

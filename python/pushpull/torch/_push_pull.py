@@ -162,7 +162,10 @@ def discard_last_round(names: Sequence[str]) -> None:
     """Discards the last push_pull round of every tensor of ``names``: its compressor state
     (error feedback, momentum), on this worker and on the servers, returns to what it was before
     that round. For a step a loss scaler skipped; every worker must discard the same rounds
-    (:class:`DistributedOptimizer` does it on its own when a step's result is not finite)."""
+    (:class:`DistributedOptimizer` does it on its own when a step's result is not finite). A
+    checkpoint may be saved right after (:func:`save_state` keeps the discard). Raises
+    ``PushPullError`` naming the checkpoint for a tensor loaded from one (:func:`load_state`)
+    with no round since, whose last round ran before it was saved and was not discarded then."""
     _w().discard_last_round(list(names))
 
 

@@ -4,7 +4,8 @@ round to OUT/MODE-RANK.pt. DEVICE (default `cpu`) is where the gradients live: `
 CUDA tensors in, so onebit and dithering keep their state on the GPU (top-k, which has no
 kernel, on the host). The tensors carry state: onebit with error feedback, top-k with
 momentum, and dithering (stochastic) with corrected error feedback and a learning rate that
-changes every step."""
+changes every step. Step K-1 is skipped, as a loss scaler skips one: its rounds are discarded
+before the checkpoint (and at the same point of the whole job)."""
 
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def main(mode: str, out: Path, seed: int, device: str) -> None:
         gs = [gradient(seed, step, rank, i, n).to(device) for i, (n, _) in enumerate(TENSORS.values())]
         got = bps.push_pull_group_inplace(gs, average=True, names=list(TENSORS))
         results.append([g.cpu() for g in got])
+        if step == K - 1:
+            bps.discard_last_round(list(TENSORS))
     if mode == "stop":
         bps.save_state(out / f"ckpt-{rank}.bin")
     where = {name: m["device"] for name, m in bps.metrics()["tensors"].items() if name in TENSORS}

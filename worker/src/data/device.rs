@@ -61,6 +61,9 @@ impl<D: Device> KeptChains for DeviceState<D> {
                 .collect(),
         )
     }
+    fn undo(&mut self, round: u64) -> bool {
+        self.chains.as_mut().map(|c| c.undo(round)).is_some()
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -38,7 +38,10 @@ impl Worker {
     /// each writes its own file (e.g. `ckpt-rank{rank}.bin`, next to the model's checkpoint).
     ///
     /// What is saved: every declared tensor's next round and each chunk's error-feedback
-    /// residual, momentum and corrected error feedback's previous learning rate; the learning
+    /// residual, momentum and corrected error feedback's previous learning rate (after a
+    /// discarded round, [`Worker::discard_last_round`], with that round undone here and on
+    /// the servers, and the discard kept: the next push asks the servers to undo it, in this
+    /// job and in a job restored from it, and does nothing more there); the learning
     /// rate last set ([`Worker::set_learning_rate`]); the settings that change results (this
     /// rank, the job seed, workers, servers, chunking, `local_size`, every tensor's length,
     /// parameter map and chunks); and in rank 0's file every server key's state (its residual
@@ -52,8 +55,7 @@ impl Worker {
     ///
     /// # Errors
     /// [`WorkerError::Checkpoint`] naming the file and why (it cannot be written; a device
-    /// could not be read; a tensor's discarded round is not yet carried to the servers; a
-    /// server refused), and the job's fatal errors.
+    /// could not be read; a server refused), and the job's fatal errors.
     pub async fn save_state(&self, path: impl AsRef<std::path::Path>) -> Result<(), WorkerError> {
         let path = path.as_ref();
         let shown = path.display().to_string();
@@ -147,18 +149,18 @@ impl Worker {
         for t in tensors.values() {
             held.push(t.inner.round.clone().lock_owned().await);
         }
+        // A discarded round is undone now, as the tensor's next round would at its start
+        // (which then does nothing more), wherever the state lives; on the servers, rank 0's
+        // state requests below ask for it undone.
         // Chains on a device: their state copied from it (before the barrier, so a failure
         // leaves nobody waiting); the others' is read from the host chains below.
         let mut on_device = BTreeMap::new();
         for (name, t) in &tensors {
-            let res = t.inner.residence();
+            let mut res = t.inner.residence();
             if let Some(round) = res.discarded {
-                return Err(refused(
-                    path,
-                    format!(
-                        "tensor {name:?}: round {round} was discarded and its next push_pull, which undoes it on the servers, has not run yet; save after it"
-                    ),
-                ));
+                if !res.chains.as_mut().is_some_and(|c| c.undo(round)) {
+                    crate::data::undo_host(&t.inner, round);
+                }
             }
             if let Some(states) = res.chains.as_ref().and_then(|c| c.chain_states()) {
                 let states = states.map_err(|e| {
@@ -178,10 +180,13 @@ impl Worker {
                     .map(|i| t.inner.codec(i).state())
                     .collect()
             });
+            let res = t.inner.residence();
             let state = TensorState {
                 next_round: **next,
                 chains,
                 gradient_bound: t.inner.bound.get().unwrap_or(0.0),
+                last_sum: res.last_sum,
+                discarded: res.discarded,
             };
             states.insert(name.clone(), state);
         }
@@ -208,12 +213,21 @@ impl Worker {
         tensors: &BTreeMap<String, Tensor>,
         path: &str,
     ) -> Result<BTreeMap<u64, KeyState>, WorkerError> {
-        let asks = tensors
-            .values()
-            .flat_map(|t| t.placement().chunks.iter())
-            .map(|c| (c.server, c.key, Bytes::new()));
+        // A tensor whose last round this worker discarded: its servers undo that round's
+        // change before answering (every worker discarded it, or its next round, in this job
+        // or a restored one, is aborted naming the ranks that did not).
+        let mut asks = Vec::new();
+        for t in tensors.values() {
+            let flags = FrameFlags {
+                undo_previous: t.inner.residence().discarded.is_some(),
+                ..FrameFlags::default()
+            };
+            let chunks = t.placement().chunks.iter();
+            asks.extend(chunks.map(|c| (c.server, c.key, flags, Bytes::new())));
+        }
         let mut servers = BTreeMap::new();
-        for (key, payload) in self.exchange(FrameKind::StateGet, asks, path).await? {
+        let answers = self.exchange(FrameKind::StateGet, asks.into_iter(), path);
+        for (key, payload) in answers.await? {
             let state = KeyState::decode(&payload).map_err(|e| {
                 refused(
                     path,
@@ -316,7 +330,8 @@ impl Worker {
         if restores_servers {
             let puts = keys.iter().map(|(server, key)| {
                 let state = checkpoint.servers.get(key).cloned().unwrap_or_default();
-                (*server, *key, Bytes::from(state.encode()))
+                let flags = FrameFlags::default();
+                (*server, *key, flags, Bytes::from(state.encode()))
             });
             self.exchange(FrameKind::StatePut, puts, path).await?;
         }
@@ -362,7 +377,14 @@ impl Worker {
                     let saved = checkpoint.tensors.get(name);
                     let stateful =
                         saved.is_some_and(|s| s.chains.iter().any(|c| *c != Default::default()));
-                    t.inner.residence().restored = stateful;
+                    let mut res = t.inner.residence();
+                    res.restored = stateful;
+                    // A discard saved with the checkpoint: the next push asks the servers to
+                    // undo it, as the saving job's does (the state was saved undone).
+                    res.last_sum = saved.and_then(|s| s.last_sum);
+                    res.discarded = saved.and_then(|s| s.discarded);
+                    res.last_sum_saved_in = res.last_sum.map(|_| path.to_string());
+                    drop(res);
                     if let Some(s) =
                         saved.filter(|s| s.gradient_bound.is_finite() && s.gradient_bound > 0.0)
                     {
@@ -374,8 +396,8 @@ impl Worker {
         }
     }
 
-    /// Sends one state frame of `kind` per `(server, key, payload)`, all at once, and waits for
-    /// every answer: the `State` frames' payloads by key.
+    /// Sends one state frame of `kind` per `(server, key, flags, payload)`, all at once, and
+    /// waits for every answer: the `State` frames' payloads by key.
     ///
     /// # Errors
     /// [`WorkerError::Checkpoint`] with the server's refusal (an `Abort` naming the key and
@@ -383,12 +405,12 @@ impl Worker {
     async fn exchange(
         &self,
         kind: FrameKind,
-        frames: impl Iterator<Item = (u32, u64, Bytes)>,
+        frames: impl Iterator<Item = (u32, u64, FrameFlags, Bytes)>,
         path: &str,
     ) -> Result<Vec<(u64, Bytes)>, WorkerError> {
         let shared = &self.inner.shared;
         let mut waiting = Vec::new();
-        for (server, key, payload) in frames {
+        for (server, key, flags, payload) in frames {
             let (Some(dispatch), Some(link)) = (
                 shared.dispatch.get(server as usize),
                 self.inner.links.get(server as usize),
@@ -402,7 +424,7 @@ impl Worker {
             let header = FrameHeader {
                 kind,
                 op: ReduceOp::Sum,
-                flags: FrameFlags::default(),
+                flags,
                 rank: self.rank(),
                 aux: 0,
                 key,

@@ -25,17 +25,32 @@ impl Worker {
     /// must discard the same rounds, or that round is aborted naming the ranks that disagree.
     /// A round whose sum was not finite changed no state ([`crate::TensorMetrics::rounds_non_finite`]),
     /// so discarding it does nothing, as does discarding twice or a tensor that has not run a
-    /// push_pull round. Waits for each tensor's round in flight, if any.
+    /// push_pull round. Waits for each tensor's round in flight, if any. A checkpoint may be
+    /// saved between a discard and the next round ([`Worker::save_state`] keeps the discard).
     ///
     /// # Errors
     /// [`WorkerError::Undeclared`] for a tensor this worker did not declare (the tensors before
-    /// it are discarded); the job's fatal error, if it failed.
+    /// it are discarded); [`WorkerError::Checkpoint`] for a tensor restored from a checkpoint
+    /// ([`Worker::load_state`]) that has run no push_pull round since, whose last round was
+    /// not discarded before the checkpoint was saved (the state before it is not in the
+    /// checkpoint); the job's fatal error, if it failed.
     pub async fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
         for tensor in tensors {
             self.check_tensor(tensor)?;
             let _round = tensor.inner.round.lock().await;
             self.inner.shared.check()?;
             let mut res = tensor.inner.residence();
+            if let (Some(path), Some(round)) = (&res.last_sum_saved_in, res.last_sum) {
+                if res.discarded != Some(round) {
+                    return Err(WorkerError::Checkpoint {
+                        path: path.clone(),
+                        message: format!(
+                            "tensor {:?}: round {round}, its last push_pull round, ran before this checkpoint was saved and was not discarded then; the checkpoint keeps no state to undo it with (discard a skipped step's rounds before saving)",
+                            tensor.name()
+                        ),
+                    });
+                }
+            }
             res.discarded = res.last_sum;
         }
         Ok(())
