@@ -534,8 +534,12 @@ pub(crate) fn handle_frame(shared: &Arc<Shared>, w: &WorkerConn, rank: u32, fram
             k.reject(rank, round, &why)
         } else {
             let was = (k.is_open(), k.current_round());
+            // Taken up now, under the key's lock: the pushes of a round are taken up in the
+            // order their times are read (their arrival times, read before the lock, may be in
+            // another order), so the round's `receive` never ends before it begins.
+            let taken = arrived.map(|_| pushpull_net::timeline::now());
             let actions = k.push_flagged(rank, round, header.op, header.aux, header.flags, payload);
-            if let (Some(at), Some(&id)) = (arrived, shared.server_id.get()) {
+            if let (Some(at), Some(&id)) = (taken, shared.server_id.get()) {
                 crate::spans::receive(id, k.info(), round, at, was, &actions);
             }
             actions

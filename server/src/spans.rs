@@ -1,6 +1,6 @@
 //! The server's spans in the timeline ([`pushpull_net::timeline`], `[trace] dir`): per key and
-//! round one track (`cat` `key`) with `receive` (the round's first push arriving to its
-//! last), `sum (host H)` (decoding or adding host H's push) and `encode` (the sum). The
+//! round one track (`cat` `key`) with `receive` (the round's first push taken up to its last),
+//! `sum (host H)` (decoding or adding host H's push) and `encode` (the sum). The
 //! result frames' own spans (`cat` `frame`, named `result`, queued to acknowledged, per
 //! worker) are the round's send. Off, each site costs one relaxed load.
 
@@ -71,14 +71,15 @@ pub(crate) fn observer(server: u32, info: &KeyInfo) -> Observer {
     })
 }
 
-/// A push for `round` of the key `info` names, which arrived at `arrived`: begins the round's
-/// `receive` if it opened the round (`was_open`: a round of `was_current` was open before it)
-/// and ends it if `actions` complete the round.
+/// A push for `round` of the key `info` names, taken up at `taken` (under the key's lock, so a
+/// round's pushes are taken up in time order): begins the round's `receive` if it opened the
+/// round (`was`: whether a round was open before it, and which) and ends it if `actions`
+/// complete the round.
 pub(crate) fn receive(
     server: u32,
     info: &KeyInfo,
     round: u64,
-    arrived: u64,
+    taken: u64,
     was: (bool, u64),
     actions: &[Action],
 ) {
@@ -95,9 +96,9 @@ pub(crate) fn receive(
     });
     if opened && (completed || actions.is_empty()) {
         let a = args(server, Name::new(&info.tensor), info.chunk, info.key, round);
-        timeline::record(Ph::Begin, arrived, CAT, "receive", id, Some(a));
+        timeline::record(Ph::Begin, taken, CAT, "receive", id, Some(a));
     }
     if completed {
-        timeline::record(Ph::End, arrived, CAT, "receive", id, None);
+        timeline::record(Ph::End, taken, CAT, "receive", id, None);
     }
 }
