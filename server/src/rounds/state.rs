@@ -125,16 +125,21 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_restored_key_continues_as_the_one_saved() {
-        let mut a = key(2);
-        let x: Vec<Vec<f32>> = (0..6)
+    /// Six gradients of 16 elements, none alike.
+    fn inputs() -> Vec<Vec<f32>> {
+        (0..6)
             .map(|i| {
                 (0..16)
                     .map(|j| ((i * 16 + j) as f32 * 0.37).sin())
                     .collect()
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn a_restored_key_continues_as_the_one_saved() {
+        let mut a = key(2);
+        let x = inputs();
         for r in 0..3u64 {
             push(&mut a, 0, r, &x[r as usize]);
             push(&mut a, 1, r, &x[r as usize + 1]);
@@ -159,13 +164,7 @@ mod tests {
     /// run the next round (its pushes flagged undo previous) as a job that never saved does.
     #[test]
     fn a_state_saved_after_a_discarded_round_has_it_undone() {
-        let x: Vec<Vec<f32>> = (0..6)
-            .map(|i| {
-                (0..16)
-                    .map(|j| ((i * 16 + j) as f32 * 0.61).cos())
-                    .collect()
-            })
-            .collect();
+        let x = inputs();
         let first_rounds = |k: &mut KeyRounds| {
             for r in 0..3u64 {
                 push(k, 0, r, &x[r as usize]);
