@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import torch
 
 from .._native import PushPullError
-from ._declare import ParamMap, declare
+from ._declare import ParamMap, _check_sync_args, declare
 from . import _state
 from ._push_pull import _start_sums
 from ._round import _Round
@@ -398,6 +398,7 @@ def DistributedOptimizer(
     named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
     compression: _Compressor = Compression.none,
     backward_passes_per_step: int = 1,
+    staleness: int = 0,
     compression_params: Union[None, ParamMap, Callable[[str], ParamMap]] = None,
     bucket_cap_mb: float = 25,
     fuse_small: bool = True,
@@ -438,6 +439,9 @@ def DistributedOptimizer(
     own; with ``ef = corrected`` the learning rate of the parameter's group is read from
     ``param_groups`` at every step.
 
+    ``staleness`` is BytePS's argument, in BytePS's place: pushpull's rounds are synchronous,
+    so anything but 0 raises ``ValueError`` before a parameter is declared.
+
     ``set_backward_passes_per_step(passes)`` (BytePS's method) changes
     ``backward_passes_per_step`` later, e.g. when the accumulation schedule changes.
 
@@ -462,6 +466,7 @@ def DistributedOptimizer(
     scaler's ``step`` (see "Mixed precision" in :mod:`pushpull.torch`): a step whose averaged
     gradients hold NaN (some worker's overflowed) has its rounds discarded on every worker.
     """
+    _check_sync_args(0, staleness)
     cls = type(
         optimizer.__class__.__name__,
         (optimizer.__class__,),

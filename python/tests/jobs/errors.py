@@ -33,6 +33,8 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 expect("nesterov", ValueError, "Gradient.weight", "nesterov", "momentum=0.9")(
     lambda: bps.DistributedOptimizer(opt, model.named_parameters(),
                                      compression_params={"byteps_momentum_type": "nesterov"}))
+expect("optimizer staleness", ValueError, "staleness = 1")(
+    lambda: bps.DistributedOptimizer(opt, model.named_parameters(), staleness=1))
 # The job still works after all of that.
 assert torch.equal(bps.push_pull(torch.ones(10), average=False, name="len"), torch.full((10,), 2.0))
 bps.shutdown()
