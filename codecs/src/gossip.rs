@@ -1,8 +1,9 @@
-//! Decentralised averaging, the pure part of Moniqua's Algorithm 1 (Lu and De Sa 2020,
-//! `shared/design/seeds/moniqua-paper.txt`): the mixing matrix `W` of the workers' graph and
-//! its checks ([`Mixing`], from `pushpull_proto::gossip`), and one worker's averaging step from the recovered models of its
-//! neighbours ([`average_step`]). Messages themselves are the `moniqua` codec's (its payload
-//! decoded against the receiver's own model recovers the sender's within `δ·B_θ`, Lemma 2).
+//! Decentralised averaging, the pure part of Moniqua's Algorithm 1 (Lu and De Sa, "Moniqua:
+//! Modulo Quantized Communication in Decentralized SGD", ICML 2020): the mixing matrix `W` of
+//! the workers' graph and its checks ([`Mixing`], from `pushpull_proto::gossip`), and one
+//! worker's averaging step from the recovered models of its neighbours ([`average_step`]).
+//! Messages themselves are the `moniqua` codec's (its payload decoded against the receiver's
+//! own model recovers the sender's within `δ·B_θ`, Lemma 2).
 //! No transport here: the servers relay the messages (`ReduceOp::Gossip` in
 //! `pushpull_proto::protocol`) and the worker decodes and averages them.
 //!

@@ -1,6 +1,6 @@
-//! The workers' graph of a decentralised exchange (`exchange = "gossip"`, Moniqua's
-//! Algorithm 1, `shared/design/seeds/moniqua-paper.txt`): the mixing matrix `W` (row `i`
-//! worker `i`'s weights) and the checks that make it one ([`Mixing`]). It lives here because
+//! The workers' graph of a decentralised exchange (`exchange = "gossip"`, Algorithm 1 of Lu
+//! and De Sa, "Moniqua: Modulo Quantized Communication in Decentralized SGD", ICML 2020): the
+//! mixing matrix `W` (row `i` worker `i`'s weights) and the checks that make it one ([`Mixing`]). It lives here because
 //! the cluster file's `[gossip]` table is checked when the file is read, and the servers that
 //! relay the messages need each worker's neighbours; the averaging itself is
 //! `pushpull_codecs::gossip`.

@@ -17,7 +17,7 @@ from ._state import _check_running, _w
 
 class DecentralizedOptimizer:
     """Decentralised SGD around ``optimizer``: every worker keeps its own model, and
-    :meth:`step` does Moniqua's Algorithm 1 (``shared/design/seeds/moniqua-paper.txt``) in its
+    :meth:`step` does Moniqua's Algorithm 1 (Lu and De Sa, ICML 2020) in its
     order: the gradients were computed at this worker's parameters ``x`` (your
     ``loss.backward()``); ``x`` is averaged with the graph neighbours' (``x + Σ_j W_ij (x̂_j −
     x̂_i)``, the cluster's ``[gossip]`` mixing matrix, a ring by default, relayed by the

@@ -1,5 +1,5 @@
 //! Decentralised averaging of a tensor declared with `exchange = "gossip"` (Moniqua's
-//! Algorithm 1, line 3–5, `shared/design/seeds/moniqua-paper.txt`): [`Worker::gossip`] encodes
+//! Algorithm 1, lines 3–5; Lu and De Sa, ICML 2020): [`Worker::gossip`] encodes
 //! each chunk of this worker's model with the chunk's codec and pushes it; the chunk's server
 //! relays the pushes of this worker's graph neighbours (the cluster's `[gossip]` mixing
 //! matrix) undecoded; [`average_gossip`] decodes each against this worker's own values (the
