@@ -132,12 +132,14 @@ pub(crate) struct Residence {
     /// The last push_pull round started: what [`crate::Worker::discard_last_round`]
     /// discards.
     pub(crate) last_sum: Option<u64>,
-    /// The checkpoint (its path) this tensor was restored from, while `last_sum` is a round of
-    /// the job that saved it: the state before that round is not here, so it cannot be
-    /// discarded unless it was before the checkpoint was saved.
+    /// The checkpoint (its path) this tensor's compressor state was restored from, while
+    /// `last_sum` is a round of the job that saved it: the state before that round is not
+    /// here, so it cannot be discarded unless it was before the checkpoint was saved.
     pub(crate) last_sum_saved_in: Option<String>,
-    /// A discarded round, undone when the next push_pull round begins (where the state is
-    /// at hand), whose pushes ask the servers to undo it too.
+    /// A discarded round (always `last_sum`), undone when the next push_pull round begins
+    /// (where the state is at hand) or by a checkpoint before it, whose pushes ask the servers
+    /// to undo it too (an undo is taken once: the second does nothing); kept in a checkpoint
+    /// and restored from it.
     pub(crate) discarded: Option<u64>,
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.

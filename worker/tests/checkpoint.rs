@@ -224,6 +224,12 @@ async fn a_job_checkpointed_after_a_skipped_step_continues_bit_for_bit() {
     restart_case(WORKERS, 1, true).await;
 }
 
+/// The same with two hosts of two workers: the chunks' owners hold the state they undo.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_level_job_checkpointed_after_a_skipped_step_continues_bit_for_bit() {
+    restart_case(4, 2, true).await;
+}
+
 /// Rounds 0..K, the last discarded when `skipped`, a checkpoint; rounds K..2K after it in the
 /// job that saved it and in a restarted one, against a job that never saved.
 async fn restart_case(workers: u32, local_size: u32, skipped: bool) {
@@ -387,9 +393,10 @@ async fn changed_settings_and_damaged_files_are_refused_by_name() {
 }
 
 /// Compressor state kept on a device (emulated: the same code as a GPU's): a job on device
-/// buffers saves it (after a skipped step: the device chains undo its rounds), a fresh job on
-/// device buffers loads it, and the rounds after the restart are those of a job that never
-/// stopped, on host buffers (device and host chains give the same bits). The topk tensor has
+/// buffers saves it (after a skipped step: the device chains undo its rounds) and goes on, a
+/// fresh job on device buffers loads it, and the rounds after the checkpoint, in both, are
+/// those of a job that never stopped, on host buffers (device and host chains give the same
+/// bits). The topk tensor has
 /// no kernel: its chains run on the host either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_on_device_buffers_restarts_bit_for_bit() {
@@ -411,6 +418,7 @@ async fn a_job_on_device_buffers_restarts_bit_for_bit() {
         assert_ne!(m.device, pushpull_worker::Place::Cpu, "{m:?}");
         discard_all(&s, &ts).await;
         save_all(&s, dir.path()).await;
+        let continued = run_on(&s, &ts, seed, K..2 * K, Some(&on)).await;
         s.finish_all().await;
 
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;
@@ -424,6 +432,12 @@ async fn a_job_on_device_buffers_restarts_bit_for_bit() {
             &whole[..K as usize],
             0,
             "device rounds before the checkpoint",
+        );
+        compare(
+            &continued,
+            &whole[K as usize..],
+            K,
+            "device rounds after the checkpoint, in the job that saved it",
         );
 
         let s = stack_with(WORKERS, SERVERS, 4096, tweak(Some(job_seed))).await;

@@ -421,7 +421,9 @@ impl<D: Device> DeviceTensor<D> {
     /// Undoes round `round` of every chunk that committed it (see
     /// [`pushpull_kernels::Compressor::undo`](crate::Compressor::undo)): for a round whose
     /// step was discarded. `round` must be the tensor's last launched round; any other does
-    /// nothing useful and may do harm, so callers undo only the round they just ran.
+    /// nothing useful and may do harm, so callers undo only the round they just ran (the
+    /// worker: at the next round's start, or at a checkpoint before it, of its last sum round,
+    /// the only kind of round that launches the chains).
     pub fn undo(&mut self, round: u64) {
         for chunk in 0..self.chunks.len() {
             self.undo_chunk(chunk, round);

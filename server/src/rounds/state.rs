@@ -29,8 +29,8 @@ impl KeyRounds {
 
     /// Restores a state [`KeyRounds::save_state`] gave, on a key that has run no round yet:
     /// the key continues at `state.round` with the chain's saved state. What a round could
-    /// undo is gone: the restored job's first push of the key must not ask to undo the round
-    /// before it.
+    /// undo is gone: a first push of the key that asks to undo the round before it (a round
+    /// discarded before the checkpoint, whose state was saved undone) undoes nothing here.
     ///
     /// # Errors
     /// A message naming the key and what is wrong, with nothing changed: the key has run or

@@ -383,7 +383,9 @@ impl Worker {
                     // undo it, as the saving job's does (the state was saved undone).
                     res.last_sum = saved.and_then(|s| s.last_sum);
                     res.discarded = saved.and_then(|s| s.discarded);
-                    res.last_sum_saved_in = res.last_sum.map(|_| path.to_string());
+                    // Without state, discarding that round would change nothing.
+                    res.last_sum_saved_in =
+                        res.last_sum.filter(|_| stateful).map(|_| path.to_string());
                     drop(res);
                     if let Some(s) =
                         saved.filter(|s| s.gradient_bound.is_finite() && s.gradient_bound > 0.0)

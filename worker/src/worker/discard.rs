@@ -29,11 +29,12 @@ impl Worker {
     /// saved between a discard and the next round ([`Worker::save_state`] keeps the discard).
     ///
     /// # Errors
-    /// [`WorkerError::Undeclared`] for a tensor this worker did not declare (the tensors before
-    /// it are discarded); [`WorkerError::Checkpoint`] for a tensor restored from a checkpoint
-    /// ([`Worker::load_state`]) that has run no push_pull round since, whose last round was
-    /// not discarded before the checkpoint was saved (the state before it is not in the
-    /// checkpoint); the job's fatal error, if it failed.
+    /// [`WorkerError::Undeclared`] for a tensor this worker did not declare;
+    /// [`WorkerError::Checkpoint`] for a tensor with compressor state restored from a
+    /// checkpoint ([`Worker::load_state`]) that has run no push_pull round since, whose last
+    /// round was not discarded before the checkpoint was saved (the state before it is not in
+    /// the checkpoint); the job's fatal error, if it failed. The tensors before the one refused
+    /// are discarded.
     pub async fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
         for tensor in tensors {
             self.check_tensor(tensor)?;
