@@ -8,7 +8,7 @@
 //! cargo bench -p pushpull-codecs --bench compress -- 'onebit'   # a filter
 //! ```
 //!
-//! For the ratio-to-memcpy table use `pushpull bench compress` or
+//! For the ratio-to-memcpy table use
 //! `cargo run --release -p pushpull-codecs --example bench_compress`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

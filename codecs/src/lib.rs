@@ -18,7 +18,7 @@
 //! | [`error`] | [`KernelError`] |
 //! | [`rng`] | the counter-based generator: rounding streams, random-k permutations |
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
-//! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) behind `pushpull bench compress` |
+//! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) that `codecs/examples/bench_compress.rs` prints |
 //! | [`payload`] | the payload checks the device's decoders share with the codecs' |
 //! | `codecs` (private) | one module per wire format; each implements the narrow `Format` trait (its `Base` identity, payload size, encoding, decoding, optional in-place subtraction and encoding of error feedback's input) and one blanket implementation there makes it a [`Codec`] (name, length and the length checks, written once) |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
