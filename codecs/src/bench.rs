@@ -2,9 +2,8 @@
 //! compressor, in GB/s of fp32 input and as a ratio to a memcpy of the same buffer measured in
 //! the same run.
 //!
-//! The example `codecs/examples/bench_compress.rs` prints it
-//! (build with `--release`); the criterion benchmarks in `codecs/benches/compress.rs` measure
-//! the same operations. Threads: the table runs every operation inside a rayon pool of
+//! The example `codecs/examples/bench_compress.rs` prints it (build with `--release`); the
+//! criterion benchmarks in `codecs/benches/compress.rs` measure the same operations. Threads: the table runs every operation inside a rayon pool of
 //! [`BenchConfig::threads`] threads (1 = the serial path).
 
 use crate::{

@@ -158,7 +158,11 @@ impl Worker {
         for (name, t) in &tensors {
             let mut res = t.inner.residence();
             if let Some(round) = res.discarded {
-                if !res.chains.as_mut().is_some_and(|c| c.undo(round)) {
+                let undone_on_device = match res.chains.as_mut() {
+                    Some(chains) => chains.undo(round),
+                    None => false,
+                };
+                if !undone_on_device {
                     crate::data::undo_host(&t.inner, round);
                 }
             }
