@@ -19,7 +19,8 @@ On the GPU machine (an H100; the pushpull binaries and the wheel built elsewhere
 over: `pip install pushpull-*.whl` into the environment that has torch and torchvision):
 
     python bench/torch_vs_ddp.py --pushpull /path/to/pushpull
-    # chunks made for loopback (4 MB) rather than slow links (BENCHMARKS.md, "PyTorch on GPUs")
+    # chunks made for loopback (4 MB) rather than slow links (BENCHMARKS.md, "PyTorch on a
+    # GPU against torch DDP")
     python bench/torch_vs_ddp.py --pushpull /path/to/pushpull --config configs/gpu-local.toml
     # the same with a bigger model or several settings, e.g.
     python bench/torch_vs_ddp.py --pushpull /path/to/pushpull --model resnet101 \\

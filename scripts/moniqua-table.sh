@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Moniqua's Table 2 on the built-in training job (BENCHMARKS.md, "Decentralised averaging"):
+# Moniqua's Table 2 on the built-in training job (BENCHMARKS.md, "Moniqua"):
 # a ring of 8 workers, 3 seeds each: full-precision D-PSGD, Moniqua at 1, 2 and 4 bits and
 # naive min-max averaging at the same bits. Writes one JSON report per row group to OUT
 # (default bench/results/moniqua-DATE) and prints the tables.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What metrics and the timeline cost a round (BENCHMARKS.md, "Watching a job"): the benchmark
+# What metrics and the timeline cost a round (BENCHMARKS.md, "Observability"): the benchmark
 # job (onebit, the ResNet-50 set at --scale, 2 workers × 2 servers on loopback: CPU-bound),
 # alternately with nothing on and with both on (every node serving /metrics, and writing a
 # Chrome trace of every round), RUNS times each; prints each run's median round time and the

@@ -46,8 +46,8 @@ pub struct JobConfig {
     /// default), or separate calls, `backward` (the last layer first, as a backward pass
     /// produces the gradients) or `forward` (the first layer first). With separate calls, which
     /// frames a worker sends first depends on how its calls and its compression interleave with
-    /// its sender, so workers may start a round in different orders (BENCHMARKS.md, "The order
-    /// of simultaneous calls").
+    /// its sender, so workers may start a round in different orders (BENCHMARKS.md at 60710fe,
+    /// "The order of simultaneous calls").
     #[serde(default = "default_job_issue")]
     pub issue: String,
     /// `buffers` (benchmark): where each worker's tensors live: `host` (host memory, the

@@ -1,8 +1,8 @@
-//! What one timeline event costs the thread that records it (BENCHMARKS.md, "Watching a
-//! job"): a chunk phase's span as the worker records it (`Span::begin` with the chunk's args,
+//! What one timeline event costs the thread that records it (BENCHMARKS.md, "Observability"):
+//! a chunk phase's span as the worker records it (`Span::begin` with the chunk's args,
 //! dropped), a frame sent (`trace::frame_queued`, `frame_written`, `frame_acked`: one record),
-//! a frame arrived (an instant with args), and a clock read;
-//! on one thread and on two at once (the development machine's cores). Run with
+//! a frame arrived (an instant with args), and a clock read; on one thread and on two at once
+//! (the development machine's cores). Run with
 //! `cargo run --release -p pushpull-net --example span_cost`.
 
 use std::sync::OnceLock;

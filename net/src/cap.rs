@@ -8,8 +8,8 @@
 //! the bottleneck's queue overflows; after a loss one worker's window is cut and the other's
 //! is not, so two workers pushing into one server's link stop taking equal shares, and the
 //! server's results, which need every worker's copy of a chunk, wait on the slower one
-//! (BENCHMARKS.md, "A ceiling on the congestion window"). With the ceiling, a worker has no
-//! more bytes on the wire than its window says, whatever the size of its frames, so the
+//! (BENCHMARKS.md at 60710fe, "A ceiling on the congestion window"). With the ceiling, a worker
+//! has no more bytes on the wire than its window says, whatever the size of its frames, so the
 //! windows that are equal by construction (`pushpull_proto::sendq::rate`) are the shares.
 //!
 //! The ceiling wraps quinn's default controller (Cubic): losses still shrink the window below

@@ -37,13 +37,13 @@
 //!
 //! The floor of frames is per node, not per connection: with two per connection, a node with
 //! four connections let eight frames of the next one's size out, so a window set below that
-//! (`cluster.send_window_bytes`) did not bound large frames at all (BENCHMARKS.md, "Wire
-//! speed": 64 KiB window at 10 Mbit/s, onebit 1.33× → 1.20× the floor). Where the floor lets
-//! more bytes out than a source's window (128 KiB frames on a slow link), the window still
-//! bounds what is on the wire: a source sets it as the ceiling of its connections' congestion
-//! windows ([`WindowCap`]), so quinn holds the rest. A reply sets no ceiling: its frames are
-//! acknowledged through its peers' pushes, and a ceiling at its window left a server's results
-//! waiting (BENCHMARKS.md, "A ceiling on the congestion window").
+//! (`cluster.send_window_bytes`) did not bound large frames at all (BENCHMARKS.md at 60710fe,
+//! "Per-frame timelines": 64 KiB window at 10 Mbit/s, onebit 1.33× → 1.20× the floor). Where
+//! the floor lets more bytes out than a source's window (128 KiB frames on a slow link), the
+//! window still bounds what is on the wire: a source sets it as the ceiling of its connections'
+//! congestion windows ([`WindowCap`]), so quinn holds the rest. A reply sets no ceiling: its
+//! frames are acknowledged through its peers' pushes, and a ceiling at its window left a
+//! server's results waiting (BENCHMARKS.md at 60710fe, "A ceiling on the congestion window").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

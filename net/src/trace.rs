@@ -24,10 +24,10 @@
 //! frame sent is [`frame_queued`], [`frame_written`] and [`frame_acked`], whose
 //! [`FrameTimes`] its sender keeps, so the timeline records it once, at the end, as one span
 //! with `written` inside (three records of a frame, each looking its peer up, were two thirds of
-//! the timeline's cost: BENCHMARKS.md, "Within each job"); a frame received is
+//! the timeline's cost: BENCHMARKS.md at 60710fe, "Within each job"); a frame received is
 //! [`frame_arrived`], except a worker's result ([`frame_line`]), which the timeline has as the
-//! end of the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the `window`
-//! lines, which describe the sender rather than a frame.
+//! end of the chunk's `pull` span. The text lines stay, for `bench/wire_idle.py` and the
+//! `window` lines, which describe the sender rather than a frame.
 
 use std::fs::File;
 use std::io::Write;

@@ -146,7 +146,8 @@ pub struct ClusterConfig {
     /// multiple of 4. A server can sum a chunk only once every worker's push of it has arrived,
     /// and results trail pushes by about one chunk per worker: on 100 Mbit/s links 128 KiB
     /// chunks keep both directions of every link busy, where 4 MB chunks leave a third idle
-    /// (BENCHMARKS.md); on much faster links larger chunks save per-frame work.
+    /// (BENCHMARKS.md at 60710fe, "Why the chunk size matters"); on much faster links larger
+    /// chunks save per-frame work.
     #[serde(default = "default_partition_bytes")]
     pub partition_bytes: u64,
     /// `max_chunk_payload_bytes`: the most bytes one chunk carries on the wire (default: a
@@ -156,8 +157,8 @@ pub struct ClusterConfig {
     /// fits (`pushpull_proto::placement::cut_bytes`); compressed chunks are far smaller and
     /// keep `partition_bytes`. A chunk's sum leaves its server only once every worker's copy
     /// has arrived, so on a slow link results start, and trail the pushes, about one chunk per
-    /// worker late: at 10 Mbit/s 128 KiB of fp32 is 0.1 s per copy (BENCHMARKS.md, "Wire
-    /// speed"). At least 1024; at `partition_bytes` or more every tensor is cut at
+    /// worker late: at 10 Mbit/s 128 KiB of fp32 is 0.1 s per copy (BENCHMARKS.md, "Chunk
+    /// size"). At least 1024; at `partition_bytes` or more every tensor is cut at
     /// `partition_bytes` (fewer frames: less CPU on fast links). See
     /// [`ClusterConfig::chunk_payload_bound`].
     #[serde(default)]

@@ -106,7 +106,7 @@ pub fn longest_chunk(len: u64, partition_bytes: u64) -> u64 {
 /// `partition_bytes`; a tensor sent as fp32 or fp16 gets chunks of about `max_payload` bytes on
 /// the wire, because a server can send a chunk's sum only once every worker's copy of it has
 /// arrived, so on a slow link the round's first results wait, and its last ones trail, about
-/// one chunk per worker (BENCHMARKS.md, "Wire speed"). Never below one element.
+/// one chunk per worker (BENCHMARKS.md, "Chunk size"). Never below one element.
 pub fn cut_bytes(
     len: u64,
     partition_bytes: u64,
@@ -131,8 +131,9 @@ pub fn cut_bytes(
 /// (a model's gradients), while others may travel once: a job that first broadcasts its
 /// parameters as fp32 (4 MB chunks with `configs/gpu-local.toml`) leaves the servers up to one
 /// such chunk apart, more than a step's onebit gradients weigh, and balancing the gradients
-/// against that total put 152 of a ResNet-50 step's 175 chunks on one server (BENCHMARKS.md,
-/// "PyTorch on GPUs"). Within a map, servers stay within one chunk's weight of each other.
+/// against that total put 152 of a ResNet-50 step's 175 chunks on one server
+/// (BENCHMARKS.md at 60710fe, "PyTorch on GPUs"). Within a map, servers stay within one
+/// chunk's weight of each other.
 #[derive(Debug, Clone)]
 pub struct Placer {
     load_bytes: Vec<u64>,

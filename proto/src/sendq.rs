@@ -20,8 +20,9 @@
 //! overshoot it by less than its own size. Whole frames are for a window that is the measured
 //! rate times the round trip itself (a reply's, see [`rate`]): one that had to hold
 //! every frame in full would carry only the whole frames that fit, measure that smaller rate,
-//! and shrink frame by frame down to its floor (BENCHMARKS.md, "The window spans the round
-//! trip": the 2 × 1 cluster's server, 128 KiB results against a window of 3.5 of them).
+//! and shrink frame by frame down to its floor (BENCHMARKS.md at 60710fe, "The window spans
+//! the round trip": the 2 × 1 cluster's server, 128 KiB results against a window of 3.5 of
+//! them).
 //!
 //! The window always has room for [`SendQueue::set_min_frames`] frames (at least two): a frame
 //! may also leave while fewer frames than that are in flight, or while the bytes in flight
@@ -30,8 +31,8 @@
 //! earlier ones are acknowledged, and no frame ever waits for good. The count matters where
 //! sizes mix: a tiny frame (a bias's chunk) behind one large frame in flight that fills the
 //! window would otherwise wait for that frame's acknowledgement, and the frames behind it
-//! with it, while the link idles (BENCHMARKS.md, "Small frames behind a large one": 10 Mbit/s,
-//! a worker's uplink idle a quarter of the time). The shell asks for a few per node
+//! with it, while the link idles (BENCHMARKS.md at 60710fe, "Small frames behind a large one":
+//! 10 Mbit/s, a worker's uplink idle a quarter of the time). The shell asks for a few per node
 //! ([`rate::Flow::min_frames`]: two for a source, four for a reply), not per connection: a
 //! floor that grows with the connections would let a node with four of them put eight large
 //! frames in flight whatever window it was given.
@@ -42,9 +43,9 @@
 //! lower-priority tensor that happens to be encoded first does not leave first. Without it,
 //! which frames a node sends first depends on how its calls interleave with its sender, and
 //! two workers given the same calls may start in different orders: a chunk one of them sends
-//! first and another last has its sum ready only at the end (BENCHMARKS.md, "The order of
-//! simultaneous calls"). A hold only ever holds back frames of strictly lower priority, and
-//! must be released without waiting for any peer, so holds cannot deadlock.
+//! first and another last has its sum ready only at the end (BENCHMARKS.md at 60710fe, "The
+//! order of simultaneous calls"). A hold only ever holds back frames of strictly lower
+//! priority, and must be released without waiting for any peer, so holds cannot deadlock.
 //!
 //! How large the window should be is the shell's choice; [`rate::DeliveryRate`] measures the
 //! node's delivery rate while busy and sizes the window from it ([`rate::Flow`]).

@@ -1,7 +1,7 @@
 //! Compressor presets, `--param` overrides and the comparison table of `pushpull local`.
 //!
 //! A preset is a complete `[tensors.default]` map with defaults tuned on the default task
-//! (see BENCHMARKS.md, "Training"):
+//! (see BENCHMARKS.md, "Training quality"):
 //!
 //! | name | map |
 //! |---|---|

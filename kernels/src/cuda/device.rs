@@ -12,8 +12,7 @@
 //! [`crate::device::EmulatedDevice`] does.
 //!
 //! CI has no GPU: the ignored GPU tests (`tests/cuda_gpu.rs`, `tests/device_batch.rs`, the
-//! worker's `tests/device.rs`) are run on a lent GPU machine (BENCHMARKS.md, "Compression on a
-//! GPU").
+//! worker's `tests/device.rs`) are run on a lent GPU machine (BENCHMARKS.md, "GPU").
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};

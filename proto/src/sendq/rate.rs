@@ -6,34 +6,34 @@
 //! congestion windows is too much on a link with a deep queue (a tc tbf, a switch buffer):
 //! loss-based congestion control fills that queue before it backs off, so the congestion
 //! windows grow to hold it, and half a round leaves in arbitrary order at its start
-//! (BENCHMARKS.md, "Per-frame timelines"). The window is sized instead by what the node's
-//! frames are ([`Flow`]):
+//! (BENCHMARKS.md at 60710fe, "Per-frame timelines"). The window is sized instead by what the
+//! node's frames are ([`Flow`]):
 //!
 //! * **A source** (a worker's pushes) keeps what the bare path holds, its rate times twice the
 //!   path's minimum round trip, plus a fixed [`SOURCE_QUEUE`] bytes (at most [`SOURCE_DELAY`]
 //!   of its rate, for slow links; at least [`SOURCE_FAST_QUEUE`] of it, for fast paths, see
-//!   below): the bytes it may keep queued at its bottleneck, as Vegas and FAST TCP do. Sources that share a link (every worker pushing into one server) then
-//!   hold equal windows and get equal shares of it, whatever their history: in a FIFO queue a
-//!   sender's share is its share of the bytes queued. A window proportional to the sender's
-//!   own measured rate has no such pull: every split is a fixed point, and the windowed
-//!   maximum holds a lucky sample (one taken while the other sender was idle, or inflated by
-//!   acknowledgements that arrived in a burst; such samples read up to 1.8× the link rate in
-//!   a traced run) long enough to lock it in. Workers that finish their pushes seconds apart
-//!   leave the server's link for results idle while the slower one catches up (BENCHMARKS.md,
-//!   "Equal windows for sources": 2 × 1 at 100 Mbit/s went from 1.08–1.32× the wire floor to
-//!   1.03–1.04×). Nor does a source's window follow its own queue: its round trip never
-//!   enters it beyond the path's minimum.
-//!
+//!   below): the bytes it may keep queued at its bottleneck, as Vegas and FAST TCP do. Sources
+//!   that share a link (every worker pushing into one server) then hold equal windows and get
+//!   equal shares of it, whatever their history: in a FIFO queue a sender's share is its share
+//!   of the bytes queued. A window proportional to the sender's own measured rate has no such
+//!   pull: every split is a fixed point, and the windowed maximum holds a lucky sample (one
+//!   taken while the other sender was idle, or inflated by acknowledgements that arrived in a
+//!   burst; such samples read up to 1.8× the link rate in a traced run) long enough to lock it
+//!   in. Workers that finish their pushes seconds apart leave the server's link for results
+//!   idle while the slower one catches up (BENCHMARKS.md at 60710fe, "Equal windows for
+//!   sources": 2 × 1 at 100 Mbit/s went from 1.08–1.32× the wire floor to 1.03–1.04×). Nor
+//!   does a source's window follow its own queue: its round trip never enters it beyond the
+//!   path's minimum.
 //!
 //!   Sources that push through one link together (the workers of one host: a local group's
 //!   members, `cluster.local_size`, or flat workers the scheduler saw at one IP address,
 //!   `ClusterMap::workers_on_host`) split that queue: each keeps [`SOURCE_QUEUE`] divided by
 //!   their number ([`Flow::Source`]'s `sharers`), so a host of four queues what a host of one
-//!   does. Four full queues overflowed `bench net`'s tbf queue
-//!   (756 kB at 100 Mbit/s): 100–390 packets dropped on each host a run, each halving a
-//!   congestion window, and rounds of 1.09–1.18× the wire floor (five runs of six over
-//!   1.15×) against 1.08–1.11× with the queue split; flat, four workers a host, 1.53× against
-//!   1.04× (BENCHMARKS.md, "A host's members split one queue").
+//!   does. Four full queues overflowed `bench net`'s tbf queue (756 kB at 100 Mbit/s): 100–390
+//!   packets dropped on each host a run, each halving a congestion window, and rounds of
+//!   1.09–1.18× the wire floor (five runs of six over 1.15×) against 1.08–1.11× with the queue
+//!   split; flat, four workers a host, 1.53× against 1.04× (BENCHMARKS.md at 60710fe, "A
+//!   host's members split one queue").
 //!
 //!   On a fast path (loopback, a data centre) a fixed 256 KiB is a fraction of a millisecond
 //!   and smaller than one frame of a large partition, while a frame's bytes stay in flight
@@ -54,12 +54,12 @@
 //!   window of `rate × delay` carries only `delay / RTT` of the rate whenever the round trip
 //!   is longer than the delay, measures that smaller rate, shrinks with it, and spirals down
 //!   to its floor (the 2 × 1 cluster's server sent its results at half the link that way,
-//!   BENCHMARKS.md, "Wire speed"). With no margin over the round trip, the window must count
-//!   whole frames (`SendQueue::set_whole_frames`), or it shrinks to the next whole frame at
-//!   every measurement. The shortest RTT of the node's connections is a queue that every one
-//!   of them waits in, as a server's own downlink full of pushes is, not one peer's; and
-//!   since a reply only sends what its sources' pushes made ready, following its own queue
-//!   cannot run away from them.
+//!   BENCHMARKS.md at 60710fe, "The window spans the round trip"). With no margin over the
+//!   round trip, the window must count whole frames (`SendQueue::set_whole_frames`), or it
+//!   shrinks to the next whole frame at every measurement. The shortest RTT of the node's
+//!   connections is a queue that every one of them waits in, as a server's own downlink full
+//!   of pushes is, not one peer's; and since a reply only sends what its sources' pushes made
+//!   ready, following its own queue cannot run away from them.
 //!
 //! The rate is measured, not configured. A *busy period* starts when a frame is sent with none
 //! in flight and ends when none is left; it is cut into samples of at least
@@ -137,8 +137,8 @@ impl Flow {
 /// queue of the pushes its node receives, which may hold more than one frame's time of its own
 /// link (at 10 Mbit/s a 128 KiB frame is 105 ms; `bench net`'s tbf queue holds 155 ms): with
 /// two frames in flight the link then idles until the first one's acknowledgement arrives,
-/// with four it does not (`rate/tests.rs`; BENCHMARKS.md, "A ceiling on the congestion
-/// window").
+/// with four it does not (`rate/tests.rs`; BENCHMARKS.md at 60710fe, "A ceiling on the
+/// congestion window").
 pub const REPLY_FRAMES: u64 = 4;
 
 /// A send window: its bytes, and whether it counts whole frames (`SendQueue::set_whole_frames`).

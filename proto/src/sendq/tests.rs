@@ -125,9 +125,10 @@ fn min_frames_keeps_that_many_frames_in_flight_under_a_small_window() {
 
 #[test]
 fn a_small_frame_does_not_wait_behind_a_large_one_that_fills_the_window() {
-    // 10 Mbit/s (BENCHMARKS.md, "Small frames behind a large one"): one 118 KB chunk in
-    // flight against a window of 108 KB, and next a bias's 104-byte chunk, then more large
-    // ones. The small frame goes at once, and the next large one as soon as it is delivered.
+    // 10 Mbit/s (BENCHMARKS.md at 60710fe, "Small frames behind a large one"): one 118 KB
+    // chunk in flight against a window of 108 KB, and next a bias's 104-byte chunk, then more
+    // large ones. The small frame goes at once, and the next large one as soon as it is
+    // delivered.
     let mut q = SendQueue::new(108_000);
     q.push("large0", 0, 118_000);
     q.push("bias", 0, 104);

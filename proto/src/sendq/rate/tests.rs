@@ -149,10 +149,10 @@ fn the_window_of_each_flow() {
 
 #[test]
 fn a_source_of_large_frames_keeps_a_fast_path_busy() {
-    // Loopback as an H100 machine's training job saw it (BENCHMARKS.md, "PyTorch on GPUs"):
-    // 2 GB/s, a bare round trip of 50 µs, and each frame acknowledged 1 ms after its last
-    // byte (the receiving process's delay); 1 MiB frames. A window of 256 KiB plus the bare
-    // path held two frames at a time and carried about two thirds of the path.
+    // Loopback as an H100 machine's training job saw it (BENCHMARKS.md at 60710fe, "PyTorch
+    // on GPUs"): 2 GB/s, a bare round trip of 50 µs, and each frame acknowledged 1 ms after
+    // its last byte (the receiving process's delay); 1 MiB frames. A window of 256 KiB plus
+    // the bare path held two frames at a time and carried about two thirds of the path.
     let path = Path {
         rate: 2e9,
         rtt: 50e-6,
@@ -336,12 +336,12 @@ fn a_small_first_window_grows_to_fill_the_link_and_no_further() {
 
 #[test]
 fn acknowledgements_delayed_by_another_flow_do_not_shrink_a_reply_window() {
-    // The 2 × 1 cluster at 100 Mbit/s (BENCHMARKS.md, "Wire speed"): the server's results are
-    // acknowledged through the queue of the pushes it receives, so its frames' round trip is
-    // longer than the least span. A window of the rate times that span then carries span /
-    // round trip of the rate, measures that, and shrinks again, down to its floor; the window
-    // of the round trip keeps the rate it found. The window before the first sample is what
-    // the congestion windows allow (here 2 MB).
+    // The 2 × 1 cluster at 100 Mbit/s (BENCHMARKS.md at 60710fe, "The window spans the round
+    // trip"): the server's results are acknowledged through the queue of the pushes it
+    // receives, so its frames' round trip is longer than the least span. A window of the rate
+    // times that span then carries span / round trip of the rate, measures that, and shrinks
+    // again, down to its floor; the window of the round trip keeps the rate it found. The
+    // window before the first sample is what the congestion windows allow (here 2 MB).
     // Frames of 16 KiB, and of 128 KiB: a window of a few of those carries its rate only if it
     // counts whole frames.
     for (rate, reverse, frame) in [
@@ -366,10 +366,10 @@ fn acknowledgements_delayed_by_another_flow_do_not_shrink_a_reply_window() {
 
 #[test]
 fn sources_sharing_a_link_take_equal_shares_of_it() {
-    // Two workers pushing into one server (BENCHMARKS.md, "Equal windows for sources"): the
-    // first starts alone, measures the whole link, and would keep that sample's window for
-    // MEMORY if its window followed its own rate; the second starts from the floor. With a
-    // fixed queue each, the shares meet within a few round trips, whatever the start.
+    // Two workers pushing into one server (BENCHMARKS.md at 60710fe, "Equal windows for
+    // sources"): the first starts alone, measures the whole link, and would keep that sample's
+    // window for MEMORY if its window followed its own rate; the second starts from the floor.
+    // With a fixed queue each, the shares meet within a few round trips, whatever the start.
     for (rate, frame) in [
         (12.5e6, 131_072),
         (12.5e6, 65_536),
@@ -432,10 +432,11 @@ fn sources_that_share_a_link_split_one_queue() {
 
 #[test]
 fn a_reply_keeps_its_link_busy_when_acknowledgements_wait_longer_than_a_frame() {
-    // The 2 × 1 cluster at 10 Mbit/s (BENCHMARKS.md, "A ceiling on the congestion window"): a
-    // 118 kB result is 94 ms of the server's link, and its acknowledgement waits 150 ms more in
-    // the queue of pushes into the server. Two frames in flight leave the link idle from the
-    // end of the second until the first one's acknowledgement, 2 × 94 ms of every 245 ms.
+    // The 2 × 1 cluster at 10 Mbit/s (BENCHMARKS.md at 60710fe, "A ceiling on the congestion
+    // window"): a 118 kB result is 94 ms of the server's link, and its acknowledgement waits
+    // 150 ms more in the queue of pushes into the server. Two frames in flight leave the link
+    // idle from the end of the second until the first one's acknowledgement, 2 × 94 ms of
+    // every 245 ms.
     let path = Path {
         rate: 1.25e6,
         rtt: 0.0005,
