@@ -15,7 +15,7 @@ use pushpull_proto::checkpoint::{KeyState, STATE_ROUND};
 use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind};
 use tracing::{debug, warn};
 
-use crate::data::{Shared, WorkerConn, ABORT_PRIORITY};
+use crate::shared::{Shared, WorkerConn, ABORT_PRIORITY};
 
 /// Answers one state frame (`StateGet` or `StatePut`) from worker `rank`; `bad` is why its
 /// payload could not be read, if it could not.

@@ -5,7 +5,8 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`rounds`] | the per-key round logic as a pure state machine ([`rounds::KeyRounds`]: pushes in, [`rounds::Action`]s out; no I/O, no clock), with its rules and their tests |
-//! | `data` | the data plane: worker connections, one task per incoming push stream, the key table, the one send queue for results and aborts |
+//! | `shared` | what every task of a running server shares (`Shared`: settings, the key table, each key's counters, the worker connections, the one send queue for results and aborts) and the sending half of the data plane: a key's [`rounds::Action`]s carried out as frames to workers |
+//! | `data` | the receiving half of the data plane: worker connections (`Hello` first), one task per incoming stream, each frame fed to its key |
 //! | `spans` | the server's spans in the timeline (`[trace] dir`): per key and round `receive`, `sum (host H)`, `encode` |
 //! | `checkpoint` | the state frames: a key's [`rounds::KeyRounds::save_state`] to the worker that asks (`StateGet`), a restarted job's [`rounds::KeyRounds::load_state`] (`StatePut`); servers write no file, their state lands in rank 0's checkpoint |
 //! | [`stats`] | [`ServerStats`]: per-tensor rounds and bytes and each connection's QUIC counters, read at any time (the metrics endpoint's source) |
@@ -39,6 +40,7 @@ mod data;
 pub mod prometheus;
 pub mod rounds;
 pub mod service;
+mod shared;
 mod spans;
 pub mod stats;
 

@@ -1,6 +1,6 @@
 //! The async shell around [`crate::rounds`]: sockets, tasks, timers. This file holds the
-//! server and its scheduler session; the data-plane tasks (accept, streams, sends) are in
-//! `crate::data`.
+//! server and its scheduler session; the data-plane tasks (accept, streams) are in
+//! `crate::data`, the state they share and the sends in `crate::shared`.
 //!
 //! # Tasks
 //! * **Control** (inside [`Server::run`]): one QUIC connection to the scheduler with one
@@ -43,8 +43,9 @@ use pushpull_proto::Config;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::data::{accept_loop, Shared};
+use crate::data::accept_loop;
 use crate::rounds::{KeyInfo, KeyRounds};
+use crate::shared::Shared;
 use crate::stats::{KeyStats, ServerStats};
 
 /// How long the server waits, when it exits, for frames it is still sending (aborts, last

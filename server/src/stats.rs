@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::data::Shared;
+use dashmap::DashMap;
 
 /// One key's counters, kept by the data plane.
 #[derive(Debug)]
@@ -37,6 +37,18 @@ impl KeyStats {
     }
 }
 
+/// What [`ServerStats::snapshot`] reads from a running server. The server's shared state
+/// (`Shared`, in `crate::shared`, which holds the key table of [`KeyStats`]) implements it, so
+/// this file needs nothing of that state's type.
+pub(crate) trait RunningServer: Send + Sync {
+    /// The id the scheduler gave the server (None before its `Welcome`).
+    fn server_id(&self) -> Option<u32>;
+    /// Each key's counters, by key.
+    fn key_stats(&self) -> &DashMap<u64, Arc<KeyStats>>;
+    /// QUIC's counters of each worker's open data connection, named `worker R`, by rank.
+    fn worker_connections(&self) -> Vec<(String, quinn::ConnectionStats)>;
+}
+
 /// A handle to a server's counters ([`crate::Server::stats`]); a cheap `Clone`, valid before,
 /// during and after [`crate::Server::run`] (empty before it, frozen after it).
 #[derive(Clone, Default)]
@@ -47,7 +59,7 @@ pub struct ServerStats {
 #[derive(Default)]
 struct StatsInner {
     /// The running server's state, set by `run`.
-    shared: OnceLock<Weak<Shared>>,
+    running: OnceLock<Weak<dyn RunningServer>>,
     /// The last snapshot taken while the server ran (kept once it has stopped).
     last: Mutex<Option<ServerSnapshot>>,
     /// The connection to the scheduler, once dialled.
@@ -88,8 +100,9 @@ pub struct ServerSnapshot {
 
 impl ServerStats {
     /// Attaches the running server's state (by `run`).
-    pub(crate) fn attach(&self, shared: &Arc<Shared>) {
-        let _ = self.inner.shared.set(Arc::downgrade(shared));
+    pub(crate) fn attach<R: RunningServer + 'static>(&self, running: &Arc<R>) {
+        let running: Weak<R> = Arc::downgrade(running);
+        let _ = self.inner.running.set(running);
     }
 
     /// Records the connection to the scheduler (by `run`).
@@ -100,7 +113,7 @@ impl ServerStats {
     /// The counters now: per tensor, and each connection's QUIC counters. After the server
     /// stopped, the last snapshot taken while it ran, with the connections' final counters.
     pub fn snapshot(&self) -> ServerSnapshot {
-        let Some(shared) = self.inner.shared.get().and_then(Weak::upgrade) else {
+        let Some(running) = self.inner.running.get().and_then(Weak::upgrade) else {
             let mut last = lock(&self.inner.last).clone().unwrap_or_default();
             if let Some(c) = lock(&self.inner.scheduler).as_ref() {
                 last.connections.retain(|(p, _)| p != "scheduler");
@@ -109,7 +122,7 @@ impl ServerStats {
             return last;
         };
         let mut tensors: BTreeMap<String, ServerTensorStats> = BTreeMap::new();
-        for e in shared.key_stats.iter() {
+        for e in running.key_stats().iter() {
             let s = e.value();
             let t = tensors.entry(s.tensor.to_string()).or_default();
             t.keys += 1;
@@ -121,16 +134,9 @@ impl ServerStats {
         if let Some(c) = lock(&self.inner.scheduler).as_ref() {
             connections.push(("scheduler".to_string(), c.stats()));
         }
-        {
-            let workers = shared.workers.read().unwrap_or_else(|e| e.into_inner());
-            for (rank, w) in workers.iter().enumerate() {
-                if let Some(w) = w {
-                    connections.push((format!("worker {rank}"), w.peer.conn.stats()));
-                }
-            }
-        }
+        connections.extend(running.worker_connections());
         let snap = ServerSnapshot {
-            id: shared.server_id.get().copied(),
+            id: running.server_id(),
             tensors,
             connections,
         };
