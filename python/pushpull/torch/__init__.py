@@ -112,7 +112,7 @@ Failures
 Modules
     ``_state``        the worker and every piece of module-level state (read as
                       ``_state.NAME``), init / shutdown, rank and sizes, metrics,
-                      suspend / resume
+                      suspend / resume; it imports none of the modules below
     ``_declare``      declare, and the declaration checks of a round's tensor
     ``_round``        one round in flight: dtypes, integer tensors, CUDA stream ordering
     ``_push_pull``    push_pull's forms, poll, synchronize, discard_last_round

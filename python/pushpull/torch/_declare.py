@@ -5,30 +5,17 @@ BytePS's ``version`` / ``staleness``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Mapping, NamedTuple, Optional, Union
+from typing import Dict, Mapping, Optional, Union
 
 import torch
 
 from .._native import PushPullError
 from . import _state
-from ._round import _INTEGER
-from ._state import _check_running, _w
+from ._round import _INTEGER, _Round
+from ._state import _check_running, _Decl, _w
 from .compression import _Compressor, compressor_of
 
-if TYPE_CHECKING:
-    from ._round import _Round
-
 ParamMap = Mapping[str, str]
-
-
-class _Decl(NamedTuple):
-    """A tensor declared on this worker: its length in float32 elements (twice the elements
-    of an integer tensor), priority, parameter map and each chunk's codec."""
-
-    numel: int
-    priority: int
-    params: Dict[str, str]
-    codecs: List[str]
 
 
 def _param_str(name: str, key: str, v) -> str:
@@ -140,7 +127,7 @@ def declare(
 
 
 def _ensure_declared(
-    name: str, r: "_Round", priority: int, compression: Optional[_Compressor] = None
+    name: str, r: _Round, priority: int, compression: Optional[_Compressor] = None
 ) -> None:
     """Declares the tensor of round ``r`` if it is new (with the map of a pending
     ``declare(name, **kwargs)`` and ``compression``'s), else checks the call against the

@@ -1,7 +1,12 @@
 """The worker of :mod:`pushpull.torch` and its module-level state (the one place it lives:
 other modules read and change it as ``_state.NAME``, never through a copy), joining and
 leaving the job (:func:`init`, :func:`shutdown`), the job's sizes, and :func:`suspend` /
-:func:`resume`."""
+:func:`resume`.
+
+The package's other modules import this one, and this one imports none of them: the record of
+a declared tensor (:class:`_Decl`) is defined here, next to its table ``declared``, and the
+rounds held here (``handles``, ``live``: ``_round._Round`` objects) are held without naming
+their class, as ``deferred`` holds its optimizers."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import itertools
 import os
 import sys
 import weakref
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Tuple
 
 from .. import _native
 from .._env import JoinSettings, join_settings
@@ -19,23 +24,34 @@ from .._native import PushPullError
 if TYPE_CHECKING:
     import torch
 
-    from ._declare import _Decl
-    from ._round import _Round
+
+class _Decl(NamedTuple):
+    """A tensor declared on this worker (the values of ``declared``, written by
+    ``_declare.declare``): its length in float32 elements (twice the elements of an integer
+    tensor), priority, parameter map and each chunk's codec."""
+
+    numel: int
+    priority: int
+    params: Dict[str, str]
+    codecs: List[str]
+
 
 # The worker while joined (None before init() and after shutdown()), and its settings.
 worker: Optional[_native.Worker] = None
 settings: Optional[JoinSettings] = None
-# Rounds started and not yet synchronized, by handle.
-handles: Dict[int, "_Round"] = {}
+# Rounds started and not yet synchronized, by handle (each a _round._Round).
+handles: Dict[int, Any] = {}
 next_handle = itertools.count(1)
 noname = itertools.count()
 
-declared: Dict[str, "_Decl"] = {}
+# The tensors declared on this worker, by name.
+declared: Dict[str, _Decl] = {}
 # Names declared with BytePS's declare(name, **kwargs), before their first round: the
 # parameter map and priority they will be declared with.
 pending: Dict[str, Tuple[Dict[str, str], Optional[int]]] = {}
-# Every round started and not yet dropped (for suspend()), and whether rounds are suspended.
-live: "weakref.WeakSet[_Round]" = weakref.WeakSet()
+# Every round started and not yet dropped (each a _round._Round; suspend() waits on its
+# native handle, ``.native``), and whether rounds are suspended.
+live: "weakref.WeakSet" = weakref.WeakSet()
 suspended = False
 # Whatever holds rounds whose outcomes are collected later (a DistributedOptimizer with
 # ordered_step): each has _collect(), which raises the first error; collect_deferred() calls it.
