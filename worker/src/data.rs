@@ -267,7 +267,7 @@ pub(crate) fn decode_host(
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).decompress(payload, &ctx, slice),
         RoundKind::Sum { .. } => tensor.codec(index).decompress(payload, &ctx, slice),
         RoundKind::Gossip => {
-            return crate::worker::average_gossip(tensor, index, slice, round, lr, payload)
+            return crate::gossip::average_gossip(tensor, index, slice, round, lr, payload)
         }
     }
     .map_err(|e| e.to_string())?;

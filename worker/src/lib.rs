@@ -33,8 +33,14 @@
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
 //! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
+//! `push` (one chunk's push and the outcome it awaits, what `round` and `local` share: the
+//! round's context, the timed codec phases, the errors that name a chunk),
 //! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
 //! device chains launched in batches, and where a tensor's rounds live),
+//! `gossip` (a gossip tensor's row of the mixing matrix, the check that a call fits how a
+//! tensor is exchanged, and the average a gossip round's result is decoded into),
+//! `gradient_bound` (Moniqua's gradient bound `G` of `theta_schedule = bound`, one per tensor),
+//! `tensor` (the declared tensor's state, reduce operations, round kinds, byte counters),
 //! `chunks` (u64 placement ↔ buffer slices), `spans` (the worker's spans in the timeline,
 //! `[trace] dir`: a tensor's rounds and each chunk's phases), `checkpoint` (the [`Checkpoint`]
 //! file format and the settings a restart must share; `worker/checkpoint.rs` is the shell that
@@ -42,6 +48,14 @@
 //! `cluster.local_size` > 1: the notes between a host's workers, their shared memory, the
 //! chunk's turn, the owner's push; ARCHITECTURE.md "Two levels"). The protocol itself is
 //! documented in [`pushpull_proto::protocol`].
+//!
+//! The modules import one another in one direction only, from the façade down (each imports
+//! only modules further down this list; `error` is used by most):
+//! `blocking` and `prometheus` (wrappers of [`Worker`]); `worker` (the façade, `worker.rs` and
+//! `worker/`); `round`; `local`; `push`; `shared`; `data`; `gossip`; `spans`; `reference`;
+//! `tensor`; `gradient_bound`, `round_times`, `checkpoint`, `chunks`, `control`, `dispatch`,
+//! `error`. A module below the façade that needs something of it gets it passed in; nothing
+//! there names [`Worker`] except in documentation.
 //!
 //! # How a push_pull travels
 //! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
@@ -92,8 +106,11 @@ mod control;
 mod data;
 mod dispatch;
 mod error;
+mod gossip;
+mod gradient_bound;
 mod local;
 pub mod prometheus;
+mod push;
 pub mod reference;
 mod round;
 mod round_times;

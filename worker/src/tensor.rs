@@ -10,6 +10,7 @@ use pushpull_kernels::Compressor;
 use pushpull_proto::protocol::TensorPlacement;
 use pushpull_proto::ParamMap;
 
+use crate::gradient_bound::GradientBound;
 use crate::round_times::{RoundClock, RoundTimes};
 
 /// How [`crate::Worker::push_pull`] combines the workers' buffers.
@@ -98,7 +99,7 @@ pub(crate) struct TensorInner {
     /// (`None`: a tensor summed by push_pull).
     pub(crate) gossip: Option<Vec<(u32, f64)>>,
     /// The gradient bound of moniqua's `theta_schedule = bound` (gossip tensors).
-    pub(crate) bound: crate::worker::GradientBound,
+    pub(crate) bound: GradientBound,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).

@@ -10,7 +10,6 @@ mod gossip;
 mod group;
 mod join;
 
-pub(crate) use gossip::{average_gossip, GradientBound};
 pub use group::RoundHandle;
 pub use join::JoinOptions;
 
@@ -31,7 +30,9 @@ use tokio::task::JoinHandle;
 use crate::chunks::chunk_ranges;
 use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
-use crate::round::{run_round, RoundCtx, ServerLink};
+use crate::local::Local;
+use crate::push::{RoundCtx, ServerLink};
+use crate::round::run_round;
 use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, RoundKind, Tensor, TensorInner};
 use pushpull_kernels::{CodecContext, CodecFactory, Node};
@@ -96,7 +97,7 @@ struct WorkerInner {
     barrier_seq: AtomicU64,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// This worker's local group (`cluster.local_size` > 1; ARCHITECTURE.md, "Two levels").
-    local: Option<Arc<crate::local::Local>>,
+    local: Option<Arc<Local>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -376,7 +377,7 @@ impl Worker {
         kind: RoundKind,
     ) -> Result<Prepared<R>, WorkerError> {
         self.check_tensor(tensor)?;
-        gossip::check_exchange(&tensor.inner, kind)?;
+        crate::gossip::check_exchange(&tensor.inner, kind)?;
         if let Some(got) = data.wrong_len(tensor.len()) {
             return Err(WorkerError::LengthMismatch {
                 name: tensor.name().to_string(),
@@ -414,10 +415,10 @@ impl Worker {
             pool: self.inner.pool.clone(),
             learning_rate: self.inner.learning_rate.load(Ordering::Relaxed),
             undone,
-            local: self.inner.local.clone(),
         };
         Ok(Prepared {
             ctx,
+            local: self.inner.local.clone(),
             tensor: tensor.inner.clone(),
             next_round,
             guard,
@@ -531,6 +532,9 @@ impl Worker {
 /// took, so device rounds are spawned at once).
 struct Prepared<R: RoundData> {
     ctx: RoundCtx,
+    /// This worker's local group, where the cluster has them (`cluster.local_size` > 1):
+    /// chunks then go through [`crate::local::chunk_round`].
+    local: Option<Arc<Local>>,
     tensor: Arc<TensorInner>,
     next_round: tokio::sync::OwnedMutexGuard<u64>,
     guard: crate::shared::OpGuard,
@@ -560,6 +564,7 @@ impl<R: RoundData> Prepared<R> {
     fn spawn(self, hold: Option<SendHold>) -> JoinHandle<Result<R, WorkerError>> {
         let Prepared {
             ctx,
+            local,
             tensor: t,
             mut next_round,
             guard,
@@ -581,7 +586,8 @@ impl<R: RoundData> Prepared<R> {
             }
             let data = std::sync::Mutex::new(data);
             let span = crate::spans::round(ctx.rank, &t, round, kind);
-            let mut result = run_round(ctx, t.clone(), round, kind, &data, hold).await;
+            let mut result =
+                run_round(ctx, local.as_deref(), t.clone(), round, kind, &data, hold).await;
             let mut data = data.into_inner().unwrap_or_else(|p| p.into_inner());
             let t0 = std::time::Instant::now();
             let settling = data.end(&t);

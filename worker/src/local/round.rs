@@ -6,10 +6,10 @@ use pushpull_proto::placement::chunk_owner;
 
 use super::{Channel, Local, NoteKind, Place};
 use crate::data::{decode_host, encode_host, RoundData};
+use crate::dispatch::Outcome;
 use crate::error::WorkerError;
-use crate::round::{
-    aborted, codec_error, codec_phase, decompress_phase, push_await, Outcome, Pulled, QueuedMark,
-    RoundCtx,
+use crate::push::{
+    aborted, codec_error, codec_phase, decompress_phase, push_await, Pulled, QueuedMark, RoundCtx,
 };
 use crate::tensor::{RoundKind, TensorInner};
 

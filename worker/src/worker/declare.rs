@@ -127,9 +127,10 @@ impl Worker {
         }
         let num_servers = self.num_servers();
         let ranges = chunk_ranges(placement.len, &placement.chunks, num_servers).map_err(bad)?;
-        let gossip =
-            gossip::row(&self.inner.config, self.inner.rank, &placement.params).map_err(bad)?;
-        let bound = gossip::bound(&self.inner.config, gossip.is_some()).map_err(bad)?;
+        let gossip = crate::gossip::row(&self.inner.config, self.inner.rank, &placement.params)
+            .map_err(bad)?;
+        let bound =
+            crate::gradient_bound::bound(&self.inner.config, gossip.is_some()).map_err(bad)?;
         let factory = lock(&self.inner.codec_factory).clone();
         let mut codecs = Vec::with_capacity(placement.chunks.len());
         for (i, (c, r)) in placement.chunks.iter().zip(&ranges).enumerate() {

@@ -5,8 +5,8 @@
 //! encoded first has its chunks sent first while the window has room, even if a
 //! higher-priority call follows a moment later. Two workers making the same calls may so start
 //! a round in different orders, and a chunk one of them sends first and another last has its
-//! sum ready only at the end (BENCHMARKS.md, "The order of simultaneous calls"). A group call
-//! knows all its tensors before any is encoded: it takes every tensor's round lock (highest
+//! sum ready only at the end (BENCHMARKS.md at 60710fe, "The order of simultaneous calls"). A
+//! group call knows all its tensors before any is encoded: it takes every tensor's round lock (highest
 //! priority first, then by name, one order for every group), launches a device's batch and
 //! waits (off the async threads) until its payloads are on the host, then takes a
 //! [`SendHold`] of every tensor's priority, then starts the rounds highest priority first (a
@@ -91,8 +91,8 @@ impl Worker {
     /// [`Worker::push_pull_into`] of every `(tensor, input, output)` of `calls`, started
     /// together: the chunks leave in the tensors' priority order (FIFO within a priority)
     /// whatever order `calls` lists them in, which separate calls made at the same moment do
-    /// not guarantee (README.md, "Scheduling on the wire"). Use it for the gradients of a step
-    /// that are ready together, as Horovod's `grouped_allreduce` is used.
+    /// not guarantee (docs/shaped-network.md, "Scheduling on the wire"). Use it for the
+    /// gradients of a step that are ready together, as Horovod's `grouped_allreduce` is used.
     ///
     /// Returns once every round has started (after waiting for the previous round of any of
     /// the tensors), with one [`RoundHandle`] per call, in the order of `calls`; each resolves

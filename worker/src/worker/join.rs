@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::{Worker, WorkerInner};
 use crate::error::WorkerError;
-use crate::round::ServerLink;
+use crate::push::ServerLink;
 use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
 
 /// Idle capacity the pool of push payload buffers keeps (about one ResNet-50 round of fp32).
