@@ -13,7 +13,7 @@
 //! | [`http`] | [`serve`]: the HTTP listener ([`MetricsEndpoint`]), what a request gets (`/metrics` or `/`: the text; anything else: 404) |
 //! | [`quic`] | the `pushpull_quic_*` families from quinn's `ConnectionStats`, per peer |
 //!
-//! Metric names and labels are listed in the README ("Metrics").
+//! Metric names and labels are listed in docs/observability.md ("Metrics").
 
 #![warn(missing_docs)]
 

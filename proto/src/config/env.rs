@@ -1,7 +1,8 @@
 //! BytePS's environment variables (`BYTEPS_*`, `DMLC_*`): every one pushpull knows is either
 //! honoured or refused with an error naming it, and any other variable with those prefixes is
 //! refused too, so that a BytePS job file's setting is never silently ignored. [`VARIABLES`] is
-//! the one table (the README's table is made from it).
+//! the one table (docs/byteps-variables.md's table is made from it, and `tests/docs.rs` checks
+//! that it is).
 //!
 //! Three kinds are honoured:
 //!
@@ -277,8 +278,8 @@ pub fn apply_tuning(
             return Err(error(
                 name,
                 value,
-                "not a BytePS variable pushpull knows (README.md, \"BytePS's variables\", lists \
-                 them): unset it"
+                "not a BytePS variable pushpull knows (docs/byteps-variables.md lists them): \
+                 unset it"
                     .to_string(),
             ));
         };
@@ -568,7 +569,8 @@ pub fn log_level(value: &str) -> Result<&'static str, String> {
     }
 }
 
-/// The README's table of [`VARIABLES`]: name and what pushpull does with it, one row each.
+/// docs/byteps-variables.md's table of [`VARIABLES`]: name and what pushpull does with it, one
+/// row each.
 pub fn markdown_table() -> String {
     let mut s = String::from("| variable | what pushpull does with it |\n|---|---|\n");
     for var in VARIABLES {
@@ -744,22 +746,6 @@ mod tests {
                 .to_string();
             assert!(e.contains(words), "{bad:?}: {e}");
         }
-    }
-
-    /// The README's table is this table (`PUSHPULL_WRITE_TABLE=1` prints it to paste).
-    #[test]
-    fn the_readme_lists_every_variable() {
-        let table = markdown_table();
-        if std::env::var("PUSHPULL_WRITE_TABLE").is_ok() {
-            println!("{table}");
-        }
-        let readme = include_str!("../../../README.md");
-        assert!(
-            readme.contains(&table),
-            "README.md's table of BytePS's variables differs from proto/src/config/env.rs: \
-             run `PUSHPULL_WRITE_TABLE=1 cargo test -p pushpull-proto the_readme -- --nocapture` \
-             and paste it"
-        );
     }
 
     #[test]
