@@ -46,7 +46,11 @@ pub fn default_cases() -> Vec<BenchCase> {
         ),
         BenchCase::new(
             "onebit columns=1024",
-            &[("compressor", "onebit"), ("columns", "1024")],
+            &[
+                ("compressor", "onebit"),
+                ("columns", "1024"),
+                ("ef", "none"),
+            ],
         ),
         BenchCase::new("topk k=0.01", &[("compressor", "topk"), ("k", "0.01")]),
         BenchCase::new(

@@ -456,6 +456,7 @@ mod tests {
         let params = map(&[
             ("compressor", "onebit"),
             ("columns", "7"),
+            ("ef", "none"),
             ("momentum", "nesterov"),
         ]);
         // 7 columns of 10,000; a chunk of 2 columns: 2 pairs of levels and 20,000 bits.

@@ -111,7 +111,7 @@
 //! | `dithering`, packed | nb f32 norms, bit stream of n codes `(level << 1) \| sign`, `w = 1 + bitlen(s)` | `4·nb + 4·ceil(n·w/32)` |
 //! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, Elias-gamma coded (gap, sign, level) triples | at most `4 + 4·nb + 4·ceil(n·(3 + 2·floor(log2 s))/32)` |
 //! | `minmax` | nb × (f32 min, f32 max), bit stream of n codes of b bits | `8·nb + 4·ceil(n·b/32)` |
-//! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1` | `4·ceil(n·b/32)` |
+//! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1`; then the sender's f64 `B_θ` with `theta_schedule = bound`; then a u64 hash of the un-modded values with `hash = true` | `4·ceil(n·b/32)`, + 8 with `bound`, + 8 with `hash` |
 //!
 //! The exact definitions (which `elem` function computes what) are in each format's module
 //! docs; the fixed-width ones (`none`, `fp16`, `bf16`, `onebit`, `randomk`, packed

@@ -256,6 +256,20 @@ fn every_bad_map_names_the_key_the_value_and_what_is_allowed() {
         10,
         &["\"scaling\"", "per-column"],
     );
+    // 1-bit SGD's residual: a column-wise map says whether it wants it.
+    assert_err(
+        &[("compressor", "onebit"), ("columns", "4")],
+        10,
+        &["\"ef\" is required", "columns=4", "vanilla", "none"],
+    );
+    for ef in ["none", "vanilla", "corrected"] {
+        let kv = [
+            ("compressor", "onebit"),
+            ("columns", "4"),
+            ("byteps_ef_type", ef),
+        ];
+        parse_params(&map(&kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
+    }
     // mu.
     for v in ["1", "1.0", "-0.1", "abc", "NaN"] {
         assert_err(

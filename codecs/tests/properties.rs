@@ -75,7 +75,7 @@ fn onebit_columns_use_the_column_means() {
     // Column-major (CNTK's layout): column j is the contiguous run j·R .. (j+1)·R.
     proptest!(prop_config("onebit_columns_use_the_column_means", 64), |(x in input(), cols in 1usize..40)| {
         let cs = cols.to_string();
-        let mut c = build(&[("compressor", "onebit"), ("columns", &cs)], x.len());
+        let mut c = build(&[("compressor", "onebit"), ("columns", &cs), ("ef", "none")], x.len());
         let (_, y) = roundtrip(&mut c, &x, 0);
         let rows = x.len().div_ceil(cols.min(x.len()).max(1)).max(1);
         for (j, col) in x.chunks(rows).enumerate() {

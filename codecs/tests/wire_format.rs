@@ -323,7 +323,7 @@ fn sizes_follow_the_documented_formulas() {
         check(&[("compressor", "bf16")], 2 * n);
         check(&[("compressor", "onebit")], 4 + 4 * n.div_ceil(32));
         check(
-            &[("compressor", "onebit"), ("columns", "10")],
+            &[("compressor", "onebit"), ("columns", "10"), ("ef", "none")],
             8 * n.min(10) + 4 * n.div_ceil(32),
         );
         for b in 1..=8u32 {

@@ -195,7 +195,7 @@ fn cpu_only_compressors_and_bad_maps() {
     };
     for kv in [
         vec![("compressor", "topk"), ("k", "0.01")],
-        vec![("compressor", "onebit"), ("columns", "100")],
+        vec![("compressor", "onebit"), ("columns", "100"), ("ef", "none")],
         vec![
             ("compressor", "dithering"),
             ("k", "4"),

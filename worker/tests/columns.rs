@@ -41,7 +41,7 @@ async fn a_column_wise_tensor_spanning_chunks_keeps_its_columns_whole() {
         // 64 KiB partitions hold 3.3 columns of 5000: chunks of 3 columns.
         let s = stack(2, 2, 64 * 1024).await;
         let (columns, len) = (6usize, 30_000u64);
-        let params = map(&[("compressor", "onebit"), ("columns", "6")]);
+        let params = map(&[("compressor", "onebit"), ("columns", "6"), ("ef", "none")]);
         let ts = declare_all_with(&s, "w", len, params).await;
         assert_eq!(ts[0].num_chunks(), 2);
         let xs: Vec<Vec<f32>> = (0..2u64)
@@ -92,7 +92,7 @@ async fn a_column_wise_tensor_spanning_chunks_keeps_its_columns_whole() {
 async fn columns_that_do_not_divide_the_tensor_are_refused_by_name() {
     tokio::time::timeout(TIMEOUT, async {
         let s = stack(1, 1, 64 * 1024).await;
-        let params = map(&[("compressor", "onebit"), ("columns", "7")]);
+        let params = map(&[("compressor", "onebit"), ("columns", "7"), ("ef", "none")]);
         let e = s.workers[0]
             .declare("w", 30_001, params)
             .await

@@ -16,9 +16,10 @@
 //! rounding of `x̂`), however large `|x|` is.
 //!
 //! With `theta_schedule = lr` ([`ThetaSchedule::Lr`]) the round's θ is `theta · α` with `α`
-//! the round's learning rate ([`RoundCtx::lr`], required), as in the paper's Theorem 1, where
-//! θ grows with the step size: workers' models differ by about `α·G / (1 − ρ)`, so a bound
-//! that shrinks with a decaying rate quantises finer as training settles. `B_θ` is then the
+//! the round's learning rate ([`RoundCtx::lr`], required), as in the paper's Theorem 2, whose
+//! `θ_k = 2·α_k·G·C_α·log(16n)/(1 − ηρ)` is proportional to the step size: workers' models
+//! differ by about `α·G / (1 − ρ)`, so a bound that shrinks with a decaying rate quantises
+//! finer as training settles. `B_θ` is then the
 //! fixed `B_θ` of `theta` times `α` (in f64, `α` widened from f32), the same on every worker.
 //!
 //! With `theta_schedule = bound` ([`ThetaSchedule::Bound`]) the round's θ is `theta` times the

@@ -49,7 +49,7 @@ pub const KEYS: &[KeyInfo] = &[
         values: "a whole number >= 1 that divides the tensor's length: its column count, \
                  column-major (CNTK's layout: a column is len / columns contiguous elements); \
                  selects the column-wise variant (two levels per column, chunks cut at column \
-                 boundaries)",
+                 boundaries), which requires `ef` (1-bit SGD's residual: vanilla, or none)",
         default: "absent (one scale for the chunk)",
     },
     KeyInfo {

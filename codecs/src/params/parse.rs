@@ -240,6 +240,20 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
                         ),
                     });
                 }
+                if r.get("ef").is_none() {
+                    // 1-bit SGD keeps its quantisation residual (CNTK's notes): a map must
+                    // say whether it wants it, so that no existing map changes its bits.
+                    return Err(KernelError::Missing {
+                        key: "ef".to_string(),
+                        needed_by: format!(
+                            "the column-wise onebit variant ({k}={v}), 1-bit SGD, whose \
+                             residual is part of the method"
+                        ),
+                        allowed: "byteps_ef_type / ef: vanilla (1-bit SGD's residual), \
+                                  corrected, or none (say so to go without it)"
+                            .to_string(),
+                    });
+                }
                 CodecSpec::OneBitColumns {
                     columns,
                     chunk_columns: None,

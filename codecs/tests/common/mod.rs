@@ -125,7 +125,7 @@ pub fn all_configs() -> Vec<Vec<(&'static str, &'static str)>> {
         vec![("compressor", "bf16")],
         vec![("compressor", "onebit")],
         vec![("compressor", "onebit"), ("scaling", "true")],
-        vec![("compressor", "onebit"), ("columns", "5")],
+        vec![("compressor", "onebit"), ("columns", "5"), ("ef", "none")],
         vec![("compressor", "topk"), ("k", "0.1")],
         vec![("compressor", "topk"), ("k", "1")],
         vec![("compressor", "randomk"), ("k", "0.2")],
