@@ -172,6 +172,25 @@ def test_fused_small_gradients_give_the_unfused_bits(pushpull, seed, tmp_path, m
     check_fusion_job(tmp_path)
 
 
+def test_models_whose_parameters_share_names_keep_apart(pushpull, seed, tmp_path):
+    """jobs/two_models.py: three optimizers over models with the same parameter names (two of
+    one shape, one of another) give the bits of the same models named apart by hand, and the
+    later ones' gradients are declared as ``Gradient.NAME#2`` and ``#3``, not refused as
+    declared with another length nor sharing the first one's error feedback."""
+    p = run_job(pushpull, "two_models.py", tmp_path, seed, config=SMALL)
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        saved = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+        same, apart = saved["results"]["same names"], saved["results"]["distinct names"]
+        assert len(same) == len(apart) == 6
+        for k, (xs, ys) in enumerate(zip(same, apart)):
+            for x, y in zip(xs, ys):
+                assert torch.equal(x.view(torch.int32), y.view(torch.int32)), f"rank {r}, call {k}"
+        tensors = saved["tensors"]
+        for name in ("Gradient.0.weight", "Gradient.0.weight#2", "Gradient.0.weight#3"):
+            assert name in tensors, tensors
+
+
 def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
     from pushpull.torch import _buckets
 

@@ -46,6 +46,10 @@ noname = itertools.count()
 
 # The tensors declared on this worker, by name.
 declared: Dict[str, _Decl] = {}
+# Which parameter each DistributedOptimizer gradient name stands for (a weak reference), so
+# that a second model whose parameters have the same names gets names of its own
+# (optimizer._gradient_name).
+gradient_params: Dict[str, "weakref.ref"] = {}
 # Names declared with BytePS's declare(name, **kwargs), before their first round: the
 # parameter map and priority they will be declared with.
 pending: Dict[str, Tuple[Dict[str, str], Optional[int]]] = {}
@@ -148,6 +152,7 @@ def _leave(w: _native.Worker) -> None:
     suspended = False
     handles.clear()
     declared.clear()
+    gradient_params.clear()
     pending.clear()
     streams.clear()
     w.finish()

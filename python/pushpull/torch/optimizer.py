@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -142,6 +143,21 @@ def _fusions(entries, maps, buckets) -> List[_Fusion]:
     return fused
 
 
+def _gradient_name(name: str, p: torch.Tensor) -> str:
+    """``Gradient.NAME``, BytePS's name for the gradient of parameter NAME, unless an optimizer
+    of this process already gave that name to another parameter (two models whose parameters
+    share names, e.g. a GAN's generator and discriminator): then ``Gradient.NAME#2``, ``#3``,
+    ..., the first not taken. Names are taken in the order optimizers are made, the same on
+    every worker. The same parameter wrapped again keeps its name, and with it its tensor's
+    compressor state; a name whose parameter is gone stays taken."""
+    tname, k = f"Gradient.{name}", 1
+    while (owner := _state.gradient_params.get(tname)) is not None and owner() is not p:
+        k += 1
+        tname = f"Gradient.{name}#{k}"
+    _state.gradient_params.setdefault(tname, weakref.ref(p))
+    return tname
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(
         self,
@@ -191,7 +207,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 cmap = compression.params
             cmap = dict(cmap or {})
-            tname = f"Gradient.{name}"
+            tname = _gradient_name(name, p)
             group = group_of[id(p)]
             mom = _value(cmap, _MOMENTUM_KEYS)
             if mom and mom[1] == "nesterov":
@@ -408,7 +424,10 @@ def DistributedOptimizer(
 
     Every parameter is declared up front (a collective), in ``named_parameters`` order, as
     ``Gradient.NAME`` with priority ``-i`` for the i-th, so earlier layers' gradients go first
-    (small ones within a fused tensor, see ``fuse_small``).
+    (small ones within a fused tensor, see ``fuse_small``). A name that an earlier optimizer
+    of this process gave to another parameter (a second model with the same parameter names)
+    becomes ``Gradient.NAME#2`` (``#3``, ...), so that the two never share a tensor or its
+    compressor state; the same parameter wrapped again keeps its name and state.
     The gradients are reduced in buckets, as DDP's: the parameters in reverse order (the order
     a backward pass produces their gradients), a bucket closing at ``bucket_cap_mb`` MiB of
     float32 (DDP's default, 25) and at a change of parameter group. A hook marks each gradient
