@@ -412,13 +412,15 @@ impl CompressorSpec {
     pub fn to_params(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
         self.codec.params(&mut m);
-        if let Some(ef) = self.ef {
-            let v = match ef {
-                EfKind::Vanilla => "vanilla",
-                EfKind::Corrected => "corrected",
-            };
-            m.insert("ef".into(), v.into());
-        }
+        match self.ef {
+            Some(EfKind::Vanilla) => m.insert("ef".into(), "vanilla".into()),
+            Some(EfKind::Corrected) => m.insert("ef".into(), "corrected".into()),
+            // Column-wise onebit must say it goes without 1-bit SGD's residual.
+            None if matches!(self.codec, CodecSpec::OneBitColumns { .. }) => {
+                m.insert("ef".into(), "none".into())
+            }
+            None => None,
+        };
         if let Some(mu) = self.momentum_mu {
             m.insert("momentum".into(), "nesterov".into());
             m.insert("mu".into(), mu.to_string());

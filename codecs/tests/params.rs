@@ -29,6 +29,24 @@ fn assert_err(kv: &[(&str, &str)], len: usize, needles: &[&str]) {
     }
 }
 
+/// Every configuration's canonical map, and its printed form, parse back to the same spec.
+#[test]
+fn canonical_maps_parse_back_to_their_spec() {
+    for kv in all_configs() {
+        let spec = parse_params(&map(&kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
+        let again = parse_params(&spec.to_params()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        assert_eq!(again, spec, "{kv:?}");
+        let printed: Vec<(String, String)> = spec
+            .to_string()
+            .split(' ')
+            .map(|kv| kv.split_once('=').expect("key=value"))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let printed = printed.into_iter().collect();
+        assert_eq!(parse_params(&printed).unwrap(), spec, "{spec}");
+    }
+}
+
 #[test]
 fn byteps_spellings_build_the_documented_chain() {
     let c = build_compressor(

@@ -19,7 +19,7 @@ const MAPS: &[&[(&str, &str)]] = &[
     &[("compressor", "fp16")],
     &[("compressor", "bf16")],
     &[("compressor", "onebit"), ("scaling", "true")],
-    &[("compressor", "onebit"), ("columns", "5")],
+    &[("compressor", "onebit"), ("columns", "5"), ("ef", "none")],
     &[("compressor", "topk"), ("k", "0.1"), ("ef", "vanilla")],
     &[
         ("compressor", "randomk"),

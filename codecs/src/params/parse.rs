@@ -249,8 +249,9 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec,
                             "the column-wise onebit variant ({k}={v}), 1-bit SGD, whose \
                              residual is part of the method"
                         ),
-                        allowed: "byteps_ef_type / ef: vanilla (1-bit SGD's residual), \
-                                  corrected, or none (say so to go without it)"
+                        allowed: "byteps_ef_type / byteps_error_feedback_type / ef: vanilla \
+                                  (1-bit SGD's residual), corrected, or none (say so to go \
+                                  without it)"
                             .to_string(),
                     });
                 }
