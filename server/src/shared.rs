@@ -150,23 +150,18 @@ impl Shared {
 
     /// Aborts every open round naming `node`; every later push is refused naming it.
     pub(crate) fn node_lost(self: &Arc<Self>, node: &str, reason: &str) {
-        let keys: Vec<(u64, Arc<Mutex<KeyRounds>>)> = self
-            .keys
-            .iter()
-            .map(|e| (*e.key(), e.value().clone()))
-            .collect();
-        for (key, k) in keys {
-            let (priority, actions) = {
-                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
-                (k.info().priority, k.node_lost(node, reason))
-            };
-            self.execute(key, priority, actions);
-        }
+        self.for_each_key(|k| k.node_lost(node, reason));
     }
 
     /// Worker `rank` finished and closed its connection: rounds that need its pushes fail,
     /// naming it ([`KeyRounds::worker_left`]).
     pub(crate) fn worker_left(self: &Arc<Self>, rank: u32, node: &str) {
+        self.for_each_key(|k| k.worker_left(rank, node));
+    }
+
+    /// Runs `event` on every key's state machine, one key locked at a time, and carries out
+    /// the actions each returns.
+    fn for_each_key(self: &Arc<Self>, event: impl Fn(&mut KeyRounds) -> Vec<Action>) {
         let keys: Vec<(u64, Arc<Mutex<KeyRounds>>)> = self
             .keys
             .iter()
@@ -175,7 +170,7 @@ impl Shared {
         for (key, k) in keys {
             let (priority, actions) = {
                 let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
-                (k.info().priority, k.worker_left(rank, node))
+                (k.info().priority, event(&mut k))
             };
             self.execute(key, priority, actions);
         }
