@@ -149,12 +149,12 @@ def _gradient_name(name: str, p: torch.Tensor) -> str:
     share names, e.g. a GAN's generator and discriminator): then ``Gradient.NAME#2``, ``#3``,
     ..., the first not taken. Names are taken in the order optimizers are made, the same on
     every worker. The same parameter wrapped again keeps its name, and with it its tensor's
-    compressor state; a name whose parameter is gone stays taken."""
+    compressor state; a name whose parameter is gone stays taken. The optimizer takes its
+    names once it is built (a refused one takes none)."""
     tname, k = f"Gradient.{name}", 1
     while (owner := _state.gradient_params.get(tname)) is not None and owner() is not p:
         k += 1
         tname = f"Gradient.{name}#{k}"
-    _state.gradient_params.setdefault(tname, weakref.ref(p))
     return tname
 
 
@@ -242,6 +242,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 declare(tname, p, maps[k][0], priority=maps[k][1])
             elif k == f.members[0]:
                 declare(f.name, f.numel, _FUSED_MAP, priority=maps[k][1])
+        for tname, p, _, _ in self._entries:
+            _state.gradient_params.setdefault(tname, weakref.ref(p))
         self._passes = [0] * len(self._entries)
         self._ready = [False] * len(self._entries)
         self._waiting = [len(b) for b in self._buckets]  # entries not ready yet, per bucket
