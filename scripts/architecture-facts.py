@@ -70,12 +70,34 @@ def cargo(*args):
     return out.stdout
 
 
+def git_files():
+    """The repository's files as git sees them (tracked, and untracked but not ignored), or
+    None outside a git checkout: build outputs, caches and ignored files never count."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {os.path.join(ROOT, f) for f in out.decode().split("\0") if f}
+
+
+GIT_FILES = git_files()
+
+
 def files_under(folder, exts):
-    """Every file below `folder` whose name ends in one of `exts`, sorted, skipping build
-    outputs and hidden folders."""
+    """Every file below `folder` whose name ends in one of `exts`, sorted: those git sees, or
+    outside a git checkout every file but build outputs and hidden folders."""
     found = []
     if not os.path.isdir(folder):
         return found
+    if GIT_FILES is not None:
+        prefix = os.path.join(os.path.abspath(folder), "")
+        return sorted(
+            f for f in GIT_FILES
+            if f.startswith(prefix) and f.endswith(exts) and os.path.isfile(f)
+        )
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")]
         for f in filenames:
@@ -106,7 +128,7 @@ def rel(path):
 
 
 def packages():
-    meta = json.loads(cargo("metadata", "--offline", "--format-version", "1", "--no-deps"))
+    meta = json.loads(cargo("metadata", "--offline", "--locked", "--format-version", "1", "--no-deps"))
     members = set(meta["workspace_members"])
     pkgs = [p for p in meta["packages"] if p["id"] in members]
     return sorted(pkgs, key=lambda p: p["name"])
@@ -156,7 +178,7 @@ def layers(normal):
 def tree_names(pkg_name):
     """Every crate in `cargo tree -e normal` of one package (its own features only)."""
     tree = cargo(
-        "tree", "--offline", "-p", pkg_name, "-e", "normal", "--prefix", "none", "--format", "{p}",
+        "tree", "--offline", "--locked", "-p", pkg_name, "-e", "normal", "--prefix", "none", "--format", "{p}",
     )
     return {line.split(" ")[0] for line in tree.splitlines() if line.strip()}
 
