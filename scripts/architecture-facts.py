@@ -2,10 +2,9 @@
 """The figures of ARCHITECTURE.md that the repository can compute itself.
 
 Prints a markdown block: the size of each crate (lines of Rust in src/, tests/, examples/ and
-benches/; the Python package and the CUDA sources too), the largest files, which crates pull
-in the heavy dependencies (`cargo tree -e normal`, per crate) and whether the rules on what
-some crates may not pull in hold (RULES below), and the graph among the workspace's crates
-(`cargo metadata`). ARCHITECTURE.md holds the block between the lines
+benches/; the Python package and the CUDA sources too), the largest files, the graph among the
+workspace's crates (`cargo metadata`), and whether the rules on what some crates may not pull
+in hold (RULES below, checked in `cargo tree -e normal` of each). ARCHITECTURE.md holds the block between the lines
 `<!-- facts: begin -->` and `<!-- facts: end -->`.
 
 Usage (from any directory; needs cargo and the dependencies already fetched, as after a build):
@@ -18,7 +17,7 @@ Usage (from any directory; needs cargo and the dependencies already fetched, as 
 
 Sizes are rounded (crates to 0.1 k lines, files to 50 lines) so that small edits leave the
 block as it is; the check compares exactly what is printed. Cargo is `$CARGO` when set (as
-under `cargo test`), else `cargo` on PATH; every cargo call is `--offline` and builds nothing.
+under `cargo test`), else `cargo` on PATH; every cargo call is `--offline --locked` and builds nothing.
 """
 
 import json
@@ -253,19 +252,13 @@ def facts():
         w("Dev-dependencies only (for tests): " + "; ".join(devs) + ".")
     w("")
 
-    # Heavy dependencies.
-    w("**Heavy dependencies** (`cargo tree --offline -p CRATE -e normal`: each crate with its "
-      "own features, on this platform; ✓ where the crate is in its tree):")
+    # What each crate may not pull in, checked in its tree.
+    w("**What a crate may not pull in** (`cargo tree --offline -p CRATE -e normal`: each crate "
+      "with its own features, on this platform; a rule is BROKEN when its tree holds a crate it "
+      "names):")
     w("")
-    w("| crate | " + " | ".join(HEAVY) + " |")
-    w("|---|" + "---|" * len(HEAVY))
-    trees = {p["name"]: tree_names(p["name"]) for p in order}
-    for p in order:
-        has = trees[p["name"]]
-        w(f"| {p['name']} | " + " | ".join("✓" if h in has else "·" for h in HEAVY) + " |")
-    w("")
-    w("The rules (a crate's tree holds none of the crates named):")
-    w("")
+    names = {p["name"] for p in order}
+    trees = {c: tree_names(c) for c, _, _ in RULES if c in names}
     for crate, without, why in RULES:
         found = [c for c in without if c in trees.get(crate, ())]
         verdict = "holds" if crate in trees and not found else (
