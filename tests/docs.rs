@@ -384,15 +384,22 @@ fn shell_commands_parse_and_name_files_that_exist() {
 // ---------------------------------------------------------------------------------------------
 // Compression maps.
 
-/// Every `{"...": ...}` object in `text` (a page, blocks included), with its line.
+/// Every `{"...": ...}` object in `text` (a page, blocks included), with its line; braces
+/// inside strings do not count. The object need not be valid JSON: `check_map` says why not.
 fn json_objects(text: &str) -> Vec<(usize, &str)> {
     let mut out = Vec::new();
     let mut from = 0;
     while let Some(at) = text[from..].find("{\"").map(|i| from + i) {
         let mut depth = 0;
         let mut end = None;
+        let (mut in_string, mut escaped) = (false, false);
         for (i, c) in text[at..].char_indices() {
+            if in_string {
+                (in_string, escaped) = (escaped || c != '"', !escaped && c == '\\');
+                continue;
+            }
             match c {
+                '"' => in_string = true,
                 '{' => depth += 1,
                 '}' => {
                     depth -= 1;
@@ -681,6 +688,10 @@ fn the_checkers_fail_on_broken_examples() {
     assert!(check_map(r#"{"compressor": "onebit", "k": "0.1"}"#).is_err());
     assert!(check_map(r#"{"byteps_compressor_type": onebit}"#).is_err());
     assert_eq!(check_map(r#"{"a": 1}"#), Ok(false));
+    // A brace inside a string does not end the object.
+    let objects = json_objects(r#"x {"a": "}", "b": {"c": "{"}} y {"d": "e"}"#);
+    let objects: Vec<&str> = objects.into_iter().map(|(_, o)| o).collect();
+    assert_eq!(objects, [r#"{"a": "}", "b": {"c": "{"}}"#, r#"{"d": "e"}"#]);
     // Links: a missing file, a missing anchor, an anchor into a page.
     assert!(check_link(Path::new("README.md"), "docs/no-such-page.md").is_err());
     assert!(check_link(Path::new("README.md"), "#no-such-heading").is_err());
