@@ -401,6 +401,21 @@ impl Worker {
             .is_plain(name, length, &params.unwrap_or_default()))
     }
 
+    /// The compressor tensor `name` of `length` elements would run with the map `params`, as
+    /// its canonical map (short keys, defaults filled in; the Rust `Worker::effective_params`),
+    /// or None for a map the codecs refuse. Declares nothing.
+    #[pyo3(signature = (name, length, params=None))]
+    fn effective_params(
+        &self,
+        name: &str,
+        length: u64,
+        params: Option<BTreeMap<String, String>>,
+    ) -> PyResult<Option<BTreeMap<String, String>>> {
+        Ok(self
+            .get()?
+            .effective_params(name, length, &params.unwrap_or_default()))
+    }
+
     /// Whether a tensor of `length` elements is under `cluster.min_compress_bytes`, so that it
     /// travels uncompressed (the Rust `Worker::is_small`).
     fn is_small(&self, length: u64) -> PyResult<bool> {

@@ -22,8 +22,17 @@ MAPS = {
     # compresses it on the CPU.
     "elias": {"byteps_compressor_type": "dithering", "byteps_compressor_k": "4",
               "bucket": "512", "encoding": "elias"},
+    # Onebit with error feedback under Adam (OPTIMIZERS): DistributedOptimizer averages the
+    # updates (average="auto").
+    "updates": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
 }
 PASSES = {"accumulate": 2}
+# The optimizer of a mode (default: plain SGD), made around the parameters at lr 0.1.
+OPTIMIZERS = {"updates": lambda params: torch.optim.Adam(params, lr=0.1)}
+
+
+def make_optimizer(mode: str, params) -> torch.optim.Optimizer:
+    return OPTIMIZERS.get(mode, lambda ps: torch.optim.SGD(ps, lr=0.1))(params)
 # AMP: the loss scaler's first scale, and the (step, rank) whose input holds inf.
 AMP_SCALE = 2.0**12
 AMP_OVERFLOW = (2, 1)

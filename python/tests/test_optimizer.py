@@ -10,7 +10,7 @@ import torch
 
 from conftest import check_fusion_job, run_job
 from optimizer_common import (
-    AMP_SCALE, MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model, overflow,
+    AMP_SCALE, MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model, make_optimizer, overflow,
 )
 from pushpull import Reference
 
@@ -21,7 +21,9 @@ def single_process(seed: int, mode: str, job_seed: int):
     """The final parameters and the loss scaler's final scale (None without one)."""
     torch.set_num_threads(1)
     model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if mode == "updates":
+        return single_process_updates(seed, mode, job_seed, model), None
+    opt = make_optimizer(mode, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
     ref = None
     if MAPS[mode] is not None:
@@ -65,6 +67,39 @@ def single_process(seed: int, mode: str, job_seed: int):
     return model.state_dict(), scaler.get_scale() if scaler else None
 
 
+def single_process_updates(seed: int, mode: str, job_seed: int, model: torch.nn.Module):
+    """average="updates": each worker's own optimizer (a copy of the model whose parameters
+    are reset to the shared ones before its step) steps on its own gradients; the changes
+    are averaged through the reference and added to the shared parameters."""
+    import copy
+
+    ref = Reference(WORKERS, job_seed, str(SMALL))
+    for name, p in model.named_parameters():
+        ref.declare(f"Gradient.{name}", p.numel(), MAPS[mode])
+    copies = [copy.deepcopy(model) for _ in range(WORKERS)]
+    opts = [make_optimizer(mode, c.parameters()) for c in copies]
+    for step in range(STEPS):
+        deltas = []
+        for r, (c, opt) in enumerate(zip(copies, opts)):
+            with torch.no_grad():
+                for q, p in zip(c.parameters(), model.parameters()):
+                    q.copy_(p)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            opt.zero_grad()
+            x, y = batch(seed, step, r)
+            torch.nn.functional.cross_entropy(c(x), y).backward()
+            opt.step()
+            deltas.append({n: (q.detach() - p.detach()) for (n, q), p
+                           in zip(c.named_parameters(), model.parameters())})
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                got = ref.push_pull(f"Gradient.{name}",
+                                    [d[name].numpy().tobytes() for d in deltas], True)
+                p.add_(torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p))
+    return model.state_dict()
+
+
 def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
     """Runs jobs/optimizer.py (MODE, bucket cap, EXTRA) on WORKERS workers and checks every
     rank's final parameters against the single-process run; returns what each rank saved and
@@ -72,6 +107,9 @@ def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
     p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, *extra, workers=WORKERS,
                 config=SMALL)
     assert p.returncode == 0, p.stderr
+    # Said once per worker, in the log, and only where the updates are averaged.
+    said = p.stderr.count("averages the updates of Adam")
+    assert said == (WORKERS if mode == "updates" else 0), p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
     want, scale = single_process(seed, mode, ranks[0]["job_seed"])
     for r, got in enumerate(ranks):
@@ -202,3 +240,37 @@ def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
     # A change of parameter group closes a bucket too.
     assert _buckets([1, 1, 1, 1], [0, 0, 1, 1], 10**9) == [[3, 2], [1, 0]]
     assert _buckets([], [], 100) == []
+
+
+def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
+    """``average="auto"``: onebit with error feedback under SGD with momentum or Adam averages
+    the updates; plain SGD (the RFC's recipe: momentum in the map), onebit without error
+    feedback and other compressors keep the gradients. ``"gradients"`` where they would not
+    train, ``ef = corrected`` with the updates, and an unknown value are refused, naming
+    what is wrong."""
+    from pushpull.torch import _average
+
+    w = torch.nn.Parameter(torch.zeros(3))
+    onebit = {"compressor": "onebit", "scaling": "false", "ef": "vanilla"}
+    sgd = torch.optim.SGD([w], lr=0.1)
+    heavy = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    adam = torch.optim.AdamW([w], lr=1e-3)
+    names = ["Gradient.w", "Gradient.b"]
+    plain = {"compressor": "none"}
+    assert _average.resolve("auto", sgd, names, [onebit, plain]) == "gradients"
+    assert _average.resolve("auto", heavy, names, [onebit, plain]) == "updates"
+    assert _average.resolve("auto", adam, names, [plain, onebit]) == "updates"
+    assert _average.resolve("auto", adam, names, [{**onebit, "ef": "none"}, None]) == "gradients"
+    assert _average.resolve("auto", adam, names, [{"compressor": "topk", "k": "0.01",
+                                                   "ef": "vanilla"}, plain]) == "gradients"
+    assert _average.resolve("updates", sgd, names, [plain, plain]) == "updates"
+    with pytest.raises(ValueError, match=r"'Gradient.b'.*AdamW \(betas=\(0.9, 0.999\)\).*"
+                                         r"average='updates'"):
+        _average.resolve("gradients", adam, names, [plain, onebit])
+    with pytest.raises(ValueError, match=r"'Gradient.w'.*momentum=0.9"):
+        _average.resolve("gradients", heavy, names, [onebit, onebit])
+    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected'.*'vanilla'"):
+        _average.resolve("auto", adam, names, [{**onebit, "ef": "corrected"}, plain])
+    with pytest.raises(ValueError, match=r"average = 'grads': must be one of auto, "
+                                         r"gradients, updates"):
+        _average.resolve("grads", sgd, names, [plain, plain])

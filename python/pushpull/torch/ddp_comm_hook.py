@@ -13,6 +13,13 @@ momentum) carries over; a bucket that DDP rebuilds gets a new name (see
 :meth:`PushPullHookState.name_of`). The hook starts the round and returns at once; a thread
 of this module completes the returned future when the round ends.
 
+The hook hands DDP averaged gradients and never sees the optimizer. Onebit with error
+feedback does not train when those gradients feed an optimizer with state of its own (SGD
+with momentum, Adam): its state integrates the compression error. ``DistributedOptimizer``
+averages the optimizer's updates instead (``average="updates"``, taken by itself for such a
+map); a hook cannot, so use ``DistributedOptimizer`` there, or onebit with plain SGD and the
+map's ``momentum = nesterov`` (the BytePS RFC's recipe).
+
 This module does not use ``from __future__ import annotations``: DDP compares the hook's
 annotations with ``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]``, not
 strings."""

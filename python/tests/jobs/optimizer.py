@@ -13,7 +13,7 @@ import pushpull.torch as bps
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from optimizer_common import (  # noqa: E402
-    AMP_SCALE, MAPS, PASSES, STEPS, batch, lr_at, make_model, overflow,
+    AMP_SCALE, MAPS, PASSES, STEPS, batch, lr_at, make_model, make_optimizer, overflow,
 )
 
 out, seed, mode, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
@@ -23,7 +23,7 @@ bps.init()
 r = bps.rank()
 model = make_model(seed + 1000 * r)  # different on purpose: the broadcast must fix it
 bps.broadcast_parameters(model.state_dict(), root_rank=0)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = make_optimizer(mode, model.parameters())
 passes = PASSES.get(mode, 1)
 if mode == "fp16":
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression=bps.Compression.fp16,

@@ -193,10 +193,30 @@ impl Worker {
     /// rounding or gossip. A map the codecs refuse is not plain (its declare names the
     /// problem). Declares nothing.
     pub fn is_plain(&self, name: &str, len: u64, params: &ParamMap) -> bool {
+        self.effective_spec(name, len, params)
+            .is_some_and(|s| s.is_plain())
+    }
+
+    /// The compressor tensor `name` of `len` elements would run, declared with `params`
+    /// (overlaid on the config's map as [`Worker::declare`] does), as its canonical map
+    /// ([`pushpull_kernels::CompressorSpec::to_params`]: short keys, defaults filled in;
+    /// `compressor = "none"` and no error feedback under `cluster.min_compress_bytes`).
+    /// `None` for a map the codecs refuse (its declare names the problem). Declares nothing.
+    pub fn effective_params(&self, name: &str, len: u64, params: &ParamMap) -> Option<ParamMap> {
+        self.effective_spec(name, len, params)
+            .map(|s| s.to_params())
+    }
+
+    fn effective_spec(
+        &self,
+        name: &str,
+        len: u64,
+        params: &ParamMap,
+    ) -> Option<pushpull_kernels::CompressorSpec> {
         let mut merged = self.inner.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, params);
         let min = self.inner.config.cluster.min_compress_bytes;
-        pushpull_kernels::chunk::effective_spec(&merged, len, min).is_ok_and(|s| s.is_plain())
+        pushpull_kernels::chunk::effective_spec(&merged, len, min).ok()
     }
 
     /// Whether a tensor of `len` elements is under `cluster.min_compress_bytes`, so that it
