@@ -371,6 +371,11 @@ pub enum BenchCommand {
     /// The cluster on a shaped network: every node in its own network namespace, links shaped
     /// with tc tbf (needs root); seconds per round against the wire floor, per compressor.
     Net(Box<pushpull_bench::net::NetArgs>),
+    /// Time to accuracy on a shaped network (needs root): bench/tta/train.py per worker host
+    /// through pushpull (servers on hosts of their own and colocated) and torch DDP on gloo
+    /// (fp32, fp16, PowerSGD); validation bits per byte against training seconds, bytes and CPU
+    /// seconds per step, time and steps to the target.
+    Train(Box<pushpull_bench::tta::TrainArgs>),
 }
 
 /// `pushpull bench transport`.
@@ -739,6 +744,7 @@ pub fn bench(args: BenchArgs) -> CliResult<()> {
             multi_thread().block_on(bench::run_sender(&s.node, &s.to, s.bytes))
         }
         BenchCommand::Net(n) => pushpull_bench::net::run(*n),
+        BenchCommand::Train(t) => pushpull_bench::tta::run(*t),
     }
 }
 

@@ -10,7 +10,7 @@
 //! | [`node`] | the worker command: join, run the cluster file's job, print its report |
 //! | [`jobs`] | `pushpull_jobs`: the built-in jobs (the benchmark of the ResNet-50 tensor set, MLP training in candle), their `[job]` settings and data |
 //! | [`launch`] | `pushpull_launch`: a cluster of this machine's binaries as child processes (`pushpull local`, a user's script as every worker), certificates (`pushpull certs`) and the cluster file |
-//! | [`bench`](mod@bench) | `pushpull_bench`: `pushpull bench transport` (raw quinn against the cluster) and `pushpull bench net` (the cluster on a shaped network), with plots |
+//! | [`bench`](mod@bench) | `pushpull_bench`: `pushpull bench transport` (raw quinn against the cluster), `pushpull bench net` (the cluster on a shaped network) and `pushpull bench train` (time to accuracy there, against torch DDP), with plots |
 //! | [`cpu`], [`error`], [`logging`], [`report`] | `pushpull_node`'s: CPU seconds, [`CliError`], tracing, the parent–child report lines |
 //!
 //! The scheduler and server binaries are `pushpull_node`'s, which links neither candle nor

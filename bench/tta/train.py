@@ -35,7 +35,8 @@ Every ``--eval-every`` steps (and at step 0 and at the last step) every rank sto
 and waits at a barrier; rank 0 evaluates the validation bits per byte on a fixed set of
 windows; rank 0's decision to stop is broadcast (a second barrier); the clocks start again.
 The training clock (``wall_s``) therefore excludes evaluation and both barriers. The run stops
-after ``--steps`` steps or at the first evaluation at or below ``--target-bpb``.
+after ``--steps`` steps, at the first evaluation at or below ``--target-bpb``, or at the first
+evaluation whose training clock passed ``--time-limit`` seconds (the target not reached).
 
 ``--out FILE`` (rank 0 only) gets one JSON object per line:
 
@@ -53,7 +54,15 @@ after ``--steps`` steps or at the first evaluation at or below ``--target-bpb``.
   hooks call) and the bytes of the buckets handed to the hook (counted by a wrapping hook)),
   and ``eval_s`` (the evaluation's seconds, not on the clock);
 * last, ``"kind": "end"``: ``reached`` (whether ``--target-bpb`` was reached), ``step``,
-  ``wall_s``, ``val_bpb``.
+  ``wall_s``, ``val_bpb``, ``target_bpb``, ``stopped`` (``target``, ``time_limit`` or
+  ``steps``: what ended the run) and ``time_limit_s``.
+
+Two options only inform and exit 0, before anything starts (for ``pushpull bench train``, which
+validates its systems against this file's lists): ``--list-systems`` prints one JSON object,
+``{"pushpull": [presets], "ddp": [hooks]}`` (a hook ``NAME:R`` takes a whole number R >= 1), and
+``--check`` parses the whole command line as a run would, imports the system's packages
+(torch; ``pushpull.torch`` for pushpull; gloo for DDP) and prints one JSON object
+(``system``, ``workload``, ``size_name``, ``size``).
 
 A failure raises an exception whose message names the rank (the process exits non-zero).
 """
@@ -113,6 +122,18 @@ def parse_system(text: str) -> Tuple[str, str, int]:
         f"{', '.join(PUSHPULL_PRESETS)}) or ddp:HOOK (HOOK one of {', '.join(DDP_HOOKS)})")
 
 
+class ListSystems(argparse.Action):
+    """``--list-systems``: prints the systems as JSON and exits 0, whatever else is given."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(json.dumps({"pushpull": list(PUSHPULL_PRESETS), "ddp": list(DDP_HOOKS)}),
+              flush=True)
+        parser.exit(0)
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     """The command line; every refusal (unknown system, workload, size or size field, bad
     numbers) is an argparse error, before anything starts."""
@@ -120,6 +141,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--list-systems", action=ListSystems,
+                   help="print the presets and hooks as JSON and exit")
+    p.add_argument("--check", action="store_true",
+                   help="parse the command line, import the system's packages, print the "
+                   "run's settings as JSON and exit")
     p.add_argument("--system", type=parse_system, required=True,
                    help="pushpull:PRESET (none, fp16, onebit, topk, dithering) or ddp:HOOK "
                    "(none, fp16, powersgd:R, noop)")
@@ -133,6 +159,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     p.add_argument("--target-bpb", type=float, default=None,
                    help="stop at the first evaluation at or below this validation bits/byte")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="stop at the first evaluation whose training clock passed S seconds "
+                   "(recorded as not reached)")
     p.add_argument("--val-windows", type=int, default=64,
                    help="validation windows of seq_len bytes (default 64)")
     p.add_argument("--val-seed", type=int, default=0,
@@ -152,6 +181,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--seed and --val-seed must be >= 0")
     if not a.bucket_mb > 0:
         p.error("--bucket-mb must be > 0")
+    if a.time_limit is not None and not (a.time_limit > 0 and math.isfinite(a.time_limit)):
+        p.error("--time-limit must be a positive number of seconds")
     try:
         a.size_fields = models.size_of(a.workload, a.size, models.parse_overrides(a.set))
     except ValueError as e:
@@ -415,16 +446,18 @@ def run(a: argparse.Namespace, started: float) -> bool:
                **workload, "size_name": a.size, "corpus": corpus.describe(), "seed": a.seed,
                "val_seed": a.val_seed, "val_windows": a.val_windows, "world": world,
                "steps": a.steps, "eval_every": a.eval_every, "target_bpb": a.target_bpb,
-               "threads": torch.get_num_threads(), "torch": torch.__version__,
-               "python": platform.python_version(), "setup_s": setup_s})
+               "time_limit_s": a.time_limit, "threads": torch.get_num_threads(),
+               "torch": torch.__version__, "python": platform.python_version(),
+               "setup_s": setup_s})
 
     clock = cpu = 0.0
     mark = {"step": 0, "cpu": 0.0, "counters": system.counters(), "losses": []}
     last_bpb: Optional[float] = None
     lr = s.lr
 
-    def checkpoint(step: int) -> bool:
-        """The evaluation, off the clock; returns whether to stop (rank 0's decision)."""
+    def checkpoint(step: int) -> str:
+        """The evaluation, off the clock; returns why to stop (rank 0's decision: ``target``,
+        ``time_limit``), or "" to go on."""
         nonlocal last_bpb
         system.barrier()
         stop = 0.0
@@ -447,11 +480,13 @@ def run(a: argparse.Namespace, started: float) -> bool:
             last_bpb = bpb
             if a.target_bpb is not None and bpb <= a.target_bpb:
                 stop = 1.0
-        return system.broadcast_flag(stop) > 0
+            elif a.time_limit is not None and clock > a.time_limit:
+                stop = 2.0
+        return {1.0: "target", 2.0: "time_limit"}.get(system.broadcast_flag(stop), "")
 
-    reached = checkpoint(0)
+    stopped = checkpoint(0)
     step = 0
-    while not reached and step < a.steps:
+    while not stopped and step < a.steps:
         t0, c0 = time.perf_counter(), time.process_time()
         lr = models.lr_at(a.workload, s, step, a.steps)
         for group in system.param_groups:
@@ -465,13 +500,32 @@ def run(a: argparse.Namespace, started: float) -> bool:
         step += 1
         mark["losses"].append(loss)
         if step % a.eval_every == 0 or step == a.steps:
-            reached = checkpoint(step)
+            stopped = checkpoint(step)
+    reached = stopped == "target"
     if rank == 0:
-        write({"kind": "end", "reached": bool(reached), "step": step, "wall_s": clock,
-               "val_bpb": last_bpb, "target_bpb": a.target_bpb})
+        write({"kind": "end", "reached": reached, "step": step, "wall_s": clock,
+               "val_bpb": last_bpb, "target_bpb": a.target_bpb, "stopped": stopped or "steps",
+               "time_limit_s": a.time_limit})
         out.close()
     system.close()
-    return bool(reached)
+    return reached
+
+
+def check(a: argparse.Namespace) -> None:
+    """``--check``: imports what the system needs and prints the run's settings."""
+    import dataclasses
+
+    import torch  # noqa: F401
+
+    if a.kind == "pushpull":
+        import pushpull.torch  # noqa: F401
+    else:
+        import torch.distributed as dist
+
+        if not dist.is_gloo_available():
+            raise RuntimeError("this torch has no gloo backend")
+    print(json.dumps({"system": a.system, "workload": a.workload, "size_name": a.size,
+                      "size": dataclasses.asdict(a.size_fields)}), flush=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -479,6 +533,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     rank (the launcher's or torch's environment's before the job is joined)."""
     started = time.perf_counter()
     a = parse_args(argv)
+    if a.check:
+        check(a)
+        return 0
     a.rank = None
     try:
         run(a, started)

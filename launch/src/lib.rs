@@ -8,7 +8,7 @@
 //! | here | [`ClusterFiles`]: a temporary folder with certificates for the given node names and the cluster file, used by `pushpull local`, `bench transport` and `bench net`; [`write_config`] |
 //! | [`nodes`] | the nodes of one cluster as child processes: each node's command line, the start order, where each runs (here or in a network namespace) |
 //! | [`local`] | `pushpull local`: a whole cluster as child processes on loopback, and `--compare` (the training job per compressor and seed) |
-//! | [`script`] | `pushpull local -- COMMAND`: a scheduler and servers, and the user's command as every worker, with the environment `pushpull.torch` reads |
+//! | [`script`] | `pushpull local -- COMMAND`: a scheduler and servers, and the user's command as every worker, with the environment `pushpull.torch` reads; its two halves (`spawn_ranks`, `wait_ranks`) also run `bench train`'s script in network namespaces |
 //! | [`procs`] | child processes: spawning, stdout lines, stderr tails, kill on drop / failure / Ctrl-C |
 //! | [`certs`] | `pushpull certs`: a cluster CA and node certificates, the default node names |
 //! | [`multihost`] | `pushpull prepare` (a job folder: cluster file, CA, a certificate per node) and `pushpull node` (one node of it, its role and index from flags or Slurm's, Kubernetes' or torchrun's variables), for cluster managers |

@@ -3,10 +3,14 @@
 //! `bench net` each in its own network namespace; the integration tests build their command
 //! lines here too.
 //!
+//! [`spawn_at`] starts any program where a node would run (`pushpull local -- COMMAND`'s ranks
+//! and `bench train`'s scripts go through it too).
+//!
 //! Start order: the scheduler first (it binds port 0 of its address and prints
 //! `pushpull-scheduler listening on ADDR`), then every server and every worker with
 //! `--scheduler ADDR`. Workers run the cluster file's job with `--rank R --json --progress`.
 
+use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -77,6 +81,32 @@ pub fn worker_args(config: &Path, tls: &TlsConfig, scheduler: &str, rank: u32) -
     a
 }
 
+/// Starts `program args` as child `name` of `group` at `place` (in a namespace through `ip
+/// netns exec NS PROGRAM ARGS`, which keeps the environment), with `env` added to the
+/// launcher's environment; returns its index.
+pub fn spawn_at(
+    group: &mut ProcGroup,
+    name: &str,
+    place: &Place,
+    program: &Path,
+    args: &[String],
+    env: &[(String, OsString)],
+) -> CliResult<usize> {
+    match place {
+        Place::Here => group.spawn_with_env(name, program, args, env),
+        Place::Netns { ns, .. } => {
+            let mut a = vec![
+                "netns".to_string(),
+                "exec".to_string(),
+                ns.clone(),
+                program.display().to_string(),
+            ];
+            a.extend(args.iter().cloned());
+            group.spawn_with_env(name, Path::new("ip"), &a, env)
+        }
+    }
+}
+
 /// The processes [`start`] spawned, as indexes into its [`ProcGroup`].
 #[derive(Debug, Clone)]
 pub struct Started {
@@ -117,19 +147,7 @@ pub async fn start(
      -> CliResult<usize> {
         let mut full = prog.1.clone();
         full.extend(args);
-        match place(i) {
-            Place::Here => group.spawn(&label(i), &prog.0, &full),
-            Place::Netns { ns, .. } => {
-                let mut a = vec![
-                    "netns".to_string(),
-                    "exec".to_string(),
-                    ns.clone(),
-                    prog.0.display().to_string(),
-                ];
-                a.extend(full);
-                group.spawn(&label(i), Path::new("ip"), &a)
-            }
-        }
+        spawn_at(group, &label(i), place(i), &prog.0, &full, &[])
     };
     let scheduler = spawn(
         group,

@@ -3,7 +3,8 @@
 //! gets the environment that `pushpull.torch.init()` reads ([`worker_env`]); its stdout and
 //! stderr lines are printed prefixed with `[rank R] `. The launcher exits 0 once every copy has
 //! exited 0 and the scheduler and servers have ended the job, or with the first failure's exit
-//! status, after killing the rest.
+//! status, after killing the rest. [`spawn_ranks`] and [`wait_ranks`] are its two halves, which
+//! `pushpull bench train` uses with the ranks in network namespaces.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 
+use crate::nodes::{spawn_at, Place};
 use crate::procs::{Event, ProcGroup, Programs};
 use pushpull_node::error::{CliError, CliResult};
 
@@ -95,99 +97,165 @@ async fn drive(
     let (nw, ns) = (config.cluster.num_workers, config.cluster.num_servers);
     // The scheduler and the servers; the workers are the user's command.
     let started = super::nodes::start(group, programs, files, ns, 0, &[]).await?;
-    let mut ranks = Vec::with_capacity(nw as usize);
-    for r in 0..nw {
-        let tls = &files.tls[1 + ns as usize + r as usize];
-        // One machine: its workers are one host, grouped or not.
-        let per_host = match config.cluster.local_size {
-            g if g > 1 => g,
-            _ => nw,
+    // One machine: its workers are one host, grouped or not.
+    let per_host = match config.cluster.local_size {
+        g if g > 1 => g,
+        _ => nw,
+    };
+    let ranks = spawn_ranks(
+        group,
+        files,
+        &started.scheduler_addr,
+        (nw, per_host, ns),
+        (std::path::Path::new(program), args),
+        &[],
+        &[],
+    )?;
+    let print = |r: usize, line: &str| println!("[rank {r}] {line}");
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+        CliError::failed("interrupted (Ctrl-C): killed every process of the job")
+    };
+    let (proc, status) = match wait_ranks(group, &ranks, print, ctrl_c).await {
+        Ok(()) => return Ok(()),
+        Err(Stop::Stopped(e)) => return Err(e),
+        Err(Stop::WindDown) => {
+            return Err(CliError::failed(format!(
+                "every rank exited 0, but the scheduler or a server was still running {} s later",
+                WIND_DOWN.as_secs()
+            )))
+        }
+        Err(Stop::Failed { proc, status }) => (proc, status),
+    };
+    group.kill_all();
+    let err = if ranks.contains(&proc) {
+        // Its stderr was printed as it came.
+        let how = match status.code() {
+            Some(c) => format!("exited with code {c}"),
+            None => format!("ended with {status}"),
         };
-        let env = worker_env(
+        CliError::status(
+            exit_code(status),
+            format!(
+                "{} {how}; stopped the other processes of the job",
+                group.name(proc)
+            ),
+        )
+    } else {
+        CliError::failed(format!(
+            "{}; stopped the other processes of the job",
+            group.failure_message(proc, status)
+        ))
+    };
+    // Print what the others wrote before they were stopped.
+    let drain = async {
+        while let Some(ev) = group.next_event().await {
+            if let Event::Line { proc, line } = ev {
+                if let Some(r) = ranks.iter().position(|&i| i == proc) {
+                    println!("[rank {r}] {line}");
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    Err(err)
+}
+
+/// Spawns `program args` once per worker rank into `group`, as `rank R`, each with its
+/// [`worker_env`] (`workers` ranks in hosts of `per_host`, `servers` servers, the scheduler at
+/// `scheduler`, rank R's certificate `files.tls[1 + servers + R]`) and `extra_env`, rank R at
+/// `places[R]` (here where missing). Returns their indexes in `group`, by rank.
+pub fn spawn_ranks(
+    group: &mut ProcGroup,
+    files: &super::ClusterFiles,
+    scheduler: &str,
+    (workers, per_host, servers): (u32, u32, u32),
+    (program, args): (&std::path::Path, &[String]),
+    places: &[Place],
+    extra_env: &[(String, OsString)],
+) -> CliResult<Vec<usize>> {
+    let mut ranks = Vec::with_capacity(workers as usize);
+    for r in 0..workers {
+        let tls = &files.tls[1 + servers as usize + r as usize];
+        let mut env = worker_env(
             &files.config_path,
-            &started.scheduler_addr,
-            nw,
+            scheduler,
+            workers,
             per_host,
-            ns,
+            servers,
             r,
             tls,
         );
-        ranks.push(group.spawn_with_env(
+        env.extend(extra_env.iter().cloned());
+        let place = places.get(r as usize).unwrap_or(&Place::Here);
+        ranks.push(spawn_at(
+            group,
             &format!("rank {r}"),
-            std::path::Path::new(program),
+            place,
+            program,
             args,
             &env,
         )?);
     }
+    Ok(ranks)
+}
+
+/// Why [`wait_ranks`] returned before every child exited 0.
+#[derive(Debug)]
+pub enum Stop {
+    /// Child `proc` exited with `status`, not 0 (the others still run: the caller kills them).
+    Failed {
+        /// Its index in the group.
+        proc: usize,
+        /// How it exited.
+        status: std::process::ExitStatus,
+    },
+    /// Every rank exited 0, but another child (the scheduler or a server) was still running
+    /// 30 s later.
+    WindDown,
+    /// `stop` came first, with this error.
+    Stopped(CliError),
+}
+
+/// Waits until every child of `group` has exited 0, handing each stdout line of a child of
+/// `ranks` to `on_line(rank, line)` (other children's lines are dropped). Returns early when a
+/// child fails, when the other children outlive the ranks by 30 s, or when `stop` resolves
+/// (Ctrl-C for `pushpull local`, a signal flag for the benchmarks).
+pub async fn wait_ranks(
+    group: &mut ProcGroup,
+    ranks: &[usize],
+    mut on_line: impl FnMut(usize, &str),
+    stop: impl std::future::Future<Output = CliError>,
+) -> Result<(), Stop> {
     let mut ok_ranks = 0;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    tokio::pin!(stop);
     let wind_down = tokio::time::sleep(Duration::MAX);
     tokio::pin!(wind_down);
     loop {
         let ev = tokio::select! {
             ev = group.next_event() => ev,
-            _ = &mut ctrl_c => {
-                return Err(CliError::failed("interrupted (Ctrl-C): killed every process of the job"));
-            }
-            _ = &mut wind_down => {
-                return Err(CliError::failed(format!(
-                    "every rank exited 0, but the scheduler or a server was still running {} s later",
-                    WIND_DOWN.as_secs()
-                )));
-            }
+            e = &mut stop => return Err(Stop::Stopped(e)),
+            _ = &mut wind_down => return Err(Stop::WindDown),
         };
         let Some(ev) = ev else { return Ok(()) };
         match ev {
             Event::Line { proc, line } => {
                 if let Some(r) = ranks.iter().position(|&i| i == proc) {
-                    println!("[rank {r}] {line}");
+                    on_line(r, &line);
                 }
             }
             Event::Exit { proc, status } => {
-                if status.success() {
-                    if ranks.contains(&proc) {
-                        ok_ranks += 1;
-                        if ok_ranks == nw {
-                            wind_down
-                                .as_mut()
-                                .reset(tokio::time::Instant::now() + WIND_DOWN);
-                        }
-                    }
-                    continue;
+                if !status.success() {
+                    return Err(Stop::Failed { proc, status });
                 }
-                group.kill_all();
-                let err = if ranks.contains(&proc) {
-                    // Its stderr was printed as it came.
-                    let how = match status.code() {
-                        Some(c) => format!("exited with code {c}"),
-                        None => format!("ended with {status}"),
-                    };
-                    CliError::status(
-                        exit_code(status),
-                        format!(
-                            "{} {how}; stopped the other processes of the job",
-                            group.name(proc)
-                        ),
-                    )
-                } else {
-                    CliError::failed(format!(
-                        "{}; stopped the other processes of the job",
-                        group.failure_message(proc, status)
-                    ))
-                };
-                // Print what the others wrote before they were stopped.
-                let drain = async {
-                    while let Some(ev) = group.next_event().await {
-                        if let Event::Line { proc, line } = ev {
-                            if let Some(r) = ranks.iter().position(|&i| i == proc) {
-                                println!("[rank {r}] {line}");
-                            }
-                        }
+                if ranks.contains(&proc) {
+                    ok_ranks += 1;
+                    if ok_ranks == ranks.len() {
+                        wind_down
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + WIND_DOWN);
                     }
-                };
-                let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
-                return Err(err);
+                }
             }
         }
     }

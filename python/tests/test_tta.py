@@ -2,11 +2,15 @@
 same way twice and split by file; a tiny transformer and a tiny conv LM lower their training
 loss on a fixed batch and are causal; the per-worker script runs a few steps end to end with 2
 workers through pushpull (onebit, under the launcher) and through torch DDP on gloo (two
-processes started here), each writing valid JSON lines; unknown systems are refused before
-anything starts."""
+processes started here), each writing valid JSON lines; a time limit stops a run at the next
+evaluation; unknown systems are refused before anything starts, and the script lists the
+systems it knows. `pushpull bench train --quick` runs both kinds of system on a shaped network
+of namespaces (root only: skipped elsewhere, unless PUSHPULL_REQUIRE_NETNS=1, which turns the
+skip into a failure, as in tests/netns.rs)."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -94,7 +98,8 @@ def check_lines(path, system, workload, world=2):
         assert e["train_loss"] > 0 and e["cpu_s_per_step"] > 0 and e["bytes_per_step"] > 0, e
         assert e["raw_bytes_per_step"] >= run["grad_bytes"], e
     assert end == {"kind": "end", "reached": False, "step": STEPS, "wall_s": evals[-1]["wall_s"],
-                   "val_bpb": evals[-1]["val_bpb"], "target_bpb": None}
+                   "val_bpb": evals[-1]["val_bpb"], "target_bpb": None, "stopped": "steps",
+                   "time_limit_s": None}
     return lines
 
 
@@ -156,3 +161,110 @@ def test_an_unknown_system_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--system" in err and named in err and allowed in err, err
     assert not out.exists()
+
+
+def test_the_script_lists_its_systems_and_checks_a_run(tmp_path):
+    p = subprocess.run([sys.executable, str(TRAIN), "--list-systems"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    listed = json.loads(p.stdout)
+    import train
+
+    assert listed == {"pushpull": list(train.PUSHPULL_PRESETS), "ddp": list(train.DDP_HOOKS)}
+    out = tmp_path / "x.jsonl"
+    base = [sys.executable, str(TRAIN), "--check", "--workload", "conv", "--size", "tiny",
+            "--steps", "50", "--out", str(out)]
+    p = subprocess.run(base + ["--system", "ddp:powersgd:2", "--set", "d_model=48"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    checked = json.loads(p.stdout)
+    assert checked["system"] == "ddp:powersgd:2" and checked["size"]["d_model"] == 48
+    p = subprocess.run(base + ["--system", "ddp:none", "--set", "width=3"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "unknown size field 'width'" in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_a_time_limit_stops_at_the_next_evaluation(tmp_path):
+    out = tmp_path / "limit.jsonl"
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    p = subprocess.run([sys.executable, str(TRAIN), "--system", "ddp:none", "--workload", "conv",
+                        *map(str, COMMON), "--time-limit", "1e-6", "--target-bpb", "0.01",
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["time_limit_s"] == 1e-6
+    assert [e["step"] for e in lines[1:-1]] == [0, EVERY]
+    end = lines[-1]
+    assert end["stopped"] == "time_limit" and end["reached"] is False and end["step"] == EVERY
+
+
+def test_bench_train_refuses_an_unknown_system_before_anything_starts(pushpull):
+    for systems, named, allowed in [("ddp:none,pushpull:twobit", '"twobit"', "onebit"),
+                                    ("ddp:powersgd:0", '"powersgd:0"', "powersgd:R")]:
+        p = subprocess.run([str(pushpull), "bench", "train", "--python", sys.executable,
+                            "--systems", systems], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, p.stderr
+        assert "--systems" in p.stderr and named in p.stderr and allowed in p.stderr, p.stderr
+        assert "pushpull bench train: " not in p.stderr, "it started something"
+
+
+def netns_unavailable():
+    """Why `pushpull bench train` cannot build network namespaces here, or None."""
+    if os.geteuid() != 0:
+        return "not running as root (network namespaces need CAP_SYS_ADMIN)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` on PATH"
+    return None
+
+
+def namespaces():
+    p = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in p.stdout.splitlines() if line.strip()}
+
+
+def test_bench_train_quick_runs_both_systems(pushpull, tmp_path):
+    why = netns_unavailable()
+    if why is not None:
+        if os.environ.get("PUSHPULL_REQUIRE_NETNS") == "1":
+            pytest.fail(f"PUSHPULL_REQUIRE_NETNS=1 but bench train --quick cannot run: {why}")
+        print(f"skipped: bench train --quick: {why}")
+        pytest.skip(why)
+    report, svg = tmp_path / "tta.json", tmp_path / "tta.svg"
+    before = namespaces()
+    p = subprocess.run([str(pushpull), "bench", "train", "--quick", "--python", sys.executable,
+                        "--json", str(report), "--plot", str(svg)],
+                       capture_output=True, text=True, timeout=600)
+    print(p.stdout)
+    print(p.stderr, file=sys.stderr)
+    left = {n for n in namespaces() - before if n.startswith("pp")}
+    assert not left, f"namespaces left behind: {left}"
+    assert p.returncode == 0, p.stderr
+    r = json.loads(report.read_text())
+    assert r["failures"] == [] and r["settings"]["quick"]
+    runs = r["runs"]
+    assert sorted((x["system"], x["placement"]) for x in runs) == [
+        ("ddp:none", "no servers"), ("pushpull:onebit", "colocated"),
+        ("pushpull:onebit", "separate hosts")]
+    for x in runs:
+        evals = x["evals"]
+        assert x["run"]["system"] == x["system"] and x["run"]["world"] == 2, x["run"]
+        assert len(evals) >= 2 and evals[0]["step"] == 0, evals
+        assert evals[-1]["val_bpb"] < evals[0]["val_bpb"], evals
+        assert x["end"]["step"] == evals[-1]["step"] > 0
+        assert x["outcome"]["wire_bytes_per_step"] > 0 and x["outcome"]["app_bytes_per_step"] > 0
+        assert {h["host"] for h in x["hosts"]} >= {"worker0", "worker1"}
+    ddp = next(x for x in runs if x["system"] == "ddp:none")
+    assert ddp["target_source"] == "ddp:none's final" and ddp["outcome"]["reached"]
+    assert ddp["target_bpb"] == ddp["end"]["val_bpb"]
+    for x in runs:
+        if x["system"] != "ddp:none":
+            assert x["target_bpb"] == ddp["target_bpb"]
+            assert x["time_limit_s"] == pytest.approx(1.5 * ddp["end"]["wall_s"])
+    separate = next(x for x in runs if x["placement"] == "separate hosts")
+    assert {h["host"] for h in separate["hosts"]} == {"scheduler", "server0", "worker0", "worker1"}
+    for word in ("ddp:none", "pushpull:onebit", "separate hosts", "colocated", "no servers"):
+        assert word in p.stdout, word
+    assert svg.read_text().startswith("<svg")

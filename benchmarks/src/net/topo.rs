@@ -81,7 +81,8 @@ pub fn run_cmd(program: &str, args: &[&str]) -> CliResult<String> {
 /// Link shaping of every host, both directions.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Shaping {
-    /// tbf rate in bits per second (tc's `kbit`/`mbit`/`gbit` are powers of 1000).
+    /// tbf rate in bits per second (tc's `kbit`/`mbit`/`gbit` are powers of 1000); 0: no tbf at
+    /// all, the links run at the veth pairs' own speed (`bench train --rates none`).
     pub rate_bits: u64,
     /// MTU of every link (both veth ends and the bridge), bytes: 1500 is Ethernet's, 9000
     /// jumbo frames.
@@ -232,7 +233,7 @@ fn delete_namespace(ns: &str) -> CliResult<()> {
 impl Topology {
     /// Creates a bridge namespace and one namespace per name in `hosts`, each running the node
     /// of its name, links each host to the bridge with a veth pair shaped by `shaping` on both
-    /// ends. On failure everything created so far is deleted and the error names the failed
+    /// ends (not shaped when its rate is 0). On failure everything created so far is deleted and the error names the failed
     /// command.
     pub fn create(hosts: &[String], shaping: Shaping) -> CliResult<Topology> {
         let hosts: Vec<(String, Vec<String>)> =
@@ -300,12 +301,14 @@ impl Topology {
             run_cmd("ip", &["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
             run_cmd("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
             run_cmd("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
-            let mut up = vec!["-n", ns.as_str(), "qdisc", "add", "dev", "eth0", "root"];
-            up.extend(&tbf);
-            run_cmd("tc", &up)?;
-            let mut down = vec!["-n", br.as_str(), "qdisc", "add", "dev", &port, "root"];
-            down.extend(&tbf);
-            run_cmd("tc", &down)?;
+            if self.shaping.rate_bits > 0 {
+                let mut up = vec!["-n", ns.as_str(), "qdisc", "add", "dev", "eth0", "root"];
+                up.extend(&tbf);
+                run_cmd("tc", &up)?;
+                let mut down = vec!["-n", br.as_str(), "qdisc", "add", "dev", &port, "root"];
+                down.extend(&tbf);
+                run_cmd("tc", &down)?;
+            }
             self.hosts.push(Host {
                 name: name.clone(),
                 nodes: nodes.clone(),
