@@ -258,7 +258,8 @@ def test_bench_train_quick_runs_both_systems(pushpull, tmp_path):
         assert {h["host"] for h in x["hosts"]} >= {"worker0", "worker1"}
     ddp = next(x for x in runs if x["system"] == "ddp:none")
     assert ddp["target_source"] == "ddp:none's final" and ddp["outcome"]["reached"]
-    assert ddp["target_bpb"] == ddp["end"]["val_bpb"]
+    # The derived target allows --target-slack (0.5 %) over DDP fp32's final value.
+    assert ddp["target_bpb"] == pytest.approx(ddp["end"]["val_bpb"] * 1.005, rel=1e-12)
     for x in runs:
         if x["system"] != "ddp:none":
             assert x["target_bpb"] == ddp["target_bpb"]
