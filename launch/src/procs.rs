@@ -350,6 +350,15 @@ impl ProcGroup {
         let _ = self.kill.send(true);
     }
 
+    /// Kills every child that is still running and waits, at most `limit`, until all have
+    /// exited (their remaining events dropped), so that what they held (ports, a network
+    /// namespace) is free when it returns.
+    pub async fn kill_and_reap(&mut self, limit: Duration) {
+        self.kill_all();
+        let _ =
+            tokio::time::timeout(limit, async { while self.next_event().await.is_some() {} }).await;
+    }
+
     fn tail_text(&self, idx: usize) -> String {
         let tail = self.stderr_tail(idx);
         if tail.is_empty() {

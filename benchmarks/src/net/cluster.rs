@@ -143,12 +143,8 @@ pub async fn run_cluster(
     let driven = match result {
         Ok(r) => r,
         Err(e) => {
-            group.kill_all();
-            // Give the children a moment to die before the namespaces go.
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while group.next_event().await.is_some() {}
-            })
-            .await;
+            // The children die before the namespaces go.
+            group.kill_and_reap(Duration::from_secs(5)).await;
             return Err(e);
         }
     };

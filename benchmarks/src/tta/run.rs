@@ -385,12 +385,8 @@ pub async fn run_one(ctx: &RunCtx<'_>, plan: &RunPlan, ask: RunAsk) -> Result<Fi
     let cpu = match result {
         Ok(cpu) => cpu,
         Err(e) => {
-            group.kill_all();
-            // Give the children a moment to die before the next run.
-            let _ = tokio::time::timeout(Duration::from_secs(5), async {
-                while group.next_event().await.is_some() {}
-            })
-            .await;
+            // The children die before the next run.
+            group.kill_and_reap(Duration::from_secs(5)).await;
             return Err(e);
         }
     };

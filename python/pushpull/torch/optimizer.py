@@ -338,6 +338,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._synchronized = True
             return
         self._collect()
+        self._finish_all()
+        self._discard_non_finite()
+        self._synchronized = True
+
+    def _finish_all(self) -> None:
+        """Starts the buckets not started yet (:meth:`_start_rest`) and waits for every
+        round of the step, unpacking the fused tensors; the step's bookkeeping starts over
+        even if a round failed."""
         self._start_rest()
         inflight, self._inflight = self._inflight, {}
         try:
@@ -348,8 +356,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f.finish()
         finally:
             self._step_done()
-        self._discard_non_finite()
-        self._synchronized = True
 
     def _synchronize_ordered(self) -> bool:
         """:meth:`synchronize` without the host waiting (``ordered_step``): later work on
@@ -432,16 +438,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         loss = super(self.__class__, self).step(closure)
         with torch.no_grad():
             _average.delta_of(params, self._before)
-            self._start_rest()
-            inflight, self._inflight = self._inflight, {}
-            try:
-                for rounds in inflight.values():
-                    for r in rounds:
-                        r.finish()
-                for f in self._fused:
-                    f.finish()
-            finally:
-                self._step_done()
+            self._finish_all()
             non_finite = self._non_finite
             self._discard_non_finite()
             if self._non_finite == non_finite:
@@ -527,10 +524,13 @@ def DistributedOptimizer(
     (``ValueError`` naming the optimizer and the tensor). With the updates averaged,
     :meth:`synchronize` has nothing to wait for (clipping clips this worker's gradients),
     ``ef = corrected`` is refused (an update carries its learning rate), a step whose
-    averaged update holds inf or NaN leaves the parameters as they were on every worker,
-    and the optimizer's state differs between workers (a script that saves only rank 0's
-    optimizer state restarts every worker from rank 0's). A
-    torch DDP communication hook cannot do this: it never sees the optimizer.
+    averaged update holds inf or NaN leaves the parameters as they were on every worker
+    (the optimizer's state on the worker whose gradients overflowed keeps what its step made
+    of them), and the optimizer's state differs between workers (a script that saves only
+    rank 0's optimizer state restarts every worker from rank 0's). It does not go with a loss
+    scaler (``torch.amp.GradScaler``): a worker whose gradients overflow skips
+    ``optimizer.step()``, and with it the step's rounds, which the other workers wait for.
+    A torch DDP communication hook cannot do this: it never sees the optimizer.
 
     ``staleness`` is BytePS's argument, in BytePS's place: pushpull's rounds are synchronous,
     so anything but 0 raises ``ValueError`` before a parameter is declared.
