@@ -5,7 +5,9 @@ onebit with error feedback on the workers (one scale, mean |x| or ‖x‖₂/√
 elements, as ``cluster.partition_bytes`` cuts them), the servers' re-encode of the sum with its
 own error feedback (``--server ef``) or the sum pulled as float32 (``none``), the first
 ``--warmup`` steps uncompressed, or the first ``--gwarm`` steps' gradients averaged
-uncompressed before the updates. Tensors under 64 KiB travel as float32, as pushpull's
+uncompressed before the updates; ``--mode frozen``: ``average="momentum"`` (DeepSpeed's
+1-bit Adam: ``--gwarm`` steps of uncompressed gradients, then each worker's first moment
+pushed and averaged, the second moment frozen). Tensors under 64 KiB travel as float32, as pushpull's
 ``min_compress_bytes``. Prints the validation bits per byte every 100 steps and a JSON line
 at the end (BENCHMARKS.md "Onebit with the user's AdamW, through the cluster", measured at
 a731cfb)::
@@ -29,7 +31,7 @@ from train import evaluate  # noqa: E402
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("--workload", choices=models.WORKLOADS, default="transformer")
 p.add_argument("--steps", type=int, default=600)
-p.add_argument("--mode", choices=["updates", "gradients", "none"], default="updates")
+p.add_argument("--mode", choices=["updates", "gradients", "none", "frozen"], default="updates")
 p.add_argument("--server", choices=["ef", "none"], default="ef")
 p.add_argument("--warmup", type=int, default=0)
 p.add_argument("--workers", type=int, default=2)
@@ -72,10 +74,49 @@ if a.mode == "updates":
     copies = [copy.deepcopy(model) for _ in range(W)]
     opts = [models.make_optimizer(a.workload, c, s) for c in copies]
 final_mode = a.mode
+if final_mode == "frozen":
+    a.mode = "gradients"  # until --gwarm
+frozen = {}  # name -> (v_hat frozen at the end of the warm-up, weight decay)
+momentum = {}  # name -> the averaged momentum every worker holds
+
+
+def frozen_step(step, lr, comp):
+    """DeepSpeed's 1-bit Adam after its warm-up: the second moment frozen as the warm-up's
+    (averaged-gradient) AdamW left it, every worker's momentum pushed (onebit with error
+    feedback, as the gradients would be) and the average taken as everyone's momentum, the
+    AdamW step taken from it."""
+    b1, b2 = opt.param_groups[0]["betas"]
+    eps = opt.param_groups[0]["eps"]
+    if not frozen:
+        for g in opt.param_groups:
+            for q in g["params"]:
+                st = opt.state[q]
+                t = int(st["step"])
+                n = name_of[id(q)]
+                frozen[n] = (st["exp_avg_sq"] / (1 - b2 ** t), g["weight_decay"])
+                momentum[n] = st["exp_avg"].clone()
+    grads = []
+    for r in range(W):
+        model.zero_grad()
+        x, y = corpus.train_batch(0, step, r, s.batch, s.seq_len)
+        models.loss_of(model, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), s.clip)
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    t = step + 1
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            ms = [b1 * momentum[n] + (1 - b1) * g[n] for g in grads]
+            momentum[n] = exchange(n, ms, comp)
+            v_hat, wd = frozen[n]
+            q.mul_(1 - lr * wd)
+            q.add_(-lr * (momentum[n] / (1 - b1 ** t)) / (v_hat.sqrt() + eps))
+
+
+name_of = {id(q): n for n, q in model.named_parameters()}
 t0 = time.time()
 for step in range(a.steps):
     lr = models.lr_at(a.workload, s, step, a.steps)
-    comp = a.mode != "none" and step >= a.warmup
+    comp = a.mode != "none" and step >= max(a.warmup, a.gwarm)
     if final_mode == "updates":
         if step < a.gwarm:
             a.mode = "gradients"; comp = False
@@ -83,7 +124,9 @@ for step in range(a.steps):
             a.mode = "updates"
             for c, o in zip(copies, opts):
                 o.load_state_dict(copy.deepcopy(opt.state_dict()))
-    if a.mode == "updates":
+    if final_mode == "frozen" and step >= a.gwarm:
+        frozen_step(step, lr, comp)
+    elif a.mode == "updates":
         deltas = []
         for r in range(W):
             c, o = copies[r], opts[r]
@@ -113,4 +156,4 @@ for step in range(a.steps):
         opt.step()
     if (step + 1) % 100 == 0:
         print(step + 1, round(evaluate(model, val, s.batch), 4), round(time.time() - t0), flush=True)
-print(json.dumps({"args": vars(a), "bpb": evaluate(model, val, s.batch)}))
+print(json.dumps({"args": {**vars(a), "mode": final_mode}, "bpb": evaluate(model, val, s.batch)}))

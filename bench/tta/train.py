@@ -15,7 +15,10 @@ Systems (``--system``):
 
 * ``pushpull:PRESET``: ``pushpull.torch`` (``bps.init()``, ``bps.broadcast_parameters`` of rank
   0's state dict, ``bps.DistributedOptimizer(opt, model.named_parameters(),
-  compression_params=MAP)``), MAP from :data:`PUSHPULL_PRESETS`. None of the maps adds momentum
+  compression_params=MAP, warmup_steps=max(2, steps // 10))``), MAP from
+  :data:`PUSHPULL_PRESETS` (``warmup_steps`` matters where ``average="auto"`` takes
+  ``"momentum"``: onebit under the transformer's AdamW; it is PowerSGD's
+  ``start_powerSGD_iter``, so both warm up alike). None of the maps adds momentum
   on the worker (``DistributedOptimizer`` refuses worker momentum for an optimizer with
   momentum of its own, and both workloads' optimizers have it).
 * ``ddp:HOOK``: torch's ``DistributedDataParallel`` on gloo (``init_method="env://"``), with
@@ -199,13 +202,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 class PushPullSystem:
     """Gradients averaged by ``pushpull.torch.DistributedOptimizer`` with a preset's map."""
 
-    def __init__(self, preset: str, bucket_mb: float):
+    def __init__(self, preset: str, steps: int, bucket_mb: float):
         import pushpull.torch as bps
 
         self.bps = bps
         self.preset = preset
         self.map = dict(PUSHPULL_PRESETS[preset])
         self.bucket_mb = bucket_mb
+        self.warmup_steps = max(2, steps // 10)
         bps.init()
         self.rank, self.world = bps.rank(), bps.size()
         self.opt = None
@@ -213,14 +217,15 @@ class PushPullSystem:
     def describe(self) -> Dict[str, object]:
         """The preset and its compression map."""
         return {"preset": self.preset, "compression_params": self.map,
-                "bucket_mb": self.bucket_mb}
+                "bucket_mb": self.bucket_mb, "average": self.opt._average if self.opt else None,
+                "warmup_steps": self.warmup_steps}
 
     def wrap(self, model, opt):
         """Broadcasts rank 0's parameters and wraps ``opt``; returns the module to train."""
         self.bps.broadcast_parameters(model.state_dict(), root_rank=0)
         self.opt = self.bps.DistributedOptimizer(
             opt, model.named_parameters(), compression_params=self.map,
-            bucket_cap_mb=self.bucket_mb)
+            bucket_cap_mb=self.bucket_mb, warmup_steps=self.warmup_steps)
         return model
 
     def step(self, module, params, loss_fn, clip: float) -> float:
@@ -420,7 +425,7 @@ def run(a: argparse.Namespace, started: float) -> bool:
     s = a.size_fields
     corpus.load()
     if a.kind == "pushpull":
-        system = PushPullSystem(a.name, a.bucket_mb)
+        system = PushPullSystem(a.name, a.steps, a.bucket_mb)
     else:
         system = DDPSystem(a.name, a.powersgd_rank, a.steps, a.bucket_mb)
     rank, world = system.rank, system.world

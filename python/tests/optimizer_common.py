@@ -22,13 +22,23 @@ MAPS = {
     # compresses it on the CPU.
     "elias": {"byteps_compressor_type": "dithering", "byteps_compressor_k": "4",
               "bucket": "512", "encoding": "elias"},
-    # Onebit with error feedback under Adam (OPTIMIZERS): DistributedOptimizer averages the
-    # updates (average="auto").
+    # Onebit with error feedback under Adam (OPTIMIZERS), the updates averaged
+    # (average="updates", AVERAGES).
     "updates": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
+    # The same with AdamW and average="auto", which takes "momentum": WARMUP steps of
+    # uncompressed gradients, then the first moment averaged and the second frozen.
+    "momentum": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
 }
+# DistributedOptimizer's average= per mode (default "auto"), and its warmup_steps.
+AVERAGES = {"updates": "updates"}
+WARMUP = 2
 PASSES = {"accumulate": 2}
 # The optimizer of a mode (default: plain SGD), made around the parameters at lr 0.1.
-OPTIMIZERS = {"updates": lambda params: torch.optim.Adam(params, lr=0.1)}
+OPTIMIZERS = {
+    "updates": lambda params: torch.optim.Adam(params, lr=0.1),
+    "momentum": lambda params: torch.optim.AdamW(params, lr=0.1, betas=(0.9, 0.95),
+                                                 weight_decay=0.1),
+}
 
 
 def make_optimizer(mode: str, params) -> torch.optim.Optimizer:

@@ -10,7 +10,8 @@ import torch
 
 from conftest import check_fusion_job, run_job
 from optimizer_common import (
-    AMP_SCALE, MAPS, PASSES, STEPS, WORKERS, batch, lr_at, make_model, make_optimizer, overflow,
+    AMP_SCALE, MAPS, PASSES, STEPS, WARMUP, WORKERS, batch, lr_at, make_model, make_optimizer,
+    overflow,
 )
 from pushpull import Reference
 
@@ -23,6 +24,8 @@ def single_process(seed: int, mode: str, job_seed: int):
     model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
     if mode == "updates":
         return single_process_updates(seed, mode, job_seed, model), None
+    if mode == "momentum":
+        return single_process_momentum(seed, mode, job_seed, model), None
     opt = make_optimizer(mode, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
     ref = None
@@ -100,6 +103,50 @@ def single_process_updates(seed: int, mode: str, job_seed: int, model: torch.nn.
     return model.state_dict()
 
 
+def single_process_momentum(seed: int, mode: str, job_seed: int, model: torch.nn.Module):
+    """average="momentum" with AdamW: WARMUP steps of AdamW on the float32 rank-order average
+    of the gradients; then, with v = exp_avg_sq / (1 - beta2^WARMUP) frozen, every step
+    averages each worker's beta1 * m + (1 - beta1) * g through the reference and steps
+    p <- p (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v) + eps)."""
+    ref = Reference(WORKERS, job_seed, str(SMALL))
+    for name, p in model.named_parameters():
+        ref.declare(f"Gradient.{name}", p.numel(), MAPS[mode])
+    opt = make_optimizer(mode, model.parameters())
+    (b1, b2), eps, wd = opt.defaults["betas"], opt.defaults["eps"], opt.defaults["weight_decay"]
+    named = list(model.named_parameters())
+    v = m = None
+    for step in range(STEPS):
+        lr = lr_at(step)
+        grads = []
+        for r in range(WORKERS):
+            model.zero_grad()
+            x, y = batch(seed, step, r)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            grads.append({n: p.grad.clone() for n, p in named})
+        if step < WARMUP:
+            for name, p in named:
+                acc = grads[0][name].clone()
+                for g in grads[1:]:
+                    acc += g[name]
+                p.grad = acc / WORKERS
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+            continue
+        if v is None:
+            v = {n: opt.state[p]["exp_avg_sq"] / (1 - b2 ** WARMUP) for n, p in named}
+            m = {n: opt.state[p]["exp_avg"].clone() for n, p in named}
+        t = step + 1
+        with torch.no_grad():
+            for name, p in named:
+                local = [g[name].mul(1 - b1).add(m[name], alpha=b1) for g in grads]
+                got = ref.push_pull(f"Gradient.{name}", [x.numpy().tobytes() for x in local], True)
+                m[name] = torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p)
+                p.mul_(1 - lr * wd)
+                p.addcdiv_(m[name], v[name].sqrt().add(eps), value=-lr / (1 - b1 ** t))
+    return model.state_dict()
+
+
 def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
     """Runs jobs/optimizer.py (MODE, bucket cap, EXTRA) on WORKERS workers and checks every
     rank's final parameters against the single-process run; returns what each rank saved and
@@ -107,9 +154,11 @@ def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
     p = run_job(pushpull, "optimizer.py", tmp_path, seed, mode, cap, *extra, workers=WORKERS,
                 config=SMALL)
     assert p.returncode == 0, p.stderr
-    # Said once per worker, in the log, and only where the updates are averaged.
-    said = p.stderr.count("averages the updates of Adam")
-    assert said == (WORKERS if mode == "updates" else 0), p.stderr
+    # Said once per worker, in the log, and only where "auto" took the momentum ("updates"
+    # was asked for).
+    assert p.stderr.count("averages the momentum of AdamW") == (
+        WORKERS if mode == "momentum" else 0), p.stderr
+    assert "averages the updates" not in p.stderr, p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
     want, scale = single_process(seed, mode, ranks[0]["job_seed"])
     for r, got in enumerate(ranks):
@@ -139,8 +188,10 @@ def test_distributed_optimizer_matches_the_single_process_run(
         assert m["rounds_non_finite"] == 0, m
     if MAPS[mode] is not None:
         codec = MAPS[mode]["byteps_compressor_type"]
-        # The model's small tensors travel as float32 (min_compress_bytes) and cap the ratio.
-        assert m["bytes_pushed"] < m["raw_bytes"] / {"fp16": 1.5, "dithering": 3}.get(codec, 4), m
+        # The model's small tensors travel as float32 (min_compress_bytes) and cap the ratio,
+        # and so do the WARMUP uncompressed steps of average="momentum".
+        ratio = 1.5 if mode == "momentum" else {"fp16": 1.5, "dithering": 3}.get(codec, 4)
+        assert m["bytes_pushed"] < m["raw_bytes"] / ratio, m
         assert codec in " ".join(m["tensors"]["Gradient.0.weight"]["codecs"])
     place = "emulated" if route == "emulated" and mode != "elias" else "cpu"
     assert m["tensors"]["Gradient.0.weight"]["device"] == place, m["tensors"]
@@ -243,8 +294,8 @@ def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
 
 
 def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
-    """``average="auto"``: onebit with error feedback under SGD with momentum or Adam averages
-    the updates; plain SGD (the RFC's recipe: momentum in the map), onebit without error
+    """``average="auto"``: onebit with error feedback under Adam or AdamW averages the
+    momentum, under SGD with momentum or AMSGrad the updates; plain SGD (the RFC's recipe: momentum in the map), onebit without error
     feedback and other compressors keep the gradients. ``"gradients"`` where they would not
     train, ``ef = corrected`` with the updates, and an unknown value are refused, naming
     what is wrong."""
@@ -259,18 +310,30 @@ def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
     plain = {"compressor": "none"}
     assert _average.resolve("auto", sgd, names, [onebit, plain]) == "gradients"
     assert _average.resolve("auto", heavy, names, [onebit, plain]) == "updates"
-    assert _average.resolve("auto", adam, names, [plain, onebit]) == "updates"
+    assert _average.resolve("auto", adam, names, [plain, onebit]) == "momentum"
+    amsgrad = torch.optim.Adam([w], lr=1e-3, amsgrad=True)
+    assert _average.resolve("auto", amsgrad, names, [plain, onebit]) == "updates"
     assert _average.resolve("auto", adam, names, [{**onebit, "ef": "none"}, None]) == "gradients"
     assert _average.resolve("auto", adam, names, [{"compressor": "topk", "k": "0.01",
                                                    "ef": "vanilla"}, plain]) == "gradients"
     assert _average.resolve("updates", sgd, names, [plain, plain]) == "updates"
     with pytest.raises(ValueError, match=r"'Gradient.b'.*AdamW \(betas=\(0.9, 0.999\)\).*"
-                                         r"average='updates'"):
+                                         r"average='auto' \(or 'updates'\)"):
         _average.resolve("gradients", adam, names, [plain, onebit])
     with pytest.raises(ValueError, match=r"'Gradient.w'.*momentum=0.9"):
         _average.resolve("gradients", heavy, names, [onebit, onebit])
-    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected'.*'vanilla'"):
+    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected' with "
+                                         r"average='updates'.*'vanilla'"):
+        _average.resolve("auto", heavy, names, [{**onebit, "ef": "corrected"}, plain])
+    with pytest.raises(ValueError, match=r"average='momentum' runs Adam and AdamW only: SGD "
+                                         r"is not torch.optim.Adam or AdamW; use "
+                                         r"average='updates'"):
+        _average.resolve("momentum", heavy, names, [onebit, plain])
+    with pytest.raises(ValueError, match=r"Adam has amsgrad=True"):
+        _average.resolve("momentum", amsgrad, names, [onebit, plain])
+    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected' with "
+                                         r"average='momentum'"):
         _average.resolve("auto", adam, names, [{**onebit, "ef": "corrected"}, plain])
     with pytest.raises(ValueError, match=r"average = 'grads': must be one of auto, "
-                                         r"gradients, updates"):
+                                         r"gradients, updates, momentum"):
         _average.resolve("grads", sgd, names, [plain, plain])

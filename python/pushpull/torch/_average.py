@@ -1,7 +1,9 @@
 """What :class:`DistributedOptimizer` averages: the gradients (the wrapped optimizer then steps
-on their average, as under DDP) or the updates (each worker steps its own copy of the
-optimizer on its own gradient, and the parameter changes are averaged), and the rule that
-picks one for ``average="auto"``.
+on their average, as under DDP), the updates (each worker steps its own copy of the
+optimizer on its own gradient, and the parameter changes are averaged), or Adam's momentum
+(DeepSpeed's 1-bit Adam: after a warm-up on uncompressed gradients, the second moment is
+frozen and each worker's first moment is averaged); the rule that picks one for
+``average="auto"``; and the momentum mode's step.
 
 Why the rule exists (``bench/onebit_optimizers.py``, BENCHMARKS.md "Onebit with the user's
 optimizer (simulated)"): onebit with error feedback hands the optimizer a scaled sign whose
@@ -9,7 +11,10 @@ error is paid back over later steps. An optimizer with momentum integrates that 
 (SGD with momentum 0.9 at 9.7 % on digits, 98.7 % uncompressed) and Adam's per-coordinate
 statistics see the signs instead of the gradient (86.0 %, 98.2 % uncompressed). Averaging the
 updates keeps the optimizer's state on each worker's true gradient, and the compressor sees
-what is applied: 98.4 % with Adam.
+what is applied: 98.4 % with Adam. With Adam on a transformer whose second moment follows
+the gradients' noise (betas 0.9, 0.95), each worker's own second moment costs as much as the
+compression; freezing the warm-up's averaged one and averaging the first moment reaches
+uncompressed quality (BENCHMARKS.md "Onebit with the user's AdamW, through the cluster").
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import List, Mapping, Optional, Sequence
 
 import torch
 
-AVERAGES = ("auto", "gradients", "updates")
+AVERAGES = ("auto", "gradients", "updates", "momentum")
 
 # Compressors known to fail, with error feedback, when the gradients they return feed an
 # optimizer with state of its own (momentum, per-coordinate statistics): the module
@@ -49,40 +54,64 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> Optional[str]:
     return name
 
 
+def momentum_refusal(optimizer: torch.optim.Optimizer) -> Optional[str]:
+    """Why ``average="momentum"`` cannot run ``optimizer``, or None: it takes
+    ``torch.optim.Adam`` and ``AdamW`` (and their subclasses) without ``amsgrad``,
+    ``maximize``, ``capturable`` or ``differentiable``, with a float learning rate."""
+    name = type(optimizer).__name__
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return f"{name} is not torch.optim.Adam or AdamW"
+    for group in optimizer.param_groups:
+        for key in ("amsgrad", "maximize", "capturable", "differentiable"):
+            if group.get(key):
+                return f"{name} has {key}=True"
+        if isinstance(group.get("lr"), torch.Tensor):
+            return f"{name} has a tensor learning rate"
+    return None
+
+
 def resolve(average: str, optimizer: torch.optim.Optimizer, names: Sequence[str],
             effective: Sequence[Optional[Mapping[str, str]]]) -> str:
-    """``"gradients"`` or ``"updates"`` for the optimizer ``optimizer`` whose tensors
-    ``names`` run the compressors ``effective`` (canonical maps, None where a map is refused:
-    its declare says why). ``"auto"`` averages the updates where a compressor of
-    ``_FAIL_WITH_STATE`` with error feedback would feed an optimizer with state, and says so
-    once on stderr;
+    """``"gradients"``, ``"updates"`` or ``"momentum"`` for the optimizer ``optimizer``
+    whose tensors ``names`` run the compressors ``effective`` (canonical maps, None where a
+    map is refused: its declare says why). Where a compressor of ``_FAIL_WITH_STATE`` with
+    error feedback would feed an optimizer with state, ``"auto"`` averages Adam's momentum
+    (where :func:`momentum_refusal` allows) or else the updates, and says so once on stderr;
     ``"gradients"`` is refused there (``ValueError`` naming the optimizer, the tensor and what
-    to use). Raises ``ValueError`` for an unknown ``average``, and for ``ef = corrected`` with
-    the updates averaged (the updates already carry the learning rate)."""
+    to use). Raises ``ValueError`` for an unknown ``average``, for ``"momentum"`` with an
+    optimizer it cannot run (naming why), and for ``ef = corrected`` with the updates or the
+    momentum averaged (the learning rate is applied after the exchange, or already in it)."""
     if average not in AVERAGES:
         raise ValueError(f"average = {average!r}: must be one of {', '.join(AVERAGES)}")
     failing = [(n, m["compressor"]) for n, m in zip(names, effective) if _fails_with_state(m)]
     state = optimizer_state(optimizer) if failing else None
     if average == "auto":
-        average = "updates" if state else "gradients"
+        average = "gradients"
         if state:
+            average = "updates" if momentum_refusal(optimizer) else "momentum"
+            what = {"updates": "the updates", "momentum": "the momentum"}[average]
             name, codec = failing[0]
-            print(f"pushpull: DistributedOptimizer averages the updates of {state}, not its "
+            print(f"pushpull: DistributedOptimizer averages {what} of {state}, not its "
                   f"gradients: {codec} on {name!r} ({len(failing)} tensors) does not train "
-                  "when its gradients feed an optimizer with state (average='updates'; see "
+                  f"when its gradients feed an optimizer with state (average={average!r}; see "
                   "DistributedOptimizer)", file=sys.stderr)
     elif average == "gradients" and state:
         name, codec = failing[0]
         raise ValueError(
             f"tensor {name!r}: {codec} with error feedback on the gradients of {state} does not "
             "train (the optimizer's state integrates the compression error); use "
-            "average='updates' (or 'auto'), or plain SGD with the map's momentum = nesterov")
-    if average == "updates":
+            "average='auto' (or 'updates'), or plain SGD with the map's momentum = nesterov")
+    if average == "momentum":
+        why = momentum_refusal(optimizer)
+        if why:
+            raise ValueError(f"average='momentum' runs Adam and AdamW only: {why}; use "
+                             "average='updates'")
+    if average in ("updates", "momentum"):
         for n, m in zip(names, effective):
             if m is not None and m.get("ef") == "corrected":
                 raise ValueError(
-                    f"tensor {n!r}: ef = 'corrected' with average='updates': the updates "
-                    "already carry the learning rate; use ef = 'vanilla'")
+                    f"tensor {n!r}: ef = 'corrected' with average={average!r}: the learning "
+                    "rate is not in what is averaged the way it expects; use ef = 'vanilla'")
     return average
 
 
@@ -94,3 +123,57 @@ def delta_of(params: List[torch.Tensor], before: List[torch.Tensor]) -> None:
             p.grad = torch.empty_like(p)
         torch.sub(p, b, out=p.grad)
         p.copy_(b)
+
+
+def local_momentum(optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> None:
+    """``average="momentum"`` after the warm-up, before the exchange: each parameter's
+    ``.grad`` becomes this worker's first moment, ``beta1 * m + (1 - beta1) * g`` from the
+    averaged momentum ``m`` in the optimizer's state and this worker's gradient ``g`` (plus
+    ``weight_decay * p`` for Adam, whose decay is in the gradient). A parameter without a
+    gradient contributes ``beta1 * m``."""
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    for p in params:
+        group = group_of[id(p)]
+        beta1 = group["betas"][0]
+        m = optimizer.state[p]["exp_avg"]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        g = p.grad
+        if not isinstance(optimizer, torch.optim.AdamW) and group["weight_decay"] != 0:
+            g.add_(p, alpha=group["weight_decay"])
+        g.mul_(1 - beta1).add_(m, alpha=beta1)
+
+
+def frozen_step(optimizer: torch.optim.Optimizer, params: List[torch.Tensor],
+                v_hat: List[torch.Tensor]) -> None:
+    """``average="momentum"`` after the exchange: each parameter's ``.grad`` holds the averaged
+    first moment ``m``, which becomes the state's ``exp_avg``; the step count goes up by one;
+    the parameter takes Adam's step ``lr * (m / (1 - beta1^t)) / (sqrt(v_hat) + eps)`` with
+    the frozen bias-corrected second moment ``v_hat`` (after AdamW's decay ``p *= 1 - lr *
+    weight_decay``). ``exp_avg_sq`` is kept at ``v_hat * (1 - beta2^t)``, so the state reads as
+    Adam's own (a checkpoint of it restarts frozen at the same ``v_hat``)."""
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    for p, v in zip(params, v_hat):
+        group = group_of[id(p)]
+        beta1, beta2 = group["betas"]
+        lr, eps = group["lr"], group["eps"]
+        state = optimizer.state[p]
+        state["exp_avg"].copy_(p.grad)
+        state["step"] += 1
+        t = float(state["step"])
+        torch.mul(v, 1 - beta2 ** t, out=state["exp_avg_sq"])
+        if isinstance(optimizer, torch.optim.AdamW) and group["weight_decay"] != 0:
+            p.mul_(1 - lr * group["weight_decay"])
+        p.addcdiv_(p.grad, v.sqrt().add_(eps), value=-lr / (1 - beta1 ** t))
+
+
+def freeze(optimizer: torch.optim.Optimizer, params: List[torch.Tensor]) -> List[torch.Tensor]:
+    """The bias-corrected second moments ``exp_avg_sq / (1 - beta2^t)`` of ``params`` as the
+    optimizer's state holds them (after its warm-up steps, or as a checkpoint restored them)."""
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    out = []
+    for p in params:
+        beta2 = group_of[id(p)]["betas"][1]
+        state = optimizer.state[p]
+        out.append(state["exp_avg_sq"] / (1 - beta2 ** float(state["step"])))
+    return out

@@ -16,8 +16,8 @@ of this module completes the returned future when the round ends.
 The hook hands DDP averaged gradients and never sees the optimizer. Onebit with error
 feedback does not train when those gradients feed an optimizer with state of its own (SGD
 with momentum, Adam): its state integrates the compression error. ``DistributedOptimizer``
-averages the optimizer's updates instead (``average="updates"``, taken by itself for such a
-map); a hook cannot, so use ``DistributedOptimizer`` there, or onebit with plain SGD and the
+averages Adam's momentum or the optimizer's updates instead (``average="momentum"`` or
+``"updates"``, taken by itself for such a map); a hook cannot, so use ``DistributedOptimizer`` there, or onebit with plain SGD and the
 map's ``momentum = nesterov`` (the BytePS RFC's recipe).
 
 This module does not use ``from __future__ import annotations``: DDP compares the hook's

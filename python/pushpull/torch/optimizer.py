@@ -170,6 +170,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         fuse_small,
         ordered_step,
         average,
+        warmup_steps,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -227,8 +228,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"bucket_cap_mb = {bucket_cap_mb}: must be > 0")
         effective = [_w().effective_params(tname, p.numel(), maps[k][0])
                      for k, (tname, p, _, _) in enumerate(self._entries)]
-        self._updates = _average.resolve(
-            average, self, [e[0] for e in self._entries], effective) == "updates"
+        self._average = _average.resolve(average, self, [e[0] for e in self._entries], effective)
+        if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 1:
+            raise ValueError(f"warmup_steps = {warmup_steps!r}: must be an int >= 1")
+        self._warmup_steps = warmup_steps
+        # average="momentum": the uncompressed tensor each compressed gradient travels as in
+        # the warm-up (by entry; None for a plain one), and the frozen second moments, taken at
+        # the first step after it.
+        self._warmup_name: List[Optional[str]] = [
+            None if self._average != "momentum" or m is None or
+            _w().is_plain(tname, p.numel(), maps[k][0]) else f"{tname}@warmup"
+            for k, ((tname, p, _, _), m) in enumerate(zip(self._entries, effective))
+        ]
+        self._v_hat: Optional[List[torch.Tensor]] = None
         # The parameters before the wrapped optimizer's step (average="updates"), made at the
         # first step.
         self._before: Optional[List[torch.Tensor]] = None
@@ -250,6 +262,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 declare(tname, p, maps[k][0], priority=maps[k][1])
             elif k == f.members[0]:
                 declare(f.name, f.numel, _FUSED_MAP, priority=maps[k][1])
+            if self._warmup_name[k] is not None:
+                declare(self._warmup_name[k], p, _FUSED_MAP, priority=maps[k][1])
         for tname, p, _, _ in self._entries:
             _state.gradient_params.setdefault(tname, weakref.ref(p))
         self._passes = [0] * len(self._entries)
@@ -264,7 +278,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._deferred: Optional[List] = None
         self._names = [f.name for f in self._fused] + [
             tname for k, (tname, _, _, _) in enumerate(self._entries) if k not in self._fusion_of
-        ]
+        ] + [n for n in self._warmup_name if n is not None]
         self._non_finite = _w().rounds_non_finite(self._names)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._hook) for _, p, _, _ in self._entries
@@ -285,6 +299,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             if corrected:
                 _w().set_learning_rate(float(group["lr"]))
+            if self._warmup_name[k] is not None and self._warming():
+                tname = self._warmup_name[k]
             rounds.append(_Round(tname, p.grad))
         for f in sorted(fusions, key=lambda f: f.name):
             rounds.append(f.start([self._entries[k][1].grad for k in f.members]))
@@ -302,12 +318,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "step() (or synchronize()) after each backward pass, or set backward_passes_per_step"
             )
         self._ready[k] = True
-        if self._updates:
-            return  # the updates go at step()
+        if self._at_step():
+            return  # the updates or the momentum go at step()
         b = self._bucket_of[k]
         self._waiting[b] -= 1
         if self._waiting[b] == 0:
             self._start(b)
+
+    def _warming(self) -> bool:
+        """average="momentum": whether the optimizer has taken fewer than ``warmup_steps``
+        steps (its own count, so a restored state carries it)."""
+        if self._average != "momentum":
+            return False
+        state = self.state.get(self._entries[0][1], {}) if self._entries else {}
+        return "step" not in state or int(state["step"]) < self._warmup_steps
+
+    def _at_step(self) -> bool:
+        """Whether this step's rounds start at ``step()``, not as the gradients are ready:
+        the updates, or the momentum after the warm-up."""
+        return self._average == "updates" or (self._average == "momentum" and not self._warming())
 
     def _start_rest(self) -> None:
         """Starts the buckets whose gradients are not all ready, gradients that no backward
@@ -332,9 +361,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Waits for every gradient's push_pull; buckets whose gradients are not all ready
         start now, gradients that no backward pass produced this step as zeros, so every
-        worker runs the same rounds. With ``average="updates"`` the gradients stay this
-        worker's own and there is nothing to wait for."""
-        if self._updates:
+        worker runs the same rounds. With ``average="updates"`` (or ``"momentum"`` after its
+        warm-up) the gradients stay this worker's own and there is nothing to wait for."""
+        if self._at_step():
             self._synchronized = True
             return
         self._collect()
@@ -446,9 +475,48 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return loss
 
+    def _step_momentum(self, closure):
+        """``average="momentum"`` after the warm-up: each worker's first moment from its own
+        gradients (``_average.local_momentum``) is push_pulled (averaged, in the buckets, in
+        ``.grad``) and Adam's step is taken from it with the second moments frozen at the end
+        of the warm-up (``_average.frozen_step``), the same on every worker. A step whose
+        average holds inf or NaN leaves the parameters and the state as they were, on every
+        worker."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        params = [p for _, p, _, _ in self._entries]
+        with torch.no_grad():
+            if self._v_hat is None:
+                for tname, p, _, _ in self._entries:
+                    if "exp_avg_sq" not in self.state.get(p, {}):
+                        raise PushPullError(
+                            f"tensor {tname!r}: no Adam state after the {self._warmup_steps} "
+                            "warm-up steps of average='momentum' (its parameter had no "
+                            "gradient in them), so it has no second moment to freeze: raise "
+                            "warmup_steps")
+                self._v_hat = _average.freeze(self, params)
+            _average.local_momentum(self, params)
+            self._finish_all()
+            non_finite = self._non_finite
+            self._discard_non_finite()
+            if self._non_finite == non_finite:
+                _average.frozen_step(self, params, self._v_hat)
+        self._synchronized = False
+        return loss
+
+    def load_state_dict(self, state_dict):
+        """The wrapped optimizer's ``load_state_dict``; with ``average="momentum"`` the frozen
+        second moments are taken again from the loaded state."""
+        super(self.__class__, self).load_state_dict(state_dict)
+        self._v_hat = None
+
     def step(self, closure=None):
-        if self._updates:
+        if self._average == "updates":
             return self._step_updates(closure)
+        if self._at_step():
+            return self._step_momentum(closure)
         if self._should_synchronize:
             if not (self._ordered_step and self._synchronize_ordered()):
                 self.synchronize()
@@ -467,6 +535,7 @@ def DistributedOptimizer(
     fuse_small: bool = True,
     ordered_step: bool = False,
     average: str = "auto",
+    warmup_steps: int = 100,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
@@ -513,24 +582,36 @@ def DistributedOptimizer(
     carries the change, compressed by its map, in the same buckets, all at ``step()``, so
     nothing overlaps the backward pass) and added to the parameter as it was before the
     step, the same on every worker. Uncompressed, the two are the same for SGD with or
-    without momentum (a step is linear in the gradients) and close for Adam. Compressed, the
-    optimizer's state never sees the compression error, which is what onebit with error
-    feedback needs under an optimizer with state: on a small CNN, Adam reaches 86.0 % with
-    the gradients averaged and 98.4 % with the updates, against 98.2 % uncompressed
-    (BENCHMARKS.md "Onebit with the user's optimizer (simulated)"). ``"auto"`` (the
-    default) averages the updates where a tensor's compressor is onebit with error feedback
-    and the optimizer has state (anything but ``torch.optim.SGD`` without momentum), saying
-    so once on stderr, and the gradients otherwise; ``"gradients"`` is refused there
-    (``ValueError`` naming the optimizer and the tensor). With the updates averaged,
-    :meth:`synchronize` has nothing to wait for (clipping clips this worker's gradients),
-    ``ef = corrected`` is refused (an update carries its learning rate), a step whose
-    averaged update holds inf or NaN leaves the parameters as they were on every worker
-    (the optimizer's state on the worker whose gradients overflowed keeps what its step made
-    of them), and the optimizer's state differs between workers (a script that saves only
-    rank 0's optimizer state restarts every worker from rank 0's). It does not go with a loss
-    scaler (``torch.amp.GradScaler``): a worker whose gradients overflow skips
-    ``optimizer.step()``, and with it the step's rounds, which the other workers wait for.
-    A torch DDP communication hook cannot do this: it never sees the optimizer.
+    without momentum (a step is linear in the gradients) and close for Adam. ``"momentum"``
+    (``torch.optim.Adam`` and ``AdamW`` only, DeepSpeed's 1-bit Adam): the first
+    ``warmup_steps`` steps average the gradients uncompressed (each compressed tensor
+    travels as ``Gradient.NAME@warmup``, plain float32, declared beside it); after them each
+    parameter's second moment is frozen as the warm-up left it, each worker's first moment
+    (the averaged one carried over, plus its own gradient) is averaged through the tensor's
+    map, at ``step()``, and becomes every worker's, and Adam's step is taken from it, the same
+    on every worker; the optimizer's state keeps Adam's layout (``exp_avg_sq`` is the frozen
+    moment times the bias correction), so a checkpoint of it restarts frozen.
+
+    Compressed, the optimizer's state never sees the compression error in the last two,
+    which is what onebit with error feedback needs under an optimizer with state. On a
+    transformer with AdamW (BENCHMARKS.md "Onebit with the user's AdamW, through the
+    cluster"), onebit's gradients end at 4.505 validation bits per byte, its updates at
+    3.248 and its momentum at 3.077, against 3.104 uncompressed. ``"auto"`` (the default)
+    takes ``"momentum"`` where a tensor's compressor is onebit with error feedback and the
+    optimizer is Adam or AdamW, ``"updates"`` where it is another optimizer with state
+    (anything but ``torch.optim.SGD`` without momentum), saying so once on stderr, and the
+    gradients otherwise; ``"gradients"`` is refused there (``ValueError`` naming the
+    optimizer and the tensor), as is ``"momentum"`` for an optimizer it cannot run.
+
+    With the updates or the momentum averaged (after the warm-up), :meth:`synchronize` has
+    nothing to wait for (clipping clips this worker's gradients), ``ef = corrected`` is
+    refused, and a step whose average holds inf or NaN leaves the parameters as they were on
+    every worker (with the updates, the state of a worker whose gradients overflowed keeps
+    what its step made of them). With the updates, the optimizer's state differs between
+    workers (a script that saves only rank 0's restarts every worker from rank 0's). Neither
+    goes with a loss scaler (``torch.amp.GradScaler``): a worker whose gradients overflow
+    skips ``optimizer.step()``, and with it the step's rounds, which the other workers wait
+    for. A torch DDP communication hook can do neither: it never sees the optimizer.
 
     ``staleness`` is BytePS's argument, in BytePS's place: pushpull's rounds are synchronous,
     so anything but 0 raises ``ValueError`` before a parameter is declared.
@@ -575,4 +656,5 @@ def DistributedOptimizer(
         fuse_small,
         ordered_step,
         average,
+        warmup_steps,
     )
