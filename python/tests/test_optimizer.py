@@ -293,12 +293,13 @@ def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
     assert _buckets([], [], 100) == []
 
 
-def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
-    """``average="auto"``: onebit with error feedback under Adam or AdamW averages the
-    momentum, under SGD with momentum or AMSGrad the updates; plain SGD (the RFC's recipe: momentum in the map), onebit without error
-    feedback and other compressors keep the gradients. ``"gradients"`` where they would not
-    train, ``ef = corrected`` with the updates, and an unknown value are refused, naming
-    what is wrong."""
+def test_average_auto_leaves_the_gradients_only_where_they_train():
+    """``average="auto"``: onebit or top-k with error feedback under Adam or AdamW averages
+    the momentum, under SGD with momentum or AMSGrad the updates; plain SGD (the RFC's recipe:
+    momentum in the map), onebit without error feedback and other compressors keep the
+    gradients. ``"gradients"`` where they would not train, ``"momentum"`` for an optimizer
+    it cannot run, ``ef = corrected`` with the updates or the momentum, and an unknown value
+    are refused, naming what is wrong."""
     from pushpull.torch import _average
 
     w = torch.nn.Parameter(torch.zeros(3))
@@ -315,7 +316,8 @@ def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
     assert _average.resolve("auto", amsgrad, names, [plain, onebit]) == "updates"
     assert _average.resolve("auto", adam, names, [{**onebit, "ef": "none"}, None]) == "gradients"
     assert _average.resolve("auto", adam, names, [{"compressor": "topk", "k": "0.01",
-                                                   "ef": "vanilla"}, plain]) == "gradients"
+                                                   "ef": "vanilla"}, plain]) == "momentum"
+    assert _average.resolve("auto", adam, names, [{"compressor": "fp16"}, plain]) == "gradients"
     assert _average.resolve("updates", sgd, names, [plain, plain]) == "updates"
     with pytest.raises(ValueError, match=r"'Gradient.b'.*AdamW \(betas=\(0.9, 0.999\)\).*"
                                          r"average='auto' \(or 'updates'\)"):
@@ -337,3 +339,34 @@ def test_average_auto_takes_the_updates_only_where_the_gradients_do_not_train():
     with pytest.raises(ValueError, match=r"average = 'grads': must be one of auto, "
                                          r"gradients, updates, momentum"):
         _average.resolve("grads", sgd, names, [plain, plain])
+
+
+def test_the_frozen_step_decays_as_the_optimizer_does_and_keeps_adams_layout(seed):
+    """``_average.frozen_step``: Adam with ``decoupled_weight_decay=True`` decays the parameter
+    as AdamW does, unlike plain Adam (whose decay is in the gradient, ``local_momentum``);
+    the state keeps Adam's layout, so ``freeze`` reads the same second moment back."""
+    from pushpull.torch import _average
+
+    g = torch.Generator().manual_seed(seed)
+    start, grad = torch.randn(50, generator=g), torch.randn(50, generator=g)
+
+    def run(make):
+        w = torch.nn.Parameter(start.clone())
+        opt = make([w])
+        w.grad = grad.clone()
+        opt.step()  # the warm-up: Adam's own state
+        v = _average.freeze(opt, [w])
+        with torch.no_grad():
+            w.grad = grad.clone()
+            _average.local_momentum(opt, [w])
+            _average.frozen_step(opt, [w], v)
+        assert int(opt.state[w]["step"]) == 2
+        assert torch.allclose(_average.freeze(opt, [w])[0], v[0], rtol=1e-6)
+        return w.detach()
+
+    adamw = run(lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.5))
+    decoupled = run(lambda ps: torch.optim.Adam(ps, lr=0.1, weight_decay=0.5,
+                                                decoupled_weight_decay=True))
+    coupled = run(lambda ps: torch.optim.Adam(ps, lr=0.1, weight_decay=0.5))
+    assert torch.equal(adamw, decoupled)
+    assert not torch.allclose(adamw, coupled)
