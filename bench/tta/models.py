@@ -64,16 +64,16 @@ class Size:
 WORKLOADS = ("transformer", "conv")
 
 # Named sizes per workload. `default` is the size a run takes unless told otherwise; `tiny` is
-# for tests (seconds on one core). The harness tunes the sizes on its machine; these
-# are starting points, chosen with steptime.py (one thread) on a 2-core machine shared with
-# builds: the transformer's default, 842,496 parameters (3.37 MB of float32 gradients), took
-# 0.04-0.06 s a step, the conv LM's, 1,119,744 parameters (4.48 MB), 0.045-0.06 s; sending
-# the gradients once at 100 Mbit/s takes 0.27 s and 0.36 s, about 5-8x the step.
+# for tests (seconds on one core). The defaults are sized as bench/tta/README.md says
+# ("Sizing"): with 4 workers on this 2-core machine at 100 Mbit/s, DDP fp32's step over its
+# step with the `noop` hook is 7.3x for the transformer (842,496 parameters, 3.37 MB of
+# float32 gradients; 0.497 s against 0.068 s; with batch 4, 5.1x) and 6.5x for the conv LM
+# (1,119,744 parameters, 4.48 MB; 0.686 s against 0.106 s), measured 2026-11-29.
 SIZES: Dict[str, Dict[str, Size]] = {
     "transformer": {
         "tiny": Size(d_model=32, n_layer=1, n_head=2, seq_len=32, batch=8, lr=3e-3, warmup=2,
                      clip=1.0, weight_decay=0.1),
-        "default": Size(d_model=128, n_layer=4, n_head=4, seq_len=128, batch=4, lr=2e-3,
+        "default": Size(d_model=128, n_layer=4, n_head=4, seq_len=128, batch=2, lr=2e-3,
                         warmup=50, clip=1.0, weight_decay=0.1),
     },
     "conv": {

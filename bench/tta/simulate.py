@@ -7,7 +7,9 @@ own error feedback (``--server ef``) or the sum pulled as float32 (``none``), th
 ``--warmup`` steps uncompressed, or the first ``--gwarm`` steps' gradients averaged
 uncompressed before the updates; ``--mode frozen``: ``average="momentum"`` (DeepSpeed's
 1-bit Adam: ``--gwarm`` steps of uncompressed gradients, then each worker's first moment
-pushed and averaged, the second moment frozen). Tensors under 64 KiB travel as float32, as pushpull's
+pushed and averaged, the second moment frozen); ``--mode sgdm``: the same for SGD with
+momentum (each worker's heavy-ball buffer pushed and averaged, the step taken from it).
+Tensors under 64 KiB travel as float32, as pushpull's
 ``min_compress_bytes``. Prints the validation bits per byte every 100 steps and a JSON line
 at the end (BENCHMARKS.md "Onebit with the user's AdamW, through the cluster", measured at
 a731cfb)::
@@ -31,7 +33,8 @@ from train import evaluate  # noqa: E402
 p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 p.add_argument("--workload", choices=models.WORKLOADS, default="transformer")
 p.add_argument("--steps", type=int, default=600)
-p.add_argument("--mode", choices=["updates", "gradients", "none", "frozen"], default="updates")
+p.add_argument("--mode", choices=["updates", "gradients", "none", "frozen", "sgdm"],
+               default="updates")
 p.add_argument("--server", choices=["ef", "none"], default="ef")
 p.add_argument("--warmup", type=int, default=0)
 p.add_argument("--workers", type=int, default=2)
@@ -74,7 +77,7 @@ if a.mode == "updates":
     copies = [copy.deepcopy(model) for _ in range(W)]
     opts = [models.make_optimizer(a.workload, c, s) for c in copies]
 final_mode = a.mode
-if final_mode == "frozen":
+if final_mode in ("frozen", "sgdm"):
     a.mode = "gradients"  # until --gwarm
 frozen = {}  # name -> (v_hat frozen at the end of the warm-up, weight decay)
 momentum = {}  # name -> the averaged momentum every worker holds
@@ -112,6 +115,30 @@ def frozen_step(step, lr, comp):
             q.add_(-lr * (momentum[n] / (1 - b1 ** t)) / (v_hat.sqrt() + eps))
 
 
+def sgdm_step(step, lr, comp):
+    """Heavy-ball SGD's momentum averaged (torch's SGD, dampening 0, not Nesterov): every
+    worker's buffer mu * m + (g + wd * p), from the averaged m every worker holds, pushed
+    (onebit with error feedback) and the average taken as everyone's m; p <- p - lr * m."""
+    g0 = opt.param_groups[0]
+    mu, wd = g0["momentum"], g0["weight_decay"]
+    if not momentum:
+        for q in g0["params"]:
+            buf = opt.state[q].get("momentum_buffer") if q in opt.state else None
+            momentum[name_of[id(q)]] = buf.clone() if buf is not None else torch.zeros_like(q)
+    grads = []
+    for r in range(W):
+        model.zero_grad()
+        x, y = corpus.train_batch(0, step, r, s.batch, s.seq_len)
+        models.loss_of(model, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), s.clip)
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            ms = [mu * momentum[n] + g[n] + wd * q for g in grads]
+            momentum[n] = exchange(n, ms, comp)
+            q.add_(momentum[n], alpha=-lr)
+
+
 name_of = {id(q): n for n, q in model.named_parameters()}
 t0 = time.time()
 for step in range(a.steps):
@@ -126,6 +153,8 @@ for step in range(a.steps):
                 o.load_state_dict(copy.deepcopy(opt.state_dict()))
     if final_mode == "frozen" and step >= a.gwarm:
         frozen_step(step, lr, comp)
+    elif final_mode == "sgdm" and step >= a.gwarm:
+        sgdm_step(step, lr, comp)
     elif a.mode == "updates":
         deltas = []
         for r in range(W):

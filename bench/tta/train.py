@@ -15,13 +15,15 @@ Systems (``--system``):
 
 * ``pushpull:PRESET``: ``pushpull.torch`` (``bps.init()``, ``bps.broadcast_parameters`` of rank
   0's state dict, ``bps.DistributedOptimizer(opt, model.named_parameters(),
-  compression_params=MAP, warmup_steps=max(2, steps // 5))``), MAP from
-  :data:`PUSHPULL_PRESETS` (``warmup_steps`` matters where ``average="auto"`` takes
-  ``"momentum"``: onebit and top-k under the transformer's AdamW; a fifth of the steps, as
-  DeepSpeed's 1-bit Adam warms up for 15-25 %, and past the learning rate's warm-up: with a
-  tenth, 30 of 300 steps, 4 workers ended at 3.564 bits per byte where DDP fp32 ends at 3.252). None of the maps adds momentum
-  on the worker (``DistributedOptimizer`` refuses worker momentum for an optimizer with
-  momentum of its own, and both workloads' optimizers have it).
+  compression_params=MAP, warmup_steps=max(2, steps // 5), warmup_compression="fp16")``),
+  MAP from :data:`PUSHPULL_PRESETS` (the warm-up matters where ``average="auto"`` takes
+  ``"momentum"``: onebit and top-k under the transformer's AdamW; a fifth of the steps, past
+  the learning rate's warm-up, as DeepSpeed's 1-bit Adam warms up for 15-25 %: onebit with 4
+  workers then ends 1.0 % above DDP fp32, BENCHMARKS.md "Final quality of every preset, both
+  workloads"; its gradients travel as fp16, as DDP's ``fp16_compress_hook`` sends them, in
+  half the bytes of float32). None of the maps adds momentum on the worker
+  (``DistributedOptimizer`` refuses worker momentum for an optimizer with momentum of its
+  own, and both workloads' optimizers have it).
 * ``ddp:HOOK``: torch's ``DistributedDataParallel`` on gloo (``init_method="env://"``), with
   the communication hook HOOK: ``none`` (torch's ``allreduce_hook``, which its docstring says
   gives the same results as registering no hook), ``fp16`` (``fp16_compress_hook``),
@@ -204,29 +206,37 @@ class PushPullSystem:
     """Gradients averaged by ``pushpull.torch.DistributedOptimizer`` with a preset's map."""
 
     def __init__(self, preset: str, steps: int, bucket_mb: float):
+        import pushpull
         import pushpull.torch as bps
 
         self.bps = bps
+        self.build_profile = pushpull.BUILD_PROFILE
         self.preset = preset
         self.map = dict(PUSHPULL_PRESETS[preset])
         self.bucket_mb = bucket_mb
         self.warmup_steps = max(2, steps // 5)
         bps.init()
         self.rank, self.world = bps.rank(), bps.size()
+        if self.rank == 0 and self.build_profile != "release":
+            print(f"train.py: warning: pushpull's extension is a {self.build_profile} build "
+                  "(its compressors run several times slower); measure with a release build "
+                  "(pip install ./python)", file=sys.stderr, flush=True)
         self.opt = None
 
     def describe(self) -> Dict[str, object]:
         """The preset and its compression map."""
         return {"preset": self.preset, "compression_params": self.map,
                 "bucket_mb": self.bucket_mb, "average": self.opt._average if self.opt else None,
-                "warmup_steps": self.warmup_steps}
+                "warmup_steps": self.warmup_steps, "warmup_compression": "fp16",
+                "build_profile": self.build_profile}
 
     def wrap(self, model, opt):
         """Broadcasts rank 0's parameters and wraps ``opt``; returns the module to train."""
         self.bps.broadcast_parameters(model.state_dict(), root_rank=0)
         self.opt = self.bps.DistributedOptimizer(
             opt, model.named_parameters(), compression_params=self.map,
-            bucket_cap_mb=self.bucket_mb, warmup_steps=self.warmup_steps)
+            bucket_cap_mb=self.bucket_mb, warmup_steps=self.warmup_steps,
+            warmup_compression="fp16")
         return model
 
     def step(self, module, params, loss_fn, clip: float) -> float:

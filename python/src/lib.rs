@@ -698,6 +698,14 @@ impl Worker {
     }
 }
 
+/// How this extension was compiled: `"release"`, or `"debug"` for a build with debug assertions
+/// (maturin's `--profile dev`), whose codecs run several times slower: benchmarks record it.
+const BUILD_PROFILE: &str = if cfg!(debug_assertions) {
+    "debug"
+} else {
+    "release"
+};
+
 /// The module `pushpull._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -706,5 +714,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reference>()?;
     m.add("PushPullError", m.py().get_type::<PushPullError>())?;
     m.add("NodeLostError", m.py().get_type::<NodeLostError>())?;
+    m.add("BUILD_PROFILE", BUILD_PROFILE)?;
     Ok(())
 }

@@ -28,10 +28,14 @@ MAPS = {
     # The same with AdamW and average="auto", which takes "momentum": WARMUP steps of
     # uncompressed gradients, then the first moment averaged and the second frozen.
     "momentum": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
+    # The same with the warm-up's gradients as fp16 (warmup_compression="fp16").
+    "momentum16": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
 }
-# DistributedOptimizer's average= per mode (default "auto"), and its warmup_steps.
+# DistributedOptimizer's average= per mode (default "auto"), its warmup_steps and
+# warmup_compression (default "none").
 AVERAGES = {"updates": "updates"}
 WARMUP = 2
+WARMUP_COMPRESSION = {"momentum16": "fp16"}
 PASSES = {"accumulate": 2}
 # The optimizer of a mode (default: plain SGD), made around the parameters at lr 0.1.
 OPTIMIZERS = {
@@ -39,6 +43,7 @@ OPTIMIZERS = {
     "momentum": lambda params: torch.optim.AdamW(params, lr=0.1, betas=(0.9, 0.95),
                                                  weight_decay=0.1),
 }
+OPTIMIZERS["momentum16"] = OPTIMIZERS["momentum"]
 
 
 def make_optimizer(mode: str, params) -> torch.optim.Optimizer:

@@ -10,8 +10,8 @@ import torch
 
 from conftest import check_fusion_job, run_job
 from optimizer_common import (
-    AMP_SCALE, MAPS, PASSES, STEPS, WARMUP, WORKERS, batch, lr_at, make_model, make_optimizer,
-    overflow,
+    AMP_SCALE, MAPS, PASSES, STEPS, WARMUP, WARMUP_COMPRESSION, WORKERS, batch, lr_at,
+    make_model, make_optimizer, overflow,
 )
 from pushpull import Reference
 
@@ -24,7 +24,7 @@ def single_process(seed: int, mode: str, job_seed: int):
     model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
     if mode == "updates":
         return single_process_updates(seed, mode, job_seed, model), None
-    if mode == "momentum":
+    if mode.startswith("momentum"):
         return single_process_momentum(seed, mode, job_seed, model), None
     opt = make_optimizer(mode, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
@@ -105,12 +105,16 @@ def single_process_updates(seed: int, mode: str, job_seed: int, model: torch.nn.
 
 def single_process_momentum(seed: int, mode: str, job_seed: int, model: torch.nn.Module):
     """average="momentum" with AdamW: WARMUP steps of AdamW on the float32 rank-order average
-    of the gradients; then, with v = exp_avg_sq / (1 - beta2^WARMUP) frozen, every step
-    averages each worker's beta1 * m + (1 - beta1) * g through the reference and steps
+    of the gradients (through the reference with the fp16 map where WARMUP_COMPRESSION says
+    so: a plain tensor stays float32 there too); then, with v = exp_avg_sq / (1 - beta2^WARMUP)
+    frozen, every step averages each worker's beta1 * m + (1 - beta1) * g through the
+    reference and steps
     p <- p (1 - lr wd) - lr / (1 - beta1^t) * m / (sqrt(v) + eps)."""
     ref = Reference(WORKERS, job_seed, str(SMALL))
+    warmup_map = {"byteps_compressor_type": WARMUP_COMPRESSION.get(mode, "none")}
     for name, p in model.named_parameters():
         ref.declare(f"Gradient.{name}", p.numel(), MAPS[mode])
+        ref.declare(f"Gradient.{name}@warmup", p.numel(), warmup_map)
     opt = make_optimizer(mode, model.parameters())
     (b1, b2), eps, wd = opt.defaults["betas"], opt.defaults["eps"], opt.defaults["weight_decay"]
     named = list(model.named_parameters())
@@ -125,10 +129,15 @@ def single_process_momentum(seed: int, mode: str, job_seed: int, model: torch.nn
             grads.append({n: p.grad.clone() for n, p in named})
         if step < WARMUP:
             for name, p in named:
-                acc = grads[0][name].clone()
-                for g in grads[1:]:
-                    acc += g[name]
-                p.grad = acc / WORKERS
+                if mode in WARMUP_COMPRESSION:
+                    got = ref.push_pull(f"Gradient.{name}@warmup",
+                                        [g[name].numpy().tobytes() for g in grads], True)
+                    p.grad = torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p)
+                else:
+                    acc = grads[0][name].clone()
+                    for g in grads[1:]:
+                        acc += g[name]
+                    p.grad = acc / WORKERS
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.step()
@@ -157,7 +166,7 @@ def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
     # Said once per worker, in the log, and only where "auto" took the momentum ("updates"
     # was asked for).
     assert p.stderr.count("averages the momentum of AdamW") == (
-        WORKERS if mode == "momentum" else 0), p.stderr
+        WORKERS if mode.startswith("momentum") else 0), p.stderr
     assert "averages the updates" not in p.stderr, p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
     want, scale = single_process(seed, mode, ranks[0]["job_seed"])
@@ -190,9 +199,13 @@ def test_distributed_optimizer_matches_the_single_process_run(
         codec = MAPS[mode]["byteps_compressor_type"]
         # The model's small tensors travel as float32 (min_compress_bytes) and cap the ratio,
         # and so do the WARMUP uncompressed steps of average="momentum".
-        ratio = 1.5 if mode == "momentum" else {"fp16": 1.5, "dithering": 3}.get(codec, 4)
+        ratio = 1.5 if mode.startswith("momentum") else {"fp16": 1.5, "dithering": 3}.get(codec, 4)
         assert m["bytes_pushed"] < m["raw_bytes"] / ratio, m
         assert codec in " ".join(m["tensors"]["Gradient.0.weight"]["codecs"])
+    if mode == "momentum16":
+        # The warm-up's twin travelled as fp16.
+        assert "fp16" in " ".join(m["tensors"]["Gradient.0.weight@warmup"]["codecs"]), m
+
     place = "emulated" if route == "emulated" and mode != "elias" else "cpu"
     assert m["tensors"]["Gradient.0.weight"]["device"] == place, m["tensors"]
     if MAPS[mode] is None:

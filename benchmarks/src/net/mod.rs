@@ -302,6 +302,46 @@ pub struct Machine {
     pub load_start: [f64; 3],
     /// ... and at the end.
     pub load_end: [f64; 3],
+    /// How the harness (and so the scheduler and servers it starts) was compiled: `release`,
+    /// or `debug`, whose nodes compress several times slower. Empty in reports saved before
+    /// it was recorded.
+    #[serde(default)]
+    pub build_profile: String,
+}
+
+impl Machine {
+    /// The machine now, as a benchmark starts (`load_end` is the same as `load_start` until
+    /// [`Machine::finish`]); warns on stderr, naming `bench`, when this is a debug build.
+    pub fn at_start(bench: &str) -> Machine {
+        let load = load_average();
+        let build_profile = if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        };
+        if cfg!(debug_assertions) {
+            eprintln!(
+                "pushpull bench {bench}: warning: a debug build (its nodes compress several \
+                 times slower); measure with `cargo build --release`"
+            );
+        }
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            mem_available_bytes: mem_available(),
+            load_start: load,
+            load_end: load,
+            build_profile: build_profile.to_string(),
+        }
+    }
+
+    /// Records the load average at the end.
+    pub fn finish(&mut self) {
+        self.load_end = load_average();
+    }
 }
 
 /// What `pushpull bench net --json` prints.
@@ -399,8 +439,8 @@ pub fn run(args: NetArgs) -> CliResult<()> {
         eprintln!("pushpull bench net: deleted namespace {ns} left behind by a killed run");
     }
     let programs = Programs::from_current_exe()?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let machine_start = (mem_available(), load_average());
+    let mut machine = Machine::at_start("net");
+    let cores = machine.cores;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -546,15 +586,9 @@ pub fn run(args: NetArgs) -> CliResult<()> {
         }
     }
     let report = NetReport {
-        machine: Machine {
-            cores,
-            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .unwrap_or_default()
-                .trim()
-                .to_string(),
-            mem_available_bytes: machine_start.0,
-            load_start: machine_start.1,
-            load_end: load_average(),
+        machine: {
+            machine.finish();
+            machine
         },
         networks,
         runs: rows,

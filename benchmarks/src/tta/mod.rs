@@ -37,7 +37,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::net::topo::{self, check_interrupted, Shaping, Topology};
-use crate::net::{host_names, load_average, mem_available, Machine};
+use crate::net::{host_names, load_average, Machine};
 use plan::{Kind, Setup, REFERENCE, TIME_LIMIT_FACTOR};
 use pushpull_launch::procs::Programs;
 use pushpull_node::error::{CliError, CliResult};
@@ -157,19 +157,6 @@ pub struct TrainArgs {
     pub logs: bool,
 }
 
-fn machine(start: (u64, [f64; 3])) -> Machine {
-    Machine {
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        mem_available_bytes: start.0,
-        load_start: start.1,
-        load_end: load_average(),
-    }
-}
-
 fn settings(args: &TrainArgs, setup: &Setup) -> Settings {
     Settings {
         python: args.python.display().to_string(),
@@ -259,9 +246,8 @@ pub fn run(args: TrainArgs) -> CliResult<()> {
         .enable_all()
         .build()
         .map_err(|e| CliError::failed(format!("cannot start a tokio runtime: {e}")))?;
-    let start = (mem_available(), load_average());
     let mut report = TtaReport {
-        machine: machine(start),
+        machine: Machine::at_start("train"),
         settings: settings(&args, &setup),
         networks: Vec::new(),
         runs: Vec::new(),
@@ -417,7 +403,7 @@ pub fn run(args: TrainArgs) -> CliResult<()> {
                 }
                 fill_speedups(&mut report.runs);
                 if let Some(path) = &args.json {
-                    report.machine.load_end = load_average();
+                    report.machine.finish();
                     write_json(path, &report)?;
                 }
             }
@@ -430,7 +416,7 @@ pub fn run(args: TrainArgs) -> CliResult<()> {
             )));
         }
     }
-    report.machine.load_end = load_average();
+    report.machine.finish();
     if let Some(path) = &args.json {
         write_json(path, &report)?;
         eprintln!("pushpull bench train: report written to {}", path.display());

@@ -373,23 +373,31 @@ pub fn table(runs: &[&TtaRun]) -> String {
     s
 }
 
-/// Final quality over seeds: per rate, system and placement, the mean ± sd of the final
-/// validation bits per byte of the runs that trained every step (`stopped = steps`).
-pub fn quality_table(runs: &[TtaRun]) -> String {
-    let mut groups: Vec<((String, String, String), Vec<f64>)> = Vec::new();
+/// A group of runs: rate, system, placement.
+type GroupKey = (String, String, String);
+
+/// `pick` of each run that has one, grouped by rate, system and placement in the runs' order.
+fn grouped<T>(runs: &[TtaRun], pick: impl Fn(&TtaRun) -> Option<T>) -> Vec<(GroupKey, Vec<T>)> {
+    let mut groups: Vec<(GroupKey, Vec<T>)> = Vec::new();
     for r in runs {
-        if r.end.stopped.as_deref() != Some("steps") {
-            continue;
-        }
-        let Some(v) = r.outcome.final_val_bpb else {
-            continue;
-        };
+        let Some(v) = pick(r) else { continue };
         let key = (r.rate.clone(), r.system.clone(), r.placement.clone());
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, vs)) => vs.push(v),
             None => groups.push((key, vec![v])),
         }
     }
+    groups
+}
+
+/// Final quality over seeds: per rate, system and placement, the mean ± sd of the final
+/// validation bits per byte of the runs that trained every step (`stopped = steps`).
+pub fn quality_table(runs: &[TtaRun]) -> String {
+    let groups = grouped(runs, |r| {
+        r.outcome
+            .final_val_bpb
+            .filter(|_| r.end.stopped.as_deref() == Some("steps"))
+    });
     if !groups.iter().any(|(_, v)| v.len() > 1) {
         return String::new();
     }
@@ -403,6 +411,39 @@ pub fn quality_table(runs: &[TtaRun]) -> String {
             "{rate:<8} {system:<20} {placement:<14} {:>5} {:>9.4} ± {sd:.4}\n",
             vs.len(),
             m
+        ));
+    }
+    s
+}
+
+/// Speed-ups over seeds: per rate, system and placement run more than once, the median of
+/// the runs' × DDP fp32 and their range (each run against ddp:none of its own seed, so the
+/// seeds alternate the systems), counting only the runs that reached the target.
+pub fn speedup_table(runs: &[TtaRun]) -> String {
+    let groups = grouped(runs, |r| {
+        (r.system != REFERENCE).then_some(r.outcome.speedup)
+    });
+    if !groups.iter().any(|(_, v)| v.len() > 1) {
+        return String::new();
+    }
+    let mut s = format!(
+        "x DDP fp32 over seeds (median, range; runs that reached the target)\n{:<8} {:<20} \
+         {:<14} {:>7} {:>8} {:>16}\n",
+        "rate", "system", "placement", "reached", "median", "range"
+    );
+    for ((rate, system, placement), vs) in &groups {
+        let mut got: Vec<f64> = vs.iter().flatten().copied().collect();
+        got.sort_by(f64::total_cmp);
+        let (median, range) = match (got.first(), got.last()) {
+            (Some(lo), Some(hi)) => (
+                format!("{:.2}x", pushpull_node::report::median(&got)),
+                format!("{lo:.2}-{hi:.2}x"),
+            ),
+            _ => ("-".to_string(), "-".to_string()),
+        };
+        s.push_str(&format!(
+            "{rate:<8} {system:<20} {placement:<14} {:>7} {median:>8} {range:>16}\n",
+            format!("{}/{}", got.len(), vs.len())
         ));
     }
     s
@@ -435,7 +476,8 @@ pub fn to_text(r: &TtaReport) -> String {
     let st = &r.settings;
     let head = format!(
         "pushpull bench train: {} ({}{}), {} steps, evaluated every {}; {} workers, pushpull \
-         with {} server(s); {} cores, load average {:.2} at the start, {:.2} at the end",
+         with {} server(s); {} cores, {} build, load average {:.2} at the start, {:.2} at the \
+         end",
         st.workload,
         st.size,
         if st.set.is_empty() {
@@ -448,6 +490,11 @@ pub fn to_text(r: &TtaReport) -> String {
         st.workers,
         st.servers,
         r.machine.cores,
+        if r.machine.build_profile.is_empty() {
+            "unrecorded"
+        } else {
+            &r.machine.build_profile
+        },
         r.machine.load_start[0],
         r.machine.load_end[0],
     );
@@ -485,10 +532,11 @@ pub fn to_text(r: &TtaReport) -> String {
             s.push_str(&wrap(COLUMNS, 100));
         }
     }
-    let q = quality_table(&r.runs);
-    if !q.is_empty() {
-        s.push('\n');
-        s.push_str(&q);
+    for table in [speedup_table(&r.runs), quality_table(&r.runs)] {
+        if !table.is_empty() {
+            s.push('\n');
+            s.push_str(&table);
+        }
     }
     if !r.failures.is_empty() {
         s.push('\n');
@@ -635,6 +683,16 @@ pub(crate) mod tests {
         b.seed = 1;
         b.end.val_bpb = Some(4.2);
         b.derive(&["worker0".to_string()]);
+        let mut c = run(
+            "pushpull:onebit",
+            "separate hosts",
+            &[(0, 0.0, 8.0), (10, 1.0, 4.0)],
+        );
+        c.derive(&["worker0".to_string()]);
+        let (mut d, mut e) = (c.clone(), c.clone());
+        c.outcome.speedup = Some(2.0);
+        (d.seed, d.outcome.speedup) = (1, Some(3.0));
+        (e.seed, e.outcome.speedup) = (2, None);
         let report = TtaReport {
             machine: Machine {
                 cores: 2,
@@ -642,6 +700,7 @@ pub(crate) mod tests {
                 mem_available_bytes: 1,
                 load_start: [0.5; 3],
                 load_end: [1.0; 3],
+                build_profile: "release".into(),
             },
             settings: Settings {
                 python: "python3".into(),
@@ -666,7 +725,7 @@ pub(crate) mod tests {
                 tbf: Some("tbf rate 100000000bit".into()),
                 mtu: 1500,
             }],
-            runs: vec![a, b],
+            runs: vec![a, b, c, d, e],
             failures: vec![TtaFailure {
                 rate: "100mbit".into(),
                 system: "pushpull:onebit".into(),
@@ -686,6 +745,14 @@ pub(crate) mod tests {
         );
         assert!(t.contains("final quality"), "{t}");
         assert!(t.contains("4.1000 ± 0.1414"), "{t}");
+        assert!(t.contains("x DDP fp32 over seeds"), "{t}");
+        assert!(
+            t.lines().any(|l| l.starts_with("100mbit  pushpull:onebit")
+                && l.split_whitespace()
+                    .skip(4)
+                    .eq(["2/3", "2.50x", "2.00-3.00x"])),
+            "{t}"
+        );
         assert!(t.contains("DDP has no servers"), "{t}");
         assert!(t.lines().all(|l| l.len() <= 180), "{t}");
         assert_eq!(wrap("a bb ccc", 4), "a bb\nccc\n");

@@ -28,8 +28,9 @@ AVERAGES = ("auto", "gradients", "updates", "momentum")
 
 # Compressors known to fail, with error feedback, when the gradients they return feed an
 # optimizer with state of its own (momentum, per-coordinate statistics): the module
-# docstring's measurements, and top-k 1 % under AdamW on bench/tta's transformer (4.466
-# validation bits per byte against 3.252, BENCHMARKS.md "Time to accuracy through 100 Mbit/s").
+# docstring's measurements, and top-k 1 % under AdamW on bench/tta's transformer (4.350
+# validation bits per byte against 3.104, BENCHMARKS.md "Onebit with the user's AdamW, through
+# the cluster").
 _FAIL_WITH_STATE = ("onebit", "topk")
 
 

@@ -84,6 +84,8 @@ def _stream_to_order(device: str) -> Optional[int]:
 # The map of a fused tensor: a plain float32 sum whatever the cluster file's defaults say
 # (`Worker::is_plain` confirms it before anything is fused).
 _FUSED_MAP = {"compressor": "none", "ef": "none", "momentum": "none", "intra_compressor": "none"}
+# What average="momentum"'s warm-up may travel as (DistributedOptimizer's warmup_compression).
+_WARMUP_COMPRESSORS = ("none", "fp16", "bf16")
 
 
 class _Fusion:
@@ -171,6 +173,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ordered_step,
         average,
         warmup_steps,
+        warmup_compression,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -232,6 +235,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 1:
             raise ValueError(f"warmup_steps = {warmup_steps!r}: must be an int >= 1")
         self._warmup_steps = warmup_steps
+        if warmup_compression not in _WARMUP_COMPRESSORS:
+            raise ValueError(f"warmup_compression = {warmup_compression!r}: one of "
+                             f"{', '.join(map(repr, _WARMUP_COMPRESSORS))}")
+        if warmup_compression != "none" and average in ("gradients", "updates"):
+            raise ValueError(f"warmup_compression = {warmup_compression!r} with "
+                             f"average={average!r}: nothing warms up (only "
+                             "average='momentum', or 'auto' where it takes it, does)")
+        warmup_map = dict(_FUSED_MAP, compressor=warmup_compression)
         # average="momentum": the uncompressed tensor each compressed gradient travels as in
         # the warm-up (by entry; None for a plain one), and the frozen second moments, taken at
         # the first step after it.
@@ -263,7 +274,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif k == f.members[0]:
                 declare(f.name, f.numel, _FUSED_MAP, priority=maps[k][1])
             if self._warmup_name[k] is not None:
-                declare(self._warmup_name[k], p, _FUSED_MAP, priority=maps[k][1])
+                declare(self._warmup_name[k], p, warmup_map, priority=maps[k][1])
         for tname, p, _, _ in self._entries:
             _state.gradient_params.setdefault(tname, weakref.ref(p))
         self._passes = [0] * len(self._entries)
@@ -538,6 +549,7 @@ def DistributedOptimizer(
     ordered_step: bool = False,
     average: str = "auto",
     warmup_steps: int = 100,
+    warmup_compression: str = "none",
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
@@ -587,16 +599,19 @@ def DistributedOptimizer(
     without momentum (a step is linear in the gradients) and close for Adam. ``"momentum"``
     (``torch.optim.Adam`` and ``AdamW`` only, DeepSpeed's 1-bit Adam): the first
     ``warmup_steps`` steps average the gradients uncompressed (each compressed tensor
-    travels as ``Gradient.NAME@warmup``, plain float32, declared beside it); after them each
+    travels as ``Gradient.NAME@warmup``, declared beside it, as float32 or, with
+    ``warmup_compression`` ``"fp16"`` or ``"bf16"``, in half the bytes: refused with
+    ``average="gradients"`` or ``"updates"``, where nothing warms up, and used by ``"auto"``
+    where it takes ``"momentum"``); after them each
     parameter's second moment is frozen as the warm-up left it, each worker's first moment
     (the averaged one carried over, plus its own gradient) is averaged through the tensor's
     map, at ``step()``, and becomes every worker's, and Adam's step is taken from it, the same
     on every worker; the optimizer's state keeps Adam's layout (``exp_avg_sq`` is the frozen
     moment times the bias correction), so a checkpoint of it restarts frozen. Freeze after
     the learning rate's warm-up and about a fifth of training (DeepSpeed warms 1-bit Adam up
-    for 15-25 %): on bench/tta's transformer with 4 workers and 300 steps, onebit frozen after
-    30 steps ended at 3.564 validation bits per byte, after 60 at 3.265, where uncompressed
-    AdamW ends at 3.252 (BENCHMARKS.md "Time to accuracy through 100 Mbit/s").
+    for 15-25 %): on bench/tta's transformer with 4 workers and 360 steps, onebit frozen after
+    72 steps (warmed up as fp16) ended 1.02 % above uncompressed AdamW over three seeds
+    (BENCHMARKS.md "Final quality of every preset, both workloads").
 
     Compressed, the optimizer's state never sees the compression error in the last two,
     which is what onebit and top-k with error feedback need under an optimizer with state. On
@@ -663,4 +678,5 @@ def DistributedOptimizer(
         ordered_step,
         average,
         warmup_steps,
+        warmup_compression,
     )

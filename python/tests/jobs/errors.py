@@ -35,6 +35,12 @@ expect("nesterov", ValueError, "Gradient.weight", "nesterov", "momentum=0.9")(
                                      compression_params={"byteps_momentum_type": "nesterov"}))
 expect("optimizer staleness", ValueError, "staleness = 1")(
     lambda: bps.DistributedOptimizer(opt, model.named_parameters(), staleness=1))
+expect("warmup compression", ValueError, "warmup_compression = 'onebit'", "'fp16'")(
+    lambda: bps.DistributedOptimizer(opt, model.named_parameters(),
+                                     warmup_compression="onebit"))
+expect("warmup unused", ValueError, "warmup_compression = 'fp16'", "average='gradients'")(
+    lambda: bps.DistributedOptimizer(opt, model.named_parameters(), average="gradients",
+                                     warmup_compression="fp16"))
 # The job still works after all of that.
 assert torch.equal(bps.push_pull(torch.ones(10), average=False, name="len"), torch.full((10,), 2.0))
 bps.shutdown()

@@ -13,8 +13,8 @@ import pushpull.torch as bps
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from optimizer_common import (  # noqa: E402
-    AMP_SCALE, AVERAGES, MAPS, PASSES, STEPS, WARMUP, batch, lr_at, make_model, make_optimizer,
-    overflow,
+    AMP_SCALE, AVERAGES, MAPS, PASSES, STEPS, WARMUP, WARMUP_COMPRESSION, batch, lr_at,
+    make_model, make_optimizer, overflow,
 )
 
 out, seed, mode, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
@@ -33,7 +33,8 @@ else:
     opt = bps.DistributedOptimizer(opt, model.named_parameters(), compression_params=MAPS[mode],
                                    backward_passes_per_step=passes, bucket_cap_mb=cap,
                                    ordered_step=ordered, average=AVERAGES.get(mode, "auto"),
-                                   warmup_steps=WARMUP)
+                                   warmup_steps=WARMUP,
+                                   warmup_compression=WARMUP_COMPRESSION.get(mode, "none"))
 deferred = 0
 # Mixed precision as with Horovod: synchronize, then the scaler's step without synchronizing.
 scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
