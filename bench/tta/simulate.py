@@ -83,6 +83,19 @@ frozen = {}  # name -> (v_hat frozen at the end of the warm-up, weight decay)
 momentum = {}  # name -> the averaged momentum every worker holds
 
 
+def clipped_gradients(step):
+    """Each worker's gradients of this step's batch on the shared model, each clipped to the
+    size's ``clip`` on its own (by name)."""
+    grads = []
+    for r in range(W):
+        model.zero_grad()
+        x, y = corpus.train_batch(0, step, r, s.batch, s.seq_len)
+        models.loss_of(model, x, y).backward()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), s.clip)
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    return grads
+
+
 def frozen_step(step, lr, comp):
     """DeepSpeed's 1-bit Adam after its warm-up: the second moment frozen as the warm-up's
     (averaged-gradient) AdamW left it, every worker's momentum pushed (onebit with error
@@ -98,13 +111,7 @@ def frozen_step(step, lr, comp):
                 n = name_of[id(q)]
                 frozen[n] = (st["exp_avg_sq"] / (1 - b2 ** t), g["weight_decay"])
                 momentum[n] = st["exp_avg"].clone()
-    grads = []
-    for r in range(W):
-        model.zero_grad()
-        x, y = corpus.train_batch(0, step, r, s.batch, s.seq_len)
-        models.loss_of(model, x, y).backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), s.clip)
-        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    grads = clipped_gradients(step)
     t = step + 1
     with torch.no_grad():
         for n, q in model.named_parameters():
@@ -125,13 +132,7 @@ def sgdm_step(step, lr, comp):
         for q in g0["params"]:
             buf = opt.state[q].get("momentum_buffer") if q in opt.state else None
             momentum[name_of[id(q)]] = buf.clone() if buf is not None else torch.zeros_like(q)
-    grads = []
-    for r in range(W):
-        model.zero_grad()
-        x, y = corpus.train_batch(0, step, r, s.batch, s.seq_len)
-        models.loss_of(model, x, y).backward()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), s.clip)
-        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+    grads = clipped_gradients(step)
     with torch.no_grad():
         for n, q in model.named_parameters():
             ms = [mu * momentum[n] + g[n] + wd * q for g in grads]
