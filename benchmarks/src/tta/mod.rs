@@ -53,7 +53,8 @@ fn parse_slack(text: &str) -> Result<f64, String> {
 }
 
 /// The systems a sitting runs unless told otherwise.
-pub const DEFAULT_SYSTEMS: &str = "pushpull:none,pushpull:fp16,pushpull:onebit,ddp:none,ddp:fp16,\
+pub const DEFAULT_SYSTEMS: &str = "pushpull:none,pushpull:fp16,pushpull:dithering,\
+                                   pushpull:onebit,pushpull:topk,ddp:none,ddp:fp16,\
                                    ddp:powersgd:1,ddp:powersgd:2,ddp:powersgd:4";
 
 /// `pushpull bench train`.
@@ -107,11 +108,13 @@ pub struct TrainArgs {
     /// Override one field of the size, passed to train.py (repeatable), e.g. `--set d_model=192`.
     #[arg(long = "set", value_name = "FIELD=VALUE")]
     pub set: Vec<String>,
-    /// Training steps at most (the learning-rate schedule's length).
-    #[arg(long, value_name = "N", default_value_t = 600)]
-    pub steps: u32,
+    /// Training steps at most (the learning-rate schedule's length). Default: the workload's
+    /// budget, where DDP fp32 has flattened after about 3 minutes at 100 Mbit/s here (360 for
+    /// the transformer, 260 for the conv LM: bench/tta/README.md, "Sizing").
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u32>,
     /// Steps between evaluations (off the clock).
-    #[arg(long, value_name = "N", default_value_t = 50)]
+    #[arg(long, value_name = "N", default_value_t = 30)]
     pub eval_every: u32,
     /// Seeds (model initialisation and data order), comma-separated: every run once per seed.
     #[arg(long, value_name = "LIST", value_delimiter = ',', default_value = "0")]

@@ -235,6 +235,16 @@ pub const QUICK: Quick = Quick {
     eval_every: 25,
 };
 
+/// A workload's step budget when `--steps` is not given (bench/tta/README.md, "Sizing": DDP
+/// fp32 flattened, about 3 minutes at 100 Mbit/s with 4 workers on 2 cores). An unknown
+/// workload gets the transformer's; train.py's check refuses it before anything runs.
+fn budget(workload: &str) -> u32 {
+    match workload {
+        "conv" => 260,
+        _ => 360,
+    }
+}
+
 fn usage(msg: impl std::fmt::Display) -> CliError {
     CliError::usage(msg)
 }
@@ -259,7 +269,7 @@ pub fn check_flags(args: &TrainArgs) -> CliResult<Setup> {
             args.workers,
             args.servers,
             args.rates.clone(),
-            args.steps,
+            args.steps.unwrap_or_else(|| budget(&args.workload)),
             args.eval_every,
         )
     };
@@ -433,7 +443,7 @@ mod tests {
 
     fn catalog() -> Catalog {
         Catalog::parse(
-            r#"{"pushpull": ["none", "fp16", "onebit"], "ddp": ["none", "fp16", "powersgd:R", "noop"]}"#,
+            r#"{"pushpull": ["none", "fp16", "dithering", "onebit", "topk"], "ddp": ["none", "fp16", "powersgd:R", "noop"]}"#,
         )
         .unwrap()
     }
@@ -458,7 +468,7 @@ mod tests {
             ("horovod:none", "unknown system \"horovod:none\""),
             (
                 "onebit",
-                "pushpull:PRESET (PRESET one of none, fp16, onebit)",
+                "pushpull:PRESET (PRESET one of none, fp16, dithering, onebit, topk)",
             ),
         ] {
             let e = c.system(bad).unwrap_err();
@@ -506,6 +516,9 @@ mod tests {
             s.placements,
             vec![Placement::Separate, Placement::Colocated]
         );
+        assert_eq!((s.steps, s.eval_every), (360, 30));
+        let conv = check_flags(&args(&["--workload", "conv"])).unwrap();
+        assert_eq!(conv.steps, 260);
         let all = systems(&args(&[]), &catalog()).unwrap();
         let labels: Vec<String> = all.iter().map(System::label).collect();
         assert_eq!(labels.join(","), super::super::DEFAULT_SYSTEMS);
