@@ -215,6 +215,7 @@ class PushPullSystem:
         self.map = dict(PUSHPULL_PRESETS[preset])
         self.bucket_mb = bucket_mb
         self.warmup_steps = max(2, steps // 5)
+        self.warmup_compression = "fp16"
         bps.init()
         self.rank, self.world = bps.rank(), bps.size()
         if self.rank == 0 and self.build_profile != "release":
@@ -227,7 +228,8 @@ class PushPullSystem:
         """The preset and its compression map."""
         return {"preset": self.preset, "compression_params": self.map,
                 "bucket_mb": self.bucket_mb, "average": self.opt._average if self.opt else None,
-                "warmup_steps": self.warmup_steps, "warmup_compression": "fp16",
+                "warmup_steps": self.warmup_steps,
+                "warmup_compression": self.warmup_compression,
                 "build_profile": self.build_profile}
 
     def wrap(self, model, opt):
@@ -236,7 +238,7 @@ class PushPullSystem:
         self.opt = self.bps.DistributedOptimizer(
             opt, model.named_parameters(), compression_params=self.map,
             bucket_cap_mb=self.bucket_mb, warmup_steps=self.warmup_steps,
-            warmup_compression="fp16")
+            warmup_compression=self.warmup_compression)
         return model
 
     def step(self, module, params, loss_fn, clip: float) -> float:
