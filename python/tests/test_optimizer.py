@@ -332,26 +332,25 @@ def test_average_auto_leaves_the_gradients_only_where_they_train():
                                                    "ef": "vanilla"}, plain]) == "momentum"
     assert _average.resolve("auto", adam, names, [{"compressor": "fp16"}, plain]) == "gradients"
     assert _average.resolve("updates", sgd, names, [plain, plain]) == "updates"
-    with pytest.raises(ValueError, match=r"'Gradient.b'.*AdamW \(betas=\(0.9, 0.999\)\).*"
-                                         r"average='auto' \(or 'updates'\)"):
-        _average.resolve("gradients", adam, names, [plain, onebit])
-    with pytest.raises(ValueError, match=r"'Gradient.w'.*momentum=0.9"):
-        _average.resolve("gradients", heavy, names, [onebit, onebit])
-    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected' with "
-                                         r"average='updates'.*'vanilla'"):
-        _average.resolve("auto", heavy, names, [{**onebit, "ef": "corrected"}, plain])
-    with pytest.raises(ValueError, match=r"average='momentum' runs Adam and AdamW only: SGD "
-                                         r"is not torch.optim.Adam or AdamW; use "
-                                         r"average='updates'"):
-        _average.resolve("momentum", heavy, names, [onebit, plain])
-    with pytest.raises(ValueError, match=r"Adam has amsgrad=True"):
-        _average.resolve("momentum", amsgrad, names, [onebit, plain])
-    with pytest.raises(ValueError, match=r"'Gradient.w': ef = 'corrected' with "
-                                         r"average='momentum'"):
-        _average.resolve("auto", adam, names, [{**onebit, "ef": "corrected"}, plain])
-    with pytest.raises(ValueError, match=r"average = 'grads': must be one of auto, "
-                                         r"gradients, updates, momentum"):
-        _average.resolve("grads", sgd, names, [plain, plain])
+    corrected = {**onebit, "ef": "corrected"}
+    refusals = [
+        ("gradients", adam, [plain, onebit],
+         r"'Gradient.b'.*AdamW \(betas=\(0.9, 0.999\)\).*average='auto' \(or 'updates'\)"),
+        ("gradients", heavy, [onebit, onebit], r"'Gradient.w'.*momentum=0.9"),
+        ("auto", heavy, [corrected, plain],
+         r"'Gradient.w': ef = 'corrected' with average='updates'.*'vanilla'"),
+        ("momentum", heavy, [onebit, plain],
+         r"average='momentum' runs Adam and AdamW only: SGD is not torch.optim.Adam or "
+         r"AdamW; use average='updates'"),
+        ("momentum", amsgrad, [onebit, plain], r"Adam has amsgrad=True"),
+        ("auto", adam, [corrected, plain],
+         r"'Gradient.w': ef = 'corrected' with average='momentum'"),
+        ("grads", sgd, [plain, plain],
+         r"average = 'grads': must be one of auto, gradients, updates, momentum"),
+    ]
+    for average, opt, maps, says in refusals:
+        with pytest.raises(ValueError, match=says):
+            _average.resolve(average, opt, names, maps)
 
 
 def test_the_frozen_step_decays_as_the_optimizer_does_and_keeps_adams_layout(seed):
