@@ -8,7 +8,7 @@ switched on or off, and it simulates two optimizer-aware alternatives.
 
 The round, as pushpull does it:
 
-* **Worker EF** (`codecs/src/decorators.rs`, vanilla): `p = x + e`, push `C(p)`, keep
+* **Worker EF** (`codecs/src/chain.rs`, vanilla): `p = x + e`, push `C(p)`, keep
   `e = p - C(p)`.
 * **Onebit** (`codecs/src/codecs/onebit.rs`, `scaling = true`): one scale per chunk,
   `mean |p|`, and one sign bit per element, set for `p < 0`. Element i decodes to `-scale`

@@ -312,7 +312,7 @@ fn run(cfg: &BenchConfig) -> Vec<BenchRow> {
                 purpose: Purpose::ModelAveraging,
                 full_chunk_len: None,
             };
-            let mut c: Box<dyn Compressor> = build_from_spec(&spec, n, &who, opts)
+            let mut c: Compressor = build_from_spec(&spec, n, &who, opts)
                 .unwrap_or_else(|e| panic!("bench case {}: {e}", case.label));
             let reference: Vec<f32> = x.iter().map(|v| v + 0.1).collect();
             let mut out = Vec::with_capacity(c.max_compressed_len());

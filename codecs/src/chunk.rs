@@ -33,11 +33,10 @@ use pushpull_proto::protocol::{ChunkPlacement, TensorPlacement};
 use pushpull_proto::Config;
 
 use crate::codecs::cast::{Cast, CastCodec};
-use crate::codecs::Base;
 use crate::params::{parse_params, CodecSpec, CompressorSpec, Exchange};
 use crate::registry::{build_codec, build_from_spec, BuildOptions, Purpose};
 use crate::rng::Role;
-use crate::{Compressor, NodeIdentity};
+use crate::{CodecInfo, Compressor, NodeIdentity};
 
 /// The rank every server uses in its random draws (see the module docs).
 pub const SERVER_RANK: u32 = 0;
@@ -116,17 +115,17 @@ impl<'a> CodecContext<'a> {
 /// Builds the codec of each chunk a node handles (see the module docs). Must return a codec
 /// whose `len()` is `ctx.chunk.len`; an `Err` names what is wrong.
 ///
-/// Any `Fn(&CodecContext) -> Result<Box<dyn Compressor>, String> + Send + Sync` is a factory.
+/// Any `Fn(&CodecContext) -> Result<Compressor, String> + Send + Sync` is a factory.
 pub trait CodecFactory: Send + Sync {
     /// A fresh codec (with fresh state) for `ctx.chunk`.
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String>;
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Compressor, String>;
 }
 
 impl<F> CodecFactory for F
 where
-    F: Fn(&CodecContext<'_>) -> Result<Box<dyn Compressor>, String> + Send + Sync,
+    F: Fn(&CodecContext<'_>) -> Result<Compressor, String> + Send + Sync,
 {
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Compressor, String> {
         self(ctx)
     }
 }
@@ -138,7 +137,7 @@ where
 pub struct KernelsFactory;
 
 impl CodecFactory for KernelsFactory {
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Compressor, String> {
         chunk_codec(&ChunkInfo::of_context(ctx))
     }
 }
@@ -148,7 +147,7 @@ impl CodecFactory for KernelsFactory {
 pub struct Fp32Factory;
 
 impl CodecFactory for Fp32Factory {
-    fn make(&self, ctx: &CodecContext<'_>) -> Result<Box<dyn Compressor>, String> {
+    fn make(&self, ctx: &CodecContext<'_>) -> Result<Compressor, String> {
         let len = usize::try_from(ctx.chunk.len)
             .map_err(|_| format!("chunk of {} elements is too large", ctx.chunk.len))?;
         Ok(fp32_codec(len))
@@ -157,12 +156,12 @@ impl CodecFactory for Fp32Factory {
 
 /// Raw little-endian fp32 for a chunk of `len` elements (the `none` compressor, no state):
 /// what broadcasts carry whatever a tensor's map says.
-pub fn fp32_codec(len: usize) -> Box<dyn Compressor> {
+pub fn fp32_codec(len: usize) -> Compressor {
     let who = NodeIdentity::worker(0, 0, 0);
-    Box::new(CastCodec::new(
-        Base::new(CodecSpec::None.display_name(), len, &who, None),
+    Compressor::new(Box::new(CastCodec::new(
+        CodecInfo::new(CodecSpec::None.display_name(), len, &who, None),
         Cast::None,
-    ))
+    )))
 }
 
 /// What [`chunk_codec`] needs to know about the chunk and the node.
@@ -227,7 +226,7 @@ impl<'a> ChunkInfo<'a> {
 }
 
 /// Builds the codec of one chunk (see the module docs for the rules).
-pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Box<dyn Compressor>, String> {
+pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Compressor, String> {
     let (spec, len, who, opts) = chunk_spec(info)?;
     build_from_spec(&spec, len, &who, opts).map_err(|e| e.to_string())
 }
@@ -318,8 +317,8 @@ pub fn payload_bytes(
         min_compress_bytes,
     };
     let (spec, len, who, opts) = chunk_spec(&info)?;
-    let codec = build_codec(&spec, len, &who, opts).map_err(|e| e.to_string())?;
-    Ok(codec.max_compressed_len() as u64)
+    let body = build_codec(&spec, len, &who, opts).map_err(|e| e.to_string())?;
+    Ok(Compressor::of(body, None, None).max_compressed_len() as u64)
 }
 
 #[cfg(test)]
@@ -417,7 +416,7 @@ mod tests {
             built
         );
         assert!(built < 20000 * 4 / 10, "{built}");
-        // Only the codec is built: the full chain (decorators, a shorter last chunk) agrees.
+        // Only the codec is built: the full chain (error feedback, momentum, a shorter last chunk) agrees.
         for kv in [
             &[
                 ("compressor", "dithering"),

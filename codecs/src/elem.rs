@@ -140,8 +140,8 @@ pub fn stochastic_round(t: f32, u: f32) -> u32 {
 }
 
 /// Error feedback's codec input: `g + e` (vanilla), or `g + f·e` (corrected, `f` = η_{t−1}/η_t),
-/// one rounding each (no FMA): `decorators::ErrorFeedback`, and the onebit pass that forms it
-/// while encoding (`Codec::compress_fed`).
+/// one rounding each (no FMA): the chain's error feedback ([`crate::chain`]), and the onebit
+/// pass that forms it while encoding.
 #[inline(always)]
 pub fn fed(g: f32, e: f32, f: f32, vanilla: bool) -> f32 {
     if vanilla {
@@ -151,9 +151,9 @@ pub fn fed(g: f32, e: f32, f: f32, vanilla: bool) -> f32 {
     }
 }
 
-/// Nesterov momentum's step: the next momentum `μ·m + g` and the input it hands on, `g + μ·(μ·m
-/// + g)`, one rounding each (no FMA): `decorators::Momentum`, and the onebit pass that forms
-/// error feedback's input from it while encoding (`Codec::compress_fed`).
+/// Nesterov momentum's step: the next momentum `μ·m + g` and the input it hands on,
+/// `g + μ·(μ·m + g)`, one rounding each (no FMA): the chain's momentum ([`crate::chain`]), and
+/// the onebit pass that forms error feedback's input from it while encoding.
 #[inline(always)]
 pub fn nesterov(g: f32, m: f32, mu: f32) -> (f32, f32) {
     let next = mu * m + g;

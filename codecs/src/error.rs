@@ -208,3 +208,6 @@ impl KernelError {
         }
     }
 }
+
+/// The crate's result: an error is a [`KernelError`].
+pub type Result<T, E = KernelError> = std::result::Result<T, E>;

@@ -1,5 +1,5 @@
-//! Gradient compression for pushpull, on the CPU: every compressor of the seeds, the
-//! error-feedback and momentum decorators, the registry that builds them from a tensor's string
+//! Gradient compression for pushpull, on the CPU: every compressor of the seeds, the chain
+//! that adds error feedback and momentum to any of them, the registry that builds them from a tensor's string
 //! map, and the reduction. Nothing here touches a GPU or a socket: the scheduler and the
 //! servers depend on this crate alone; `pushpull-kernels` adds the device (CUDA, and its
 //! host-compiled twin) on top, with the same bytes.
@@ -8,11 +8,12 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | (root) | the [`Codec`] trait (a wire format: encode, decode) and the [`Compressor`] trait (a chain: decorators around a codec; every codec is one), [`NodeIdentity`], [`RoundCtx`], [`Fed`] and [`Nesterov`] (error feedback's input, and momentum's before it, to a codec that forms it as it encodes), re-exports |
+//! | (root) | [`NodeIdentity`], [`RoundCtx`], re-exports |
+//! | [`codec`] | the [`Codec`] trait (a wire format bound to a chunk: encode, decode or decode-add) and [`CodecInfo`] (what it states as data: name, length, payload size, randomness) |
+//! | [`chain`] | [`Compressor`]: a codec with error feedback and Nesterov momentum where configured, owning all the state (residual, momentum, undo, checkpoint); the fused fast paths, chosen by the codec's type when the chain is built |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
-//! | [`decorators`] | [`ErrorFeedback`] (`vanilla`, `corrected`) and [`Momentum`] (`nesterov`) |
 //! | [`gossip`] | decentralised averaging, the pure part of Moniqua's Algorithm 1: the mixing matrix [`gossip::Mixing`] (symmetric, doubly stochastic, spectral gap below 1, each refusal named) and one worker's [`gossip::average_step`] |
 //! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference), [`host_fold`] and [`IntraCodec`] (a local group's host sum: its members and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
 //! | [`error`] | [`KernelError`] |
@@ -20,20 +21,19 @@
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
 //! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) that `codecs/examples/bench_compress.rs` prints |
 //! | [`payload`] | the payload checks the device's decoders share with the codecs' |
-//! | `codecs` (private) | one module per wire format; each implements the narrow `Format` trait (its `Base` identity, payload size, encoding, decoding, optional in-place subtraction and encoding of error feedback's input) and one blanket implementation there makes it a [`Codec`] (name, length and the length checks, written once) |
+//! | `codecs` (private) | one module per wire format, each a [`Codec`] (and a chain fast path where it has one), with the bit-stream machinery they share |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
 //! # The traits and the chain
 //! A [`Codec`] is a wire format bound to one chunk (one key) of `len` elements: it encodes
-//! ([`Codec::compress`], one round per call), writes a payload's values
-//! ([`Codec::decompress`]) or adds them to an accumulator ([`Codec::decompress_add`], bit for
-//! bit what decompress followed by `acc[i] += v[i]` gives, so a server can sum pushes without
-//! a temporary). A [`Compressor`] is a chain: decorators that implement compression and keep
-//! state, around a codec that does the rest ([`Compressor::codec`]); every codec is a chain of
-//! itself. Nodes hold `Box<dyn Compressor>`.
+//! ([`Codec::encode`], one round per call) and decodes a payload into the chunk or adds it to
+//! an accumulator ([`Codec::decode`]; adding is bit for bit what decoding followed by
+//! `acc[i] += v[i]` gives, so a server can sum pushes without a temporary). It keeps no state.
+//! A [`Compressor`] is the chain around it: error feedback and Nesterov momentum where
+//! configured, their state, and the length checks; nodes hold one per chunk.
 //!
-//! The registry builds `Momentum(ErrorFeedback(codec))`: momentum on workers only (a server
-//! built from the same map skips it), error feedback wherever configured. A worker compresses
+//! The registry builds `nesterov(ef(codec))`: momentum on workers only (a server built from the
+//! same map skips it), error feedback wherever configured. A worker compresses
 //! its gradient and decompresses the pulled sum with the same instance; a server
 //! decompress-adds every push (in rank order) and compresses the sum with its own instance
 //! (built with [`Role::Server`]).
@@ -156,9 +156,10 @@
 //! README for measured throughput.
 
 pub mod bench;
+pub mod chain;
 pub mod chunk;
+pub mod codec;
 mod codecs;
-pub mod decorators;
 pub mod elem;
 pub mod error;
 pub mod gossip;
@@ -171,11 +172,12 @@ pub mod rng;
 mod simd;
 mod stats;
 
+pub use chain::Compressor;
 pub use chunk::{
     chunk_codec, fp32_codec, CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node,
 };
-pub use decorators::{ErrorFeedback, Momentum};
-pub use error::KernelError;
+pub use codec::{Codec, CodecInfo};
+pub use error::{KernelError, Result};
 pub use params::{
     is_gossip, overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange,
     KSpec, KeyInfo, Normalize, Partition, Rounding, ThetaSchedule, KEYS,
@@ -260,245 +262,5 @@ impl<'a> RoundCtx<'a> {
     pub fn with_reference(mut self, reference: &'a [f32]) -> RoundCtx<'a> {
         self.reference = Some(reference);
         self
-    }
-}
-
-/// Error feedback's codec input, for a codec that forms it while encoding
-/// ([`Codec::compress_fed`]): `p = g + residual` (vanilla) or `g + factor · residual`
-/// ([`elem::fed`]), where `g` is the gradient, or with Nesterov momentum before error feedback
-/// the momentum's output for it ([`Nesterov`]). A codec that forms `p` must honour every field
-/// (`nesterov` included), or return `None` from [`Codec::compress_fed`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Fed<'a> {
-    /// The round's gradient.
-    pub gradient: &'a [f32],
-    /// Nesterov momentum between the gradient and error feedback, when the chain has it.
-    pub nesterov: Option<Nesterov<'a>>,
-    /// The residual carried from the last round.
-    pub residual: &'a [f32],
-    /// The residual's factor (corrected error feedback: η_{t−1}/η_t).
-    pub factor: f32,
-    /// Vanilla error feedback: the factor is not applied.
-    pub vanilla: bool,
-}
-
-/// Nesterov momentum's step in one pass with what follows it ([`Compressor::compress_nesterov`],
-/// [`Fed::nesterov`]): for a gradient `g`, `next ← μ·m + g` and the input handed on is
-/// `g + μ·next` ([`elem::nesterov`]); `momentum` itself is not changed.
-#[derive(Debug)]
-pub struct Nesterov<'a> {
-    /// The momentum `m` carried from the last round.
-    pub momentum: &'a [f32],
-    /// μ.
-    pub mu: f32,
-    /// Where the next momentum goes (the chain commits it if the round succeeds).
-    pub next: &'a mut [f32],
-}
-
-/// A wire format bound to one chunk (one key): encodes a chunk into a payload and decodes
-/// payloads. Every codec of `codecs` implements it through the one implementation over that
-/// module's `Format` trait (what each wire format writes itself); through the blanket
-/// implementation below each is also a [`Compressor`] (a chain of just the codec).
-// `is_empty` is the chain's (`Compressor::is_empty`): a second one here would make the call
-// ambiguous on every codec.
-#[allow(clippy::len_without_is_empty)]
-pub trait Codec: Send {
-    /// The codec's name, e.g. `topk(k=3)`.
-    fn name(&self) -> &str;
-    /// The chunk length it is bound to.
-    fn len(&self) -> usize;
-    /// The largest payload compress can produce for this chunk length (the exact size for
-    /// fixed-width formats).
-    fn max_compressed_len(&self) -> usize;
-    /// Whether the output depends on random draws (rounding noise or random indices).
-    fn is_stochastic(&self) -> bool;
-    /// Encodes `input` (`len` elements) into `out` (replacing its content); one round.
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError>;
-    /// Decodes `payload` into `out` (`len` elements).
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError>;
-    /// Decodes `payload` and adds it to `acc` (`len` elements): bit for bit the same as
-    /// decompress into a temporary followed by `acc[i] += tmp[i]`.
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError>;
-    /// Compresses error feedback's `p` ([`Fed`]) while writing it into `p` (`len` elements), in
-    /// one pass over the inputs, for codecs that can (onebit): the payload, `p` and a
-    /// [`Nesterov`] step's `next` are those of taking the passes one by one. `Ok(false)` when
-    /// some element of `p` or of `next` is not finite: `p` and `next` are then whole, `out`
-    /// empty, and the caller names the element (with [`Nesterov`], by taking the passes one by
-    /// one). `None` when the codec has no such pass (error feedback then forms `p` and calls
-    /// `compress`).
-    fn compress_fed(
-        &mut self,
-        _fed: Fed<'_>,
-        _p: &mut [f32],
-        _ctx: &RoundCtx,
-        _out: &mut Vec<u8>,
-    ) -> Option<Result<bool, KernelError>> {
-        None
-    }
-    /// `acc = acc - decompress(payload)` in place, bit for bit, and whether every element of
-    /// `acc` is finite afterwards, for codecs that can do it without decoding into a buffer:
-    /// top-k and random-k subtract on their support only (off it `a - 0.0 == a` for every
-    /// `a`, `-0.0` included); onebit adds its decoding with the scale negated (`a - v == a +
-    /// (-v)` exactly, signed zeros included). `None` when the codec has no such shortcut;
-    /// error feedback then decompresses into a buffer and subtracts it. On `Err`, `acc` may be
-    /// partly changed.
-    fn subtract_decoded(
-        &self,
-        _payload: &[u8],
-        _ctx: &RoundCtx,
-        _acc: &mut [f32],
-    ) -> Option<Result<bool, KernelError>> {
-        None
-    }
-}
-
-/// A compressor bound to one chunk (one key): a [`Codec`], possibly wrapped in decorators
-/// (error feedback, momentum), which implement [`Compressor::compress`] and their state and
-/// take everything else from the codec underneath ([`Compressor::codec`]).
-///
-/// Object-safe; one instance per chunk; each call to [`Compressor::compress`] is one round.
-pub trait Compressor: Send {
-    /// The codec at the bottom of the chain: what every payload is decoded with.
-    fn codec(&self) -> &dyn Codec;
-    /// The chain's name, e.g. `ef(vanilla, topk(k=3))`.
-    fn name(&self) -> &str;
-    /// Compresses `input` (`len` elements) into `out` (replacing its content); one round.
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError>;
-    /// The codec, to compress with, when the chain is the codec alone; `None` for a
-    /// decorated chain (whose compression is more than its codec's).
-    fn codec_mut(&mut self) -> Option<&mut dyn Codec> {
-        None
-    }
-    /// Compresses Nesterov momentum's output for `input` ([`Nesterov`]), writing the next
-    /// momentum into `nesterov.next`, in one pass with what the chain does with it (error
-    /// feedback forming its input, and onebit encoding it: [`Codec::compress_fed`]), for
-    /// chains that can; momentum ([`crate::decorators::Momentum`]) commits `next` when this
-    /// succeeds. `None` when the chain has no such pass, or a setting or a value would make the
-    /// round fail: then `out` is empty, `next` may hold anything, and no state has changed
-    /// (what [`Compressor::undo`] could restore aside); the caller takes the passes one by one,
-    /// which name the error.
-    fn compress_nesterov(
-        &mut self,
-        _input: &[f32],
-        _nesterov: Nesterov<'_>,
-        _ctx: &RoundCtx,
-        _out: &mut Vec<u8>,
-    ) -> Option<Result<(), KernelError>> {
-        None
-    }
-    /// The chunk length it is bound to.
-    fn len(&self) -> usize {
-        self.codec().len()
-    }
-    /// Whether the chunk is empty.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// The codec's [`Codec::max_compressed_len`].
-    fn max_compressed_len(&self) -> usize {
-        self.codec().max_compressed_len()
-    }
-    /// The codec's [`Codec::is_stochastic`].
-    fn is_stochastic(&self) -> bool {
-        self.codec().is_stochastic()
-    }
-    /// Decompresses `payload` into `out` (`len` elements): the codec's decoding.
-    fn decompress(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.codec().decompress(payload, ctx, out)
-    }
-    /// Decompresses `payload` and adds it to `acc` ([`Codec::decompress_add`]).
-    fn decompress_add(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        acc: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.codec().decompress_add(payload, ctx, acc)
-    }
-    /// The error-feedback residual, if the chain has error feedback.
-    fn residual(&self) -> Option<&[f32]> {
-        None
-    }
-    /// The momentum buffer, if the chain has momentum.
-    fn momentum(&self) -> Option<&[f32]> {
-        None
-    }
-    /// Zeroes the decorators' state (residual, momentum, previous learning rate).
-    fn reset(&mut self) {}
-    /// The decorators' state that later rounds depend on (residual, momentum, previous
-    /// learning rate), for a checkpoint: empty for a chain without decorators.
-    fn state(&self) -> ChainState {
-        ChainState::default()
-    }
-    /// Restores [`Compressor::state`] of a chain built alike (same parameters and length);
-    /// what a round could undo is forgotten. Refuses, naming the chain and what differs, a
-    /// state with a part this chain lacks or without one it has, or of another length; the
-    /// state is then unchanged.
-    fn set_state(&mut self, state: &ChainState) -> Result<(), KernelError> {
-        let extra = [
-            (state.residual.is_some(), "an error-feedback residual"),
-            (state.momentum.is_some(), "a momentum buffer"),
-            (state.prev_lr.is_some(), "a previous learning rate"),
-        ];
-        match extra.iter().find(|(has, _)| *has) {
-            Some((_, what)) => Err(KernelError::Context {
-                compressor: self.name().to_string(),
-                detail: format!("the saved state has {what}, which this chain does not keep"),
-            }),
-            None => Ok(()),
-        }
-    }
-    /// Undoes round `round`'s change of the decorators' state (residual, momentum, previous
-    /// learning rate), if `round` is the last round compressed successfully and it was not
-    /// undone yet; otherwise (that round failed, was never compressed here, or a later one
-    /// was) does nothing. For a round whose result is discarded: a non-finite sum, or an
-    /// optimizer step that was skipped (mixed precision's loss scaler found inf/NaN).
-    fn undo(&mut self, _round: u64) {}
-}
-
-/// A codec alone is a chain: it compresses with its encoding and has no state.
-impl<C: Codec> Compressor for C {
-    fn codec(&self) -> &dyn Codec {
-        self
-    }
-    fn name(&self) -> &str {
-        Codec::name(self)
-    }
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
-        Codec::compress(self, input, ctx, out)
-    }
-    fn codec_mut(&mut self) -> Option<&mut dyn Codec> {
-        Some(self)
     }
 }

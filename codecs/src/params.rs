@@ -65,7 +65,7 @@ pub enum Encoding {
     Elias,
 }
 
-/// The compressor proper (without decorators).
+/// The compressor proper (without error feedback or momentum).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CodecSpec {
     /// fp32 as is.
@@ -274,7 +274,7 @@ impl CodecSpec {
         }
     }
 
-    /// The name a built compressor reports (before decorators), e.g. `topk(k=3)`.
+    /// The name a built compressor reports (without error feedback or momentum), e.g. `topk(k=3)`.
     pub fn display_name(&self) -> String {
         match self {
             CodecSpec::None => "none".into(),

@@ -35,7 +35,7 @@ impl RankOrderSum {
     #[inline]
     pub fn add(
         &mut self,
-        codec: &dyn Compressor,
+        codec: &Compressor,
         payload: &[u8],
         ctx: &RoundCtx,
         acc: &mut [f32],
@@ -148,12 +148,12 @@ mod tests {
         let mut sum = RankOrderSum::new();
         for (r, x) in ranks.iter().enumerate() {
             assert_eq!(sum.next_rank(), r as u32);
-            sum.add(codec.as_ref(), &f32s(x), &ctx, &mut acc).unwrap();
+            sum.add(&codec, &f32s(x), &ctx, &mut acc).unwrap();
         }
         let want = |i: usize| ((ranks[0][i] + ranks[1][i]) + ranks[2][i]) + ranks[3][i];
         assert_eq!(acc.map(f32::to_bits), [want(0), want(1)].map(f32::to_bits));
         // A payload that does not decode leaves the rank out.
-        assert!(sum.add(codec.as_ref(), &[0; 3], &ctx, &mut acc).is_err());
+        assert!(sum.add(&codec, &[0; 3], &ctx, &mut acc).is_err());
         assert_eq!(sum.next_rank(), 4);
     }
 

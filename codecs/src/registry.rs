@@ -1,6 +1,7 @@
 //! The registry: from a tensor's string map (or a parsed [`CompressorSpec`]) to the whole chain
-//! `Momentum(ErrorFeedback(codec))`.
+//! `nesterov(ef(codec))` ([`Compressor`]).
 
+use crate::chain::Body;
 use crate::codecs::{
     cast::{Cast, CastCodec},
     dithering::Dithering,
@@ -10,13 +11,11 @@ use crate::codecs::{
     onebit_col::OneBitColumns,
     randomk::RandomK,
     topk::TopK,
-    Base,
 };
-use crate::decorators::{ErrorFeedback, Momentum};
 use crate::error::KernelError;
 use crate::params::{parse_params, CodecSpec, CompressorSpec};
 use crate::rng::Role;
-use crate::{Compressor, NodeIdentity};
+use crate::{CodecInfo, Compressor, NodeIdentity};
 use std::collections::BTreeMap;
 
 /// What the values being compressed are; some compressors only make sense for one of them.
@@ -51,38 +50,32 @@ pub fn build_compressor(
     params: &BTreeMap<String, String>,
     len: usize,
     who: &NodeIdentity,
-) -> Result<Box<dyn Compressor>, KernelError> {
+) -> Result<Compressor, KernelError> {
     let spec = parse_params(params)?;
     build_from_spec(&spec, len, who, BuildOptions::default())
 }
 
-/// Builds the chain `Momentum(ErrorFeedback(codec))` from a parsed spec: momentum only on
-/// workers (a server ignores it), error feedback wherever configured.
+/// Builds the chain `nesterov(ef(codec))` from a parsed spec: momentum only on workers (a
+/// server ignores it), error feedback wherever configured.
 pub fn build_from_spec(
     spec: &CompressorSpec,
     len: usize,
     who: &NodeIdentity,
     opts: BuildOptions,
-) -> Result<Box<dyn Compressor>, KernelError> {
-    let codec = build_codec(spec, len, who, opts)?;
-    let mut c: Box<dyn Compressor> = codec;
-    if let Some(ef) = spec.ef {
-        c = Box::new(ErrorFeedback::new(c, ef));
-    }
-    if let (Some(mu), Role::Worker) = (spec.momentum_mu, who.role) {
-        c = Box::new(Momentum::new(c, mu));
-    }
-    Ok(c)
+) -> Result<Compressor, KernelError> {
+    let body = build_codec(spec, len, who, opts)?;
+    let mu = spec.momentum_mu.filter(|_| who.role == Role::Worker);
+    Ok(Compressor::of(body, spec.ef, mu))
 }
 
-/// Builds the codec alone (no decorators): the payload sizes of a chain, without the state
-/// buffers of its decorators.
+/// Builds the codec alone, by its fast paths: the payload sizes of a chain, without the state
+/// buffers of error feedback and momentum ([`Compressor::of`] with neither).
 pub(crate) fn build_codec(
     spec: &CompressorSpec,
     len: usize,
     who: &NodeIdentity,
     opts: BuildOptions,
-) -> Result<Box<dyn Compressor>, KernelError> {
+) -> Result<Body, KernelError> {
     if len > u32::MAX as usize {
         return Err(KernelError::bad(
             "len",
@@ -93,30 +86,37 @@ pub(crate) fn build_codec(
     let full = opts.full_chunk_len.unwrap_or(len);
     let k = spec.chunk_k(len, full)?;
     let name = spec.codec.display_name();
-    let base = Base::new(name, len, who, spec.seed);
+    let base = CodecInfo::new(name, len, who, spec.seed);
     Ok(match spec.codec {
-        CodecSpec::None => Box::new(CastCodec::new(base, Cast::None)),
-        CodecSpec::Fp16 => Box::new(CastCodec::new(base, Cast::Fp16)),
-        CodecSpec::Bf16 => Box::new(CastCodec::new(base, Cast::Bf16)),
-        CodecSpec::OneBit { scaling } => Box::new(OneBit::new(base, scaling)),
+        CodecSpec::None => Body::Plain(Box::new(CastCodec::new(base, Cast::None))),
+        CodecSpec::Fp16 => Body::Plain(Box::new(CastCodec::new(base, Cast::Fp16))),
+        CodecSpec::Bf16 => Body::Plain(Box::new(CastCodec::new(base, Cast::Bf16))),
+        CodecSpec::OneBit { scaling } => Body::Fused(Box::new(OneBit::new(base, scaling))),
         CodecSpec::OneBitColumns {
             columns,
             chunk_columns,
-        } => Box::new(OneBitColumns::new(base, chunk_columns.unwrap_or(columns))),
-        CodecSpec::TopK { .. } => Box::new(TopK::new(base, k.expect("topk has k"))),
-        CodecSpec::RandomK { unbiased, .. } => {
-            Box::new(RandomK::new(base, k.expect("randomk has k"), unbiased))
-        }
+        } => Body::Plain(Box::new(OneBitColumns::new(
+            base,
+            chunk_columns.unwrap_or(columns),
+        ))),
+        CodecSpec::TopK { .. } => Body::Sparse(Box::new(TopK::new(base, k.expect("topk has k")))),
+        CodecSpec::RandomK { unbiased, .. } => Body::Sparse(Box::new(RandomK::new(
+            base,
+            k.expect("randomk has k"),
+            unbiased,
+        ))),
         CodecSpec::Dithering {
             s,
             partition,
             normalize,
             bucket,
             encoding,
-        } => Box::new(Dithering::new(
+        } => Body::Plain(Box::new(Dithering::new(
             base, s, partition, normalize, encoding, bucket,
-        )),
-        CodecSpec::MinMax { bits, bucket } => Box::new(MinMax::new(base, bits, bucket)),
+        ))),
+        CodecSpec::MinMax { bits, bucket } => {
+            Body::Plain(Box::new(MinMax::new(base, bits, bucket)))
+        }
         CodecSpec::Moniqua {
             theta,
             bits,
@@ -135,7 +135,9 @@ pub(crate) fn build_codec(
                         .into(),
                 });
             }
-            Box::new(Moniqua::new(base, theta, bits, rounding, schedule, hash))
+            Body::Plain(Box::new(Moniqua::new(
+                base, theta, bits, rounding, schedule, hash,
+            )))
         }
     })
 }

@@ -55,7 +55,7 @@ fn moniqua_maps() -> Vec<Vec<(&'static str, &'static str)>> {
 /// One fuzzed decoder: the chain, the codec name its errors must carry, and a description for
 /// failure messages.
 struct Target {
-    c: Box<dyn Compressor>,
+    c: Compressor,
     codec: String,
     what: String,
 }

@@ -216,11 +216,14 @@ fn theta_schedule_lr_scales_theta_by_the_rounds_learning_rate() {
         .map(|(a, b)| (*a as f64 - *b as f64).abs())
         .fold(0.0, f64::max);
     assert!(worst_fixed > 10.0 * worst, "{worst_fixed} vs {worst}");
-    // A round without a learning rate is refused, naming the key, both ways.
+    // A round without a learning rate is refused, naming the key, both ways; the refused
+    // round leaves no payload.
+    let sent = out.clone();
     let e = codec.compress(&x, &RoundCtx::new(8), &mut out).unwrap_err();
     assert!(e.to_string().contains("theta_schedule = lr"), "{e}");
+    assert!(out.is_empty());
     let e = codec
-        .decompress(&out, &RoundCtx::new(8).with_reference(&y), &mut xh)
+        .decompress(&sent, &RoundCtx::new(8).with_reference(&y), &mut xh)
         .unwrap_err();
     assert!(e.to_string().contains("learning rate"), "{e}");
     // An unknown schedule names the key and what is allowed.

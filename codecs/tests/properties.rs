@@ -1,7 +1,7 @@
 //! Property tests over fresh random inputs (seeds printed; replay with PUSHPULL_TEST_SEED):
 //! onebit magnitudes and signs, exact top-k, random-k index sharing, independent rounding
 //! noise, decompress-add, Elias versus packed. Error feedback's and momentum's are in
-//! `decorators.rs`.
+//! `chain.rs`.
 
 mod common;
 
@@ -41,7 +41,7 @@ fn input() -> impl Strategy<Value = Vec<f32>> {
     len_strategy().prop_flat_map(values)
 }
 
-fn roundtrip(c: &mut Box<dyn Compressor>, x: &[f32], round: u64) -> (Vec<u8>, Vec<f32>) {
+fn roundtrip(c: &mut Compressor, x: &[f32], round: u64) -> (Vec<u8>, Vec<f32>) {
     let mut out = Vec::new();
     c.compress(x, &RoundCtx::new(round), &mut out).unwrap();
     let mut y = vec![f32::NAN; x.len()];

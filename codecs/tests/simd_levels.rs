@@ -26,7 +26,7 @@ fn run(
         full_chunk_len: None,
     };
     let who = NodeIdentity::worker(7, 42, 1);
-    let mut c: Box<dyn Compressor> = build_from_spec(&spec, x.len(), &who, opts)
+    let mut c: Compressor = build_from_spec(&spec, x.len(), &who, opts)
         .unwrap_or_else(|e| panic!("{}: {e}", case.label));
     let reference: Vec<f32> = x.iter().map(|v| v * 0.5 + 0.01).collect();
     let mut out = Vec::new();

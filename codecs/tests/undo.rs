@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use pushpull_codecs::Compressor;
 
-fn state(c: &dyn Compressor) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+fn state(c: &Compressor) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
     (
         c.residual().map(<[f32]>::to_vec),
         c.momentum().map(<[f32]>::to_vec),
@@ -33,32 +33,20 @@ fn an_undone_round_leaves_the_chain_as_if_it_never_ran() {
         // Round 3 runs on one chain only, then is undone.
         let x = rng.gradient(n, 1.0);
         undone.compress(&x, &changing_lr(3), &mut a).unwrap();
-        let after = state(undone.as_ref());
+        let after = state(&undone);
         undone.undo(2); // not the last round: nothing
-        assert_eq!(state(undone.as_ref()), after, "seed {seed} {kv:?}: undo(2)");
+        assert_eq!(state(&undone), after, "seed {seed} {kv:?}: undo(2)");
         undone.undo(3);
-        assert_eq!(
-            state(undone.as_ref()),
-            state(plain.as_ref()),
-            "seed {seed} {kv:?}"
-        );
+        assert_eq!(state(&undone), state(&plain), "seed {seed} {kv:?}");
         undone.undo(3); // twice: nothing more
-        assert_eq!(
-            state(undone.as_ref()),
-            state(plain.as_ref()),
-            "seed {seed} {kv:?}"
-        );
+        assert_eq!(state(&undone), state(&plain), "seed {seed} {kv:?}");
         // Both continue with round 4, bit for bit.
         for round in 4..6u64 {
             let x = rng.gradient(n, 1.0);
             undone.compress(&x, &changing_lr(round), &mut a).unwrap();
             plain.compress(&x, &changing_lr(round), &mut b).unwrap();
             assert_eq!(a, b, "seed {seed} {kv:?} round {round}: payloads");
-            assert_eq!(
-                state(undone.as_ref()),
-                state(plain.as_ref()),
-                "seed {seed} {kv:?}"
-            );
+            assert_eq!(state(&undone), state(&plain), "seed {seed} {kv:?}");
         }
     }
 }
@@ -77,7 +65,7 @@ fn undo_after_a_failed_round_does_nothing() {
             c.compress(&rng.gradient(n, 1.0), &changing_lr(round), &mut out)
                 .unwrap();
         }
-        let kept = state(c.as_ref());
+        let kept = state(&c);
         let mut x = rng.gradient(n, 1.0);
         x[rng.below(n as u64) as usize] = f32::INFINITY;
         let e = c.compress(&x, &changing_lr(2), &mut out).unwrap_err();
@@ -85,6 +73,6 @@ fn undo_after_a_failed_round_does_nothing() {
         // Round 2 failed and changed nothing; round 1's change is no longer undoable.
         c.undo(2);
         c.undo(1);
-        assert_eq!(state(c.as_ref()), kept, "seed {seed} {kv:?}");
+        assert_eq!(state(&c), kept, "seed {seed} {kv:?}");
     }
 }

@@ -67,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
     let server = who & 1 == 1;
     let round = u64::from(who >> 1);
     let codec = parse_params(&params).unwrap().codec.display_name();
-    let c: Box<dyn Compressor> = if kv[0].1 == "moniqua" {
+    let c: Compressor = if kv[0].1 == "moniqua" {
         let who = if server {
             NodeIdentity::server(7, 9, 0)
         } else {

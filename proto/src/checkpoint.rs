@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 pub const STATE_ROUND: u64 = u64::MAX;
 
 /// The state of one compressor chain that its next rounds depend on. A chain without
-/// decorators has none (`ChainState::default()`).
+/// error feedback or momentum has none (`ChainState::default()`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChainState {
     /// Error feedback's residual `e`, if the chain has error feedback.

@@ -126,7 +126,7 @@ type Rejection = (u32, String);
 /// The round state machine of one key. See the [module docs](self) for the rules.
 pub struct KeyRounds {
     info: KeyInfo,
-    codec: Box<dyn Compressor>,
+    codec: Compressor,
     /// The sum of the round being collected: allocated at the first sum, then reused by every
     /// round (rank 0's decode overwrites it).
     acc: Vec<f32>,
@@ -163,7 +163,7 @@ impl fmt::Debug for KeyRounds {
 impl KeyRounds {
     /// A key at round 0, nothing received. `codec.len()` should equal `info.len` (the codec
     /// decides what payload lengths are valid).
-    pub fn new(info: KeyInfo, codec: Box<dyn Compressor>) -> KeyRounds {
+    pub fn new(info: KeyInfo, codec: Compressor) -> KeyRounds {
         KeyRounds {
             info,
             codec,
@@ -633,9 +633,7 @@ impl KeyRounds {
             if let Some(f) = self.observer.as_mut() {
                 f(round, Phase::Add { host }, true);
             }
-            let added = o
-                .sum
-                .add(self.codec.as_ref(), &payload, &ctx, &mut self.acc);
+            let added = o.sum.add(&self.codec, &payload, &ctx, &mut self.acc);
             if let Some(f) = self.observer.as_mut() {
                 f(round, Phase::Add { host }, false);
             }

@@ -551,7 +551,7 @@ fn place_keys(
             node: Node::Server { id: server_id },
             config,
         };
-        let codec: Box<dyn Compressor> = factory.make(&ctx).map_err(|e| {
+        let codec: Compressor = factory.make(&ctx).map_err(|e| {
             format!(
                 "tensor {:?} chunk {index} (key {:#018x}): {e}",
                 p.name, chunk.key

@@ -51,9 +51,9 @@ struct RefState {
     intra: IntraCodec,
     /// `[host][chunk]` (a host is a rank where `local_size` is 1); empty where the job
     /// finishes its reduction on its one host.
-    hosts: Vec<Vec<Box<dyn Compressor>>>,
+    hosts: Vec<Vec<Compressor>>,
     /// `[chunk]`.
-    servers: Vec<Box<dyn Compressor>>,
+    servers: Vec<Compressor>,
     round: u64,
     /// The last push_pull round.
     last_sum: Option<u64>,
@@ -108,7 +108,7 @@ impl Reference {
         let unit = pushpull_kernels::chunk::chunk_unit(&merged, len, c.min_compress_bytes);
         let placement = Placer::new(1, part).place_cut(name, len, (part, unit), merged, |l| l * 4);
         // The same factory and context as a worker's declare and a server's placement.
-        let build = |node: Node| -> Result<Vec<Box<dyn Compressor>>, String> {
+        let build = |node: Node| -> Result<Vec<Compressor>, String> {
             (0..placement.chunks.len())
                 .map(|i| {
                     let ctx = CodecContext::new(&placement, i, self.job_seed, node, &self.config)
@@ -349,7 +349,7 @@ impl Reference {
                 if !finite {
                     continue;
                 }
-                fold.add(state.servers[c].as_ref(), &payload, &ctx, &mut sum)
+                fold.add(&state.servers[c], &payload, &ctx, &mut sum)
                     .map_err(|e| what(format!("server decompress of {who} {h}"), e))?;
             }
             if finite {

@@ -75,7 +75,7 @@ pub(crate) struct TensorInner {
     pub(crate) ranges: Vec<Range<usize>>,
     /// One codec per chunk. Rounds of a tensor are serialised, so each is used by one task at
     /// a time; the mutex is never held across an await.
-    pub(crate) codecs: Vec<Mutex<Box<dyn Compressor>>>,
+    pub(crate) codecs: Vec<Mutex<Compressor>>,
     /// Where the tensor's rounds run and its device state (see `crate::data`).
     pub(crate) residence: Mutex<Residence>,
     /// The next round number; holding this lock is holding the tensor.
@@ -191,7 +191,7 @@ impl TensorInner {
     }
 
     /// Chunk `index`'s CPU codec (rounds of a tensor are serialised, so this never waits).
-    pub(crate) fn codec(&self, index: usize) -> std::sync::MutexGuard<'_, Box<dyn Compressor>> {
+    pub(crate) fn codec(&self, index: usize) -> std::sync::MutexGuard<'_, Compressor> {
         self.codecs[index].lock().unwrap_or_else(|p| p.into_inner())
     }
 }

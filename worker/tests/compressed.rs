@@ -2,7 +2,7 @@
 //! single-process [`Reference`] bit for bit; mismatched maps, corrupted payloads, the
 //! `min_compress_bytes` boundary, lossless broadcast.
 
-use pushpull_kernels::{Codec, Compressor, KernelError, RoundCtx};
+use pushpull_kernels::{Codec, CodecInfo, Compressor, Result, RoundCtx};
 use pushpull_worker::{CodecContext, CodecFactory, KernelsFactory, Reduce, WorkerError};
 
 mod common;
@@ -113,24 +113,16 @@ async fn workers_declaring_different_maps_get_an_error_naming_the_key() {
 /// A codec that corrupts its payload in one round: truncates it, or overwrites its first
 /// bytes (a top-k payload then has indices out of order or out of range).
 struct Corrupt {
-    inner: Box<dyn Compressor>,
+    inner: Compressor,
     round: u64,
     truncate: bool,
 }
 
-impl Compressor for Corrupt {
-    fn codec(&self) -> &dyn Codec {
-        self.inner.codec()
+impl Codec for Corrupt {
+    fn info(&self) -> &CodecInfo {
+        self.inner.codec().info()
     }
-    fn name(&self) -> &str {
-        "corrupt"
-    }
-    fn compress(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         self.inner.compress(input, ctx, out)?;
         if ctx.round == self.round {
             if self.truncate {
@@ -142,6 +134,9 @@ impl Compressor for Corrupt {
             }
         }
         Ok(())
+    }
+    fn decode(&self, payload: &[u8], ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
+        self.inner.codec().decode(payload, ctx, out, add)
     }
 }
 
@@ -155,7 +150,7 @@ async fn a_corrupted_payload_aborts_that_key_for_everyone_naming_key_and_rank() 
         .await;
         // Rank 1 corrupts chunk 0 of "a" (onebit) in round 1 by truncation, and chunk 0 of
         // "b" (topk) in round 2 with garbage.
-        let factory = |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
+        let factory = |ctx: &CodecContext<'_>| -> Result<Compressor, String> {
             let inner = KernelsFactory.make(ctx)?;
             let target = match ctx.tensor.name.as_str() {
                 "a" if ctx.chunk_index == 0 => Some((1, true)),
@@ -163,11 +158,11 @@ async fn a_corrupted_payload_aborts_that_key_for_everyone_naming_key_and_rank() 
                 _ => None,
             };
             Ok(match target {
-                Some((round, truncate)) => Box::new(Corrupt {
+                Some((round, truncate)) => Compressor::new(Box::new(Corrupt {
                     inner,
                     round,
                     truncate,
-                }),
+                })),
                 None => inner,
             })
         };

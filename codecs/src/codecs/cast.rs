@@ -4,11 +4,11 @@
 //! little-endian u16 from [`elem::f32_to_f16_sat`] / [`elem::f32_to_bf16_sat`] (`2n` bytes).
 //! The casts saturate (beyond ±65504 for fp16 gives ±65504). Non-finite input is refused.
 
-use super::{prepare, Base, Format};
+use super::prepare;
 use crate::elem;
-use crate::error::KernelError;
+use crate::error::Result;
 use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
 
 /// Which cast.
@@ -33,13 +33,17 @@ impl Cast {
 
 /// An element-wise cast compressor.
 pub(crate) struct CastCodec {
-    base: Base,
+    base: CodecInfo,
     cast: Cast,
 }
 
 impl CastCodec {
-    pub fn new(base: Base, cast: Cast) -> CastCodec {
-        CastCodec { base, cast }
+    pub fn new(base: CodecInfo, cast: Cast) -> CastCodec {
+        let size = base.n * cast.width();
+        CastCodec {
+            base: base.sized(size, false),
+            cast,
+        }
     }
 }
 
@@ -254,29 +258,18 @@ fn from_f16<const ADD: bool>(src: &[u8], out: &mut [f32]) {
 
 // ---- the codec -----------------------------------------------------------------------------
 
-impl Format for CastCodec {
-    fn base(&self) -> &Base {
+impl Codec for CastCodec {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        self.base.n * self.cast.width()
-    }
-    fn stochastic(&self) -> bool {
-        false
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        _ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], _ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         let f = match self.cast {
             Cast::None => copy_f32,
             Cast::Fp16 => to_f16,
             Cast::Bf16 => to_bf16,
         };
         let w = self.cast.width();
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let finite = if crate::par::enabled(input.len()) {
             let seg = crate::par::SEG;
             input
@@ -294,14 +287,8 @@ impl Format for CastCodec {
             Err(self.base.non_finite(input))
         }
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
+        self.base.check_payload(payload.len())?;
         let f = match (self.cast, add) {
             (Cast::None, false) => read_f32,
             (Cast::None, true) => add_f32,

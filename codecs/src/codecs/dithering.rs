@@ -42,20 +42,20 @@
 
 use super::{
     bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, scatter,
-    Base, Format, GroupDecoder, GroupEncoder,
+    GroupDecoder, GroupEncoder,
 };
 use crate::elem;
-use crate::error::KernelError;
+use crate::error::{KernelError, Result};
 use crate::params::{Encoding, Normalize, Partition};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
 
 /// The dithering compressor.
 pub(crate) struct Dithering {
-    base: Base,
+    base: CodecInfo,
     s: u32,
     partition: Partition,
     normalize: Normalize,
@@ -70,7 +70,7 @@ pub fn packed_width(s: u32) -> u32 {
 
 impl Dithering {
     pub fn new(
-        base: Base,
+        base: CodecInfo,
         s: u32,
         partition: Partition,
         normalize: Normalize,
@@ -78,14 +78,20 @@ impl Dithering {
         bucket: Option<usize>,
     ) -> Dithering {
         let bk = Buckets::new(base.n, bucket);
-        Dithering {
+        let mut d = Dithering {
             base,
             s,
             partition,
             normalize,
             encoding,
             bk,
-        }
+        };
+        let size = match encoding {
+            Encoding::Packed => d.packed_size(),
+            Encoding::Elias => d.elias_max_size(),
+        };
+        d.base = d.base.clone().sized(size, true);
+        d
     }
 
     fn w(&self) -> u32 {
@@ -623,7 +629,7 @@ impl Dithering {
     }
 
     fn decode_packed(&self, payload: &[u8], out: &mut [f32], add: bool) -> Result<(), KernelError> {
-        self.base.check_payload(self.packed_size(), payload.len())?;
+        self.base.check_payload(payload.len())?;
         let nb = self.bk.count;
         let norms: Vec<f32> = (0..nb).map(|b| crate::simd::get_f32(payload, b)).collect();
         self.check_norms(&norms)?;
@@ -668,25 +674,11 @@ impl Dithering {
     }
 }
 
-impl Format for Dithering {
-    fn base(&self) -> &Base {
+impl Codec for Dithering {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        match self.encoding {
-            Encoding::Packed => self.packed_size(),
-            Encoding::Elias => self.elias_max_size(),
-        }
-    }
-    fn stochastic(&self) -> bool {
-        true
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         let norms = self.norms(input)?;
         if self.partition == Partition::Linear {
             // Linear values are (norm * level) / s: norm * s must stay finite.
@@ -725,13 +717,7 @@ impl Format for Dithering {
             }
         }
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
         match self.encoding {
             Encoding::Packed => self.decode_packed(payload, out, add),
             Encoding::Elias => {

@@ -17,19 +17,19 @@
 //! relative `2^-23` of the exact `(x_i - min) / step`.
 
 use super::{
-    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, Base,
-    Format, GroupDecoder, GroupEncoder,
+    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare,
+    GroupDecoder, GroupEncoder,
 };
 use crate::elem;
-use crate::error::KernelError;
+use crate::error::{KernelError, Result};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::stats::{bucket_min_max, Buckets};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 
 /// The minmax compressor.
 pub(crate) struct MinMax {
-    base: Base,
+    base: CodecInfo,
     bits: u32,
     bk: Buckets,
 }
@@ -38,9 +38,14 @@ pub(crate) struct MinMax {
 type Params = [(f32, f32, f32)];
 
 impl MinMax {
-    pub fn new(base: Base, bits: u32, bucket: Option<usize>) -> MinMax {
+    pub fn new(base: CodecInfo, bits: u32, bucket: Option<usize>) -> MinMax {
         let bk = Buckets::new(base.n, bucket);
-        MinMax { base, bits, bk }
+        let size = 8 * bk.count + stream_bytes(base.n, bits);
+        MinMax {
+            base: base.sized(size, true),
+            bits,
+            bk,
+        }
     }
 
     fn levels(&self) -> u32 {
@@ -137,22 +142,11 @@ multiversion! {
     fn decode_add(src: &[u8], i0: usize, out: &mut [f32], p: &Params, bk: &Buckets, bits: u32) = decode_impl::<true>;
 }
 
-impl Format for MinMax {
-    fn base(&self) -> &Base {
+impl Codec for MinMax {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        8 * self.bk.count + stream_bytes(self.base.n, self.bits)
-    }
-    fn stochastic(&self) -> bool {
-        true
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         let (mm, bad) = bucket_min_max(input, &self.bk);
         if bad {
             return Err(self.base.non_finite(input));
@@ -169,7 +163,7 @@ impl Format for MinMax {
             }
             params.push((mn, step, elem::minmax_inv_step(step)));
         }
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let (head, bits) = dst.split_at_mut(8 * self.bk.count);
         super::put_f32s(head, mm.iter().flat_map(|&(a, b)| [a, b]));
         let stream = self.base.rounding(ctx.round);
@@ -178,14 +172,8 @@ impl Format for MinMax {
         });
         Ok(())
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
+        self.base.check_payload(payload.len())?;
         let nb = self.bk.count;
         let levels = self.levels();
         let mut params = Vec::with_capacity(nb);

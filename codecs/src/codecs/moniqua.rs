@@ -41,11 +41,11 @@
 //! within θ of the sender's values). A sender gets Algorithm 1's "local biased term" by
 //! decompressing its own payload with its own values as the reference.
 
-use super::{par_segments, prepare, Base, Format, GroupDecoder, GroupEncoder};
-use crate::error::KernelError;
+use super::{par_segments, prepare, GroupDecoder, GroupEncoder};
+use crate::error::{KernelError, Result};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 
 /// Moniqua's rounding (the `rounding` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ pub enum ThetaSchedule {
 
 /// The Moniqua compressor.
 pub(crate) struct Moniqua {
-    base: Base,
+    base: CodecInfo,
     bits: u32,
     rounding: Rounding,
     schedule: ThetaSchedule,
@@ -126,21 +126,24 @@ pub fn b_theta(theta: f64, bits: u32, rounding: Rounding) -> f64 {
 
 impl Moniqua {
     pub fn new(
-        base: Base,
+        base: CodecInfo,
         theta: f64,
         bits: u32,
         rounding: Rounding,
         schedule: ThetaSchedule,
         hash: bool,
     ) -> Moniqua {
-        Moniqua {
+        let mut m = Moniqua {
             base,
             bits,
             rounding,
             schedule,
             hash,
             b_theta: b_theta(theta, bits, rounding),
-        }
+        };
+        let size = m.stream_size() + m.b_size() + if hash { 8 } else { 0 };
+        m.base = m.base.clone().sized(size, rounding == Rounding::Stochastic);
+        m
     }
 
     /// Bytes of the code stream (the payload without its hash).
@@ -328,22 +331,11 @@ impl Moniqua {
     }
 }
 
-impl Format for Moniqua {
-    fn base(&self) -> &Base {
+impl Codec for Moniqua {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        self.stream_size() + self.b_size() + if self.hash { 8 } else { 0 }
-    }
-    fn stochastic(&self) -> bool {
-        self.rounding == Rounding::Stochastic
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         if let Some(r) = ctx.reference {
             self.base.check("reference", r.len())?;
         }
@@ -352,7 +344,7 @@ impl Format for Moniqua {
         let stream = self.base.rounding(ctx.round);
         let stochastic = self.rounding == Rounding::Stochastic;
         let stream_size = self.stream_size();
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let bits = self.bits;
         let (codes, rest) = dst.split_at_mut(stream_size);
         let (b_bytes, hash) = rest.split_at_mut(self.b_size());
@@ -367,14 +359,8 @@ impl Format for Moniqua {
         }
         Ok(())
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+    fn decode(&self, payload: &[u8], ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
+        self.base.check_payload(payload.len())?;
         let (payload, rest) = payload.split_at(self.stream_size());
         let (b_bytes, hash) = rest.split_at(self.b_size());
         if !super::tail_bits_zero(payload, self.base.n, self.bits) {

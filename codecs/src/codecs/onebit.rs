@@ -4,23 +4,28 @@
 //! 1.0), then a bit stream of `n` sign bits (`elem::sign_bit`: set for `x < 0`).
 //! Size `4 + 4 * ceil(n / 32)`. Element `i` decodes to `-scale` if its bit is set, else `scale`.
 
-use super::{decode_groups, par_segments_out, prepare, Base, Format, GroupDecoder, Subtract};
+use super::{decode_groups, par_segments_out, prepare, GroupDecoder};
+use crate::chain::{EncodeFed, Fed, Nesterov, Subtract};
 use crate::elem;
 use crate::elem::REDUCE_BLOCK;
-use crate::error::KernelError;
+use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::{Fed, Nesterov, RoundCtx};
+use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
 
 /// The onebit compressor.
 pub(crate) struct OneBit {
-    base: Base,
+    base: CodecInfo,
     scaling: bool,
 }
 
 impl OneBit {
-    pub fn new(base: Base, scaling: bool) -> OneBit {
-        OneBit { base, scaling }
+    pub fn new(base: CodecInfo, scaling: bool) -> OneBit {
+        let size = 4 + stream_bytes(base.n, 1);
+        OneBit {
+            base: base.sized(size, false),
+            scaling,
+        }
     }
 }
 
@@ -273,7 +278,7 @@ multiversion! {
 impl OneBit {
     /// The scale of a payload, once its length, scale and padding are checked.
     fn checked_scale(&self, payload: &[u8]) -> Result<f32, KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+        self.base.check_payload(payload.len())?;
         let scale = crate::simd::get_f32(payload, 0);
         if !scale.is_finite() || scale < 0.0 {
             return Err(KernelError::malformed(
@@ -300,7 +305,7 @@ impl OneBit {
     ) -> Result<bool, KernelError> {
         let n = self.base.n;
         let mut partials = vec![0f32; n.div_ceil(REDUCE_BLOCK)];
-        let bad = signs(&mut prepare(out, self.size())[4..], &mut partials);
+        let bad = signs(&mut prepare(out, self.base.payload)[4..], &mut partials);
         if bad != 0 {
             out.clear();
             return Ok(false);
@@ -324,22 +329,11 @@ impl OneBit {
     }
 }
 
-impl Format for OneBit {
-    fn base(&self) -> &Base {
+impl Codec for OneBit {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        4 + stream_bytes(self.base.n, 1)
-    }
-    fn stochastic(&self) -> bool {
-        false
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        _ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], _ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         let n = self.base.n;
         // One pass: sign words and the blocked |x| sums (the scale), in parallel segments.
         let finite = self.encode_signs(out, |bits, partials| {
@@ -359,13 +353,40 @@ impl Format for OneBit {
         }
         Ok(())
     }
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
+        let scale = self.checked_scale(payload)?;
+        let f = if add { expand_add } else { expand };
+        par_segments_out(&payload[4..], 1, out, |s, i0, o| f(s, i0, o, scale));
+        Ok(())
+    }
+}
+
+impl Subtract for OneBit {
+    fn subtract_decoded(&self, payload: &[u8], _ctx: &RoundCtx, acc: &mut [f32]) -> Result<bool> {
+        let scale = self.checked_scale(payload)?;
+        let bits = &payload[4..];
+        // One pass: the subtraction and its finiteness.
+        let bad = if crate::par::enabled(acc.len()) {
+            let seg = crate::par::SEG;
+            acc.par_chunks_mut(seg)
+                .zip(bits.par_chunks(seg / 8))
+                .map(|(a, s)| subtract_signs(s, a, scale))
+                .reduce(|| 0, |a, b| a | b)
+        } else {
+            subtract_signs(bits, acc, scale)
+        };
+        Ok(bad == 0)
+    }
+}
+
+impl EncodeFed for OneBit {
     fn encode_fed(
         &mut self,
         fed: Fed<'_>,
         p: &mut [f32],
         _ctx: &RoundCtx,
         out: &mut Vec<u8>,
-    ) -> Option<Result<bool, KernelError>> {
+    ) -> Result<bool> {
         let n = self.base.n;
         let Fed {
             gradient: g,
@@ -382,7 +403,7 @@ impl Format for OneBit {
             nesterov,
         };
         // `encode`'s pass, forming p as it goes.
-        Some(self.encode_signs(out, |bits, partials| {
+        self.encode_signs(out, |bits, partials| {
             if !crate::par::enabled(n) {
                 return fed_signs_sums(fed, p, bits, partials);
             }
@@ -394,35 +415,6 @@ impl Format for OneBit {
                 .zip(partials.par_chunks_mut(seg / REDUCE_BLOCK))
                 .map(|(((fed, x), d), ps)| fed_signs_sums(fed, x, d, ps))
                 .reduce(|| 0, |a, b| a | b)
-        }))
-    }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
-        let scale = self.checked_scale(payload)?;
-        let f = if add { expand_add } else { expand };
-        par_segments_out(&payload[4..], 1, out, |s, i0, o| f(s, i0, o, scale));
-        Ok(())
-    }
-    fn subtract(&self) -> Option<Subtract<Self>> {
-        Some(|c, payload, _ctx, acc| {
-            let scale = c.checked_scale(payload)?;
-            let bits = &payload[4..];
-            // One pass: the subtraction and its finiteness.
-            let bad = if crate::par::enabled(acc.len()) {
-                let seg = crate::par::SEG;
-                acc.par_chunks_mut(seg)
-                    .zip(bits.par_chunks(seg / 8))
-                    .map(|(a, s)| subtract_signs(s, a, scale))
-                    .reduce(|| 0, |a, b| a | b)
-            } else {
-                subtract_signs(bits, acc, scale)
-            };
-            Ok(bad == 0)
         })
     }
 }

@@ -18,22 +18,27 @@
 //! Wire format: `min(C, n)` pairs of little-endian f32 `(pos_j, neg_j)`, then a bit stream of
 //! `n` sign bits. Size `8 * min(C, n) + 4 * ceil(n / 32)`.
 
-use super::{prepare, Base, Format};
+use super::prepare;
 use crate::elem;
-use crate::error::KernelError;
+use crate::error::{KernelError, Result};
 use crate::simd::{put_words, stream_bytes};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 
 /// The column-wise onebit compressor.
 pub(crate) struct OneBitColumns {
-    base: Base,
+    base: CodecInfo,
     columns: usize,
 }
 
 impl OneBitColumns {
-    pub fn new(base: Base, columns: usize) -> OneBitColumns {
+    pub fn new(base: CodecInfo, columns: usize) -> OneBitColumns {
         assert!(columns >= 1);
-        OneBitColumns { base, columns }
+        let mut c = OneBitColumns { base, columns };
+        c.base = c
+            .base
+            .clone()
+            .sized(8 * c.cols() + stream_bytes(c.base.n, 1), false);
+        c
     }
 
     fn cols(&self) -> usize {
@@ -46,7 +51,7 @@ impl OneBitColumns {
     }
 
     fn levels(&self, payload: &[u8]) -> Result<Vec<(f32, f32)>, KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+        self.base.check_payload(payload.len())?;
         let c = self.cols();
         let mut lv = Vec::with_capacity(c);
         for j in 0..c {
@@ -70,22 +75,11 @@ impl OneBitColumns {
     }
 }
 
-impl Format for OneBitColumns {
-    fn base(&self) -> &Base {
+impl Codec for OneBitColumns {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        8 * self.cols() + stream_bytes(self.base.n, 1)
-    }
-    fn stochastic(&self) -> bool {
-        false
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        _ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], _ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         self.base.require_finite(input)?;
         let c = self.cols();
         let mut ps = vec![0f64; c];
@@ -111,7 +105,7 @@ impl Format for OneBitColumns {
                 (s / k as f64) as f32
             }
         };
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let (head, bits) = dst.split_at_mut(8 * c);
         super::put_f32s(
             head,
@@ -128,13 +122,7 @@ impl Format for OneBitColumns {
         }
         Ok(())
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
         let lv = self.levels(payload)?;
         let bits = &payload[8 * self.cols()..];
         let rows = self.rows();

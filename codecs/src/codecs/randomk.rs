@@ -21,16 +21,17 @@
 //! residual `e = p - D(C(p))` is `p` off the support (zero when the server's own residual is
 //! zero).
 
-use super::{prepare, scatter, subtract_at, Base, Format, Subtract};
-use crate::error::KernelError;
+use super::{prepare, scatter, subtract_at};
+use crate::chain::Subtract;
+use crate::error::{KernelError, Result};
 use crate::rng::{Permutation, Role, Stream};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
 /// The random-k compressor.
 pub(crate) struct RandomK {
-    base: Base,
+    base: CodecInfo,
     k: usize,
     unbiased: bool,
     /// The indices of the last round computed (compress and decompress of one round, and the
@@ -39,10 +40,10 @@ pub(crate) struct RandomK {
 }
 
 impl RandomK {
-    pub fn new(base: Base, k: usize, unbiased: bool) -> RandomK {
+    pub fn new(base: CodecInfo, k: usize, unbiased: bool) -> RandomK {
         assert!(k <= base.n && base.n <= u32::MAX as usize);
         RandomK {
-            base,
+            base: base.sized(4 * k, true),
             k,
             unbiased,
             cache: Mutex::new(None),
@@ -85,7 +86,7 @@ impl RandomK {
     }
 
     fn check_payload(&self, payload: &[u8]) -> Result<(), KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+        self.base.check_payload(payload.len())?;
         if let Some(j) = payload
             .chunks_exact(4)
             .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())
@@ -107,28 +108,17 @@ fn pairs<'a>(payload: &'a [u8], idx: &'a [u32]) -> impl Iterator<Item = (usize, 
         .map(|(b, &i)| (i as usize, f32::from_le_bytes([b[0], b[1], b[2], b[3]])))
 }
 
-impl Format for RandomK {
-    fn base(&self) -> &Base {
+impl Codec for RandomK {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        4 * self.k
-    }
-    fn stochastic(&self) -> bool {
-        true
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         // Every element is checked, not only the k sent: under error feedback the others go
         // into the residual.
         self.base.require_finite(input)?;
         let idx = self.indices(ctx.round);
         let scale = self.scale();
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let put = |d: &mut [u8], ix: &[u32]| {
             for (o, &i) in d.chunks_exact_mut(4).zip(ix) {
                 o.copy_from_slice(&(input[i as usize] * scale).to_le_bytes());
@@ -160,23 +150,18 @@ impl Format for RandomK {
         }
         Ok(())
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
+    fn decode(&self, payload: &[u8], ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
         self.check_payload(payload)?;
         let idx = self.indices(ctx.round);
         scatter(out, pairs(payload, &idx), add);
         Ok(())
     }
-    fn subtract(&self) -> Option<Subtract<Self>> {
-        Some(|c, payload, ctx, acc| {
-            c.check_payload(payload)?;
-            let idx = c.indices(ctx.round);
-            Ok(subtract_at(acc, pairs(payload, &idx)))
-        })
+}
+
+impl Subtract for RandomK {
+    fn subtract_decoded(&self, payload: &[u8], ctx: &RoundCtx, acc: &mut [f32]) -> Result<bool> {
+        self.check_payload(payload)?;
+        let idx = self.indices(ctx.round);
+        Ok(subtract_at(acc, pairs(payload, &idx)))
     }
 }

@@ -19,22 +19,26 @@
 //! little-endian f32 values `x[idx_j]` (unscaled). Size exactly `8k` (k is fixed per chunk, so
 //! there is no header). Decompress writes the values at their indices and zeros elsewhere.
 
-use super::{prepare, scatter, subtract_at, Base, Format, Subtract};
-use crate::error::KernelError;
+use super::{prepare, scatter, subtract_at};
+use crate::chain::Subtract;
+use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, EXP};
-use crate::RoundCtx;
+use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
 
 /// The top-k compressor.
 pub(crate) struct TopK {
-    base: Base,
+    base: CodecInfo,
     k: usize,
 }
 
 impl TopK {
-    pub fn new(base: Base, k: usize) -> TopK {
+    pub fn new(base: CodecInfo, k: usize) -> TopK {
         assert!(k <= base.n && base.n <= u32::MAX as usize);
-        TopK { base, k }
+        TopK {
+            base: base.sized(8 * k, false),
+            k,
+        }
     }
 }
 
@@ -300,7 +304,7 @@ fn choose(hi: Entries, cand: Entries, need: usize) -> Entries {
 impl TopK {
     /// Validated (index, value) pairs of a payload.
     fn entries<'a>(&self, payload: &'a [u8]) -> Result<(&'a [u8], &'a [u8]), KernelError> {
-        self.base.check_payload(self.size(), payload.len())?;
+        self.base.check_payload(payload.len())?;
         let (ib, vb) = payload.split_at(4 * self.k);
         let mut prev: i64 = -1;
         for (j, (i, v)) in ib.chunks_exact(4).zip(vb.chunks_exact(4)).enumerate() {
@@ -336,22 +340,11 @@ fn pairs<'a>(ib: &'a [u8], vb: &'a [u8]) -> impl Iterator<Item = (usize, f32)> +
     })
 }
 
-impl Format for TopK {
-    fn base(&self) -> &Base {
+impl Codec for TopK {
+    fn info(&self) -> &CodecInfo {
         &self.base
     }
-    fn size(&self) -> usize {
-        8 * self.k
-    }
-    fn stochastic(&self) -> bool {
-        false
-    }
-    fn encode(
-        &mut self,
-        input: &[f32],
-        _ctx: &RoundCtx,
-        out: &mut Vec<u8>,
-    ) -> Result<(), KernelError> {
+    fn encode(&mut self, input: &[f32], _ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()> {
         let k = self.k;
         if k == 0 {
             self.base.require_finite(input)?;
@@ -369,7 +362,7 @@ impl Format for TopK {
                 })
             }
         };
-        let dst = prepare(out, self.size());
+        let dst = prepare(out, self.base.payload);
         let (ib, vb) = dst.split_at_mut(4 * k);
         for ((i, v), &(idx, val)) in ib.chunks_exact_mut(4).zip(vb.chunks_exact_mut(4)).zip(&top) {
             i.copy_from_slice(&idx.to_le_bytes());
@@ -377,21 +370,16 @@ impl Format for TopK {
         }
         Ok(())
     }
-    fn decode(
-        &self,
-        payload: &[u8],
-        _ctx: &RoundCtx,
-        out: &mut [f32],
-        add: bool,
-    ) -> Result<(), KernelError> {
+    fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
         let (ib, vb) = self.entries(payload)?;
         scatter(out, pairs(ib, vb), add);
         Ok(())
     }
-    fn subtract(&self) -> Option<Subtract<Self>> {
-        Some(|c, payload, _ctx, acc| {
-            let (ib, vb) = c.entries(payload)?;
-            Ok(subtract_at(acc, pairs(ib, vb)))
-        })
+}
+
+impl Subtract for TopK {
+    fn subtract_decoded(&self, payload: &[u8], _ctx: &RoundCtx, acc: &mut [f32]) -> Result<bool> {
+        let (ib, vb) = self.entries(payload)?;
+        Ok(subtract_at(acc, pairs(ib, vb)))
     }
 }

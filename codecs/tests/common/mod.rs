@@ -94,7 +94,7 @@ pub fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Builds a chain for a worker (or server) from `k=v` pairs; Moniqua is allowed.
-pub fn build_as(kv: &[(&str, &str)], n: usize, who: NodeIdentity) -> Box<dyn Compressor> {
+pub fn build_as(kv: &[(&str, &str)], n: usize, who: NodeIdentity) -> Compressor {
     let spec = parse_params(&map(kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
     let opts = BuildOptions {
         purpose: Purpose::ModelAveraging,
@@ -104,7 +104,7 @@ pub fn build_as(kv: &[(&str, &str)], n: usize, who: NodeIdentity) -> Box<dyn Com
 }
 
 /// Like [`build_as`] for a worker, or `None` when the map does not fit this length.
-pub fn try_build(kv: &[(&str, &str)], n: usize) -> Option<Box<dyn Compressor>> {
+pub fn try_build(kv: &[(&str, &str)], n: usize) -> Option<Compressor> {
     let spec = parse_params(&map(kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
     let opts = BuildOptions {
         purpose: Purpose::ModelAveraging,
@@ -113,7 +113,7 @@ pub fn try_build(kv: &[(&str, &str)], n: usize) -> Option<Box<dyn Compressor>> {
     build_from_spec(&spec, n, &NodeIdentity::worker(1234, 77, 0), opts).ok()
 }
 
-pub fn build(kv: &[(&str, &str)], n: usize) -> Box<dyn Compressor> {
+pub fn build(kv: &[(&str, &str)], n: usize) -> Compressor {
     build_as(kv, n, NodeIdentity::worker(1234, 77, 0))
 }
 

@@ -9,7 +9,7 @@
 //! |---|---|
 //! | [`Device`] | memory (f32 tensors, byte arenas, page-locked staging), copies by address, one launch of a table kernel ([`table::Step`]) over a table of chunks, and a count of driver calls |
 //! | [`table`] | [`table::Entry`] (a chunk of a table: `PPChunk` of the CUDA header), the steps and their grids |
-//! | [`DeviceTensor`] | a tensor's chunk chains on a device: every chunk's `Momentum(ErrorFeedback(codec))`, the state (residual, momentum) in device memory, the pulled payloads on their way back; the same bytes and state as the CPU chains of [`crate::chunk::chunk_codec`] |
+//! | [`DeviceTensor`] | a tensor's chunk chains on a device: every chunk's `nesterov(ef(codec))`, the state (residual, momentum) in device memory, the pulled payloads on their way back; the same bytes and state as the CPU chains of [`crate::chunk::chunk_codec`] |
 //! | [`Batch`] | the tables, payload arena and staging of a fixed list of tensors; [`Batch::start`] launches one round of each, [`Started`] hands out each chunk's payload (judged, its state committed) and decodes each tensor's results |
 //! | [`Tickets`] | the word other streams wait on ([`Device::wait_ticket`]) and what the device's stream writes into it ([`Device::signal`]), when the work waited for finishes in any order |
 //! | [`EmulatedDevice`] | "device" memory in host memory, every table step run by the host-compiled twin of the CUDA source ([`crate::cuda::host`]): how CI runs the device data path without a GPU |
@@ -43,7 +43,7 @@
 //! number of workers for an average. So a batch costs about a dozen driver calls a round
 //! however many chunks and tensors it holds ([`Device::driver_calls`] counts them).
 //!
-//! The element formulas are those of [`crate::decorators`], written once more in
+//! The element formulas are those of [`crate::chain`], written once more in
 //! `kernels/cuda/pushpull_table.cuh` (`pp_prepare_elem`, `pp_residual_group`, ...) with FMA
 //! contraction off, so the bits agree: `tests/device_batch.rs` checks batches on the
 //! [`EmulatedDevice`] against the CPU chains, bytes and state, round after round.

@@ -272,7 +272,7 @@ impl Round {
 }
 
 /// The CPU compressor of a case.
-pub fn cpu(case: &Case, len: usize, round: &Round) -> Box<dyn Compressor> {
+pub fn cpu(case: &Case, len: usize, round: &Round) -> Compressor {
     build_compressor(&case.params, len, &round.who())
         .unwrap_or_else(|e| panic!("the registry refused {:?}: {e}", case.params))
 }

@@ -30,7 +30,7 @@ pub fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
 pub struct Under<D: Device> {
     pub what: String,
     pub chunks: Vec<std::ops::Range<usize>>,
-    pub cpu: Vec<Box<dyn Compressor>>,
+    pub cpu: Vec<Compressor>,
     pub dev: DeviceTensor<D>,
 }
 

@@ -2,7 +2,7 @@
 //! arrival orders (with a printed seed), aborts and their messages.
 
 use super::*;
-use pushpull_codecs::{Codec, KernelError};
+use pushpull_codecs::{Codec, CodecInfo, KernelError};
 use pushpull_proto::placement::mix64;
 
 /// SplitMix64: a tiny deterministic generator, so tests need no extra crate.
@@ -585,19 +585,25 @@ fn shell_rejections_abort_like_bad_pushes() {
 }
 
 /// A codec whose compress fails: the round is aborted, not lost.
-struct FailingEncode(Box<dyn Compressor>);
-impl Compressor for FailingEncode {
-    fn codec(&self) -> &dyn Codec {
-        self.0.codec()
+struct FailingEncode(Compressor);
+impl Codec for FailingEncode {
+    fn info(&self) -> &CodecInfo {
+        self.0.codec().info()
     }
-    fn name(&self) -> &str {
-        "failing"
-    }
-    fn compress(&mut self, _: &[f32], _: &RoundCtx, _: &mut Vec<u8>) -> Result<(), KernelError> {
+    fn encode(&mut self, _: &[f32], _: &RoundCtx, _: &mut Vec<u8>) -> Result<(), KernelError> {
         Err(KernelError::Context {
             compressor: "failing".into(),
             detail: "out of ideas".into(),
         })
+    }
+    fn decode(
+        &self,
+        payload: &[u8],
+        ctx: &RoundCtx,
+        out: &mut [f32],
+        add: bool,
+    ) -> Result<(), KernelError> {
+        self.0.codec().decode(payload, ctx, out, add)
     }
 }
 
@@ -612,7 +618,10 @@ fn an_encode_failure_aborts_the_round() {
         local_size: 1,
         priority: 0,
     };
-    let mut k = KeyRounds::new(info, Box::new(FailingEncode(fp32_codec(1))));
+    let mut k = KeyRounds::new(
+        info,
+        Compressor::new(Box::new(FailingEncode(fp32_codec(1)))),
+    );
     let msg = expect_abort(&k.push(0, 0, ReduceOp::Sum, 0, enc(&[1.0])), 0, &[0]);
     assert!(
         msg.contains("out of ideas") && msg.contains("key 0x0000000000000009"),
@@ -670,7 +679,7 @@ fn non_finite_rounds_and_undo_leave_the_codec_as_a_plain_chain_says() {
     // One round: rank `bad` (if any) pushes non-finite; every push carries `undo`. Returns
     // the actions of the last push.
     let mut round_of = |k: &mut KeyRounds,
-                        workers: &mut [Box<dyn Compressor>],
+                        workers: &mut [Compressor],
                         round: u64,
                         scale: f32,
                         bad: Option<usize>,
@@ -707,7 +716,7 @@ fn non_finite_rounds_and_undo_leave_the_codec_as_a_plain_chain_says() {
         (pushes, acts)
     };
     // The plain chain's result for pushes: the rank-order sum, compressed.
-    let sum_of = |pushes: &[Bytes], round: u64, plain: &mut Box<dyn Compressor>| {
+    let sum_of = |pushes: &[Bytes], round: u64, plain: &mut Compressor| {
         let ctx = RoundCtx::new(round);
         let mut acc = vec![0.0f32; len];
         plain.decompress(&pushes[0], &ctx, &mut acc).unwrap();

@@ -6,7 +6,7 @@ use pushpull_proto::protocol::ReduceOp;
 
 /// A factory that records the parameter `k` of every codec it builds.
 fn recording_factory(seen: Arc<Mutex<Vec<String>>>) -> impl CodecFactory {
-    move |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
+    move |ctx: &CodecContext<'_>| -> Result<Compressor, String> {
         let k = ctx.tensor.params.get("k").cloned().unwrap_or_default();
         seen.lock().unwrap().push(k);
         Ok(pushpull_codecs::fp32_codec(ctx.chunk.len as usize))

@@ -318,14 +318,12 @@ pub async fn setup(mut cfg: Config, heartbeats: bool, welcome: bool) -> Setup {
     let server = Server::bind(cfg.clone(), certs.server.clone())
         .await
         .unwrap()
-        .with_codec_factory(
-            |ctx: &CodecContext<'_>| -> Result<Box<dyn Compressor>, String> {
-                match ctx.tensor.params.get("compressor").map(String::as_str) {
-                    None | Some("none") => Ok(fp32_codec(ctx.chunk.len as usize)),
-                    Some(other) => Err(format!("unknown compressor {other:?}")),
-                }
-            },
-        );
+        .with_codec_factory(|ctx: &CodecContext<'_>| -> Result<Compressor, String> {
+            match ctx.tensor.params.get("compressor").map(String::as_str) {
+                None | Some("none") => Ok(fp32_codec(ctx.chunk.len as usize)),
+                Some(other) => Err(format!("unknown compressor {other:?}")),
+            }
+        });
     let server_addr = server.local_addr();
     let run = tokio::spawn(server.run());
     let (sched, reg) = FakeScheduler::accept(ep, &cfg, heartbeats).await;

@@ -1,4 +1,4 @@
-//! The decorators' properties over fresh random inputs (seeds printed; replay with
+//! The chain's properties over fresh random inputs (seeds printed; replay with
 //! PUSHPULL_TEST_SEED): error feedback's and Nesterov momentum's formulas and invariants for
 //! every compressor, the passes onebit fuses with them, and what a refused round leaves.
 
@@ -67,7 +67,7 @@ fn error_feedback_invariants_for_every_compressor() {
 }
 
 /// Nesterov momentum before error feedback takes one pass with error feedback's for every
-/// compressor (`Compressor::compress_nesterov`): each round's payload is the plain codec's of
+/// compressor (the chain's fused pass): each round's payload is the plain codec's of
 /// `p = g + μ·m' + e` with `m' = μ·m + g` computed here, the residual is `p - D(C(p))` and the
 /// momentum `m'`; a round with a non-finite gradient element is refused naming it, with the
 /// state unchanged.
@@ -217,8 +217,8 @@ fn corrected_error_feedback_scales_the_residual_by_the_lr_ratio() {
     assert_eq!(before, c.residual().unwrap());
 }
 
-/// onebit forms error feedback's `p` while it encodes (`Codec::compress_fed`), and Nesterov
-/// momentum's step before it (`Compressor::compress_nesterov`): at a length that goes
+/// onebit forms error feedback's `p` while it encodes (its `EncodeFed` fast path), and Nesterov
+/// momentum's step before it: at a length that goes
 /// parallel, on one thread and two, vanilla and corrected, with and without momentum, the
 /// payload is the plain codec's of `p` computed here, the residual `p - D(C(p))` and the
 /// momentum `μ·m + g`; a round whose `p` overflows is refused, with the state unchanged.
