@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use pushpull::cli::{Cli, WorkerArgs};
-use pushpull_kernels::params::{parse_params, KEYS};
+use pushpull_kernels::{all_keys, parse_params};
 use pushpull_node::cli::{SchedulerArgs, ServerArgs};
 use pushpull_proto::Config;
 
@@ -451,7 +451,7 @@ fn compression_maps_parse() {
 #[test]
 fn the_compression_page_lists_every_key() {
     let text = std::fs::read_to_string(root().join("docs/compression.md")).expect("the page");
-    for key in KEYS {
+    for key in all_keys() {
         let rows: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with(&format!("| `{}` |", key.name)))

@@ -38,7 +38,7 @@ fn benches(c: &mut Criterion) {
             let spec = parse_params(&case.params).expect("bench case");
             let opts = BuildOptions {
                 purpose: Purpose::ModelAveraging,
-                full_chunk_len: None,
+                ..BuildOptions::default()
             };
             let mut comp = build_from_spec(&spec, n, &NodeIdentity::worker(7, 42, 0), opts)
                 .expect("bench case");

@@ -6,9 +6,10 @@
 //! criterion benchmarks in `codecs/benches/compress.rs` measure the same operations. Threads: the table runs every operation inside a rayon pool of
 //! [`BenchConfig::threads`] threads (1 = the serial path).
 
-use crate::{
-    build_from_spec, parse_params, BuildOptions, Compressor, NodeIdentity, Purpose, RoundCtx,
-};
+use crate::chain::Compressor;
+use crate::codec::{NodeIdentity, RoundCtx};
+use crate::registry::{build_from_spec, parse_params};
+use crate::spec::{BuildOptions, Purpose};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -310,7 +311,7 @@ fn run(cfg: &BenchConfig) -> Vec<BenchRow> {
             let who = NodeIdentity::worker(7, 42, 0);
             let opts = BuildOptions {
                 purpose: Purpose::ModelAveraging,
-                full_chunk_len: None,
+                ..BuildOptions::default()
             };
             let mut c: Compressor = build_from_spec(&spec, n, &who, opts)
                 .unwrap_or_else(|e| panic!("bench case {}: {e}", case.label));

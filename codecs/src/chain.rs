@@ -12,18 +12,37 @@
 //! stays there until the next round and [`Compressor::undo`] swaps it back.
 //!
 //! # Fast paths
-//! Chosen when the chain is built, by the codec's concrete type (`Body`), not asked for
+//! Chosen when the chain is built, by the codec's concrete type ([`Body`]), not asked for
 //! round by round: a sparse codec (top-k, random-k) subtracts its decoding from error
-//! feedback's input in place instead of decoding a whole chunk (`Subtract`); onebit also
+//! feedback's input in place instead of decoding a whole chunk ([`Subtract`]); onebit also
 //! forms error feedback's input, and momentum's step before it, in its sign-and-sum pass
-//! (`EncodeFed`). For the other codecs momentum's step and error feedback's `p = g + e` are
+//! ([`EncodeFed`]). For the other codecs momentum's step and error feedback's `p = g + e` are
 //! one pass before the codec's encoding. Every path gives the bits of taking the passes one by
 //! one; where a fused pass meets a non-finite value, the passes one by one name it.
 
+use crate::codec::{Codec, RoundCtx};
 use crate::error::{KernelError, Result};
-use crate::params::EfKind;
 use crate::simd::multiversion;
-use crate::{ChainState, Codec, RoundCtx};
+use pushpull_proto::checkpoint::ChainState;
+
+/// Error feedback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EfKind {
+    /// `p = g + e; e ← p − D(C(p))`.
+    Vanilla,
+    /// `p = g + (η_{t−1}/η_t)·e; e ← p − D(C(p))`, η from [`RoundCtx::lr`].
+    Corrected,
+}
+
+impl EfKind {
+    /// Its value of the `ef` key.
+    pub fn name(self) -> &'static str {
+        match self {
+            EfKind::Vanilla => "vanilla",
+            EfKind::Corrected => "corrected",
+        }
+    }
+}
 
 /// A codec that can subtract its decoding in place: `acc = acc - decode(payload)` bit for bit,
 /// without decoding into a buffer, and whether every element of `acc` is finite afterwards.
@@ -31,7 +50,8 @@ use crate::{ChainState, Codec, RoundCtx};
 /// `-0.0` included); onebit adds its decoding with the scale negated (`a - v == a + (-v)`
 /// exactly, signed zeros included). `acc` holds the chunk's length; on `Err` it may be partly
 /// changed.
-pub(crate) trait Subtract: Codec {
+pub trait Subtract: Codec {
+    /// `acc = acc - decode(payload)`; whether every element of `acc` is finite.
     fn subtract_decoded(&self, payload: &[u8], ctx: &RoundCtx, acc: &mut [f32]) -> Result<bool>;
 }
 
@@ -40,7 +60,9 @@ pub(crate) trait Subtract: Codec {
 /// when some element of `p` or of `next` is not finite: `p` and `next` are then whole, `out`
 /// empty, and the chain names the element by taking the passes one by one. Every slice holds
 /// the chunk's length.
-pub(crate) trait EncodeFed: Subtract {
+pub trait EncodeFed: Subtract {
+    /// Encodes error feedback's input `p` (formed from `fed` into `p`) into `out`; whether
+    /// every element of `p` and of the momentum's `next` is finite.
     fn encode_fed(
         &mut self,
         fed: Fed<'_>,
@@ -51,7 +73,7 @@ pub(crate) trait EncodeFed: Subtract {
 }
 
 /// A chain's codec, by what it can do beyond [`Codec`]: its fast paths.
-pub(crate) enum Body {
+pub enum Body {
     /// Encodes and decodes only.
     Plain(Box<dyn Codec>),
     /// Also subtracts its decoding in place.
@@ -82,7 +104,7 @@ impl Body {
 /// residual` (vanilla) or `g + factor · residual` ([`crate::elem::fed`]), where `g` is the
 /// gradient, or with Nesterov momentum before error feedback the momentum's output for it.
 #[derive(Debug)]
-pub(crate) struct Fed<'a> {
+pub struct Fed<'a> {
     /// The round's gradient.
     pub gradient: &'a [f32],
     /// Nesterov momentum between the gradient and error feedback, when the chain has it.
@@ -98,7 +120,7 @@ pub(crate) struct Fed<'a> {
 /// Nesterov momentum's step: for a gradient `g`, `next ← μ·m + g` and the input handed on is
 /// `g + μ·next` ([`crate::elem::nesterov`]); `momentum` itself is not changed.
 #[derive(Debug)]
-pub(crate) struct Nesterov<'a> {
+pub struct Nesterov<'a> {
     /// The momentum `m` carried from the last round.
     pub momentum: &'a [f32],
     /// μ.
@@ -174,11 +196,7 @@ impl Compressor {
         let n = body.codec().info().len();
         let mut name = body.codec().info().name().to_string();
         let ef = ef.map(|kind| {
-            let k = match kind {
-                EfKind::Vanilla => "vanilla",
-                EfKind::Corrected => "corrected",
-            };
-            name = format!("ef({k}, {name})");
+            name = format!("ef({}, {name})", kind.name());
             Feedback {
                 kind,
                 name: name.clone(),

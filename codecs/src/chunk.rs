@@ -32,11 +32,15 @@ use std::collections::BTreeMap;
 use pushpull_proto::protocol::{ChunkPlacement, TensorPlacement};
 use pushpull_proto::Config;
 
+use std::sync::Arc;
+
+use crate::chain::Compressor;
+use crate::codec::{CodecInfo, NodeIdentity};
 use crate::codecs::cast::{Cast, CastCodec};
-use crate::params::{parse_params, CodecSpec, CompressorSpec, Exchange};
-use crate::registry::{build_codec, build_from_spec, BuildOptions, Purpose};
+use crate::params::{CompressorSpec, Exchange};
+use crate::registry::{build_codec, build_from_spec, parse_params};
 use crate::rng::Role;
-use crate::{CodecInfo, Compressor, NodeIdentity};
+use crate::spec::{BuildOptions, Purpose};
 
 /// The rank every server uses in its random draws (see the module docs).
 pub const SERVER_RANK: u32 = 0;
@@ -159,7 +163,7 @@ impl CodecFactory for Fp32Factory {
 pub fn fp32_codec(len: usize) -> Compressor {
     let who = NodeIdentity::worker(0, 0, 0);
     Compressor::new(Box::new(CastCodec::new(
-        CodecInfo::new(CodecSpec::None.display_name(), len, &who, None),
+        CodecInfo::new("none".into(), len, &who, None),
         Cast::None,
     )))
 }
@@ -201,7 +205,7 @@ pub fn effective_spec(
     let spec = parse_params(params).map_err(|e| e.to_string())?;
     if is_small(tensor_len, min_compress_bytes) {
         return Ok(CompressorSpec {
-            codec: CodecSpec::None,
+            codec: Arc::new(Cast::None),
             ef: None,
             ..spec
         });
@@ -236,8 +240,7 @@ pub fn chunk_codec(info: &ChunkInfo<'_>) -> Result<Compressor, String> {
 fn chunk_spec(
     info: &ChunkInfo<'_>,
 ) -> Result<(CompressorSpec, usize, NodeIdentity, BuildOptions), String> {
-    let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?
-        .for_chunk(info.tensor_len, info.chunk_len)?;
+    let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?;
     let len = usize::try_from(info.chunk_len)
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
     let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
@@ -257,6 +260,7 @@ fn chunk_spec(
             Purpose::Gradient
         },
         full_chunk_len: (full != len).then_some(full),
+        tensor_len: Some(info.tensor_len),
     };
     Ok((spec, len, who, opts))
 }
@@ -324,7 +328,7 @@ pub fn payload_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RoundCtx;
+    use crate::codec::RoundCtx;
 
     fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()

@@ -1,9 +1,8 @@
-//! The [`Codec`] trait, what a wire format implements, and [`CodecInfo`], what it states about
-//! itself as data.
+//! The [`Codec`] trait, what a wire format implements; [`CodecInfo`], what it states about
+//! itself as data; [`NodeIdentity`] (who draws) and [`RoundCtx`] (what a round brings).
 
 use crate::error::{KernelError, Result};
 use crate::rng::{Role, Stream};
-use crate::{NodeIdentity, RoundCtx};
 
 /// A wire format bound to one chunk (one key): encodes a chunk into a payload, and decodes a
 /// payload into the chunk or adds it to an accumulator. It keeps no state between rounds:
@@ -135,5 +134,82 @@ impl CodecInfo {
             None => Ok(()),
             Some(_) => Err(self.non_finite(x)),
         }
+    }
+}
+
+/// Who is compressing: the coordinates of every random draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NodeIdentity {
+    /// The job seed (the configured one, or the scheduler's pick); a tensor's `seed` key
+    /// replaces it for that tensor.
+    pub job_seed: u64,
+    /// The chunk's key.
+    pub key: u64,
+    /// Worker or server.
+    pub role: Role,
+    /// The worker's rank, or the server's id.
+    pub rank: u32,
+}
+
+impl NodeIdentity {
+    /// A worker's identity.
+    pub fn worker(job_seed: u64, key: u64, rank: u32) -> NodeIdentity {
+        NodeIdentity {
+            job_seed,
+            key,
+            role: Role::Worker,
+            rank,
+        }
+    }
+
+    /// A server's identity.
+    pub fn server(job_seed: u64, key: u64, server_id: u32) -> NodeIdentity {
+        NodeIdentity {
+            job_seed,
+            key,
+            role: Role::Server,
+            rank: server_id,
+        }
+    }
+}
+
+/// What one round of compress or decompress needs besides the data.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundCtx<'a> {
+    /// The round number (push_pull count of this key); part of every random draw.
+    pub round: u64,
+    /// This round's learning rate η_t; required by `ef=corrected`, ignored otherwise.
+    pub lr: Option<f32>,
+    /// Moniqua's reference values (the receiver's own copy, `len` elements): required by its
+    /// decompress and decompress-add, ignored by every other compressor.
+    pub reference: Option<&'a [f32]>,
+    /// Moniqua's a-priori bound from its Theorem 2 for this round on this worker,
+    /// `2·α_k·G·ln(16n)/(1 − ρ)` (`α_k` the round's learning rate, `G` the bound of the
+    /// tensor's gradients the worker has tracked, `n` workers, `ρ` the mixing matrix's
+    /// spectral gap): required to encode with `theta_schedule = bound`, ignored otherwise.
+    pub theta_bound: Option<f64>,
+}
+
+impl<'a> RoundCtx<'a> {
+    /// The context of round `round`, with no learning rate and no reference.
+    pub fn new(round: u64) -> RoundCtx<'a> {
+        RoundCtx {
+            round,
+            lr: None,
+            reference: None,
+            theta_bound: None,
+        }
+    }
+
+    /// With a learning rate.
+    pub fn with_lr(mut self, lr: f32) -> RoundCtx<'a> {
+        self.lr = Some(lr);
+        self
+    }
+
+    /// With a reference.
+    pub fn with_reference(mut self, reference: &'a [f32]) -> RoundCtx<'a> {
+        self.reference = Some(reference);
+        self
     }
 }

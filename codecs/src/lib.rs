@@ -12,8 +12,9 @@
 //! | [`codec`] | the [`Codec`] trait (a wire format bound to a chunk: encode, decode or decode-add) and [`CodecInfo`] (what it states as data: name, length, payload size, randomness) |
 //! | [`chain`] | [`Compressor`]: a codec with error feedback and Nesterov momentum where configured, owning all the state (residual, momentum, undo, checkpoint); the fused fast paths, chosen by the codec's type when the chain is built |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`Fp32Factory`], [`fp32_codec`] |
-//! | [`registry`] | [`build_compressor`], [`build_from_spec`], [`BuildOptions`], [`Purpose`] |
-//! | [`params`] | [`parse_params`] → [`CompressorSpec`]; the key table [`KEYS`] |
+//! | [`spec`] | what a compressor brings to the registry: its [`Entry`] (name, keys, parse), its parsed settings ([`CodecSpec`], which build its codec), the resolved map its parse reads ([`Keys`]), [`KSpec`], [`BuildOptions`], [`Purpose`] |
+//! | [`params`] | [`CompressorSpec`] (a parsed map: the compressor's settings and the chain's) and each compressor's settings type; the chain's and shared keys [`KEYS`] |
+//! | [`registry`] | every compressor by name in one table ([`COMPRESSORS`]); [`parse_params`], [`all_keys`], [`overlay_params`], [`build_compressor`], [`build_from_spec`] |
 //! | [`gossip`] | decentralised averaging, the pure part of Moniqua's Algorithm 1: the mixing matrix [`gossip::Mixing`] (symmetric, doubly stochastic, spectral gap below 1, each refusal named) and one worker's [`gossip::average_step`] |
 //! | [`reduce`] | the reduction, defined once: [`RankOrderSum`] (servers and the reference), [`host_fold`] and [`IntraCodec`] (a local group's host sum: its members and the reference) and [`average`] (workers, the reference; the device's decode matches it) |
 //! | [`error`] | [`KernelError`] |
@@ -21,7 +22,7 @@
 //! | [`elem`] | per-element math and fixed-order reductions: the definition every path follows |
 //! | [`bench`](mod@bench) | the throughput table (GB/s and ratio to memcpy) that `codecs/examples/bench_compress.rs` prints |
 //! | [`payload`] | the payload checks the device's decoders share with the codecs' |
-//! | `codecs` (private) | one module per wire format, each a [`Codec`] (and a chain fast path where it has one), with the bit-stream machinery they share |
+//! | `codecs` (private) | one module per compressor: its [`Entry`], settings and parse beside its [`Codec`] (and a chain fast path where it has one); the bit-stream machinery they share |
 //! | `simd`, `par`, `stats` (private) | run-time CPU dispatch ([`SimdLevel`]) and the vector building blocks the codecs share; the fixed-offset splits over rayon's pool; per-bucket statistics with non-finite detection fused in |
 //!
 //! # The traits and the chain
@@ -88,7 +89,7 @@
 //! chunk. A count `k >= 1` is per chunk: it is validated against the tensor's full chunk length
 //! (topk: `k <= len/2`, randomk: `k <= len`) and every full-size chunk keeps `k`; a shorter last
 //! chunk keeps the same proportion, `ceil(k · len_last / len_full)` (see
-//! [`CompressorSpec::chunk_k`] and [`BuildOptions::full_chunk_len`]). [`build_compressor`]
+//! [`KSpec::chunk_k`] and [`BuildOptions::full_chunk_len`]). [`build_compressor`]
 //! treats the chunk it is given as full-size.
 //!
 //! # Wire formats
@@ -170,97 +171,26 @@ pub mod reduce;
 pub mod registry;
 pub mod rng;
 mod simd;
+pub mod spec;
 mod stats;
 
 pub use chain::Compressor;
 pub use chunk::{
     chunk_codec, fp32_codec, CodecContext, CodecFactory, Fp32Factory, KernelsFactory, Node,
 };
-pub use codec::{Codec, CodecInfo};
+pub use codec::{Codec, CodecInfo, NodeIdentity, RoundCtx};
 pub use error::{KernelError, Result};
 pub use params::{
-    is_gossip, overlay_params, parse_params, CodecSpec, CompressorSpec, EfKind, Encoding, Exchange,
-    KSpec, KeyInfo, Normalize, Partition, Rounding, ThetaSchedule, KEYS,
+    Cast, CompressorSpec, DitheringSpec, EfKind, Encoding, Exchange, MinMaxSpec, MoniquaSpec,
+    Normalize, OneBitColumnsSpec, OneBitSpec, Partition, RandomKSpec, Rounding, ThetaSchedule,
+    TopKSpec, KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};
-pub use registry::{build_compressor, build_from_spec, BuildOptions, Purpose};
+pub use registry::{
+    all_keys, build_compressor, build_from_spec, is_gossip, overlay_params, parse_params,
+    COMPRESSORS,
+};
 pub use rng::Role;
 pub use simd::{set_max_simd_level, simd_level, stream_bytes, SimdLevel};
-
-/// Who is compressing: the coordinates of every random draw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct NodeIdentity {
-    /// The job seed (the configured one, or the scheduler's pick); a tensor's `seed` key
-    /// replaces it for that tensor.
-    pub job_seed: u64,
-    /// The chunk's key.
-    pub key: u64,
-    /// Worker or server.
-    pub role: Role,
-    /// The worker's rank, or the server's id.
-    pub rank: u32,
-}
-
-impl NodeIdentity {
-    /// A worker's identity.
-    pub fn worker(job_seed: u64, key: u64, rank: u32) -> NodeIdentity {
-        NodeIdentity {
-            job_seed,
-            key,
-            role: Role::Worker,
-            rank,
-        }
-    }
-
-    /// A server's identity.
-    pub fn server(job_seed: u64, key: u64, server_id: u32) -> NodeIdentity {
-        NodeIdentity {
-            job_seed,
-            key,
-            role: Role::Server,
-            rank: server_id,
-        }
-    }
-}
-
-/// What one round of compress or decompress needs besides the data.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct RoundCtx<'a> {
-    /// The round number (push_pull count of this key); part of every random draw.
-    pub round: u64,
-    /// This round's learning rate η_t; required by `ef=corrected`, ignored otherwise.
-    pub lr: Option<f32>,
-    /// Moniqua's reference values (the receiver's own copy, `len` elements): required by its
-    /// decompress and decompress-add, ignored by every other compressor.
-    pub reference: Option<&'a [f32]>,
-    /// Moniqua's a-priori bound from its Theorem 2 for this round on this worker,
-    /// `2·α_k·G·ln(16n)/(1 − ρ)` (`α_k` the round's learning rate, `G` the bound of the
-    /// tensor's gradients the worker has tracked, `n` workers, `ρ` the mixing matrix's
-    /// spectral gap): required to encode with `theta_schedule = bound`, ignored otherwise.
-    pub theta_bound: Option<f64>,
-}
-
-impl<'a> RoundCtx<'a> {
-    /// The context of round `round`, with no learning rate and no reference.
-    pub fn new(round: u64) -> RoundCtx<'a> {
-        RoundCtx {
-            round,
-            lr: None,
-            reference: None,
-            theta_bound: None,
-        }
-    }
-
-    /// With a learning rate.
-    pub fn with_lr(mut self, lr: f32) -> RoundCtx<'a> {
-        self.lr = Some(lr);
-        self
-    }
-
-    /// With a reference.
-    pub fn with_reference(mut self, reference: &'a [f32]) -> RoundCtx<'a> {
-        self.reference = Some(reference);
-        self
-    }
-}
+pub use spec::{BuildOptions, CodecSpec, Entry, KSpec, KeyInfo, Keys, Kind, Purpose};

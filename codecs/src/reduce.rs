@@ -4,8 +4,9 @@
 //! [`average`] by `pushpull-kernels`'s `tests/device_batch.rs`) all follow, so that a distributed result is the
 //! reference's bits.
 
+use crate::chain::Compressor;
+use crate::codec::RoundCtx;
 use crate::error::KernelError;
-use crate::{Compressor, RoundCtx};
 
 /// A sum of payloads in rank order: rank 0's payload decoded into the accumulator, then ranks
 /// 1, 2, … added (`decompress_add`), so the sum has the same bits whatever order the payloads

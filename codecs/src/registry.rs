@@ -1,45 +1,71 @@
-//! The registry: from a tensor's string map (or a parsed [`CompressorSpec`]) to the whole chain
-//! `nesterov(ef(codec))` ([`Compressor`]).
+//! The registry: every compressor by name in one table ([`COMPRESSORS`]), and from a tensor's
+//! string map (or a parsed [`CompressorSpec`]) to the whole chain `nesterov(ef(codec))`
+//! ([`Compressor`]).
+//!
+//! Each compressor's entry ([`Entry`]) is written beside its codec (`codecs/src/codecs/`): its
+//! name, the keys it reads and their parse into its settings ([`crate::spec::CodecSpec`]),
+//! which build its codec. Adding one is its own file and a line of the table.
 
-use crate::chain::Body;
-use crate::codecs::{
-    cast::{Cast, CastCodec},
-    dithering::Dithering,
-    minmax::MinMax,
-    moniqua::Moniqua,
-    onebit::OneBit,
-    onebit_col::OneBitColumns,
-    randomk::RandomK,
-    topk::TopK,
-};
-use crate::error::KernelError;
-use crate::params::{parse_params, CodecSpec, CompressorSpec};
-use crate::rng::Role;
-use crate::{CodecInfo, Compressor, NodeIdentity};
+mod parse;
+
 use std::collections::BTreeMap;
 
-/// What the values being compressed are; some compressors only make sense for one of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Purpose {
-    /// Gradients in push_pull (the default). Moniqua is refused: it needs a reference within
-    /// θ of the values, which gradients do not have.
-    #[default]
-    Gradient,
-    /// Model parameters in decentralised averaging (`exchange = "gossip"`, Moniqua's setting:
-    /// the reference is the receiver's own parameters).
-    ModelAveraging,
+pub use parse::{is_gossip, parse_params};
+
+use crate::chain::Compressor;
+use crate::codec::{CodecInfo, NodeIdentity};
+use crate::codecs::{cast, dithering, minmax, moniqua, onebit, randomk, topk};
+use crate::error::{KernelError, Result};
+use crate::params::{CompressorSpec, KEYS};
+use crate::rng::Role;
+pub use crate::spec::{BuildOptions, Purpose};
+use crate::spec::{Entry, KeyInfo};
+
+/// Every compressor, by the `compressor` value that names it.
+pub const COMPRESSORS: &[Entry] = &[
+    cast::NONE,
+    cast::FP16,
+    cast::BF16,
+    onebit::ENTRY,
+    topk::ENTRY,
+    randomk::ENTRY,
+    dithering::ENTRY,
+    minmax::ENTRY,
+    moniqua::ENTRY,
+];
+
+/// The compressor named `name`.
+pub fn lookup(name: &str) -> Option<&'static Entry> {
+    COMPRESSORS.iter().find(|e| e.name == name)
 }
 
-/// Options of [`build_from_spec`] beyond the chunk length and identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct BuildOptions {
-    /// What is compressed.
-    pub purpose: Purpose,
-    /// Length of the tensor's full-size chunks when this chunk may be shorter (the tensor's
-    /// last chunk); `None` means this chunk is full-size. Top-k's and random-k's count `k` is
-    /// validated against it and scaled down for a shorter chunk
-    /// ([`CompressorSpec::chunk_k`]).
-    pub full_chunk_len: Option<usize>,
+/// Every key a map may hold: the chain's and the shared ones ([`KEYS`]), then each
+/// compressor's own, in the table's order.
+pub fn all_keys() -> impl Iterator<Item = &'static KeyInfo> {
+    KEYS.iter()
+        .chain(COMPRESSORS.iter().flat_map(|e| e.own_keys.iter()))
+}
+
+/// The key spelled `spelling` (its short name or an alias).
+fn find_key(spelling: &str) -> Option<&'static KeyInfo> {
+    all_keys().find(|k| k.name == spelling || k.aliases.contains(&spelling))
+}
+
+/// Overlays `top` on `base`, as a declared map overlays the cluster file's defaults: each key of
+/// `top` replaces the value of its setting in `base` whatever the spelling there (so a declared
+/// `byteps_compressor_type = "onebit"` replaces a default `compressor = "none"` instead of
+/// conflicting with it). Keys that are not in [`all_keys`] are copied as they are (parsing names
+/// them later).
+pub fn overlay_params(base: &mut BTreeMap<String, String>, top: &BTreeMap<String, String>) {
+    for (key, value) in top {
+        if let Some(info) = find_key(key) {
+            base.remove(info.name);
+            for a in info.aliases {
+                base.remove(*a);
+            }
+        }
+        base.insert(key.clone(), value.clone());
+    }
 }
 
 /// Builds the chain for gradient push_pull of one chunk of `len` elements, from the tensor's
@@ -50,7 +76,7 @@ pub fn build_compressor(
     params: &BTreeMap<String, String>,
     len: usize,
     who: &NodeIdentity,
-) -> Result<Compressor, KernelError> {
+) -> Result<Compressor> {
     let spec = parse_params(params)?;
     build_from_spec(&spec, len, who, BuildOptions::default())
 }
@@ -62,7 +88,7 @@ pub fn build_from_spec(
     len: usize,
     who: &NodeIdentity,
     opts: BuildOptions,
-) -> Result<Compressor, KernelError> {
+) -> Result<Compressor> {
     let body = build_codec(spec, len, who, opts)?;
     let mu = spec.momentum_mu.filter(|_| who.role == Role::Worker);
     Ok(Compressor::of(body, spec.ef, mu))
@@ -75,7 +101,7 @@ pub(crate) fn build_codec(
     len: usize,
     who: &NodeIdentity,
     opts: BuildOptions,
-) -> Result<Body, KernelError> {
+) -> Result<crate::chain::Body> {
     if len > u32::MAX as usize {
         return Err(KernelError::bad(
             "len",
@@ -83,61 +109,34 @@ pub(crate) fn build_codec(
             "a chunk holds at most 2^32 - 1 elements",
         ));
     }
-    let full = opts.full_chunk_len.unwrap_or(len);
-    let k = spec.chunk_k(len, full)?;
-    let name = spec.codec.display_name();
-    let base = CodecInfo::new(name, len, who, spec.seed);
-    Ok(match spec.codec {
-        CodecSpec::None => Body::Plain(Box::new(CastCodec::new(base, Cast::None))),
-        CodecSpec::Fp16 => Body::Plain(Box::new(CastCodec::new(base, Cast::Fp16))),
-        CodecSpec::Bf16 => Body::Plain(Box::new(CastCodec::new(base, Cast::Bf16))),
-        CodecSpec::OneBit { scaling } => Body::Fused(Box::new(OneBit::new(base, scaling))),
-        CodecSpec::OneBitColumns {
-            columns,
-            chunk_columns,
-        } => Body::Plain(Box::new(OneBitColumns::new(
+    let base = CodecInfo::new(spec.codec.display_name(), len, who, spec.seed);
+    spec.codec.build(base, &opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_replaces_every_spelling_of_a_setting() {
+        let m = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let mut base = m(&[("compressor", "none"), ("ef", "vanilla"), ("odd", "1")]);
+        overlay_params(
+            &mut base,
+            &m(&[("byteps_compressor_type", "onebit"), ("k", "0.1")]),
+        );
+        assert_eq!(
             base,
-            chunk_columns.unwrap_or(columns),
-        ))),
-        CodecSpec::TopK { .. } => Body::Sparse(Box::new(TopK::new(base, k.expect("topk has k")))),
-        CodecSpec::RandomK { unbiased, .. } => Body::Sparse(Box::new(RandomK::new(
-            base,
-            k.expect("randomk has k"),
-            unbiased,
-        ))),
-        CodecSpec::Dithering {
-            s,
-            partition,
-            normalize,
-            bucket,
-            encoding,
-        } => Body::Plain(Box::new(Dithering::new(
-            base, s, partition, normalize, encoding, bucket,
-        ))),
-        CodecSpec::MinMax { bits, bucket } => {
-            Body::Plain(Box::new(MinMax::new(base, bits, bucket)))
-        }
-        CodecSpec::Moniqua {
-            theta,
-            bits,
-            rounding,
-            schedule,
-            hash,
-        } => {
-            if opts.purpose == Purpose::Gradient {
-                return Err(KernelError::Refused {
-                    compressor: base.name,
-                    why: "moniqua cannot compress gradients for push_pull: it sends values \
-                          modulo B_theta and needs a reference within theta of them on the \
-                          receiver, which only decentralised averaging has: declare the \
-                          model's parameters with exchange = \"gossip\" (and keep another \
-                          compressor for gradients)"
-                        .into(),
-                });
-            }
-            Body::Plain(Box::new(Moniqua::new(
-                base, theta, bits, rounding, schedule, hash,
-            )))
-        }
-    })
+            m(&[
+                ("byteps_compressor_type", "onebit"),
+                ("ef", "vanilla"),
+                ("k", "0.1"),
+                ("odd", "1")
+            ])
+        );
+    }
 }

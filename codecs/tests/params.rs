@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use pushpull_codecs::{
-    build_compressor, build_from_spec, parse_params, BuildOptions, CodecSpec, IntraCodec, KSpec,
-    KernelError, NodeIdentity, Purpose,
+    build_compressor, build_from_spec, parse_params, BuildOptions, DitheringSpec, IntraCodec,
+    KSpec, KernelError, NodeIdentity, Purpose, TopKSpec,
 };
 
 fn who() -> NodeIdentity {
@@ -104,7 +104,7 @@ fn byteps_spellings_build_the_documented_chain() {
         ("normalize", "0"),
     ]))
     .unwrap();
-    assert!(matches!(c.codec, CodecSpec::Dithering { .. }));
+    assert!(c.codec.downcast::<DitheringSpec>().is_some());
     assert_ne!(a, c);
     // Equal values under two spellings are fine.
     parse_params(&map(&[
@@ -428,25 +428,28 @@ fn the_intra_host_codec_is_a_key_of_every_map() {
 #[test]
 fn k_for_fractions_and_for_a_tensor_spanning_chunks() {
     let spec = parse_params(&map(&[("compressor", "topk"), ("k", "0.01")])).unwrap();
+    let topk = |spec: &pushpull_codecs::CompressorSpec| *spec.codec.downcast::<TopKSpec>().unwrap();
     assert_eq!(
-        spec.codec,
-        CodecSpec::TopK {
+        topk(&spec),
+        TopKSpec {
             k: KSpec::Fraction(0.01)
         }
     );
-    assert_eq!(spec.chunk_k(1000, 1000).unwrap(), Some(10));
-    assert_eq!(spec.chunk_k(50, 1000).unwrap(), Some(1)); // at least one
-    assert_eq!(spec.chunk_k(0, 0).unwrap(), Some(0));
+    assert_eq!(topk(&spec).k.chunk_k(true, 1000, 1000).unwrap(), 10);
+    assert_eq!(topk(&spec).k.chunk_k(true, 50, 1000).unwrap(), 1); // at least one
+    assert_eq!(topk(&spec).k.chunk_k(true, 0, 0).unwrap(), 0);
     let spec = parse_params(&map(&[("compressor", "topk"), ("k", "100")])).unwrap();
-    assert_eq!(spec.chunk_k(1000, 1000).unwrap(), Some(100));
+    let k = topk(&spec);
+    assert_eq!(k.k.chunk_k(true, 1000, 1000).unwrap(), 100);
     // The last, shorter chunk keeps the proportion.
-    assert_eq!(spec.chunk_k(250, 1000).unwrap(), Some(25));
-    assert_eq!(spec.chunk_k(3, 1000).unwrap(), Some(1));
+    assert_eq!(k.k.chunk_k(true, 250, 1000).unwrap(), 25);
+    assert_eq!(k.k.chunk_k(true, 3, 1000).unwrap(), 1);
     // Checked against the full chunk length, not the short one.
-    assert!(spec.chunk_k(150, 150).is_err());
+    assert!(k.k.chunk_k(true, 150, 150).is_err());
     let opts = BuildOptions {
         purpose: Purpose::Gradient,
         full_chunk_len: Some(1000),
+        tensor_len: None,
     };
     let c = build_from_spec(&spec, 150, &who(), opts).unwrap();
     assert_eq!(c.max_compressed_len(), 8 * 15);
@@ -574,4 +577,50 @@ fn a_plain_tensor_is_an_uncompressed_sum_with_no_state() {
     assert!(!plain(&nesterov, 10));
     assert!(!plain(&[("intra_compressor", "fp16")], 10));
     assert!(!plain(&[("exchange", "gossip")], 10));
+}
+
+/// The registry's table: names unique; every key an entry reads is either its own (declared
+/// once, in that entry) or a shared one of `KEYS`; every entry parses its minimal map into
+/// settings of its own name that print back to an equal spec.
+#[test]
+fn the_registry_table_is_consistent() {
+    use pushpull_codecs::{COMPRESSORS, KEYS};
+    let mut names: Vec<&str> = COMPRESSORS.iter().map(|e| e.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), COMPRESSORS.len(), "a name twice in the table");
+    for e in COMPRESSORS {
+        for key in e.keys {
+            let own = e.own_keys.iter().filter(|k| k.name == *key).count();
+            let shared = KEYS.iter().filter(|k| k.name == *key).count();
+            let elsewhere = COMPRESSORS
+                .iter()
+                .filter(|o| o.name != e.name)
+                .flat_map(|o| o.own_keys)
+                .filter(|k| k.name == *key)
+                .count();
+            assert!(
+                own + shared == 1 && elsewhere == 0,
+                "{}: key {key} is declared {own} time(s) as its own, {shared} as shared, \
+                 {elsewhere} by another entry",
+                e.name
+            );
+        }
+        for k in e.own_keys {
+            assert!(
+                e.keys.contains(&k.name),
+                "{}: own key {} not read",
+                e.name,
+                k.name
+            );
+        }
+        let minimal = match e.name {
+            "topk" | "randomk" | "dithering" => vec![("compressor", e.name), ("k", "2")],
+            "moniqua" => vec![("compressor", e.name), ("theta", "0.5")],
+            _ => vec![("compressor", e.name)],
+        };
+        let spec = parse_params(&map(&minimal)).unwrap();
+        assert_eq!(spec.codec.kind().name, e.name);
+        assert_eq!(parse_params(&spec.to_params()).unwrap(), spec, "{}", e.name);
+    }
 }

@@ -23,7 +23,7 @@ fn run(
     let spec = parse_params(&case.params).unwrap_or_else(|e| panic!("{}: {e}", case.label));
     let opts = BuildOptions {
         purpose: Purpose::ModelAveraging,
-        full_chunk_len: None,
+        ..BuildOptions::default()
     };
     let who = NodeIdentity::worker(7, 42, 1);
     let mut c: Compressor = build_from_spec(&spec, x.len(), &who, opts)

@@ -75,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
         };
         let opts = BuildOptions {
             purpose: Purpose::ModelAveraging,
-            full_chunk_len: None,
+            ..BuildOptions::default()
         };
         build_from_spec(&parse_params(&params).unwrap(), n, &who, opts).unwrap()
     } else {

@@ -34,7 +34,7 @@ use std::time::Instant;
 
 use crate::JobConfig;
 use pushpull_kernels::chunk::effective_spec;
-use pushpull_kernels::{CodecSpec, IntraCodec};
+use pushpull_kernels::IntraCodec;
 use pushpull_proto::Config;
 use pushpull_worker::reference::{RefTensor, Reference};
 use pushpull_worker::{CudaDevice, EmulatedDevice, GpuContext, Reduce, Tensor, Worker};
@@ -154,7 +154,7 @@ pub async fn run_benchmark(
             let spec = effective_spec(t.params(), t.len(), config.cluster.min_compress_bytes)
                 .map_err(|e| op_err("check setup", &specs[i].name, e))?;
             let rounded = spec.intra != IntraCodec::None && config.cluster.local_size > 1;
-            if spec.codec != CodecSpec::None
+            if spec.codec.kind().name != "none"
                 || spec.ef.is_some()
                 || spec.momentum_mu.is_some()
                 || rounded

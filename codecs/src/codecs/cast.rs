@@ -4,16 +4,53 @@
 //! little-endian u16 from [`elem::f32_to_f16_sat`] / [`elem::f32_to_bf16_sat`] (`2n` bytes).
 //! The casts saturate (beyond ±65504 for fp16 gives ±65504). Non-finite input is refused.
 
+use std::sync::Arc;
+
 use super::prepare;
+use crate::chain::Body;
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::elem;
 use crate::error::Result;
 use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{BuildOptions, CodecSpec, Entry, Keys, Kind};
 use rayon::prelude::*;
 
-/// Which cast.
+/// The registry's `none`: fp32 as is.
+pub const NONE: Entry = Entry::keyless("none", parse);
+/// The registry's `fp16`.
+pub const FP16: Entry = Entry::keyless("fp16", parse);
+/// The registry's `bf16`.
+pub const BF16: Entry = Entry::keyless("bf16", parse);
+
+fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
+    Ok(Arc::new(match keys.compressor {
+        "fp16" => Cast::Fp16,
+        "bf16" => Cast::Bf16,
+        _ => Cast::None,
+    }))
+}
+
+impl CodecSpec for Cast {
+    fn kind(&self) -> Kind {
+        let name = match self {
+            Cast::None => "none",
+            Cast::Fp16 => "fp16",
+            Cast::Bf16 => "bf16",
+        };
+        Kind::new(name, false, true)
+    }
+    fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
+        Ok(Body::Plain(Box::new(CastCodec::new(base, *self))))
+    }
+    fn display_name(&self) -> String {
+        self.kind().name.into()
+    }
+    fn params(&self, _: &mut dyn FnMut(&'static str, String)) {}
+}
+
+/// Which cast: the settings of `none`, `fp16` and `bf16`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cast {
+pub enum Cast {
     /// fp32 as is.
     None,
     /// IEEE binary16, saturating.

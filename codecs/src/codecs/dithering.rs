@@ -44,14 +44,185 @@ use super::{
     bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, scatter,
     GroupDecoder, GroupEncoder,
 };
+use std::sync::Arc;
+
+use crate::chain::Body;
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::elem;
 use crate::error::{KernelError, Result};
-use crate::params::{Encoding, Normalize, Partition};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
+use crate::spec::{name_of, BuildOptions, CodecSpec, Entry, KeyInfo, Keys, Kind, Spellings};
 use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
-use crate::{Codec, CodecInfo, RoundCtx};
 use rayon::prelude::*;
+
+/// The registry's `dithering`: `k` (the levels s, required), `partition`, `normalize`,
+/// `encoding`, `bucket`.
+pub const ENTRY: Entry = Entry {
+    name: "dithering",
+    keys: &["k", "partition", "normalize", "encoding", "bucket"],
+    own_keys: &[
+        KeyInfo {
+            name: "partition",
+            aliases: &["byteps_dithering_partition"],
+            applies_to: "dithering",
+            values: "linear or 0, natural or 1",
+            default: "linear",
+        },
+        KeyInfo {
+            name: "normalize",
+            aliases: &["byteps_dithering_normalize"],
+            applies_to: "dithering",
+            values: "max or 0, l2 or 1",
+            default: "max",
+        },
+        KeyInfo {
+            name: "encoding",
+            aliases: &[],
+            applies_to: "dithering",
+            values: "packed, elias",
+            default: "packed",
+        },
+    ],
+    parse,
+};
+
+/// Dithering's settings: QSGD's stochastic quantisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DitheringSpec {
+    /// Levels s.
+    pub s: u32,
+    /// Level partition.
+    pub partition: Partition,
+    /// Per-bucket scale.
+    pub normalize: Normalize,
+    /// Bucket length (None: the whole chunk).
+    pub bucket: Option<usize>,
+    /// Wire encoding.
+    pub encoding: Encoding,
+}
+
+/// Dithering's level partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partition {
+    /// Levels `0, 1/s, …, 1`.
+    Linear,
+    /// Levels `0, 2^-(s-1), …, 1/2, 1` (Horváth et al.'s natural dithering).
+    Natural,
+}
+
+/// Dithering's per-bucket scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Normalize {
+    /// `max |x|`.
+    Max,
+    /// The l2 norm.
+    L2,
+}
+
+/// Dithering's wire encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Fixed width per element.
+    Packed,
+    /// Elias-coded gaps and levels of the non-zero elements.
+    Elias,
+}
+
+/// The partitions' spellings.
+const PARTITIONS: Spellings<Partition> = &[
+    (&["linear", "0"], Partition::Linear),
+    (&["natural", "1"], Partition::Natural),
+];
+/// The normalisations' spellings.
+const NORMALIZES: Spellings<Normalize> = &[
+    (&["max", "0"], Normalize::Max),
+    (&["l2", "1"], Normalize::L2),
+];
+/// The encodings' spellings.
+const ENCODINGS: Spellings<Encoding> = &[
+    (&["packed"], Encoding::Packed),
+    (&["elias"], Encoding::Elias),
+];
+
+fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
+    let partition = keys.choice(
+        "partition",
+        PARTITIONS,
+        Partition::Linear,
+        "expected linear (or 0) or natural (or 1)",
+    )?;
+    let normalize = keys.choice(
+        "normalize",
+        NORMALIZES,
+        Normalize::Max,
+        "expected max (or 0) or l2 (or 1)",
+    )?;
+    let encoding = keys.choice(
+        "encoding",
+        ENCODINGS,
+        Encoding::Packed,
+        "expected packed or elias",
+    )?;
+    let (k, v) = keys.require("k", "byteps_compressor_k / k: the number of levels s >= 1")?;
+    let hi = if partition == Partition::Linear {
+        32767
+    } else {
+        32
+    };
+    let s = match v.parse::<u64>() {
+        Ok(s) if (1..=hi).contains(&s) => s as u32,
+        _ => {
+            return Err(KernelError::bad(
+                k,
+                v,
+                format!(
+                    "expected the number of dithering levels s, a whole number in 1..={hi} for \
+                     the {} partition",
+                    name_of(PARTITIONS, partition)
+                ),
+            ))
+        }
+    };
+    Ok(Arc::new(DitheringSpec {
+        s,
+        partition,
+        normalize,
+        bucket: keys.bucket()?,
+        encoding,
+    }))
+}
+
+impl CodecSpec for DitheringSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("dithering", true, false)
+    }
+    fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
+        Ok(Body::Plain(Box::new(Dithering::new(base, *self))))
+    }
+    fn display_name(&self) -> String {
+        let b = self
+            .bucket
+            .map(|b| format!(", bucket={b}"))
+            .unwrap_or_default();
+        format!(
+            "dithering(k={}, {}, {}{b}, {})",
+            self.s,
+            name_of(PARTITIONS, self.partition),
+            name_of(NORMALIZES, self.normalize),
+            name_of(ENCODINGS, self.encoding)
+        )
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("k", self.s.to_string());
+        put("partition", name_of(PARTITIONS, self.partition).to_string());
+        put("normalize", name_of(NORMALIZES, self.normalize).to_string());
+        if let Some(b) = self.bucket {
+            put("bucket", b.to_string());
+        }
+        put("encoding", name_of(ENCODINGS, self.encoding).to_string());
+    }
+}
 
 /// The dithering compressor.
 pub(crate) struct Dithering {
@@ -69,14 +240,14 @@ pub fn packed_width(s: u32) -> u32 {
 }
 
 impl Dithering {
-    pub fn new(
-        base: CodecInfo,
-        s: u32,
-        partition: Partition,
-        normalize: Normalize,
-        encoding: Encoding,
-        bucket: Option<usize>,
-    ) -> Dithering {
+    pub fn new(base: CodecInfo, spec: DitheringSpec) -> Dithering {
+        let DitheringSpec {
+            s,
+            partition,
+            normalize,
+            bucket,
+            encoding,
+        } = spec;
         let bk = Buckets::new(base.n, bucket);
         let mut d = Dithering {
             base,

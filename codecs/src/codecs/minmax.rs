@@ -20,12 +20,64 @@ use super::{
     bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare,
     GroupDecoder, GroupEncoder,
 };
+use std::sync::Arc;
+
+use crate::chain::Body;
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::elem;
 use crate::error::{KernelError, Result};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
+use crate::spec::{BuildOptions, CodecSpec, Entry, Kind};
 use crate::stats::{bucket_min_max, Buckets};
-use crate::{Codec, CodecInfo, RoundCtx};
+
+/// The registry's `minmax`: `bits`, `bucket`.
+pub const ENTRY: Entry = Entry {
+    name: "minmax",
+    keys: &["bits", "bucket"],
+    own_keys: &[],
+    parse: |keys| {
+        Ok(Arc::new(MinMaxSpec {
+            bits: keys.bits()?,
+            bucket: keys.bucket()?,
+        }))
+    },
+};
+
+/// Min-max's settings: QSGD-TF's quantisation between each bucket's min and max.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MinMaxSpec {
+    /// Bits per element.
+    pub bits: u32,
+    /// Bucket length (None: the whole chunk).
+    pub bucket: Option<usize>,
+}
+
+impl CodecSpec for MinMaxSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("minmax", true, true)
+    }
+    fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
+        Ok(Body::Plain(Box::new(MinMax::new(
+            base,
+            self.bits,
+            self.bucket,
+        ))))
+    }
+    fn display_name(&self) -> String {
+        let b = self
+            .bucket
+            .map(|b| format!(", bucket={b}"))
+            .unwrap_or_default();
+        format!("minmax(bits={}{b})", self.bits)
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("bits", self.bits.to_string());
+        if let Some(b) = self.bucket {
+            put("bucket", b.to_string());
+        }
+    }
+}
 
 /// The minmax compressor.
 pub(crate) struct MinMax {

@@ -41,11 +41,177 @@
 //! within θ of the sender's values). A sender gets Algorithm 1's "local biased term" by
 //! decompressing its own payload with its own values as the reference.
 
+use std::sync::Arc;
+
 use super::{par_segments, prepare, GroupDecoder, GroupEncoder};
+use crate::chain::Body;
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::error::{KernelError, Result};
 use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{
+    name_of, BuildOptions, CodecSpec, Entry, KeyInfo, Keys, Kind, Purpose, Spellings,
+};
+
+/// The registry's `moniqua`: `theta` (required), `bits`, `rounding`, `theta_schedule`, `hash`.
+pub const ENTRY: Entry = Entry {
+    name: "moniqua",
+    keys: &["theta", "bits", "rounding", "theta_schedule", "hash"],
+    own_keys: &[
+        KeyInfo {
+            name: "theta",
+            aliases: &[],
+            applies_to: "moniqua",
+            values: "a finite number > 0: the a-priori bound on |x - reference|",
+            default: "required",
+        },
+        KeyInfo {
+            name: "rounding",
+            aliases: &[],
+            applies_to: "moniqua",
+            values: "stochastic (delta = 2^-bits), nearest (delta = 2^-(bits+1))",
+            default: "stochastic",
+        },
+        KeyInfo {
+            name: "theta_schedule",
+            aliases: &[],
+            applies_to: "moniqua",
+            values: "fixed (theta in every round), lr (theta times the round's learning rate, \
+                     which must be set every round), bound (theta times the paper's Theorem 2 bound \
+                     2·lr·G·ln(16n)/(1 − ρ), G the largest |gradient| the worker has been told of \
+                     for the tensor, Worker::track_gradient; each message carries its B_theta)",
+            default: "fixed",
+        },
+        KeyInfo {
+            name: "hash",
+            aliases: &[],
+            applies_to: "moniqua",
+            values: "true (each message carries a hash of its un-modded values, 8 bytes; a receiver \
+                     whose recovery differs, its model more than theta from the sender's, fails \
+                     the round naming the sender), false",
+            default: "false",
+        },
+    ],
+    parse,
+};
+
+/// Moniqua's settings: modulo quantisation against the receiver's own values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoniquaSpec {
+    /// The bound θ on |x - reference|.
+    pub theta: f64,
+    /// Bits per element.
+    pub bits: u32,
+    /// Rounding mode.
+    pub rounding: Rounding,
+    /// Whether θ follows the learning rate.
+    pub schedule: ThetaSchedule,
+    /// Whether each message carries the hash of its un-modded values (checked on decoding).
+    pub hash: bool,
+}
+
+/// The roundings' spellings.
+const ROUNDINGS: Spellings<Rounding> = &[
+    (&["stochastic"], Rounding::Stochastic),
+    (&["nearest"], Rounding::Nearest),
+];
+
+fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
+    let (k, v) = keys.require("theta", "theta: a finite number > 0")?;
+    let theta = match v.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 => t,
+        _ => return Err(KernelError::bad(k, v, "expected a finite number > 0")),
+    };
+    let rounding = keys.choice(
+        "rounding",
+        ROUNDINGS,
+        Rounding::Stochastic,
+        "expected stochastic or nearest",
+    )?;
+    let bits = keys.bits()?;
+    let delta = delta(bits, rounding);
+    if delta >= 0.5 {
+        return Err(KernelError::bad(
+            keys.get("bits").map(|(k, _)| k).unwrap_or("bits"),
+            &bits.to_string(),
+            format!(
+                "moniqua needs delta < 1/2, and {} rounding with {bits} bit(s) gives delta = \
+                 {delta}; use bits >= 2 or rounding=nearest",
+                name_of(ROUNDINGS, rounding)
+            ),
+        ));
+    }
+    if !b_theta(theta, bits, rounding).is_finite() {
+        return Err(KernelError::bad(
+            k,
+            v,
+            "theta is too large: B_theta overflows",
+        ));
+    }
+    let schedule = keys.choice(
+        "theta_schedule",
+        &[
+            (&["fixed"], ThetaSchedule::Fixed),
+            (&["lr"], ThetaSchedule::Lr),
+            (&["bound"], ThetaSchedule::Bound),
+        ],
+        ThetaSchedule::Fixed,
+        "expected fixed, lr or bound",
+    )?;
+    Ok(Arc::new(MoniquaSpec {
+        theta,
+        bits,
+        rounding,
+        schedule,
+        hash: keys.flag("hash", false)?,
+    }))
+}
+
+impl CodecSpec for MoniquaSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("moniqua", self.rounding == Rounding::Stochastic, true)
+    }
+    fn build(&self, base: CodecInfo, opts: &BuildOptions) -> Result<Body> {
+        if opts.purpose == Purpose::Gradient {
+            return Err(KernelError::Refused {
+                compressor: base.name,
+                why: "moniqua cannot compress gradients for push_pull: it sends values modulo \
+                      B_theta and needs a reference within theta of them on the receiver, \
+                      which only decentralised averaging has: declare the model's parameters \
+                      with exchange = \"gossip\" (and keep another compressor for gradients)"
+                    .into(),
+            });
+        }
+        Ok(Body::Plain(Box::new(Moniqua::new(base, *self))))
+    }
+    fn display_name(&self) -> String {
+        let check = if self.hash { ", hash" } else { "" };
+        let per_lr = match self.schedule {
+            ThetaSchedule::Fixed => "",
+            ThetaSchedule::Lr => " x lr",
+            ThetaSchedule::Bound => " x bound",
+        };
+        format!(
+            "moniqua(theta={}{per_lr}, bits={}, {}{check})",
+            self.theta,
+            self.bits,
+            name_of(ROUNDINGS, self.rounding)
+        )
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("theta", self.theta.to_string());
+        if self.hash {
+            put("hash", "true".to_string());
+        }
+        put("bits", self.bits.to_string());
+        put("rounding", name_of(ROUNDINGS, self.rounding).to_string());
+        match self.schedule {
+            ThetaSchedule::Fixed => {}
+            ThetaSchedule::Lr => put("theta_schedule", "lr".to_string()),
+            ThetaSchedule::Bound => put("theta_schedule", "bound".to_string()),
+        }
+    }
+}
 
 /// Moniqua's rounding (the `rounding` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,14 +291,14 @@ pub fn b_theta(theta: f64, bits: u32, rounding: Rounding) -> f64 {
 }
 
 impl Moniqua {
-    pub fn new(
-        base: CodecInfo,
-        theta: f64,
-        bits: u32,
-        rounding: Rounding,
-        schedule: ThetaSchedule,
-        hash: bool,
-    ) -> Moniqua {
+    pub fn new(base: CodecInfo, spec: MoniquaSpec) -> Moniqua {
+        let MoniquaSpec {
+            theta,
+            bits,
+            rounding,
+            schedule,
+            hash,
+        } = spec;
         let mut m = Moniqua {
             base,
             bits,

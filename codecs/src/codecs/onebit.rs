@@ -5,13 +5,70 @@
 //! Size `4 + 4 * ceil(n / 32)`. Element `i` decodes to `-scale` if its bit is set, else `scale`.
 
 use super::{decode_groups, par_segments_out, prepare, GroupDecoder};
-use crate::chain::{EncodeFed, Fed, Nesterov, Subtract};
+use std::sync::Arc;
+
+use crate::chain::{Body, EncodeFed, Fed, Nesterov, Subtract};
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::elem;
 use crate::elem::REDUCE_BLOCK;
 use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{BuildOptions, CodecSpec, Entry, KeyInfo, Kind};
 use rayon::prelude::*;
+
+/// The registry's `onebit`: `scaling`; or with `columns`, the column-wise variant
+/// ([`super::onebit_col`]).
+pub const ENTRY: Entry = Entry {
+    name: "onebit",
+    keys: &["scaling", "columns"],
+    own_keys: &[
+        KeyInfo {
+            name: "scaling",
+            aliases: &["byteps_compressor_onebit_scaling"],
+            applies_to: "onebit",
+            values: "true, false",
+            default: "false",
+        },
+        KeyInfo {
+            name: "columns",
+            aliases: &[],
+            applies_to: "onebit",
+            values: "a whole number >= 1 that divides the tensor's length: its column count, \
+                     column-major (CNTK's layout: a column is len / columns contiguous elements); \
+                     selects the column-wise variant (two levels per column, chunks cut at column \
+                     boundaries), which requires `ef` (1-bit SGD's residual: vanilla, or none)",
+            default: "absent (one scale for the chunk)",
+        },
+    ],
+    parse: |keys| match keys.get("columns") {
+        Some(columns) => super::onebit_col::parse(keys, columns),
+        None => Ok(Arc::new(OneBitSpec {
+            scaling: keys.flag("scaling", false)?,
+        })),
+    },
+};
+
+/// Onebit's settings: sign bits and one scale per chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneBitSpec {
+    /// Scale = mean |x| (else 1).
+    pub scaling: bool,
+}
+
+impl CodecSpec for OneBitSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("onebit", false, false)
+    }
+    fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
+        Ok(Body::Fused(Box::new(OneBit::new(base, self.scaling))))
+    }
+    fn display_name(&self) -> String {
+        format!("onebit(scaling={})", self.scaling)
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("scaling", self.scaling.to_string());
+    }
+}
 
 /// The onebit compressor.
 pub(crate) struct OneBit {

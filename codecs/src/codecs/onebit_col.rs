@@ -5,8 +5,8 @@
 //! `j` is the `R = ⌈n / C⌉` contiguous elements `j·R .. (j+1)·R` (when `C` does not divide `n`
 //! the last columns are shorter or empty; a cluster never builds such a chunk). In a
 //! cluster, `columns` counts the tensor's columns and the scheduler cuts the tensor at column
-//! boundaries, so each chunk holds whole columns (its own count, [`crate::CompressorSpec::
-//! for_chunk`]) and each column's levels are the same however the tensor is chunked. (Wire
+//! boundaries, so each chunk holds whole columns (its own count, from the tensor's length in
+//! [`crate::spec::BuildOptions::tensor_len`]) and each column's levels are the same however the tensor is chunked. (Wire
 //! format 2: format 1, before protocol 7, read element `i` as column `i % C` of a row-major
 //! chunk, which mixed a tensor's columns up across chunks.) Column `j` has two levels:
 //! `pos_j`, the mean of its non-negative elements, and `neg_j`, the mean of its negative
@@ -18,11 +18,107 @@
 //! Wire format: `min(C, n)` pairs of little-endian f32 `(pos_j, neg_j)`, then a bit stream of
 //! `n` sign bits. Size `8 * min(C, n) + 4 * ceil(n / 32)`.
 
+use std::sync::Arc;
+
 use super::prepare;
+use crate::chain::Body;
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::elem;
 use crate::error::{KernelError, Result};
 use crate::simd::{put_words, stream_bytes};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{BuildOptions, CodecSpec, Keys, Kind};
+
+/// The column-wise variant's settings (`onebit` with `columns`): sign bits and two levels per
+/// column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneBitColumnsSpec {
+    /// Column count: column-major, a column is `len / columns` contiguous elements.
+    pub columns: usize,
+}
+
+/// `onebit` with `columns = (key, value)` (the registry's onebit entry hands it on).
+pub(super) fn parse(keys: &Keys<'_>, (k, v): (&str, &str)) -> Result<Arc<dyn CodecSpec>> {
+    let columns = keys
+        .whole("columns", 1, u32::MAX as u64, "a column count")?
+        .unwrap_or(1) as usize;
+    if let Some((sk, sv)) = keys.get("scaling") {
+        return Err(KernelError::NotApplicable {
+            key: sk.to_string(),
+            value: sv.to_string(),
+            why: format!(
+                "the column-wise onebit variant ({k}={v}) has its own per-column levels; \
+                 remove \"{sk}\""
+            ),
+        });
+    }
+    if keys.get("ef").is_none() {
+        // 1-bit SGD keeps its quantisation residual (CNTK's notes): a map must say whether it
+        // wants it, so that no existing map changes its bits.
+        return Err(KernelError::Missing {
+            key: "ef".to_string(),
+            needed_by: format!(
+                "the column-wise onebit variant ({k}={v}), 1-bit SGD, whose residual is part \
+                 of the method"
+            ),
+            allowed: "byteps_ef_type / byteps_error_feedback_type / ef: vanilla (1-bit SGD's \
+                      residual), corrected, or none (say so to go without it)"
+                .to_string(),
+        });
+    }
+    Ok(Arc::new(OneBitColumnsSpec { columns }))
+}
+
+impl OneBitColumnsSpec {
+    /// The columns of a chunk of `len` elements of a tensor of `tensor_len` (`None`: the chunk
+    /// is the tensor), or why the tensor or the chunk is not whole columns.
+    fn chunk_columns(&self, len: usize, tensor_len: Option<u64>) -> Result<usize, String> {
+        let columns = self.columns;
+        let Some(tensor_len) = tensor_len else {
+            return Ok(columns);
+        };
+        let Some(col) = self.unit(tensor_len) else {
+            return Err(format!(
+                "onebit with columns={columns}: a tensor of {tensor_len} elements is not \
+                 {columns} whole columns (column-major: columns must divide the element count)"
+            ));
+        };
+        if len as u64 % col != 0 {
+            return Err(format!(
+                "onebit with columns={columns}: a chunk of {len} elements does not hold whole \
+                 columns of {col} (the scheduler cuts such tensors at column boundaries)"
+            ));
+        }
+        Ok((len as u64 / col) as usize)
+    }
+}
+
+impl CodecSpec for OneBitColumnsSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("onebit", false, false)
+    }
+    fn build(&self, base: CodecInfo, opts: &BuildOptions) -> Result<Body> {
+        let columns =
+            self.chunk_columns(base.n, opts.tensor_len)
+                .map_err(|why| KernelError::Refused {
+                    compressor: base.name.clone(),
+                    why,
+                })?;
+        Ok(Body::Plain(Box::new(OneBitColumns::new(base, columns))))
+    }
+    fn display_name(&self) -> String {
+        format!("onebit(columns={})", self.columns)
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("columns", self.columns.to_string());
+        // The map must say whether it goes without 1-bit SGD's residual; error feedback, when
+        // the chain has it, replaces this.
+        put("ef", "none".to_string());
+    }
+    fn unit(&self, tensor_len: u64) -> Option<u64> {
+        let c = self.columns as u64;
+        (c > 0 && tensor_len > 0 && tensor_len % c == 0).then(|| tensor_len / c)
+    }
+}
 
 /// The column-wise onebit compressor.
 pub(crate) struct OneBitColumns {

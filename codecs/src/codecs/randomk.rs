@@ -22,12 +22,61 @@
 //! zero).
 
 use super::{prepare, scatter, subtract_at};
-use crate::chain::Subtract;
+use crate::chain::{Body, Subtract};
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::error::{KernelError, Result};
 use crate::rng::{Permutation, Role, Stream};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{BuildOptions, CodecSpec, Entry, KSpec, KeyInfo, Kind};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
+
+/// The registry's `randomk`: `k` (required), `unbiased`.
+pub const ENTRY: Entry = Entry {
+    name: "randomk",
+    keys: &["k", "unbiased"],
+    own_keys: &[KeyInfo {
+        name: "unbiased",
+        aliases: &[],
+        applies_to: "randomk",
+        values: "true, false (true scales the k values by n/k on workers)",
+        default: "false",
+    }],
+    parse: |keys| {
+        Ok(Arc::new(RandomKSpec {
+            k: keys.k(false)?,
+            unbiased: keys.flag("unbiased", false)?,
+        }))
+    },
+};
+
+/// Random-k's settings: k values at indices every node draws alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RandomKSpec {
+    /// k.
+    pub k: KSpec,
+    /// Scale by n/k on workers.
+    pub unbiased: bool,
+}
+
+impl CodecSpec for RandomKSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("randomk", true, false)
+    }
+    fn build(&self, base: CodecInfo, opts: &BuildOptions) -> Result<Body> {
+        let len = base.n;
+        let k = self
+            .k
+            .chunk_k(false, len, opts.full_chunk_len.unwrap_or(len))?;
+        Ok(Body::Sparse(Box::new(RandomK::new(base, k, self.unbiased))))
+    }
+    fn display_name(&self) -> String {
+        format!("randomk(k={}, unbiased={})", self.k, self.unbiased)
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("k", self.k.to_string());
+        put("unbiased", self.unbiased.to_string());
+    }
+}
 
 /// The random-k compressor.
 pub(crate) struct RandomK {

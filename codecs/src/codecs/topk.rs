@@ -19,12 +19,49 @@
 //! little-endian f32 values `x[idx_j]` (unscaled). Size exactly `8k` (k is fixed per chunk, so
 //! there is no header). Decompress writes the values at their indices and zeros elsewhere.
 
+use std::sync::Arc;
+
 use super::{prepare, scatter, subtract_at};
-use crate::chain::Subtract;
+use crate::chain::{Body, Subtract};
+use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, EXP};
-use crate::{Codec, CodecInfo, RoundCtx};
+use crate::spec::{BuildOptions, CodecSpec, Entry, KSpec, Kind};
 use rayon::prelude::*;
+
+/// The registry's `topk`: `k` (required).
+pub const ENTRY: Entry = Entry {
+    name: "topk",
+    keys: &["k"],
+    own_keys: &[],
+    parse: |keys| Ok(Arc::new(TopKSpec { k: keys.k(true)? })),
+};
+
+/// Top-k's settings: the k largest magnitudes of each chunk.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopKSpec {
+    /// k.
+    pub k: KSpec,
+}
+
+impl CodecSpec for TopKSpec {
+    fn kind(&self) -> Kind {
+        Kind::new("topk", false, false)
+    }
+    fn build(&self, base: CodecInfo, opts: &BuildOptions) -> Result<Body> {
+        let len = base.n;
+        let k = self
+            .k
+            .chunk_k(true, len, opts.full_chunk_len.unwrap_or(len))?;
+        Ok(Body::Sparse(Box::new(TopK::new(base, k))))
+    }
+    fn display_name(&self) -> String {
+        format!("topk(k={})", self.k)
+    }
+    fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
+        put("k", self.k.to_string());
+    }
+}
 
 /// The top-k compressor.
 pub(crate) struct TopK {

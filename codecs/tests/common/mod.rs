@@ -98,7 +98,7 @@ pub fn build_as(kv: &[(&str, &str)], n: usize, who: NodeIdentity) -> Compressor 
     let spec = parse_params(&map(kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
     let opts = BuildOptions {
         purpose: Purpose::ModelAveraging,
-        full_chunk_len: None,
+        ..BuildOptions::default()
     };
     build_from_spec(&spec, n, &who, opts).unwrap_or_else(|e| panic!("{kv:?}: {e}"))
 }
@@ -108,7 +108,7 @@ pub fn try_build(kv: &[(&str, &str)], n: usize) -> Option<Compressor> {
     let spec = parse_params(&map(kv)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
     let opts = BuildOptions {
         purpose: Purpose::ModelAveraging,
-        full_chunk_len: None,
+        ..BuildOptions::default()
     };
     build_from_spec(&spec, n, &NodeIdentity::worker(1234, 77, 0), opts).ok()
 }

@@ -107,35 +107,42 @@ impl GpuScheme {
         full_chunk_len: Option<usize>,
         role: Role,
     ) -> Result<Option<GpuScheme>, crate::KernelError> {
-        use crate::{CodecSpec, Encoding, Normalize, Partition};
-        Ok(Some(match spec.codec {
-            CodecSpec::Fp16 => GpuScheme::Fp16,
-            CodecSpec::Bf16 => GpuScheme::Bf16,
-            CodecSpec::OneBit { scaling } => GpuScheme::OneBit { scaling },
-            CodecSpec::MinMax { bits, bucket } => GpuScheme::MinMax { bits, bucket },
-            CodecSpec::Dithering {
-                s,
-                partition,
-                normalize,
-                bucket,
-                encoding: Encoding::Packed,
-            } => GpuScheme::Dithering {
-                levels: s,
-                natural: partition == Partition::Natural,
-                l2: normalize == Normalize::L2,
-                bucket,
-            },
-            CodecSpec::RandomK { unbiased, .. } => {
-                let k = spec
-                    .chunk_k(len, full_chunk_len.unwrap_or(len))?
-                    .unwrap_or(0);
-                GpuScheme::RandomK {
-                    k,
-                    unbiased: unbiased && role == Role::Worker,
-                }
-            }
-            _ => return Ok(None),
-        }))
+        use crate::{
+            Cast, DitheringSpec, Encoding, MinMaxSpec, Normalize, OneBitSpec, Partition,
+            RandomKSpec,
+        };
+        let codec = &*spec.codec;
+        if let Some(cast) = codec.downcast::<Cast>() {
+            return Ok(match cast {
+                Cast::Fp16 => Some(GpuScheme::Fp16),
+                Cast::Bf16 => Some(GpuScheme::Bf16),
+                Cast::None => None,
+            });
+        }
+        if let Some(&OneBitSpec { scaling }) = codec.downcast() {
+            return Ok(Some(GpuScheme::OneBit { scaling }));
+        }
+        if let Some(&MinMaxSpec { bits, bucket }) = codec.downcast() {
+            return Ok(Some(GpuScheme::MinMax { bits, bucket }));
+        }
+        if let Some(d) = codec.downcast::<DitheringSpec>() {
+            return Ok(
+                (d.encoding == Encoding::Packed).then_some(GpuScheme::Dithering {
+                    levels: d.s,
+                    natural: d.partition == Partition::Natural,
+                    l2: d.normalize == Normalize::L2,
+                    bucket: d.bucket,
+                }),
+            );
+        }
+        if let Some(r) = codec.downcast::<RandomKSpec>() {
+            let k = r.k.chunk_k(false, len, full_chunk_len.unwrap_or(len))?;
+            return Ok(Some(GpuScheme::RandomK {
+                k,
+                unbiased: r.unbiased && role == Role::Worker,
+            }));
+        }
+        Ok(None)
     }
 
     /// Code width in bits of the bit-stream encodings (`None` for the others).

@@ -10,7 +10,7 @@ use crate::chunk::{chunk_codec, effective_spec, ChunkInfo};
 use crate::cuda::scheme::num_pieces;
 use crate::cuda::{CudaError, GpuScheme, RoundStreams};
 use crate::error::KernelError;
-use crate::params::{CodecSpec, EfKind};
+use crate::params::EfKind;
 use crate::rng::Role;
 use crate::ChainState;
 
@@ -152,8 +152,8 @@ impl<D: Device> DeviceTensor<D> {
             let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
                 .map_err(|_| format!("chunk of {} elements is too large", info.full_chunk_len))?;
             let role = info.node.role();
-            let scheme = match spec.codec {
-                CodecSpec::None => None,
+            let scheme = match spec.codec.kind().name {
+                "none" => None,
                 _ => match GpuScheme::from_spec(&spec, len, (full != len).then_some(full), role)
                     .map_err(|e| e.to_string())?
                 {
