@@ -29,6 +29,8 @@
 
 use std::collections::BTreeMap;
 
+use pushpull_proto::config::CutRules;
+use pushpull_proto::placement::{PayloadModel, TensorCut};
 use pushpull_proto::protocol::{ChunkPlacement, TensorPlacement};
 use pushpull_proto::Config;
 
@@ -38,7 +40,7 @@ use crate::chain::Compressor;
 use crate::codec::{CodecInfo, NodeIdentity};
 use crate::codecs::cast::{Cast, CastCodec};
 use crate::params::{CompressorSpec, Exchange};
-use crate::registry::{build_codec, build_from_spec, parse_params};
+use crate::registry::{build_from_spec, parse_params};
 use crate::rng::Role;
 use crate::spec::{BuildOptions, Purpose};
 
@@ -265,64 +267,18 @@ fn chunk_spec(
     Ok((spec, len, who, opts))
 }
 
-/// The chunk size, in fp32 bytes, that a tensor of `len` elements with map `params` is cut
-/// at: [`pushpull_proto::placement::cut_bytes`] with its codec's [`payload_bytes`]
-/// (`cluster.partition_bytes`, halved until a chunk carries at most
-/// `cluster.max_chunk_payload_bytes`). The scheduler places with it and the single-process
-/// reference cuts the same way. A map the kernels refuse weighs as fp32 (the servers' factories
-/// refuse it later with a named error).
-pub fn partition_bytes(
-    params: &BTreeMap<String, String>,
-    len: u64,
-    (partition_bytes, max_chunk_payload_bytes, min_compress_bytes): (u64, u64, u64),
-) -> u64 {
-    pushpull_proto::placement::cut_bytes(len, partition_bytes, max_chunk_payload_bytes, |full| {
-        payload_bytes(params, (len, full, full), min_compress_bytes).unwrap_or(4 * full)
-    })
-}
-
-/// The unit, in elements, that a tensor of `len` elements with map `params` is cut in: a
-/// column of a column-wise onebit tensor (every chunk holds whole columns, so each column's
-/// levels are the same however the tensor is chunked), else 1. A map the kernels refuse cuts
-/// in single elements (its codec is refused later, by name).
-pub fn chunk_unit(params: &BTreeMap<String, String>, len: u64, min_compress_bytes: u64) -> u64 {
-    effective_spec(params, len, min_compress_bytes)
-        .ok()
-        .and_then(|s| s.column_len(len))
-        .unwrap_or(1)
-}
-
-/// The largest payload one push of a chunk of `chunk_len` elements carries (its codec's
-/// largest encoding; `4 · chunk_len` for a tensor below `min_compress_bytes`): what the
-/// scheduler balances servers by. `full_chunk_len` is the tensor's longest chunk. Only the
-/// codec is built, which holds nothing of the chunk's length (error feedback and momentum,
-/// which would, do not change the payload).
-pub fn payload_bytes(
-    params: &BTreeMap<String, String>,
-    (tensor_len, chunk_len, full_chunk_len): (u64, u64, u64),
-    min_compress_bytes: u64,
-) -> Result<u64, String> {
-    // A probe of a column-wise tensor's cut may fall between columns: weigh whole ones.
-    let chunk_len = match effective_spec(params, tensor_len, min_compress_bytes)
-        .ok()
-        .and_then(|s| s.column_len(tensor_len))
-    {
-        Some(col) if chunk_len % col != 0 => (chunk_len / col).max(1) * col,
-        _ => chunk_len,
-    };
-    let info = ChunkInfo {
-        params,
-        tensor_len,
-        chunk_len,
-        full_chunk_len,
-        key: 0,
-        job_seed: 0,
-        node: Node::Server { id: 0 },
-        min_compress_bytes,
-    };
-    let (spec, len, who, opts) = chunk_spec(&info)?;
-    let body = build_codec(&spec, len, &who, opts).map_err(|e| e.to_string())?;
-    Ok(Compressor::of(body, None, None).max_compressed_len() as u64)
+/// The cut of a tensor of `len` elements with map `params` under the cluster's `rules`: its
+/// codec's payload model ([`crate::spec::CodecSpec::payload`]; fp32 for a tensor below
+/// `min_compress_bytes`, or a map the codecs refuse, which the servers' factories refuse later
+/// with a named error) and unit (a column of a column-wise onebit tensor, so that each column's
+/// levels are the same however the tensor is chunked; else 1), with the chunk size
+/// [`TensorCut::new`] gives them. The scheduler places with it and the single-process
+/// reference cuts with it.
+pub fn tensor_cut(params: &BTreeMap<String, String>, len: u64, rules: &CutRules) -> TensorCut {
+    let spec = effective_spec(params, len, rules.min_compress_bytes).ok();
+    let unit = spec.as_ref().and_then(|s| s.column_len(len)).unwrap_or(1);
+    let payload = spec.map_or(PayloadModel::FP32, |s| s.codec.payload(len));
+    TensorCut::new(len, rules, unit, payload)
 }
 
 #[cfg(test)]
@@ -370,10 +326,18 @@ mod tests {
         assert!(!chunk_codec(&s).unwrap().name().contains("nesterov"));
     }
 
+    fn rules(partition_bytes: u64, max_chunk_payload_bytes: u64) -> CutRules {
+        CutRules {
+            partition_bytes,
+            max_chunk_payload_bytes,
+            min_compress_bytes: 65_536,
+        }
+    }
+
     #[test]
-    fn partition_bytes_cut_what_travels_wide() {
+    fn the_cut_shrinks_what_travels_wide() {
         let cut = |kv: &[(&str, &str)], len: u64| {
-            partition_bytes(&map(kv), len, (131_072, 32_768, 65_536))
+            tensor_cut(&map(kv), len, &rules(131_072, 32_768)).chunk_bytes
         };
         let n = 1 << 20;
         assert_eq!(cut(&[("compressor", "none")], n), 32_768);
@@ -396,64 +360,85 @@ mod tests {
         // A map the kernels refuse weighs as fp32.
         assert_eq!(cut(&[("compressor", "nonsense")], n), 32_768);
         // A bound at the partition cuts nothing.
-        let off = partition_bytes(&map(&[]), n, (131_072, 131_072, 65_536));
+        let off = tensor_cut(&map(&[]), n, &rules(131_072, 131_072)).chunk_bytes;
         assert_eq!(off, 131_072);
     }
 
+    /// The payload model every compressor states is what its built chain writes at most, for
+    /// full-size chunks and a tensor's shorter last one, and fp32 below `min_compress_bytes`.
     #[test]
-    fn payload_bytes_follow_the_codec_and_min_compress_bytes() {
-        let onebit = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
-        // 32768 elements: onebit's 4-byte scale plus one bit per element.
-        let n = 32768;
-        assert_eq!(payload_bytes(&onebit, (n, n, n), 65536).unwrap(), 4 + n / 8);
-        // A tensor below min_compress_bytes travels as fp32.
-        assert_eq!(
-            payload_bytes(&onebit, (1000, 1000, 1000), 65536).unwrap(),
-            4000
-        );
-        let topk = map(&[("compressor", "topk"), ("k", "0.01")]);
-        let built = chunk_codec(&info(&topk, 20000))
-            .unwrap()
-            .max_compressed_len() as u64;
-        assert_eq!(
-            payload_bytes(&topk, (20000, 20000, 20000), 65536).unwrap(),
-            built
-        );
-        assert!(built < 20000 * 4 / 10, "{built}");
-        // Only the codec is built: the full chain (error feedback, momentum, a shorter last chunk) agrees.
-        for kv in [
+    fn payload_models_are_the_built_chains_sizes() {
+        let maps: &[&[(&str, &str)]] = &[
+            &[("compressor", "none")],
+            &[("compressor", "fp16")],
+            &[("compressor", "bf16"), ("momentum", "nesterov")],
+            &[("compressor", "onebit"), ("ef", "vanilla")],
+            &[("compressor", "onebit"), ("scaling", "true")],
+            &[("compressor", "topk"), ("k", "0.01")],
+            &[("compressor", "topk"), ("k", "100")],
+            &[("compressor", "randomk"), ("k", "0.1"), ("ef", "vanilla")],
+            &[("compressor", "randomk"), ("k", "37")],
+            &[("compressor", "dithering"), ("k", "7")],
             &[
                 ("compressor", "dithering"),
                 ("k", "5"),
                 ("encoding", "elias"),
-            ][..],
+            ],
+            &[
+                ("compressor", "dithering"),
+                ("k", "3"),
+                ("partition", "natural"),
+                ("bucket", "512"),
+            ],
             &[
                 ("compressor", "minmax"),
                 ("bucket", "300"),
                 ("ef", "corrected"),
             ],
-            &[("compressor", "randomk"), ("k", "0.1"), ("ef", "vanilla")],
-            &[("compressor", "bf16"), ("momentum", "nesterov")],
-        ] {
+            &[("compressor", "minmax"), ("bits", "3")],
+            &[
+                ("compressor", "moniqua"),
+                ("theta", "1"),
+                ("exchange", "gossip"),
+            ],
+            &[
+                ("compressor", "moniqua"),
+                ("theta", "1"),
+                ("theta_schedule", "bound"),
+                ("hash", "true"),
+                ("exchange", "gossip"),
+            ],
+        ];
+        let rules = rules(131_072, 32_768);
+        for kv in maps {
             let params = map(kv);
-            let (len, full) = (70_001, 90_000);
-            let chain = chunk_codec(&ChunkInfo {
-                chunk_len: len,
-                full_chunk_len: full,
-                ..info(&params, 250_001)
-            })
-            .unwrap();
-            assert_eq!(
-                payload_bytes(&params, (250_001, len, full), 65536).unwrap(),
-                chain.max_compressed_len() as u64,
-                "{kv:?}"
-            );
+            for tensor_len in [1_000u64, 16_384, 70_001, 250_001] {
+                let cut = tensor_cut(&params, tensor_len, &rules);
+                let ranges: Vec<(u64, u64)> = cut.ranges(tensor_len).collect();
+                let full = ranges[0].1;
+                for &(_, len) in [ranges[0], ranges[ranges.len() - 1]].iter() {
+                    let chain = chunk_codec(&ChunkInfo {
+                        chunk_len: len,
+                        full_chunk_len: full,
+                        ..info(&params, tensor_len)
+                    })
+                    .unwrap();
+                    assert_eq!(
+                        cut.payload.bytes(len, full),
+                        chain.max_compressed_len() as u64,
+                        "{kv:?}: a chunk of {len} of a tensor of {tensor_len}"
+                    );
+                }
+            }
         }
+        let onebit = map(&[("compressor", "onebit"), ("ef", "vanilla")]);
+        let below = tensor_cut(&onebit, 1000, &rules).payload;
+        assert_eq!(below.bytes(1000, 1000), 4000);
     }
 
     /// Column-wise onebit: `columns` counts the tensor's columns; a chunk of whole columns
-    /// gets its own count, a chunk between columns is refused by name, and the payload of a
-    /// probe between columns weighs whole ones.
+    /// gets its own count, a chunk between columns is refused by name, and a trial cut between
+    /// columns weighs whole ones.
     #[test]
     fn column_wise_chunks_hold_whole_columns() {
         let params = map(&[
@@ -463,8 +448,12 @@ mod tests {
             ("momentum", "nesterov"),
         ]);
         // 7 columns of 10,000; a chunk of 2 columns: 2 pairs of levels and 20,000 bits.
-        assert_eq!(chunk_unit(&params, 70_000, 65536), 10_000);
-        assert_eq!(chunk_unit(&params, 70_001, 65536), 1);
+        let cut = tensor_cut(&params, 70_000, &rules(4 * 25_000, 2 * 8 + 20_000 / 8));
+        assert_eq!(cut.unit, 10_000);
+        assert_eq!(
+            tensor_cut(&params, 70_001, &rules(4 * 25_000, 1 << 20)).unit,
+            1
+        );
         let chain = chunk_codec(&ChunkInfo {
             chunk_len: 20_000,
             full_chunk_len: 30_000,
@@ -473,13 +462,12 @@ mod tests {
         .unwrap();
         assert_eq!(chain.max_compressed_len(), 2 * 8 + 20_000 / 8);
         assert_eq!(
-            payload_bytes(&params, (70_000, 20_000, 30_000), 65536).unwrap(),
+            cut.payload.bytes(20_000, 30_000),
             chain.max_compressed_len() as u64
         );
-        assert_eq!(
-            payload_bytes(&params, (70_000, 25_000, 30_000), 65536).unwrap(),
-            chain.max_compressed_len() as u64
-        );
+        // A trial cut of 2.5 columns weighs the 2 whole ones its chunks would hold: that fits
+        // the bound, so the partition is kept (3 columns' worth would not fit).
+        assert_eq!(cut.chunk_bytes, 4 * 25_000);
         let e = chunk_codec(&ChunkInfo {
             chunk_len: 25_000,
             full_chunk_len: 30_000,

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use pushpull_proto::placement::{Kept, KeptCount, PayloadModel};
+
 use crate::chain::Body;
 use crate::codec::CodecInfo;
 use crate::error::{KernelError, Result};
@@ -75,6 +77,11 @@ pub trait CodecSpec: SpecEq + fmt::Debug + Send + Sync {
     /// refuses, naming why, settings the chunk cannot take (a count `k` above the chunk) or a
     /// purpose it cannot serve.
     fn build(&self, base: CodecInfo, opts: &BuildOptions) -> Result<Body>;
+    /// What a push of one of its chunks carries, as a function of the chunk's length, for a
+    /// tensor of `tensor_len` elements: what the placement cuts and weighs chunks by
+    /// (`pushpull_proto::placement::TensorCut`). Equals the built codec's
+    /// [`CodecInfo::max_payload`] for every chunk the placement cuts.
+    fn payload(&self, tensor_len: u64) -> PayloadModel;
     /// The elements of the unit a tensor of `tensor_len` elements is cut in (column-wise
     /// onebit: one column), when it is not single elements.
     fn unit(&self, _tensor_len: u64) -> Option<u64> {
@@ -185,36 +192,35 @@ impl KSpec {
     ///
     /// The result never exceeds `max(1, len / 2)` for topk or `len` for randomk.
     pub fn chunk_k(self, topk: bool, len: usize, full_len: usize) -> Result<usize> {
-        let full_len = full_len.max(len);
-        let limit = |l: usize| if topk { (l / 2).max(l.min(1)) } else { l };
-        let kk = match self {
-            KSpec::Fraction(f) => {
-                if len == 0 {
-                    0
+        let kept = self.kept(topk, 0);
+        let full_len = full_len.max(len) as u64;
+        if let KSpec::Count(c) = self {
+            let lim = kept.limit(full_len);
+            if c > lim {
+                let what = if topk {
+                    format!(
+                        "topk keeps at most half the chunk: k <= {lim} for chunks of {full_len} elements"
+                    )
                 } else {
-                    ((f * len as f64).floor() as usize).max(1)
-                }
+                    format!("randomk needs k <= {lim}, the chunk length")
+                };
+                return Err(KernelError::bad("k", &c.to_string(), what));
             }
-            KSpec::Count(c) => {
-                let lim = limit(full_len) as u64;
-                if c > lim {
-                    let what = if topk {
-                        format!(
-                            "topk keeps at most half the chunk: k <= {lim} for chunks of {full_len} elements"
-                        )
-                    } else {
-                        format!("randomk needs k <= {lim}, the chunk length")
-                    };
-                    return Err(KernelError::bad("k", &c.to_string(), what));
-                }
-                if len == full_len {
-                    c as usize
-                } else {
-                    ((c as u128 * len as u128).div_ceil(full_len as u128)) as usize
-                }
-            }
-        };
-        Ok(kk.min(limit(len)))
+        }
+        Ok(kept.of(len as u64, full_len) as usize)
+    }
+
+    /// As the placement's model of kept elements, `bytes` each (`topk`: at most half the
+    /// chunk).
+    pub fn kept(self, topk: bool, bytes: u64) -> Kept {
+        Kept {
+            bytes,
+            count: match self {
+                KSpec::Fraction(f) => KeptCount::Fraction(f),
+                KSpec::Count(c) => KeptCount::Count(c),
+            },
+            at_most_half: topk,
+        }
     }
 }
 

@@ -154,7 +154,7 @@ pub struct ClusterConfig {
     /// quarter of `partition_bytes`, at least 1024; 32768 at the default partition). A tensor
     /// whose codec would send more per `partition_bytes` chunk (fp32 tensors, those below
     /// `min_compress_bytes`, fp16 and bf16) gets chunks of `partition_bytes` halved until one
-    /// fits (`pushpull_proto::placement::cut_bytes`); compressed chunks are far smaller and
+    /// fits (`pushpull_proto::placement::TensorCut`); compressed chunks are far smaller and
     /// keep `partition_bytes`. A chunk's sum leaves its server only once every worker's copy
     /// has arrived, so on a slow link results start, and trail the pushes, about one chunk per
     /// worker late: at 10 Mbit/s 128 KiB of fp32 is 0.1 s per copy (BENCHMARKS.md, "Chunk
@@ -218,21 +218,34 @@ pub struct ClusterConfig {
     pub force_distributed: bool,
 }
 
+/// The cluster file's rules for cutting tensors into chunks ([`ClusterConfig::cut`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutRules {
+    /// `cluster.partition_bytes`: the fp32 bytes of a chunk at most.
+    pub partition_bytes: u64,
+    /// `cluster.max_chunk_payload_bytes`: the bytes one chunk carries on the wire at most (a
+    /// chunk whose payload would be larger is cut finer).
+    pub max_chunk_payload_bytes: u64,
+    /// `cluster.min_compress_bytes`: tensors below it travel as fp32.
+    pub min_compress_bytes: u64,
+}
+
 impl ClusterConfig {
-    /// The chunk sizes tensors are cut at, `(partition_bytes, payload bound)`: the file's
-    /// ([`ClusterConfig::chunk_payload_bound`]), except in a job that reduces on its one host
-    /// without servers ([`ClusterConfig::uses_servers`] false), whose chunks only order the
-    /// members' turns: there at least [`LOCAL_PARTITION_BYTES`] each (BytePS's default
-    /// partition), so fewer chunks cost fewer notes between the members.
-    pub fn cut(&self) -> (u64, u64) {
-        let (part, bound) = (self.partition_bytes, self.chunk_payload_bound());
-        if self.uses_servers() {
-            (part, bound)
+    /// The rules tensors are cut by: the file's `partition_bytes`, payload bound
+    /// ([`ClusterConfig::chunk_payload_bound`]) and `min_compress_bytes`, except in a job that
+    /// reduces on its one host without servers ([`ClusterConfig::uses_servers`] false), whose
+    /// chunks only order the members' turns: there at least [`LOCAL_PARTITION_BYTES`] each
+    /// (BytePS's default partition), so fewer chunks cost fewer notes between the members.
+    pub fn cut(&self) -> CutRules {
+        let floor = if self.uses_servers() {
+            0
         } else {
-            (
-                part.max(LOCAL_PARTITION_BYTES),
-                bound.max(LOCAL_PARTITION_BYTES),
-            )
+            LOCAL_PARTITION_BYTES
+        };
+        CutRules {
+            partition_bytes: self.partition_bytes.max(floor),
+            max_chunk_payload_bytes: self.chunk_payload_bound().max(floor),
+            min_compress_bytes: self.min_compress_bytes,
         }
     }
 

@@ -11,7 +11,7 @@
 //! | [`checkpoint`] | the compressor state a checkpoint carries: a chain's ([`checkpoint::ChainState`]) and a server key's ([`checkpoint::KeyState`]), which travels in the state frames |
 //! | [`config`] | the TOML cluster file ([`config::Config`]), validation with errors that name the key, the digest of settings that must agree across nodes |
 //! | [`protocol`] | control messages (node ↔ scheduler, bincode 2) and the fixed 40-byte data-frame header (worker ↔ server), with the rules that keep stream credit from running out |
-//! | [`placement`] | pure arithmetic: equal-size chunks, each tensor's cut ([`placement::cut_bytes`]: fp32 and fp16 tensors finer), keys from names, least-loaded-by-bytes placement (balanced within each parameter map); [`placement::mix64`] |
+//! | [`placement`] | pure arithmetic: equal-size chunks, each tensor's cut ([`placement::TensorCut`], from the rules of [`config::CutRules`] and its codec's [`placement::PayloadModel`]: fp32 and fp16 tensors finer), keys from names, least-loaded-by-bytes placement (balanced within each parameter map); [`placement::mix64`] |
 //! | [`sendq`] | [`sendq::SendQueue`]: the order data frames leave a node (priority, FIFO within one, a byte window freed on delivery) and [`sendq::DeliveryRate`] (the delivery rate that sizes the window), as pure state machines |
 //! | [`session`] | [`session::Session`]: a node's session with the scheduler (`Register`, heartbeats, silence, `Welcome`, `NodeLost`, `Shutdown`), shared by servers and workers |
 //! | [`gossip`] | [`gossip::Mixing`]: the mixing matrix of a decentralised (gossip) exchange, checked (symmetric, doubly stochastic, spectral gap below 1) |

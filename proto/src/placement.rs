@@ -4,7 +4,8 @@
 //!   size: the first `len % n` chunks have one element more than the rest
 //!   ([`chunk_ranges`]). Offsets and lengths are u64, so tensors beyond 4 GiB work.
 //! * `partition_bytes` is each tensor's own: the cluster's, halved for tensors whose chunks
-//!   would carry more than `cluster.max_chunk_payload_bytes` on the wire ([`cut_bytes`]).
+//!   would carry more than `cluster.max_chunk_payload_bytes` on the wire ([`TensorCut`], with
+//!   what each compressor states its payload weighs, [`PayloadModel`]).
 //! * A chunk's key is derived from the tensor's *name* and the chunk index ([`chunk_key`]),
 //!   never from a declaration counter, so workers may declare in any order.
 //! * The scheduler assigns each chunk to the server with the fewest bytes so far among the
@@ -13,6 +14,10 @@
 //! * With local groups (`cluster.local_size` G > 1), one member of each host owns a chunk: it
 //!   compresses the host's sum, pushes it and shares the result ([`chunk_owner`]: the key
 //!   modulo G, so owners spread evenly whatever the tensors' sizes).
+
+mod cut;
+
+pub use cut::{CutRules, Kept, KeptCount, PayloadModel, TensorCut};
 
 use crate::config::ParamMap;
 use crate::protocol::{ChunkPlacement, TensorPlacement};
@@ -91,40 +96,8 @@ pub fn chunk_ranges_in(
     }))
 }
 
-/// The longest chunk of a tensor of `len` elements cut at `partition_bytes` (its first; 0 for
-/// an empty tensor).
-pub fn longest_chunk(len: u64, partition_bytes: u64) -> u64 {
-    chunk_ranges(len, partition_bytes)
-        .next()
-        .map_or(0, |(_, l)| l)
-}
-
-/// The chunk size, in fp32 bytes, that a tensor of `len` elements is cut at: `partition_bytes`,
-/// halved (in whole elements) until one chunk's payload is at most `max_payload` bytes.
-/// `payload(chunk_len)` is what a push of the tensor's longest chunk, of `chunk_len` elements,
-/// carries (its codec's largest encoding). Compressed chunks are small and keep
-/// `partition_bytes`; a tensor sent as fp32 or fp16 gets chunks of about `max_payload` bytes on
-/// the wire, because a server can send a chunk's sum only once every worker's copy of it has
-/// arrived, so on a slow link the round's first results wait, and its last ones trail, about
-/// one chunk per worker (BENCHMARKS.md, "Chunk size"). Never below one element.
-pub fn cut_bytes(
-    len: u64,
-    partition_bytes: u64,
-    max_payload: u64,
-    mut payload: impl FnMut(u64) -> u64,
-) -> u64 {
-    let mut elems = (partition_bytes / 4).max(1);
-    loop {
-        let full = longest_chunk(len, elems * 4);
-        if full <= 1 || elems <= 1 || payload(full) <= max_payload {
-            return elems * 4;
-        }
-        elems /= 2;
-    }
-}
-
 /// Assigns chunks to servers, least-loaded by bytes first: by default fp32 bytes, or with
-/// [`Placer::place_cut`] the bytes each chunk really carries (its payload).
+/// [`Placer::place_cut`] the bytes each chunk really carries (its payload model's).
 ///
 /// The load that decides is that of the tensors declared with the same parameter map (ties:
 /// the load of all tensors, then the lowest id). Tensors with one map are exchanged together
@@ -161,37 +134,35 @@ impl Placer {
     /// weighing each chunk by its fp32 bytes. The placement's priority is 0; the scheduler sets
     /// the agreed one.
     pub fn place(&mut self, name: &str, len: u64, params: ParamMap) -> TensorPlacement {
-        let partition_bytes = self.partition_bytes;
-        self.place_cut(name, len, (partition_bytes, 1), params, |chunk_len| {
-            chunk_len * 4
-        })
+        let cut = TensorCut::fp32(self.partition_bytes);
+        self.place_cut(name, len, &cut, params)
     }
 
-    /// [`Placer::place`] with the tensor's own chunk size, `partition_bytes` (its cut,
-    /// [`cut_bytes`]) in whole `unit`s of elements ([`chunk_ranges_in`]), weighing each chunk
-    /// by `bytes(chunk_len)`: e.g. the payload its codec sends, so that servers carry equal
+    /// [`Placer::place`] with the tensor's own cut ([`TensorCut`]: its chunk size, in whole
+    /// units), weighing each chunk by the payload its codec sends, so that servers carry equal
     /// traffic when some tensors are compressed and others (below `min_compress_bytes`) are
     /// not.
     pub fn place_cut(
         &mut self,
         name: &str,
         len: u64,
-        (partition_bytes, unit): (u64, u64),
+        cut: &TensorCut,
         params: ParamMap,
-        mut bytes: impl FnMut(u64) -> u64,
     ) -> TensorPlacement {
         let servers = self.load_bytes.len();
         let map_bytes = self
             .map_bytes
             .entry(params.clone())
             .or_insert_with(|| vec![0; servers]);
-        let chunks = chunk_ranges_in(len, partition_bytes, unit)
+        let full = cut.ranges(len).next().map_or(0, |(_, l)| l);
+        let chunks = cut
+            .ranges(len)
             .enumerate()
             .map(|(i, (offset, clen))| {
                 let server = (0..servers)
                     .min_by_key(|&id| (map_bytes[id], self.load_bytes[id], id))
                     .unwrap_or(0);
-                let w = bytes(clen);
+                let w = cut.payload.bytes(clen, full);
                 if let Some(load) = self.load_bytes.get_mut(server) {
                     *load += w;
                     map_bytes[server] += w;
@@ -297,34 +268,6 @@ mod tests {
         // A new map starts where the total is lighter (server 1, the tie-break).
         let fp16: ParamMap = [("compressor".to_string(), "fp16".to_string())].into();
         assert_eq!(placer.place("x", 10, fp16).chunks[0].server, 1);
-    }
-
-    #[test]
-    fn cut_halves_until_the_payload_fits() {
-        let fp32 = |l: u64| 4 * l;
-        // Raw fp32: 128 KiB -> 32 KiB chunks under a 32 KiB payload bound.
-        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, fp32), 32_768);
-        // A payload already within the bound keeps the partition (onebit-like: 1/32 + 4 bytes).
-        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| l / 8 + 4), 131_072);
-        // fp16-like: 2 bytes per element -> 64 KiB of fp32 per chunk.
-        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| 2 * l), 65_536);
-        // A header over the bound halves once more: whole halvings, no odd sizes.
-        assert_eq!(cut_bytes(1 << 20, 131_072, 32_768, |l| l + 512), 65_536);
-        // A small tensor is cut only as far as its own chunks need: 10,000 fp32 elements
-        // (40 kB) in two chunks of 5,000.
-        let part = cut_bytes(10_000, 131_072, 32_768, fp32);
-        assert_eq!(chunk_ranges(10_000, part).count(), 2);
-        // Never below one element, whatever the bound; odd partitions stay multiples of 4.
-        assert_eq!(cut_bytes(1 << 20, 131_072, 0, fp32), 4);
-        for (p, m) in [(131_076u64, 1_000u64), (12, 5), (4, 1)] {
-            let c = cut_bytes(1 << 16, p, m, fp32);
-            assert!(c % 4 == 0 && c >= 4 && c <= p, "{p} {m}: {c}");
-        }
-        // Every chunk of the cut respects the bound when the payload is proportional.
-        for len in [1u64, 7, 8_193, 100_000, 3_000_001] {
-            let part = cut_bytes(len, 131_072, 32_768, fp32);
-            assert!(chunk_ranges(len, part).all(|(_, l)| 4 * l <= 32_768 || l == 1));
-        }
     }
 
     #[test]

@@ -57,7 +57,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pushpull_proto::config::{ClusterDigest, Config, ParamMap};
+use pushpull_proto::config::{ClusterDigest, Config, CutRules, ParamMap};
 use pushpull_proto::grant::PeerGrant;
 use pushpull_proto::placement::{num_chunks, Placer};
 use pushpull_proto::protocol::{
@@ -165,12 +165,10 @@ pub struct StateConfig {
     pub num_workers: u32,
     /// `cluster.num_servers`.
     pub num_servers: u32,
-    /// `cluster.partition_bytes`.
-    pub partition_bytes: u64,
-    /// `cluster.max_chunk_payload_bytes`: tensors with larger chunks are cut finer.
-    pub max_chunk_payload_bytes: u64,
-    /// `cluster.min_compress_bytes` (smaller tensors travel as fp32: placement weighs them so).
-    pub min_compress_bytes: u64,
+    /// How tensors are cut (`cluster.partition_bytes`, `cluster.max_chunk_payload_bytes`:
+    /// tensors with larger chunks are cut finer; `cluster.min_compress_bytes`: smaller tensors
+    /// travel as fp32, and placement weighs them so).
+    pub cut: CutRules,
     /// How often the scheduler sends heartbeats.
     pub heartbeat_interval: Duration,
     /// Silence after which a node is lost.
@@ -188,9 +186,7 @@ impl StateConfig {
             digest: config.digest(),
             num_workers: config.cluster.num_workers,
             num_servers: config.cluster.num_servers,
-            partition_bytes: config.cluster.cut().0,
-            max_chunk_payload_bytes: config.cluster.cut().1,
-            min_compress_bytes: config.cluster.min_compress_bytes,
+            cut: config.cluster.cut(),
             heartbeat_interval: config.heartbeat_interval(),
             heartbeat_timeout: config.heartbeat_timeout(),
             rendezvous_timeout: config.rendezvous_timeout(),
@@ -307,7 +303,7 @@ impl SchedulerState {
     /// A scheduler with no connections; `now` starts the heartbeat clock (the first
     /// scheduler heartbeats go out at the first [`Event::Tick`] at or after `now`).
     pub fn new(cfg: StateConfig, now: Instant) -> SchedulerState {
-        let placer = Placer::new(cfg.num_servers, cfg.partition_bytes);
+        let placer = Placer::new(cfg.num_servers, cfg.cut.partition_bytes);
         let rendezvous_deadline = now + cfg.rendezvous_timeout;
         SchedulerState {
             cfg,

@@ -97,16 +97,9 @@ impl Reference {
     pub fn declare(&mut self, name: &str, len: u64, params: ParamMap) -> Result<RefTensor, String> {
         let mut merged = self.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, &params);
-        let c = &self.config.cluster;
-        let (partition, bound) = c.cut();
-        let part = pushpull_kernels::chunk::partition_bytes(
-            &merged,
-            len,
-            (partition, bound, c.min_compress_bytes),
-        );
-        // Cut in whole columns for column-wise onebit, as the scheduler does.
-        let unit = pushpull_kernels::chunk::chunk_unit(&merged, len, c.min_compress_bytes);
-        let placement = Placer::new(1, part).place_cut(name, len, (part, unit), merged, |l| l * 4);
+        // Cut as the scheduler cuts.
+        let cut = pushpull_kernels::chunk::tensor_cut(&merged, len, &self.config.cluster.cut());
+        let placement = Placer::new(1, cut.chunk_bytes).place_cut(name, len, &cut, merged);
         // The same factory and context as a worker's declare and a server's placement.
         let build = |node: Node| -> Result<Vec<Compressor>, String> {
             (0..placement.chunks.len())

@@ -13,6 +13,7 @@ use crate::elem;
 use crate::error::Result;
 use crate::simd::{load_u16, multiversion, store_u16, store_u32, EXP};
 use crate::spec::{BuildOptions, CodecSpec, Entry, Keys, Kind};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
 
 /// The registry's `none`: fp32 as is.
@@ -41,6 +42,13 @@ impl CodecSpec for Cast {
     }
     fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
         Ok(Body::Plain(Box::new(CastCodec::new(base, *self))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        let per_element = if *self == Cast::None { 4 } else { 2 };
+        PayloadModel {
+            per_element,
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         self.kind().name.into()

@@ -54,6 +54,7 @@ use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::spec::{name_of, BuildOptions, CodecSpec, Entry, KeyInfo, Keys, Kind, Spellings};
 use crate::stats::{bucket_max_abs, bucket_sums, Buckets};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
 
 /// The registry's `dithering`: `k` (the levels s, required), `partition`, `normalize`,
@@ -199,6 +200,20 @@ impl CodecSpec for DitheringSpec {
     }
     fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
         Ok(Body::Plain(Box::new(Dithering::new(base, *self))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        let (header, stream_bits) = match self.encoding {
+            Encoding::Packed => (0, packed_width(self.s)),
+            // The bound: the count, and at most 3 + 2·⌊log2 s⌋ bits per element.
+            Encoding::Elias => (4, 3 + 2 * (31 - self.s.leading_zeros())),
+        };
+        PayloadModel {
+            header,
+            per_bucket: 4,
+            bucket: self.bucket.map(|b| b as u64),
+            stream_bits: u64::from(stream_bits),
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         let b = self

@@ -30,6 +30,7 @@ use crate::rng::Stream;
 use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::spec::{BuildOptions, CodecSpec, Entry, Kind};
 use crate::stats::{bucket_min_max, Buckets};
+use pushpull_proto::placement::PayloadModel;
 
 /// The registry's `minmax`: `bits`, `bucket`.
 pub const ENTRY: Entry = Entry {
@@ -63,6 +64,14 @@ impl CodecSpec for MinMaxSpec {
             self.bits,
             self.bucket,
         ))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        PayloadModel {
+            per_bucket: 8,
+            bucket: self.bucket.map(|b| b as u64),
+            stream_bits: u64::from(self.bits),
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         let b = self

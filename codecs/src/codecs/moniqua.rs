@@ -52,6 +52,7 @@ use crate::simd::{multiversion, stream_bytes, with_width};
 use crate::spec::{
     name_of, BuildOptions, CodecSpec, Entry, KeyInfo, Keys, Kind, Purpose, Spellings,
 };
+use pushpull_proto::placement::PayloadModel;
 
 /// The registry's `moniqua`: `theta` (required), `bits`, `rounding`, `theta_schedule`, `hash`.
 pub const ENTRY: Entry = Entry {
@@ -183,6 +184,18 @@ impl CodecSpec for MoniquaSpec {
             });
         }
         Ok(Body::Plain(Box::new(Moniqua::new(base, *self))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        let bound = if self.schedule == ThetaSchedule::Bound {
+            8
+        } else {
+            0
+        };
+        PayloadModel {
+            header: bound + if self.hash { 8 } else { 0 },
+            stream_bits: u64::from(self.bits),
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         let check = if self.hash { ", hash" } else { "" };

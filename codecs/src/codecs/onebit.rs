@@ -14,6 +14,7 @@ use crate::elem::REDUCE_BLOCK;
 use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, store_u32, stream_bytes, EXP};
 use crate::spec::{BuildOptions, CodecSpec, Entry, KeyInfo, Kind};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
 
 /// The registry's `onebit`: `scaling`; or with `columns`, the column-wise variant
@@ -61,6 +62,13 @@ impl CodecSpec for OneBitSpec {
     }
     fn build(&self, base: CodecInfo, _: &BuildOptions) -> Result<Body> {
         Ok(Body::Fused(Box::new(OneBit::new(base, self.scaling))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        PayloadModel {
+            header: 4,
+            stream_bits: 1,
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         format!("onebit(scaling={})", self.scaling)

@@ -27,6 +27,7 @@ use crate::elem;
 use crate::error::{KernelError, Result};
 use crate::simd::{put_words, stream_bytes};
 use crate::spec::{BuildOptions, CodecSpec, Keys, Kind};
+use pushpull_proto::placement::PayloadModel;
 
 /// The column-wise variant's settings (`onebit` with `columns`): sign bits and two levels per
 /// column.
@@ -104,6 +105,19 @@ impl CodecSpec for OneBitColumnsSpec {
                     why,
                 })?;
         Ok(Body::Plain(Box::new(OneBitColumns::new(base, columns))))
+    }
+    fn payload(&self, tensor_len: u64) -> PayloadModel {
+        // A tensor that is not whole columns is refused when built; until then it weighs as
+        // fp32.
+        match self.unit(tensor_len) {
+            Some(column) => PayloadModel {
+                per_bucket: 8,
+                bucket: Some(column),
+                stream_bits: 1,
+                ..PayloadModel::default()
+            },
+            None => PayloadModel::FP32,
+        }
     }
     fn display_name(&self) -> String {
         format!("onebit(columns={})", self.columns)

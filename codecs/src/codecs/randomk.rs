@@ -27,6 +27,7 @@ use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::error::{KernelError, Result};
 use crate::rng::{Permutation, Role, Stream};
 use crate::spec::{BuildOptions, CodecSpec, Entry, KSpec, KeyInfo, Kind};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -68,6 +69,12 @@ impl CodecSpec for RandomKSpec {
             .k
             .chunk_k(false, len, opts.full_chunk_len.unwrap_or(len))?;
         Ok(Body::Sparse(Box::new(RandomK::new(base, k, self.unbiased))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        PayloadModel {
+            kept: Some(self.k.kept(false, 4)),
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         format!("randomk(k={}, unbiased={})", self.k, self.unbiased)

@@ -27,6 +27,7 @@ use crate::codec::{Codec, CodecInfo, RoundCtx};
 use crate::error::{KernelError, Result};
 use crate::simd::{multiversion, EXP};
 use crate::spec::{BuildOptions, CodecSpec, Entry, KSpec, Kind};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
 
 /// The registry's `topk`: `k` (required).
@@ -54,6 +55,12 @@ impl CodecSpec for TopKSpec {
             .k
             .chunk_k(true, len, opts.full_chunk_len.unwrap_or(len))?;
         Ok(Body::Sparse(Box::new(TopK::new(base, k))))
+    }
+    fn payload(&self, _: u64) -> PayloadModel {
+        PayloadModel {
+            kept: Some(self.k.kept(true, 8)),
+            ..PayloadModel::default()
+        }
     }
     fn display_name(&self) -> String {
         format!("topk(k={})", self.k)

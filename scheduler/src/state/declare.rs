@@ -2,8 +2,7 @@
 //! collecting the servers' acknowledgements (step 2 in the [parent module](super)).
 
 use super::*;
-use pushpull_codecs::chunk::{chunk_unit, partition_bytes, payload_bytes};
-use pushpull_proto::placement::chunk_ranges_in;
+use pushpull_codecs::chunk::tensor_cut;
 
 impl SchedulerState {
     pub(super) fn on_declare(&mut self, rank: u32, name: String, decl: Decl) {
@@ -118,18 +117,10 @@ impl SchedulerState {
             params,
             priority,
         } = decl0.clone();
-        let min_compress = self.cfg.min_compress_bytes;
         // fp32 and fp16 tensors are cut finer than `partition_bytes`, compressed ones are not
-        // (`cluster.max_chunk_payload_bytes`).
-        let part = partition_bytes(
-            &params,
-            len,
-            (
-                self.cfg.partition_bytes,
-                self.cfg.max_chunk_payload_bytes,
-                min_compress,
-            ),
-        );
+        // (`cluster.max_chunk_payload_bytes`); column-wise tensors at column boundaries.
+        let cut = tensor_cut(&params, len, &self.cfg.cut);
+        let part = cut.chunk_bytes;
         let chunks = num_chunks(len, part);
         if chunks > MAX_CHUNKS_PER_TENSOR {
             let msg = format!(
@@ -146,26 +137,9 @@ impl SchedulerState {
         }
         // Servers are balanced by the bytes each chunk really carries: with compression, a
         // tensor below `min_compress_bytes` (raw fp32) weighs up to 32 times more per element
-        // than its compressed neighbours. Chunks have at most two lengths: one codec each.
-        // Column-wise tensors are cut at column boundaries (every chunk whole columns).
-        let unit = chunk_unit(&params, len, min_compress);
-        let full = chunk_ranges_in(len, part, unit)
-            .next()
-            .map_or(0, |(_, l)| l);
-        let mut weights: Vec<(u64, u64)> = Vec::new();
-        let weigh = |chunk_len: u64| -> u64 {
-            if let Some(&(_, w)) = weights.iter().find(|(l, _)| *l == chunk_len) {
-                return w;
-            }
-            // A map the kernels refuse is refused by the servers' factories with a named
-            // error; until then it weighs as fp32.
-            let w = payload_bytes(&params, (len, chunk_len, full), min_compress)
-                .unwrap_or(chunk_len * 4);
-            weights.push((chunk_len, w));
-            w
-        };
+        // than its compressed neighbours.
         let mut trial = self.placer.clone();
-        let mut placement = trial.place_cut(&name, len, (part, unit), params.clone(), weigh);
+        let mut placement = trial.place_cut(&name, len, &cut, params.clone());
         // The default: declaration order, earliest first.
         placement.priority = priority.unwrap_or_else(|| {
             i32::try_from(self.placed_count)
