@@ -10,7 +10,7 @@ use super::{all_keys, find_key, lookup, COMPRESSORS};
 use crate::chain::EfKind;
 use crate::error::{KernelError, Result};
 use crate::params::{CompressorSpec, Exchange, IntraCodec};
-use crate::spec::Keys;
+use crate::spec::{Keys, Spellings};
 
 /// Whether a tensor with map `params` is gossiped (`exchange = "gossip"`); a map the codecs
 /// refuse is not (its codec's factory names what is wrong).
@@ -38,6 +38,26 @@ const GENERAL: [&str; 7] = [
     "seed",
     "intra_compressor",
     "exchange",
+];
+
+/// The spellings of error feedback (`ef`).
+const EFS: Spellings<Option<EfKind>> = &[
+    (&["none"], None),
+    (&["vanilla"], Some(EfKind::Vanilla)),
+    (&["corrected"], Some(EfKind::Corrected)),
+];
+/// The spellings of `momentum`.
+const MOMENTA: Spellings<bool> = &[(&["none"], false), (&["nesterov"], true)];
+/// The spellings of `intra_compressor`.
+const INTRAS: Spellings<IntraCodec> = &[
+    (&["none"], IntraCodec::None),
+    (&["fp16"], IntraCodec::Fp16),
+    (&["bf16"], IntraCodec::Bf16),
+];
+/// The spellings of `exchange`.
+const EXCHANGES: Spellings<Exchange> = &[
+    (&["push_pull"], Exchange::PushPull),
+    (&["gossip"], Exchange::Gossip),
 ];
 
 /// Parses and validates a parameter map (see the crate docs for the table of keys).
@@ -100,24 +120,8 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
         });
     }
     // 3. Decorators and seed.
-    let ef = match r.get("ef") {
-        None => None,
-        Some((_, "none")) => None,
-        Some((_, "vanilla")) => Some(EfKind::Vanilla),
-        Some((_, "corrected")) => Some(EfKind::Corrected),
-        Some((k, v)) => {
-            return Err(KernelError::bad(
-                k,
-                v,
-                "expected none, vanilla or corrected",
-            ))
-        }
-    };
-    let momentum = match r.get("momentum") {
-        None | Some((_, "none")) => false,
-        Some((_, "nesterov")) => true,
-        Some((k, v)) => return Err(KernelError::bad(k, v, "expected none or nesterov")),
-    };
+    let ef = r.choice("ef", EFS, None, "expected none, vanilla or corrected")?;
+    let momentum = r.choice("momentum", MOMENTA, false, "expected none or nesterov")?;
     let momentum_mu = match (momentum, r.get("mu")) {
         (false, None) => None,
         (false, Some((k, v))) => {
@@ -137,12 +141,12 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
             Some(mu)
         }
     };
-    let intra = match r.get("intra_compressor") {
-        None | Some((_, "none")) => IntraCodec::None,
-        Some((_, "fp16")) => IntraCodec::Fp16,
-        Some((_, "bf16")) => IntraCodec::Bf16,
-        Some((k, v)) => return Err(KernelError::bad(k, v, "expected none, fp16 or bf16")),
-    };
+    let intra = r.choice(
+        "intra_compressor",
+        INTRAS,
+        IntraCodec::None,
+        "expected none, fp16 or bf16",
+    )?;
     let seed = match r.get("seed") {
         None => None,
         Some((k, v)) => Some(
@@ -153,11 +157,12 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
 
     // 4. The compressor's own settings.
     let codec = (entry.parse)(&r)?;
-    let exchange = match r.get("exchange") {
-        None | Some((_, "push_pull")) => Exchange::PushPull,
-        Some((_, "gossip")) => Exchange::Gossip,
-        Some((k, v)) => return Err(KernelError::bad(k, v, "expected push_pull or gossip")),
-    };
+    let exchange = r.choice(
+        "exchange",
+        EXCHANGES,
+        Exchange::PushPull,
+        "expected push_pull or gossip",
+    )?;
     if exchange == Exchange::Gossip {
         let (k, v) = r.get("exchange").expect("gossip came from the map");
         if !codec.kind().fixed_size {
