@@ -6,6 +6,7 @@
 
 use super::CudaError;
 use crate::rng::{Role, Stream};
+use pushpull_proto::placement::{Kept, KeptCount, PayloadModel};
 
 /// A fixed-width encoding and its parameters, as the CUDA path sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,14 +158,42 @@ impl GpuScheme {
 
     /// Payload bytes for a chunk of `len` elements (the documented formulas).
     pub fn compressed_len(&self, len: usize) -> usize {
-        let nb = num_buckets(len, self.bucket_len(len));
-        let stream = |w: u32| 4 * (len * w as usize).div_ceil(32);
+        self.payload(len).bytes(len as u64, len as u64) as usize
+    }
+
+    /// Its payload for a chunk of `len` elements as the placement's model (the sizes'
+    /// arithmetic is `PayloadModel::bytes`, the one the CPU compressors state theirs in).
+    pub fn payload(&self, len: usize) -> PayloadModel {
+        let bucket = Some(self.bucket_len(len) as u64);
+        let stream_bits = u64::from(self.code_bits().unwrap_or(0));
+        let base = PayloadModel {
+            stream_bits,
+            ..PayloadModel::default()
+        };
         match *self {
-            GpuScheme::Fp16 | GpuScheme::Bf16 => 2 * len,
-            GpuScheme::OneBit { .. } => 4 + stream(1),
-            GpuScheme::MinMax { bits, .. } => 8 * nb + stream(bits),
-            GpuScheme::Dithering { .. } => 4 * nb + stream(self.code_bits().unwrap_or(1)),
-            GpuScheme::RandomK { k, .. } => 4 * k,
+            GpuScheme::Fp16 | GpuScheme::Bf16 => PayloadModel {
+                per_element: 2,
+                ..base
+            },
+            GpuScheme::OneBit { .. } => PayloadModel { header: 4, ..base },
+            GpuScheme::MinMax { .. } => PayloadModel {
+                per_bucket: 8,
+                bucket,
+                ..base
+            },
+            GpuScheme::Dithering { .. } => PayloadModel {
+                per_bucket: 4,
+                bucket,
+                ..base
+            },
+            GpuScheme::RandomK { k, .. } => PayloadModel {
+                kept: Some(Kept {
+                    bytes: 4,
+                    count: KeptCount::Count(k as u64),
+                    at_most_half: false,
+                }),
+                ..base
+            },
         }
     }
 

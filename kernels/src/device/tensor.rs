@@ -144,8 +144,10 @@ impl<D: Device> DeviceTensor<D> {
         let (mut ef, mut momentum) = (None, None);
         let (mut offset, mut slot, mut scratch) = (0usize, 0usize, 0usize);
         for info in infos {
-            // The CPU chain validates the map exactly as every other node does and names it.
-            let name = chunk_codec(info)?.name().to_string();
+            // The CPU chain validates the map exactly as every other node does, names it and
+            // states the payload size the kernels write (the same bytes).
+            let chain = chunk_codec(info)?;
+            let name = chain.name().to_string();
             let spec = effective_spec(info.params, info.tensor_len, info.min_compress_bytes)?;
             let len = usize::try_from(info.chunk_len)
                 .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
@@ -169,7 +171,7 @@ impl<D: Device> DeviceTensor<D> {
                 Role::Worker => spec.momentum_mu,
                 Role::Server => None,
             };
-            let payload = scheme.map_or(4 * len, |s| s.compressed_len(len));
+            let payload = chain.max_compressed_len();
             let (n, bucket) = (len as u64, scheme.map_or(len, |s| s.bucket_len(len)) as u64);
             let (partials, spans) = match scheme {
                 Some(GpuScheme::OneBit { .. }) => (num_pieces(n, n.max(1), 256), 0),
