@@ -161,10 +161,91 @@ pub mod ffi {
 // Element functions. All are pure; the C side touches no memory but its arguments.
 // -------------------------------------------------------------------------------------------
 
-/// `pp_mix64` ([`crate::rng::mix64`]).
-pub fn mix64(z: u64) -> u64 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_mix64(z) }
+/// The host twin's pure functions, each calling its `pp_host_*` counterpart, which reads
+/// nothing but its arguments.
+macro_rules! pure {
+    ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $ffi:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: pure function of its arguments.
+            unsafe { ffi::$ffi($($arg),*) }
+        }
+    )*};
+}
+
+pure! {
+    /// `pp_mix64` ([`crate::rng::mix64`]).
+    fn mix64(z: u64) -> u64 = pp_host_mix64;
+
+    /// `pp_stream_indices` ([`crate::rng::Stream::indices`]); returns the base.
+    fn stream_indices(seed: u64, key: u64, round: u64) -> u64 = pp_host_stream_indices;
+
+    /// `pp_draw` ([`crate::rng::Stream::draw`]).
+    fn draw(base: u64, counter: u64) -> u64 = pp_host_draw;
+
+    /// `pp_uniform` ([`crate::rng::Stream::uniform`]).
+    fn uniform(base: u64, i: u64) -> f32 = pp_host_uniform;
+
+    /// `PPUniforms::at` (the per-draw cache of four elements the pack kernels use), primed with
+    /// element `i ^ 4` (another draw), then `i ^ 3` (another lane of the same draw).
+    fn uniform_cached(base: u64, i: u64) -> f32 = pp_host_uniform_cached;
+
+    /// `pp_uniform_from_bits` ([`crate::rng::uniform_from_bits`]).
+    fn uniform_from_bits(bits: u16) -> f32 = pp_host_uniform_from_bits;
+
+    /// Half the bit width of the Feistel domain `pp_perm_new` picks for `n`.
+    fn perm_half_bits(n: u64) -> u32 = pp_host_perm_half_bits;
+
+    /// `pp_stochastic_round` ([`crate::elem::stochastic_round`]).
+    fn stochastic_round(t: f32, u: f32) -> u32 = pp_host_stochastic_round;
+
+    /// `pp_f32_to_u32_sat`: Rust's `f as u32`.
+    fn f32_to_u32_sat(f: f32) -> u32 = pp_host_f32_to_u32_sat;
+
+    /// `pp_sign_bit` ([`crate::elem::sign_bit`]).
+    fn sign_bit(x: f32) -> u32 = pp_host_sign_bit;
+
+    /// `pp_f32_to_f16_sat` ([`crate::elem::f32_to_f16_sat`]).
+    fn f32_to_f16_sat(x: f32) -> u16 = pp_host_f32_to_f16_sat;
+
+    /// `pp_f16_to_f32` ([`crate::elem::f16_to_f32`]).
+    fn f16_to_f32(b: u16) -> f32 = pp_host_f16_to_f32;
+
+    /// `pp_f32_to_bf16_sat` ([`crate::elem::f32_to_bf16_sat`]).
+    fn f32_to_bf16_sat(x: f32) -> u16 = pp_host_f32_to_bf16_sat;
+
+    /// `pp_bf16_to_f32` ([`crate::elem::bf16_to_f32`]).
+    fn bf16_to_f32(b: u16) -> f32 = pp_host_bf16_to_f32;
+
+    /// `pp_minmax_step` ([`crate::elem::minmax_step`]).
+    fn minmax_step(min: f32, max: f32, levels: u32) -> f32 = pp_host_minmax_step;
+
+    /// `pp_minmax_code` ([`crate::elem::minmax_code`]).
+    fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 = pp_host_minmax_code;
+
+    /// `pp_minmax_value` ([`crate::elem::minmax_value`]).
+    fn minmax_value(q: u32, min: f32, step: f32) -> f32 = pp_host_minmax_value;
+
+    /// `pp_dither_linear_level` ([`crate::elem::dither_linear_level`]).
+    fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 = pp_host_dither_linear_level;
+
+    /// `pp_dither_linear_value` ([`crate::elem::dither_linear_value`]).
+    fn dither_linear_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 = pp_host_dither_linear_value;
+
+    /// `pp_dither_natural_level` ([`crate::elem::dither_natural_level`]).
+    fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 = pp_host_dither_natural_level;
+
+    /// `pp_dither_natural_value` ([`crate::elem::dither_natural_value`]).
+    fn dither_natural_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 = pp_host_dither_natural_value;
+
+    /// `pp_pow2` ([`crate::elem::pow2`]).
+    fn pow2(e: i32) -> f32 = pp_host_pow2;
+
+    /// `pp_dither_width`: `1 + bit_length(s)`.
+    fn dither_width(s: u32) -> u32 = pp_host_dither_width;
+
+    /// `pp_randomk_scale` ([`GpuScheme::randomk_scale`]).
+    fn randomk_scale(n: u64, k: u64, unbiased: bool) -> f32 = pp_host_randomk_scale;
 }
 
 /// `pp_stream_rounding` ([`crate::rng::Stream::rounding`]); returns the base.
@@ -173,150 +254,11 @@ pub fn stream_rounding(seed: u64, key: u64, round: u64, role: Role, rank: u32) -
     unsafe { ffi::pp_host_stream_rounding(seed, key, round, role.tag(), rank) }
 }
 
-/// `pp_stream_indices` ([`crate::rng::Stream::indices`]); returns the base.
-pub fn stream_indices(seed: u64, key: u64, round: u64) -> u64 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_stream_indices(seed, key, round) }
-}
-
-/// `pp_draw` ([`crate::rng::Stream::draw`]).
-pub fn draw(base: u64, counter: u64) -> u64 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_draw(base, counter) }
-}
-
-/// `pp_uniform` ([`crate::rng::Stream::uniform`]).
-pub fn uniform(base: u64, i: u64) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_uniform(base, i) }
-}
-
-/// `PPUniforms::at` (the per-draw cache of four elements the pack kernels use), primed with
-/// element `i ^ 4` (another draw), then `i ^ 3` (another lane of the same draw).
-pub fn uniform_cached(base: u64, i: u64) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_uniform_cached(base, i) }
-}
-
-/// `pp_uniform_from_bits` ([`crate::rng::uniform_from_bits`]).
-pub fn uniform_from_bits(bits: u16) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_uniform_from_bits(bits) }
-}
-
 /// `pp_permute(pp_perm_new(n, key), j)` ([`crate::rng::Permutation::permute`]); `j < n`.
 pub fn permute(n: u64, key: u64, j: u64) -> u64 {
     assert!(j < n, "permute: j = {j} must be below n = {n}");
     // SAFETY: pure function of its arguments; j < n so cycle walking terminates.
     unsafe { ffi::pp_host_permute(n, key, j) }
-}
-
-/// Half the bit width of the Feistel domain `pp_perm_new` picks for `n`.
-pub fn perm_half_bits(n: u64) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_perm_half_bits(n) }
-}
-
-/// `pp_stochastic_round` ([`crate::elem::stochastic_round`]).
-pub fn stochastic_round(t: f32, u: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_stochastic_round(t, u) }
-}
-
-/// `pp_f32_to_u32_sat`: Rust's `f as u32`.
-pub fn f32_to_u32_sat(f: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_f32_to_u32_sat(f) }
-}
-
-/// `pp_sign_bit` ([`crate::elem::sign_bit`]).
-pub fn sign_bit(x: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_sign_bit(x) }
-}
-
-/// `pp_f32_to_f16_sat` ([`crate::elem::f32_to_f16_sat`]).
-pub fn f32_to_f16_sat(x: f32) -> u16 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_f32_to_f16_sat(x) }
-}
-
-/// `pp_f16_to_f32` ([`crate::elem::f16_to_f32`]).
-pub fn f16_to_f32(b: u16) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_f16_to_f32(b) }
-}
-
-/// `pp_f32_to_bf16_sat` ([`crate::elem::f32_to_bf16_sat`]).
-pub fn f32_to_bf16_sat(x: f32) -> u16 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_f32_to_bf16_sat(x) }
-}
-
-/// `pp_bf16_to_f32` ([`crate::elem::bf16_to_f32`]).
-pub fn bf16_to_f32(b: u16) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_bf16_to_f32(b) }
-}
-
-/// `pp_minmax_step` ([`crate::elem::minmax_step`]).
-pub fn minmax_step(min: f32, max: f32, levels: u32) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_minmax_step(min, max, levels) }
-}
-
-/// `pp_minmax_code` ([`crate::elem::minmax_code`]).
-pub fn minmax_code(x: f32, min: f32, step: f32, levels: u32, u: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_minmax_code(x, min, step, levels, u) }
-}
-
-/// `pp_minmax_value` ([`crate::elem::minmax_value`]).
-pub fn minmax_value(q: u32, min: f32, step: f32) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_minmax_value(q, min, step) }
-}
-
-/// `pp_dither_linear_level` ([`crate::elem::dither_linear_level`]).
-pub fn dither_linear_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_dither_linear_level(x, norm, s, u) }
-}
-
-/// `pp_dither_linear_value` ([`crate::elem::dither_linear_value`]).
-pub fn dither_linear_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_dither_linear_value(level, sign, norm, s) }
-}
-
-/// `pp_dither_natural_level` ([`crate::elem::dither_natural_level`]).
-pub fn dither_natural_level(x: f32, norm: f32, s: u32, u: f32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_dither_natural_level(x, norm, s, u) }
-}
-
-/// `pp_dither_natural_value` ([`crate::elem::dither_natural_value`]).
-pub fn dither_natural_value(level: u32, sign: u32, norm: f32, s: u32) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_dither_natural_value(level, sign, norm, s) }
-}
-
-/// `pp_pow2` ([`crate::elem::pow2`]).
-pub fn pow2(e: i32) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_pow2(e) }
-}
-
-/// `pp_dither_width`: `1 + bit_length(s)`.
-pub fn dither_width(s: u32) -> u32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_dither_width(s) }
-}
-
-/// `pp_randomk_scale` ([`GpuScheme::randomk_scale`]).
-pub fn randomk_scale(n: u64, k: u64, unbiased: bool) -> f32 {
-    // SAFETY: pure function of its arguments.
-    unsafe { ffi::pp_host_randomk_scale(n, k, unbiased) }
 }
 
 /// `pp_read_code`: code `i` of width `w` (1..=32) from a bit stream.
