@@ -53,11 +53,10 @@
 //! joined fails for the others with a [`FromScheduler::Declared`] error instead.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pushpull_proto::config::{ClusterDigest, Config, CutRules, ParamMap};
+use pushpull_proto::config::{ClusterDigest, Config, CutRules};
 use pushpull_proto::grant::PeerGrant;
 use pushpull_proto::placement::{num_chunks, Placer};
 use pushpull_proto::protocol::{
@@ -605,11 +604,12 @@ fn msg_kind(msg: &ToScheduler) -> &'static str {
     }
 }
 
+mod decl;
 mod declare;
 mod liveness;
 mod register;
 
-use declare::Decl;
+use decl::Decl;
 
 #[cfg(test)]
 mod tests;

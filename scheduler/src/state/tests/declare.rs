@@ -1,6 +1,7 @@
 //! Declare: placement, priorities, mismatches, refusals, collisions.
 
 use super::*;
+use pushpull_proto::config::ParamMap;
 
 #[test]
 fn declares_in_different_orders_are_placed_once_every_server_acked() {
