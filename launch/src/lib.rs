@@ -29,7 +29,7 @@ pub mod script;
 
 use std::path::{Path, PathBuf};
 
-use pushpull_net::tls::generate_cluster;
+use pushpull_net::certs::generate_cluster;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 

@@ -291,4 +291,34 @@ mod tests {
         write_private(cfgs[0].key.as_deref().unwrap(), b"x").unwrap();
         assert_eq!(mode(cfgs[0].key.as_deref().unwrap()), 0o600);
     }
+
+    #[test]
+    fn generated_cluster_loads_and_builds_configs() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfgs = generate_cluster(dir.path(), "pushpull.cluster", &["node0".into()]).unwrap();
+        let id = TlsIdentity::load(&cfgs[0]).unwrap();
+        id.server_config().unwrap();
+        id.client_config().unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_others_may_read_is_refused_when_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = generate_cluster(dir.path(), "pushpull.cluster", &["worker0".into()])
+            .unwrap()
+            .remove(0);
+        let key = cfg.key.clone().unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        TlsIdentity::load(&cfg).expect("only a warning by default");
+        cfg.refuse_loose_keys = true;
+        let e = TlsIdentity::load(&cfg).unwrap_err().to_string();
+        assert!(
+            e.contains("worker0.key") && e.contains("mode 0644") && e.contains("chmod 600"),
+            "{e}"
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        TlsIdentity::load(&cfg).unwrap();
+    }
 }

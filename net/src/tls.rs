@@ -12,7 +12,7 @@
 //!   the application level ([`crate::certs::peer_grant`], [`pushpull_proto::grant`]).
 //! * A private key file that group or others may read is warned about at load, or refused
 //!   with `tls.refuse_loose_keys` (as ssh does).
-//! * [`generate_cluster`] (in [`crate::certs`]) makes a CA and node certificates. Only the
+//! * [`crate::certs::generate_cluster`] makes a CA and node certificates. Only the
 //!   `ring` provider is used (aws-lc-rs costs minutes of build time).
 
 use std::path::{Path, PathBuf};
@@ -22,8 +22,6 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use pushpull_proto::config::TlsConfig;
-
-pub use crate::certs::{generate_cluster, CA_CERT_FILE, CA_KEY_FILE};
 
 /// ALPN protocol id of pushpull.
 pub const ALPN: &[u8] = b"pushpull/1";
@@ -170,15 +168,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn generated_cluster_loads_and_builds_configs() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfgs = generate_cluster(dir.path(), "pushpull.cluster", &["node0".into()]).unwrap();
-        let id = TlsIdentity::load(&cfgs[0]).unwrap();
-        id.server_config().unwrap();
-        id.client_config().unwrap();
-    }
-
-    #[test]
     fn missing_files_are_named() {
         let cfg = TlsConfig {
             ca: Some("/nonexistent/ca.pem".into()),
@@ -193,26 +182,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("tls.ca"), "{e}");
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn a_key_others_may_read_is_refused_when_asked() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = generate_cluster(dir.path(), "pushpull.cluster", &["worker0".into()])
-            .unwrap()
-            .remove(0);
-        let key = cfg.key.clone().unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-        TlsIdentity::load(&cfg).expect("only a warning by default");
-        cfg.refuse_loose_keys = true;
-        let e = TlsIdentity::load(&cfg).unwrap_err().to_string();
-        assert!(
-            e.contains("worker0.key") && e.contains("mode 0644") && e.contains("chmod 600"),
-            "{e}"
-        );
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        TlsIdentity::load(&cfg).unwrap();
     }
 }

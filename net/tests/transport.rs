@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use pushpull_net::cap::MIN_CEILING;
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::certs::generate_cluster;
+use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{read_frame, send_frame, ControlStream, Endpoint, TransportError};
 use pushpull_proto::config::Config;
 use pushpull_proto::protocol::{

@@ -4,7 +4,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::certs::generate_cluster;
+use pushpull_net::tls::TlsIdentity;
 use pushpull_net::transport::{ControlReceiver, ControlSender, ControlStream, Endpoint};
 use pushpull_proto::protocol::{FromScheduler, NodeRole, ToScheduler, PROTOCOL_VERSION};
 use pushpull_proto::Config;

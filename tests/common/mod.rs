@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use pushpull::launch::nodes;
 use pushpull::report::{SCHEDULER_LISTENING, SERVER_LISTENING};
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::certs::generate_cluster;
+use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::config::TlsConfig;
 use pushpull_proto::Config;
 use pushpull_worker::{JoinOptions, Worker};

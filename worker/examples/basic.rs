@@ -23,7 +23,7 @@
 //! ```
 //!
 //! Make the certificates with `pushpull certs` (see `pushpull --help`), or with
-//! `pushpull_net::tls::generate_cluster`. Then, with the binaries of the root package
+//! `pushpull_net::certs::generate_cluster`. Then, with the binaries of the root package
 //! (`cargo build --release`; see each binary's `--help` for how to pass the cluster file):
 //!
 //! ```text

@@ -176,7 +176,7 @@ fn join_and_train(
 fn in_process() -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
     let names = ["scheduler", "server0", "worker0", "worker1"].map(String::from);
-    let tls = pushpull_net::tls::generate_cluster(dir.path(), "pushpull.cluster", &names)?;
+    let tls = pushpull_net::certs::generate_cluster(dir.path(), "pushpull.cluster", &names)?;
     let ids = tls
         .iter()
         .map(pushpull_worker::TlsIdentity::load)

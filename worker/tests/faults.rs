@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use pushpull_net::tls::{generate_cluster, TlsIdentity};
+use pushpull_net::certs::generate_cluster;
+use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::Config;
 use pushpull_worker::{JoinOptions, Reduce, Worker, WorkerError};
 

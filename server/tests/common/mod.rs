@@ -9,7 +9,8 @@ pub use std::time::Duration;
 
 pub use bytes::Bytes;
 pub use pushpull_codecs::{fp32_codec, Compressor, RoundCtx};
-pub use pushpull_net::tls::{generate_cluster, TlsIdentity};
+pub use pushpull_net::certs::generate_cluster;
+use pushpull_net::tls::TlsIdentity;
 pub use pushpull_net::transport::{read_frame, send_frame, ControlSender, ControlStream, Endpoint};
 pub use pushpull_proto::config::ParamMap;
 pub use pushpull_proto::placement::Placer;
