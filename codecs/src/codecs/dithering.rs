@@ -41,8 +41,8 @@
 //! decode to `+0.0` whatever the sign: the values equal the packed encoding's (`==`).
 
 use super::{
-    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare, scatter,
-    GroupDecoder, GroupEncoder,
+    bucket_runs, bucket_suffix, bucketed, decode_groups, encode_groups, par_segments,
+    par_segments_out, prepare, scatter, GroupDecoder, GroupEncoder,
 };
 use std::sync::Arc;
 
@@ -209,19 +209,10 @@ impl CodecSpec for DitheringSpec {
             // The bound: the count, and at most 3 + 2·⌊log2 s⌋ bits per element.
             Encoding::Elias => (4, 3 + 2 * (31 - self.s.leading_zeros())),
         };
-        PayloadModel {
-            header,
-            per_bucket: 4,
-            bucket: self.bucket.map(|b| b as u64),
-            stream_bits: u64::from(stream_bits),
-            ..PayloadModel::default()
-        }
+        bucketed(header, 4, self.bucket, stream_bits)
     }
     fn display_name(&self) -> String {
-        let b = self
-            .bucket
-            .map(|b| format!(", bucket={b}"))
-            .unwrap_or_default();
+        let b = bucket_suffix(self.bucket);
         format!(
             "dithering(k={}, {}, {}{b}, {})",
             self.s,

@@ -17,8 +17,8 @@
 //! relative `2^-23` of the exact `(x_i - min) / step`.
 
 use super::{
-    bucket_runs, decode_groups, encode_groups, par_segments, par_segments_out, prepare,
-    GroupDecoder, GroupEncoder,
+    bucket_runs, bucket_suffix, bucketed, decode_groups, encode_groups, par_segments,
+    par_segments_out, prepare, GroupDecoder, GroupEncoder,
 };
 use std::sync::Arc;
 
@@ -66,18 +66,10 @@ impl CodecSpec for MinMaxSpec {
         ))))
     }
     fn payload(&self, _: u64) -> PayloadModel {
-        PayloadModel {
-            per_bucket: 8,
-            bucket: self.bucket.map(|b| b as u64),
-            stream_bits: u64::from(self.bits),
-            ..PayloadModel::default()
-        }
+        bucketed(0, 8, self.bucket, self.bits)
     }
     fn display_name(&self) -> String {
-        let b = self
-            .bucket
-            .map(|b| format!(", bucket={b}"))
-            .unwrap_or_default();
+        let b = bucket_suffix(self.bucket);
         format!("minmax(bits={}{b})", self.bits)
     }
     fn params(&self, put: &mut dyn FnMut(&'static str, String)) {

@@ -19,7 +19,31 @@ pub mod topk;
 
 use crate::rng::{uniform_from_bits, Stream};
 use crate::simd::{load_group, pack32, put_words, unpack32};
+use pushpull_proto::placement::PayloadModel;
 use rayon::prelude::*;
+
+/// The payload model of a format of buckets (`per_bucket` header bytes each; `bucket`
+/// elements, or the whole chunk) followed by a bit stream of `stream_bits` per element, after
+/// `header` bytes.
+pub(crate) fn bucketed(
+    header: u64,
+    per_bucket: u64,
+    bucket: Option<usize>,
+    stream_bits: u32,
+) -> PayloadModel {
+    PayloadModel {
+        header,
+        per_bucket,
+        bucket: bucket.map(|b| b as u64),
+        stream_bits: u64::from(stream_bits),
+        ..PayloadModel::default()
+    }
+}
+
+/// `, bucket=B` for a display name, or nothing for a whole-chunk bucket.
+pub(crate) fn bucket_suffix(bucket: Option<usize>) -> String {
+    bucket.map(|b| format!(", bucket={b}")).unwrap_or_default()
+}
 
 /// The decoding of a sparse payload (top-k, random-k) given its `(index, value)` pairs at
 /// distinct indices: the values at their indices and zeros elsewhere, stored (`add = false`)
