@@ -252,11 +252,6 @@ impl Compressor {
         self.codec().info().max_payload()
     }
 
-    /// Whether the output depends on random draws (rounding noise or random indices).
-    pub fn is_stochastic(&self) -> bool {
-        self.codec().info().is_stochastic()
-    }
-
     /// `Err` unless `len` is the chunk's length; `what` names the slice.
     fn check(&self, what: &'static str, len: usize) -> Result<()> {
         let n = self.len();

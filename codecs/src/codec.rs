@@ -10,7 +10,7 @@ use crate::rng::{Role, Stream};
 /// slice's length against [`CodecInfo::len`] before calling in, so an implementation may rely
 /// on it.
 pub trait Codec: Send {
-    /// Its name, chunk length, payload size and randomness.
+    /// Its name, chunk length, payload size and the coordinates of its random draws.
     fn info(&self) -> &CodecInfo;
     /// Encodes `input` (`len` elements) into `out` (replacing its content); one round.
     fn encode(&mut self, input: &[f32], ctx: &RoundCtx, out: &mut Vec<u8>) -> Result<()>;
@@ -21,13 +21,12 @@ pub trait Codec: Send {
 }
 
 /// What a codec states about itself, as data: its name, chunk length, the largest payload it
-/// writes, whether it draws random numbers, and the coordinates of those draws.
+/// writes, and the coordinates of its random draws.
 #[derive(Debug, Clone)]
 pub struct CodecInfo {
     pub(crate) name: String,
     pub(crate) n: usize,
     pub(crate) payload: usize,
-    pub(crate) stochastic: bool,
     pub(crate) seed: u64,
     pub(crate) key: u64,
     pub(crate) role: Role,
@@ -41,7 +40,6 @@ impl CodecInfo {
             name,
             n,
             payload: 0,
-            stochastic: false,
             seed: seed.unwrap_or(who.job_seed),
             key: who.key,
             role: who.role,
@@ -53,13 +51,12 @@ impl CodecInfo {
     /// a plug-in of a [`crate::CodecFactory`]): it draws with no identity of its own.
     pub fn custom(name: impl Into<String>, len: usize, max_payload: usize) -> Self {
         let who = NodeIdentity::worker(0, 0, 0);
-        CodecInfo::new(name.into(), len, &who, None).sized(max_payload, false)
+        CodecInfo::new(name.into(), len, &who, None).sized(max_payload)
     }
 
-    /// With its payload size and randomness.
-    pub(crate) fn sized(mut self, payload: usize, stochastic: bool) -> Self {
+    /// With its payload size.
+    pub(crate) fn sized(mut self, payload: usize) -> Self {
         self.payload = payload;
-        self.stochastic = stochastic;
         self
     }
 
@@ -82,11 +79,6 @@ impl CodecInfo {
     /// the bound for Elias-coded dithering.
     pub fn max_payload(&self) -> usize {
         self.payload
-    }
-
-    /// Whether its output depends on random draws (rounding noise or random indices).
-    pub fn is_stochastic(&self) -> bool {
-        self.stochastic
     }
 
     /// The stochastic-rounding stream of `round`.

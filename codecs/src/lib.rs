@@ -9,7 +9,7 @@
 //! | module | what |
 //! |---|---|
 //! | (root) | [`NodeIdentity`], [`RoundCtx`], re-exports |
-//! | [`codec`] | the [`Codec`] trait (a wire format bound to a chunk: encode, decode or decode-add) and [`CodecInfo`] (what it states as data: name, length, payload size, randomness) |
+//! | [`codec`] | the [`Codec`] trait (a wire format bound to a chunk: encode, decode or decode-add) and [`CodecInfo`] (what it states as data: name, length, payload size, random-draw coordinates) |
 //! | [`chain`] | [`Compressor`]: a codec with error feedback and Nesterov momentum where configured, owning all the state (residual, momentum, undo, checkpoint); the fused fast paths, chosen by the codec's type when the chain is built |
 //! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`chunk::tensor_cut`], the one cut of a tensor the scheduler and the reference place with; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`spec`] | what a compressor brings to the registry: its [`Entry`] (name, keys, parse), its parsed settings ([`CodecSpec`], which build its codec), the resolved map its parse reads ([`Keys`]), [`KSpec`], [`BuildOptions`], [`Purpose`] |

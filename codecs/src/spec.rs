@@ -21,18 +21,23 @@ use crate::error::{KernelError, Result};
 pub struct Entry {
     /// The `compressor` value, e.g. `topk`.
     pub name: &'static str,
-    /// The short names of the keys it reads (besides the chain's: `compressor`, `ef`,
-    /// `momentum`, `mu`, `seed`, `intra_compressor`, `exchange`); a key of the map that is not
-    /// among them is refused as not applying to it.
+    /// The short names of the shared keys it reads (of [`crate::params::KEYS`], such as `k`,
+    /// `bits`, `bucket`).
     pub keys: &'static [&'static str],
-    /// The keys that only it reads, with their spellings and documentation (the keys several
-    /// compressors share, and the chain's, are in [`crate::params::KEYS`]).
+    /// The keys that only it reads, with their spellings and documentation. A key of a map
+    /// that is neither these, nor `keys`, nor the chain's (`compressor`, `ef`, `momentum`,
+    /// `mu`, `seed`, `intra_compressor`, `exchange`) is refused as not applying to it.
     pub own_keys: &'static [KeyInfo],
     /// Parses its keys (every spelling resolved) into its settings.
     pub parse: fn(&Keys<'_>) -> Result<Arc<dyn CodecSpec>>,
 }
 
 impl Entry {
+    /// Whether it reads the key whose short name is `short` (its own or a shared one).
+    pub fn reads(&self, short: &str) -> bool {
+        self.keys.contains(&short) || self.own_keys.iter().any(|k| k.name == short)
+    }
+
     /// A compressor that reads no keys of its own.
     pub const fn keyless(
         name: &'static str,

@@ -86,7 +86,7 @@ impl CastCodec {
     pub fn new(base: CodecInfo, cast: Cast) -> CastCodec {
         let size = base.n * cast.width();
         CastCodec {
-            base: base.sized(size, false),
+            base: base.sized(size),
             cast,
         }
     }

@@ -63,7 +63,7 @@ mod elias;
 /// `encoding`, `bucket`.
 pub const ENTRY: Entry = Entry {
     name: "dithering",
-    keys: &["k", "partition", "normalize", "encoding", "bucket"],
+    keys: &["k", "bucket"],
     own_keys: &[
         KeyInfo {
             name: "partition",
@@ -269,7 +269,7 @@ impl Dithering {
             Encoding::Packed => d.packed_size(),
             Encoding::Elias => d.elias_max_size(),
         };
-        d.base = d.base.clone().sized(size, true);
+        d.base.payload = size;
         d
     }
 

@@ -95,7 +95,7 @@ impl MinMax {
         let bk = Buckets::new(base.n, bucket);
         let size = 8 * bk.count + stream_bytes(base.n, bits);
         MinMax {
-            base: base.sized(size, true),
+            base: base.sized(size),
             bits,
             bk,
         }

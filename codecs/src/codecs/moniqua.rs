@@ -57,7 +57,7 @@ use pushpull_proto::placement::PayloadModel;
 /// The registry's `moniqua`: `theta` (required), `bits`, `rounding`, `theta_schedule`, `hash`.
 pub const ENTRY: Entry = Entry {
     name: "moniqua",
-    keys: &["theta", "bits", "rounding", "theta_schedule", "hash"],
+    keys: &["bits"],
     own_keys: &[
         KeyInfo {
             name: "theta",
@@ -321,7 +321,7 @@ impl Moniqua {
             b_theta: b_theta(theta, bits, rounding),
         };
         let size = m.stream_size() + m.b_size() + if hash { 8 } else { 0 };
-        m.base = m.base.clone().sized(size, rounding == Rounding::Stochastic);
+        m.base.payload = size;
         m
     }
 

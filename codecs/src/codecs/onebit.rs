@@ -21,7 +21,7 @@ use rayon::prelude::*;
 /// ([`super::onebit_col`]).
 pub const ENTRY: Entry = Entry {
     name: "onebit",
-    keys: &["scaling", "columns"],
+    keys: &[],
     own_keys: &[
         KeyInfo {
             name: "scaling",
@@ -88,7 +88,7 @@ impl OneBit {
     pub fn new(base: CodecInfo, scaling: bool) -> OneBit {
         let size = 4 + stream_bytes(base.n, 1);
         OneBit {
-            base: base.sized(size, false),
+            base: base.sized(size),
             scaling,
         }
     }

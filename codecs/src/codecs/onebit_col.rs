@@ -144,10 +144,7 @@ impl OneBitColumns {
     pub fn new(base: CodecInfo, columns: usize) -> OneBitColumns {
         assert!(columns >= 1);
         let mut c = OneBitColumns { base, columns };
-        c.base = c
-            .base
-            .clone()
-            .sized(8 * c.cols() + stream_bytes(c.base.n, 1), false);
+        c.base.payload = 8 * c.cols() + stream_bytes(c.base.n, 1);
         c
     }
 

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 /// The registry's `randomk`: `k` (required), `unbiased`.
 pub const ENTRY: Entry = Entry {
     name: "randomk",
-    keys: &["k", "unbiased"],
+    keys: &["k"],
     own_keys: &[KeyInfo {
         name: "unbiased",
         aliases: &[],
@@ -99,7 +99,7 @@ impl RandomK {
     pub fn new(base: CodecInfo, k: usize, unbiased: bool) -> RandomK {
         assert!(k <= base.n && base.n <= u32::MAX as usize);
         RandomK {
-            base: base.sized(4 * k, true),
+            base: base.sized(4 * k),
             k,
             unbiased,
             cache: Mutex::new(None),

@@ -80,7 +80,7 @@ impl TopK {
     pub fn new(base: CodecInfo, k: usize) -> TopK {
         assert!(k <= base.n && base.n <= u32::MAX as usize);
         TopK {
-            base: base.sized(8 * k, false),
+            base: base.sized(8 * k),
             k,
         }
     }

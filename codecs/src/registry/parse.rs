@@ -102,12 +102,12 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
         ));
     };
     for (&short, &(k, v)) in &r.map {
-        if GENERAL.contains(&short) || entry.keys.contains(&short) {
+        if GENERAL.contains(&short) || entry.reads(short) {
             continue;
         }
         let users: Vec<&str> = COMPRESSORS
             .iter()
-            .filter(|e| e.keys.contains(&short))
+            .filter(|e| e.reads(short))
             .map(|e| e.name)
             .collect();
         return Err(KernelError::NotApplicable {
@@ -171,8 +171,7 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
                 value: v.to_string(),
                 why: format!(
                     "compressor \"{compressor}\" cannot be gossiped: gossip relays messages of \
-                     a fixed size, and its payloads vary (none, fp16, bf16, minmax and moniqua \
-                     have a fixed size)"
+                     a fixed size, and its payloads vary"
                 ),
             });
         }
