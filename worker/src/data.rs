@@ -17,12 +17,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use pushpull_kernels::cuda::Device as Place;
 use pushpull_kernels::{fp32_codec, host_fold, IntraCodec, RoundCtx as CodecRound};
 use pushpull_proto::pool::BufPool;
 
-use crate::error::WorkerError;
+use crate::core::Encoded;
+use crate::error::{DataError, WorkerError};
 use crate::tensor::RoundKind;
 use crate::tensor::TensorInner;
 
@@ -47,16 +47,6 @@ pub(crate) struct Launch<'a> {
     pub(crate) num_workers: u32,
     /// What a batch needs between calls.
     pub(crate) batches: &'a Batches,
-}
-
-/// What encoding a chunk gave: its payload, or the news that it is not finite.
-pub(crate) enum Encoded {
-    /// The chunk's payload.
-    Payload(Bytes),
-    /// The chunk holds inf or NaN, or its compression overflows f32 (the kernels' message):
-    /// the worker pushes it flagged non-finite, its compressor state unchanged (see
-    /// `pushpull_proto::protocol`'s module docs).
-    NonFinite(String),
 }
 
 /// The caller's buffer during one round (see the module docs).
@@ -88,7 +78,7 @@ pub(crate) trait RoundData: Send + 'static {
     /// Why the round cannot start, after [`RoundData::launch`] (a device that could not
     /// allocate or launch the call's batch): the round is then given up before it uses a
     /// round number, as a refusal in `begin` is.
-    fn refused(&mut self) -> Option<String> {
+    fn refused(&mut self) -> Option<DataError> {
         None
     }
 
@@ -114,7 +104,7 @@ pub(crate) trait RoundData: Send + 'static {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Encoded, String>;
+    ) -> Result<Encoded, DataError>;
 
     /// Decodes chunk `index`'s result into the buffer (and divides by `num_workers` for an
     /// average); `lr` is the round's learning rate, as at [`RoundData::encode`].
@@ -128,11 +118,16 @@ pub(crate) trait RoundData: Send + 'static {
         lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
-    ) -> Result<(), String>;
+    ) -> Result<(), DataError>;
 
     /// Chunk `index`'s sum in `round` was not finite: undoes this worker's round of the
     /// chunk (if it committed one) and fills the chunk of the buffer with NaN.
-    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String>;
+    fn non_finite(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+    ) -> Result<(), DataError>;
 
     /// Local groups ([`crate::local`]): adds this member's part of chunk `index` to its host's
     /// sum `acc` ([`host_fold`] with the tensor's intra-host codec; member 0, `first`,
@@ -148,7 +143,7 @@ pub(crate) trait RoundData: Send + 'static {
         first: bool,
         intra: IntraCodec,
         acc: &mut [f32],
-    ) -> Result<(), String>;
+    ) -> Result<(), DataError>;
 
     /// Local groups: copies the host's result `acc` into chunk `index` of the buffer (divided
     /// by `num_workers` for an average).
@@ -159,7 +154,7 @@ pub(crate) trait RoundData: Send + 'static {
         kind: RoundKind,
         num_workers: u32,
         acc: &[f32],
-    ) -> Result<(), String>;
+    ) -> Result<(), DataError>;
 
     /// Undoes `round` of every chunk of the tensor (a discarded round: see
     /// [`crate::Worker::discard_last_round`]), wherever the tensor's state lives; called
@@ -215,7 +210,7 @@ pub(crate) fn encode_host(
     kind: RoundKind,
     lr: Option<f32>,
     pool: &Arc<BufPool>,
-) -> Result<Encoded, String> {
+) -> Result<Encoded, DataError> {
     let ctx = CodecRound {
         lr,
         theta_bound: tensor.bound.theta_bound(round, lr),
@@ -236,7 +231,7 @@ pub(crate) fn encode_host(
             pool.give_back(out);
             match kind {
                 RoundKind::Sum { .. } if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
-                _ => Err(e.to_string()),
+                _ => Err(e.into()),
             }
         }
     }
@@ -261,7 +256,7 @@ pub(crate) fn decode_host(
     lr: Option<f32>,
     num_workers: u32,
     payload: &[u8],
-) -> Result<(), String> {
+) -> Result<(), DataError> {
     let ctx = CodecRound::new(round);
     match kind {
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).decompress(payload, &ctx, slice),
@@ -269,8 +264,7 @@ pub(crate) fn decode_host(
         RoundKind::Gossip => {
             return crate::gossip::average_gossip(tensor, index, slice, round, lr, payload)
         }
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     if let RoundKind::Sum { average: true } = kind {
         pushpull_kernels::average(slice, num_workers);
     }
@@ -371,12 +365,17 @@ impl<H: HostBuffers> RoundData for H {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Encoded, String> {
+    ) -> Result<Encoded, DataError> {
         let slice = &self.input()[tensor.ranges[index].clone()];
         encode_host(tensor, index, slice, round, kind, lr, pool)
     }
 
-    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
+    fn non_finite(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+    ) -> Result<(), DataError> {
         tensor.codec(index).undo(round);
         self.output()[tensor.ranges[index].clone()].fill(f32::NAN);
         Ok(())
@@ -395,7 +394,7 @@ impl<H: HostBuffers> RoundData for H {
         first: bool,
         intra: IntraCodec,
         acc: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         let x = &self.input()[tensor.ranges[index].clone()];
         contribute(x, kind, rank, first, intra, acc);
         Ok(())
@@ -408,7 +407,7 @@ impl<H: HostBuffers> RoundData for H {
         kind: RoundKind,
         num_workers: u32,
         acc: &[f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         let out = &mut self.output()[tensor.ranges[index].clone()];
         take_result(acc, kind, num_workers, out);
         Ok(())
@@ -423,7 +422,7 @@ impl<H: HostBuffers> RoundData for H {
         lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         let slice = &mut self.output()[tensor.ranges[index].clone()];
         decode_host(tensor, index, slice, round, kind, lr, num_workers, payload)
     }

@@ -19,6 +19,40 @@ pub(crate) fn transport_reason(e: &TransportError) -> String {
     }
 }
 
+/// Why a round could not use the caller's data: encode a chunk of it, decode a result into it,
+/// or move it between host and device (`crate::data`). The round reports it as
+/// [`WorkerError::Codec`], naming the chunk, the key and the round.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum DataError {
+    /// The chunk's codec failed; its message names the compressor and what was wrong.
+    #[error("{0}")]
+    Codec(#[from] pushpull_kernels::KernelError),
+    /// The device failed: a driver call, a copy between host and device, the call's batch.
+    #[error("{0}")]
+    Device(String),
+    /// The data does not fit the round: a gossip result that does not split into the
+    /// neighbours' messages, a gossip result for a tensor that is summed.
+    #[error("{0}")]
+    Mismatch(String),
+    /// What was being done when `source` failed (encoding this worker's own gossip message,
+    /// decoding a neighbour's).
+    #[error("{doing}: {source}")]
+    During {
+        doing: String,
+        source: Box<DataError>,
+    },
+}
+
+impl DataError {
+    /// `self`, as what failed while `doing`.
+    pub(crate) fn during(self, doing: impl Into<String>) -> DataError {
+        DataError::During {
+            doing: doing.into(),
+            source: Box::new(self),
+        }
+    }
+}
+
 /// An error from a [`crate::Worker`] call.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerError {

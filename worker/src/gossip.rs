@@ -15,7 +15,7 @@ use pushpull_kernels::RoundCtx as CodecRound;
 use pushpull_proto::protocol::split_gossip_result;
 use pushpull_proto::{Config, ParamMap};
 
-use crate::error::WorkerError;
+use crate::error::{DataError, WorkerError};
 use crate::tensor::{RoundKind, TensorInner};
 
 /// A tensor's gossip row on worker `rank`: its neighbours `j` and weights `W[rank][j]`,
@@ -47,9 +47,10 @@ pub(crate) fn average_gossip(
     round: u64,
     lr: Option<f32>,
     payload: &[u8],
-) -> Result<(), String> {
+) -> Result<(), DataError> {
     let Some(row) = &tensor.gossip else {
-        return Err("a gossip result for a tensor that is summed".into());
+        let message = "a gossip result for a tensor that is summed";
+        return Err(DataError::Mismatch(message.into()));
     };
     let mut codec = tensor.codec(index);
     let x = slice.to_vec();
@@ -61,14 +62,14 @@ pub(crate) fn average_gossip(
     };
     codec
         .compress(&x, &ctx, &mut mine)
-        .map_err(|e| format!("encoding this worker's own message: {e}"))?;
-    let parts = split_gossip_result(payload, row.len(), mine.len())?;
+        .map_err(|e| DataError::from(e).during("encoding this worker's own message"))?;
+    let parts = split_gossip_result(payload, row.len(), mine.len()).map_err(DataError::Mismatch)?;
     let ctx = ctx.with_reference(&x);
-    let decode = |bytes: &[u8], from: String| -> Result<Vec<f32>, String> {
+    let decode = |bytes: &[u8], from: String| -> Result<Vec<f32>, DataError> {
         let mut v = vec![0.0f32; x.len()];
         codec
             .decompress(bytes, &ctx, &mut v)
-            .map_err(|e| format!("decoding {from}'s message: {e}"))?;
+            .map_err(|e| DataError::from(e).during(format!("decoding {from}'s message")))?;
         Ok(v)
     };
     let own = decode(&mine, "this worker".into())?;

@@ -103,6 +103,7 @@ mod blocking;
 mod checkpoint;
 mod chunks;
 mod control;
+mod core;
 mod data;
 mod dispatch;
 mod error;

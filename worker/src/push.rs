@@ -1,13 +1,13 @@
 //! One chunk's push and the outcome it awaits, and the rest of a chunk's round that a flat
-//! round (`crate::round`) and a local group's round (`crate::local`) share: what a round needs
-//! from its worker ([`RoundCtx`], its connections to the servers [`ServerLink`]), the push itself
-//! ([`push_await`]: queued on the worker's [`FrameSender`], which sends it in priority order
-//! within the worker's byte window, then the server's [`Outcome`] awaited), the chunk's codec
-//! work timed and traced ([`codec_phase`], [`decompress_phase`]), the errors that name the
-//! chunk ([`codec_error`], [`aborted`]), the count of a round's chunks still to be queued
-//! ([`Queued`]) and what a chunk's round pulled ([`Pulled`]). A local group, where the cluster
-//! has one, is not part of [`RoundCtx`]: the round hands it to `crate::local::chunk_round`,
-//! which calls back down here, never the other way round.
+//! round (`crate::round`, the shell of [`crate::core::RoundCore`]) and a local group's round
+//! (`crate::local`) share: what a round needs from its worker ([`RoundCtx`], its connections to
+//! the servers [`ServerLinks`], the round's [`RoundSpec`] for the core), the push itself
+//! ([`send_push`]: registered with the connection's dispatch table, queued on the worker's
+//! [`FrameSender`], which sends it in priority order within the worker's byte window, then the
+//! server's [`Outcome`] awaited), the chunk's codec work timed and traced ([`codec_phase`],
+//! [`decompress_phase`]) and the count of a round's chunks still to be queued ([`Queued`]). A
+//! local group, where the cluster has one, is not part of [`RoundCtx`]: the round hands it to
+//! `crate::local::chunk_round`, which calls back down here, never the other way round.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -15,19 +15,21 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use pushpull_net::sender::{FrameSender, Peer, SendHold};
 use pushpull_proto::pool::BufPool;
-use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
+use pushpull_proto::protocol::FrameHeader;
 use pushpull_proto::NodeName;
 
-use crate::data::Encoded;
+use crate::core::RoundSpec;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
 use crate::tensor::{RoundKind, TensorInner};
 
-/// A worker's connection to one server.
-pub(crate) struct ServerLink {
-    pub(crate) name: NodeName,
-    pub(crate) peer: Peer,
+/// A worker's connections to the servers, by server id.
+pub(crate) struct ServerLinks {
+    /// Each server's name.
+    pub(crate) names: Vec<NodeName>,
+    /// Each server's connection.
+    pub(crate) peers: Vec<Peer>,
 }
 
 /// What a round needs from its worker to push its chunks and decode their results (not its
@@ -35,7 +37,7 @@ pub(crate) struct ServerLink {
 #[derive(Clone)]
 pub(crate) struct RoundCtx {
     pub(crate) shared: Arc<Shared>,
-    pub(crate) links: Arc<Vec<ServerLink>>,
+    pub(crate) links: Arc<ServerLinks>,
     /// Sends the pushes (one queue and window for every server connection).
     pub(crate) sender: FrameSender,
     pub(crate) rank: u32,
@@ -54,7 +56,33 @@ impl RoundCtx {
     pub(crate) fn lr(&self) -> Option<f32> {
         (self.learning_rate != 0).then(|| f32::from_bits(self.learning_rate))
     }
+
+    /// `round` of `tensor` as the core sees it; `delegated`: each chunk's round is a local
+    /// group's.
+    pub(crate) fn spec<'a>(
+        &'a self,
+        tensor: &'a TensorInner,
+        round: u64,
+        kind: RoundKind,
+        delegated: bool,
+    ) -> RoundSpec<'a> {
+        RoundSpec {
+            placement: &tensor.placement,
+            servers: &self.links.names,
+            rank: self.rank,
+            round,
+            kind,
+            learning_rate: self.learning_rate,
+            undo_previous: self.undone.is_some(),
+            delegated,
+            grace: ABORT_GRACE.min(self.shared.heartbeat_interval),
+        }
+    }
 }
+
+/// The longest an aborted round waits for the job's loss (less with a shorter heartbeat
+/// interval; see [`crate::core::RoundCore`]).
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Counts the chunks of a round not yet queued for sending, and holds the round's
 /// [`SendHold`] (if any) until none is left.
@@ -90,147 +118,68 @@ impl Drop for QueuedMark<'_> {
     }
 }
 
-/// What a chunk's round pulled.
-pub(crate) enum Pulled {
-    /// Its sum (or the broadcast root's data), decoded into the buffer.
-    Sum,
-    /// A non-finite sum: the buffer's chunk holds NaN.
-    NonFinite,
-}
+/// What a pushed chunk awaits: its server's outcome (the dispatch table's), or the job's
+/// loss.
+pub(crate) type Awaited = futures_util::future::BoxFuture<'static, Result<Outcome, WorkerError>>;
 
-/// A codec's failure on chunk `index` of `tensor` in `round`.
-pub(crate) fn codec_error(
-    tensor: &TensorInner,
-    index: usize,
-    round: u64,
-    message: String,
-) -> WorkerError {
-    WorkerError::Codec {
-        name: tensor.placement.name.clone(),
-        chunk: index as u32,
-        key: tensor.placement.chunks[index].key,
-        round,
-        message,
-    }
-}
-
-/// A round of chunk `index` that its server aborted with `message`.
-pub(crate) fn aborted(
+/// Sends chunk `index`'s push (`header`, `payload`) to its server and returns what it awaits;
+/// `mark` is dropped once the push is queued. The chunk is registered with the connection's
+/// dispatch table before it is sent, so its outcome cannot arrive unseen; an outcome that
+/// arrived before (the round was aborted by another worker's bad push) is what it awaits, and
+/// nothing is sent. A failed write makes the server's loss the job's fatal error, which the
+/// dispatch table hands to the waiting chunk. The chunk's `wait` span lasts until its outcome
+/// is in.
+pub(crate) fn send_push(
     ctx: &RoundCtx,
     tensor: &TensorInner,
     index: usize,
-    round: u64,
-    kind: RoundKind,
-    message: String,
-) -> WorkerError {
-    let chunk = tensor.placement.chunks[index];
-    WorkerError::Aborted {
-        op: kind.op_name(),
-        name: tensor.placement.name.clone(),
-        chunk: index as u32,
-        key: chunk.key,
-        round,
-        server: ctx.links[chunk.server as usize].name.to_string(),
-        message,
-    }
-}
-
-/// Pushes chunk `index`'s `encoded` payload (`None`: this worker sends an empty push, a
-/// broadcast's non-root) to its server and awaits the server's outcome; the mark is dropped
-/// once the push is queued. An encoding that failed is still pushed, empty: the server
-/// rejects it and aborts the round for every worker, instead of leaving the others waiting
-/// for this push; the encoding's error is returned once the round is over. A chunk that is
-/// not finite is pushed flagged so, and the round's sum will be too.
-pub(crate) async fn push_await(
-    ctx: &RoundCtx,
-    tensor: &TensorInner,
-    index: usize,
-    round: u64,
-    kind: RoundKind,
-    encoded: Option<Result<Encoded, String>>,
+    header: FrameHeader,
+    payload: Bytes,
     mark: QueuedMark<'_>,
-) -> Result<Outcome, WorkerError> {
-    let chunk = tensor.placement.chunks[index];
-    let link = &ctx.links[chunk.server as usize];
-    let dispatch = &ctx.shared.dispatch[chunk.server as usize];
-    let (op, aux) = match kind {
-        RoundKind::Sum { .. } => (ReduceOp::Sum, ctx.learning_rate),
-        RoundKind::Broadcast { root } => (ReduceOp::Broadcast, root),
-        RoundKind::Gossip => (ReduceOp::Gossip, 0),
+) -> Result<Awaited, WorkerError> {
+    let server = header_server(tensor, index);
+    let waiter = ctx.shared.dispatch[server].register(header.key, header.round)?;
+    let rx = match waiter {
+        Waiter::Ready(outcome) => return Ok(Box::pin(std::future::ready(Ok(outcome)))),
+        Waiter::Pending(rx) => rx,
     };
-    let mut encode_error = None;
-    let mut flags = FrameFlags {
-        non_finite: false,
-        undo_previous: ctx.undone.is_some() && matches!(kind, RoundKind::Sum { .. }),
-    };
-    let payload = if let Some(encoded) = encoded {
-        match encoded {
-            Ok(Encoded::Payload(payload)) => payload,
-            Ok(Encoded::NonFinite(why)) => {
-                tracing::debug!(
-                    "worker {}: tensor {:?} chunk {index} round {round} is not finite: {why}",
-                    ctx.rank,
-                    tensor.placement.name
-                );
-                flags.non_finite = true;
-                Bytes::new()
-            }
-            Err(e) => {
-                let message = format!("encoding this worker's data: {e}");
-                encode_error = Some(codec_error(tensor, index, round, message));
-                Bytes::new()
-            }
+    let wait = crate::spans::chunk("wait", ctx.rank, tensor, index, header.round);
+    let pushed = payload.len() as u64;
+    ctx.sender.send(
+        &ctx.links.peers[server],
+        header,
+        payload,
+        tensor.placement.priority,
+    );
+    drop(mark);
+    tensor.bytes_pushed.fetch_add(pushed, Ordering::Relaxed);
+    let shared = ctx.shared.clone();
+    let (key, round) = (header.key, header.round);
+    Ok(Box::pin(async move {
+        let _wait = wait;
+        match rx.await {
+            Ok(delivery) => delivery,
+            Err(_) => Err(shared.state().fatal.unwrap_or_else(|| {
+                WorkerError::Internal(format!(
+                    "the dispatch table dropped key {key:#018x} round {round}"
+                ))
+            })),
         }
-    } else {
-        Bytes::new()
-    };
+    }))
+}
 
-    let outcome = match dispatch.register(chunk.key, round)? {
-        // The round was aborted before this worker pushed (another worker's push was bad).
-        Waiter::Ready(outcome) => outcome,
-        Waiter::Pending(rx) => {
-            let header = FrameHeader {
-                kind: FrameKind::Push,
-                op,
-                flags,
-                rank: ctx.rank,
-                aux,
-                key: chunk.key,
-                round,
-                payload_len: payload.len() as u64,
-            };
-            let pushed = payload.len() as u64;
-            // Until the result is handed over (or the chunk ends on another path).
-            let _wait = crate::spans::chunk("wait", ctx.rank, tensor, index, round);
-            // A failed write makes the server's loss the job's fatal error, which fails this
-            // chunk's waiter.
-            ctx.sender
-                .send(&link.peer, header, payload, tensor.placement.priority);
-            drop(mark);
-            tensor.bytes_pushed.fetch_add(pushed, Ordering::Relaxed);
-            match rx.await {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(fatal)) => return Err(fatal),
-                Err(_) => {
-                    return Err(ctx.shared.state().fatal.unwrap_or_else(|| {
-                        WorkerError::Internal(format!(
-                            "the dispatch table dropped key {:#018x} round {round}",
-                            chunk.key
-                        ))
-                    }))
-                }
-            }
-        }
-    };
-    if let Some(e) = encode_error {
-        return Err(e);
-    }
-    if let Outcome::Result(payload) = &outcome {
+/// The server (its id, as an index) that holds chunk `index` of `tensor`.
+fn header_server(tensor: &TensorInner, index: usize) -> usize {
+    tensor.placement.chunks[index].server as usize
+}
+
+/// Counts a result's payload into the tensor's pulled bytes.
+pub(crate) fn count_pulled(tensor: &TensorInner, outcome: &Outcome) {
+    if let Outcome::Result(payload) = outcome {
         tensor
             .bytes_pulled
             .fetch_add(payload.len() as u64, Ordering::Relaxed);
     }
-    Ok(outcome)
 }
 
 /// Runs `f`, a codec call of chunk `index`'s `phase`, timed into `counter` and, when traced,

@@ -31,7 +31,7 @@ use crate::chunks::chunk_ranges;
 use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
 use crate::local::Local;
-use crate::push::{RoundCtx, ServerLink};
+use crate::push::{RoundCtx, ServerLinks};
 use crate::round::run_round;
 use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, RoundKind, Tensor, TensorInner};
@@ -73,7 +73,7 @@ pub struct Worker {
 
 struct WorkerInner {
     shared: Arc<Shared>,
-    links: Arc<Vec<ServerLink>>,
+    links: Arc<ServerLinks>,
     /// The connection to the scheduler (its control stream is `shared`'s).
     scheduler_conn: quinn::Connection,
     /// Sends every push, in priority order within `cluster.send_window_bytes`.
@@ -190,8 +190,10 @@ impl Worker {
         v.extend(
             self.inner
                 .links
+                .names
                 .iter()
-                .map(|l| (l.name.clone(), l.peer.conn.stats())),
+                .zip(&self.inner.links.peers)
+                .map(|(name, peer)| (name.clone(), peer.conn.stats())),
         );
         v
     }

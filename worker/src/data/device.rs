@@ -17,10 +17,11 @@ use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started}
 use pushpull_proto::pool::BufPool;
 
 use super::{
-    check_home, contribute, decode_host, encode_host, take_result, undo_host, Encoded, Launch,
-    Ready, RoundData, Settling, Starting,
+    check_home, contribute, decode_host, encode_host, take_result, undo_host, Launch, Ready,
+    RoundData, Settling, Starting,
 };
-use crate::error::WorkerError;
+use crate::core::Encoded;
+use crate::error::{DataError, WorkerError};
 use crate::spans::BatchTrack;
 use crate::tensor::{KeptChains, RoundKind, TensorInner};
 use pushpull_kernels::ChainState;
@@ -78,7 +79,7 @@ struct BatchRun<D: Device> {
     /// Rounds of the batch that have not ended: the last to end decodes for all.
     left: AtomicUsize,
     /// The decode's outcome, once the last round ended.
-    decoded: tokio::sync::watch::Sender<Option<Result<(), String>>>,
+    decoded: tokio::sync::watch::Sender<Option<Result<(), DataError>>>,
     /// Set once the batch's payloads are in host staging ([`BatchRun::staged`]).
     staged: tokio::sync::OnceCell<()>,
     /// The batch's track in the timeline, when traced.
@@ -105,7 +106,7 @@ impl<D: Device> BatchRun<D> {
             let outcome = {
                 // Ended before the waiting rounds hear of it.
                 let _decode = self.track.as_ref().map(|t| t.span("decode"));
-                self.started.decode().map_err(|e| e.to_string())
+                self.started.decode().map_err(DataError::from)
             };
             self.decoded.send_replace(Some(outcome));
         }
@@ -119,7 +120,7 @@ enum Launched<D: Device> {
     /// Launched: the batch's round and this tensor's place in it.
     Yes { run: Arc<BatchRun<D>>, part: usize },
     /// The launch failed: every chunk's encode fails with this.
-    Failed(String),
+    Failed(DataError),
 }
 
 /// The batches of the sets of tensors launched together so far, by set (the tensors'
@@ -141,8 +142,8 @@ impl Batches {
         &self,
         key: Vec<usize>,
         fits: impl Fn(&Batch<D>) -> bool,
-        make: impl FnOnce() -> Result<Batch<D>, String>,
-    ) -> Result<Arc<Batch<D>>, String> {
+        make: impl FnOnce() -> Result<Batch<D>, DataError>,
+    ) -> Result<Arc<Batch<D>>, DataError> {
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = kept.iter().position(|(k, ..)| *k == key) {
             let (k, b, bytes) = kept.remove(at);
@@ -366,8 +367,10 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 key,
                 |b| b.fits(&tensors),
                 || {
-                    Batch::new(&device, &tensors)
-                        .map_err(|e| format!("allocating a batch on {}: {e}", device.place()))
+                    Batch::new(&device, &tensors).map_err(|e| {
+                        let place = device.place();
+                        DataError::Device(format!("allocating a batch on {place}: {e}"))
+                    })
                 },
             );
             let args: Vec<BatchRound> = on
@@ -383,7 +386,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             // SAFETY: each round's buffer is its data's (owned, or borrowed under the
             // contract of `DeviceData::borrowed`), alive until the round ends; the rounds
             // settle (decode) before they end.
-            batch.and_then(|b| unsafe { b.start(&tensors, &args) }.map_err(|e| e.to_string()))
+            batch.and_then(|b| unsafe { b.start(&tensors, &args) }.map_err(DataError::from))
         };
         drop(launch);
         match launched {
@@ -410,7 +413,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         }
     }
 
-    fn refused(&mut self) -> Option<String> {
+    fn refused(&mut self) -> Option<DataError> {
         match &self.launched {
             Launched::Failed(e) => Some(e.clone()),
             _ => None,
@@ -434,22 +437,23 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         kind: RoundKind,
         lr: Option<f32>,
         pool: &Arc<BufPool>,
-    ) -> Result<Encoded, String> {
+    ) -> Result<Encoded, DataError> {
         if let RoundKind::Sum { .. } = kind {
             match &self.launched {
                 Launched::Failed(e) => return Err(e.clone()),
                 Launched::Yes { run, part } => {
                     let (run, part) = (run.clone(), *part);
-                    let chains = self.chains().ok_or("no device chains")?;
+                    let chains = self.chains().ok_or_else(no_chains)?;
                     return match run.started.finish(part, chains, index) {
                         Ok(payload) => Ok(Encoded::Payload(payload)),
                         Err(e) if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
-                        Err(e) => Err(e.to_string()),
+                        Err(e) => Err(e.into()),
                     };
                 }
                 // Chains that were not launched would fall behind the other workers' state.
                 Launched::No if self.state.as_ref().is_some_and(|s| s.chains.is_some()) => {
-                    return Err("internal error: a device round was not launched".into())
+                    let message = "internal error: a device round was not launched";
+                    return Err(DataError::Device(message.into()));
                 }
                 Launched::No => {}
             }
@@ -467,14 +471,14 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         lr: Option<f32>,
         num_workers: u32,
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         if let (RoundKind::Sum { .. }, Launched::Yes { run, part }) = (kind, &self.launched) {
             let chains = self.state.as_ref().and_then(|s| s.chains.as_ref());
-            let chains = chains.ok_or("no device chains")?;
+            let chains = chains.ok_or_else(no_chains)?;
             return run
                 .started
                 .receive(*part, chains, index, payload)
-                .map_err(|e| e.to_string());
+                .map_err(DataError::from);
         }
         let out = self.write(tensor, index)?;
         let decoded = decode_host(tensor, index, out, round, kind, lr, num_workers, payload);
@@ -484,10 +488,15 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         decoded
     }
 
-    fn non_finite(&mut self, tensor: &TensorInner, index: usize, round: u64) -> Result<(), String> {
+    fn non_finite(
+        &mut self,
+        tensor: &TensorInner,
+        index: usize,
+        round: u64,
+    ) -> Result<(), DataError> {
         if let Launched::Yes { run, part } = &self.launched {
             let (run, part) = (run.clone(), *part);
-            let chains = self.chains().ok_or("no device chains")?;
+            let chains = self.chains().ok_or_else(no_chains)?;
             run.started.receive_non_finite(part, chains, index);
             return Ok(());
         }
@@ -505,7 +514,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         first: bool,
         intra: IntraCodec,
         acc: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         let values = self.read(tensor, index)?;
         contribute(values, kind, rank, first, intra, acc);
         Ok(())
@@ -518,7 +527,7 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         kind: RoundKind,
         num_workers: u32,
         acc: &[f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), DataError> {
         take_result(acc, kind, num_workers, self.write(tensor, index)?);
         Ok(())
     }
@@ -535,12 +544,10 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             tensor.residence().chains = Some(Box::new(state));
         }
         let name = tensor.placement.name.clone();
-        let copied = self
-            .write_back(tensor)
-            .map_err(|message| WorkerError::Device {
-                name: name.clone(),
-                message,
-            });
+        let copied = self.write_back(tensor).map_err(|e| WorkerError::Device {
+            name: name.clone(),
+            message: e.to_string(),
+        });
         let Launched::Yes { run, .. } = std::mem::replace(&mut self.launched, Launched::No) else {
             return match copied {
                 Ok(settling) => settling,
@@ -554,14 +561,14 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
             let _run = run;
             let outcome = match decoded.wait_for(Option::is_some).await {
                 Ok(v) => v.clone().unwrap_or(Ok(())),
-                Err(_) => Err("the batch ended without decoding".to_string()),
+                Err(_) => Err(DataError::Device("the batch ended without decoding".into())),
             };
             if let Some(copied_back) = copied? {
                 copied_back.await?;
             }
-            outcome.map_err(|message| WorkerError::Device {
+            outcome.map_err(|e| WorkerError::Device {
                 name,
-                message: format!("decoding the results: {message}"),
+                message: format!("decoding the results: {e}"),
             })
         }))
     }
@@ -575,4 +582,9 @@ impl<D: Device, K> Drop for DeviceData<D, K> {
             run.leave();
         }
     }
+}
+
+/// A device round's chunk with no device chains to take it (internal error).
+fn no_chains() -> DataError {
+    DataError::Device("no device chains".into())
 }

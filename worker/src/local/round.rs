@@ -5,12 +5,11 @@ use std::sync::Mutex;
 use pushpull_proto::placement::chunk_owner;
 
 use super::{Channel, Local, NoteKind, Place};
+use crate::core::{push_frame, Pulled};
 use crate::data::{decode_host, encode_host, RoundData};
 use crate::dispatch::Outcome;
 use crate::error::WorkerError;
-use crate::push::{
-    aborted, codec_error, codec_phase, decompress_phase, push_await, Pulled, QueuedMark, RoundCtx,
-};
+use crate::push::{codec_phase, count_pulled, decompress_phase, send_push, QueuedMark, RoundCtx};
 use crate::tensor::{RoundKind, TensorInner};
 
 /// Chunk `index` of `tensor`'s `round` on this member of `local` (see [`super`]'s docs). Every
@@ -30,6 +29,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let owner = chunk_owner(key, g);
     let range = tensor.ranges[index].clone();
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
+    let blame = ctx.spec(tensor, round, kind, true).blame();
     // The chunk's phases in the timeline (each span ends when dropped, on every path).
     let span = |phase| crate::spans::chunk(phase, ctx.rank, tensor, index, round);
 
@@ -72,7 +72,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     }
 
     // 3. The owner pushes the host's sum and shares the outcome; the others wait for it.
-    let mut failure = added.err().map(|e| codec_error(tensor, index, round, e));
+    let mut failure = added.err().map(|e| blame.codec(index, e.to_string()));
     let outcome = if l == owner {
         if owner + 1 != g {
             let _others = span("others add");
@@ -102,7 +102,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
             let acc = unsafe { local.acc(place, range.clone()) };
             lock()
                 .take_result(tensor, index, kind, ctx.num_workers, acc)
-                .map_err(|e| codec_error(tensor, index, round, e))
+                .map_err(|e| blame.codec(index, e.to_string()))
                 .map(|()| match outcome {
                     NoteKind::NonFinite => Pulled::NonFinite,
                     _ => Pulled::Sum,
@@ -113,7 +113,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
                 "the round was aborted (local rank {owner}, which pushes this chunk for the \
                  host, has the server's message)"
             );
-            aborted(ctx, tensor, index, round, kind, message)
+            blame.aborted(index, message)
         })),
     };
     if l != 0 {
@@ -157,12 +157,23 @@ async fn owner_round(
             encode_host(tensor, index, acc, round, kind, ctx.lr(), &ctx.pool)
         })
     });
-    let outcome = match push_await(ctx, tensor, index, round, kind, encoded, mark).await {
+    let spec = ctx.spec(tensor, round, kind, true);
+    let blame = spec.blame();
+    let (header, payload, failed) = push_frame(&spec, index, encoded);
+    let outcome = match send_push(ctx, tensor, index, header, payload, mark) {
+        Ok(awaited) => awaited.await,
+        Err(e) => Err(e),
+    };
+    let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(e) if e.is_fatal() => return Err(e),
-        // The encoding failed: the server aborts the round for every host.
         Err(e) => return Ok((NoteKind::Aborted, Some(e))),
     };
+    count_pulled(tensor, &outcome);
+    if let Some(e) = failed {
+        // The encoding failed: the server aborted the round for every host.
+        return Ok((NoteKind::Aborted, Some(e)));
+    }
     // SAFETY: as above, until the note this returns is sent.
     let acc = unsafe { local.acc(place, range) };
     Ok(match outcome {
@@ -180,10 +191,7 @@ async fn owner_round(
                 Err(e) => {
                     let message = format!("decoding the result: {e}");
                     acc.fill(f32::NAN);
-                    (
-                        NoteKind::Aborted,
-                        Some(codec_error(tensor, index, round, message)),
-                    )
+                    (NoteKind::Aborted, Some(blame.codec(index, message)))
                 }
             }
         }
@@ -194,14 +202,8 @@ async fn owner_round(
         }
         Outcome::NonFinite => {
             let message = "a non-finite result for a broadcast".to_string();
-            (
-                NoteKind::Aborted,
-                Some(codec_error(tensor, index, round, message)),
-            )
+            (NoteKind::Aborted, Some(blame.codec(index, message)))
         }
-        Outcome::Abort(message) => (
-            NoteKind::Aborted,
-            Some(aborted(ctx, tensor, index, round, kind, message)),
-        ),
+        Outcome::Abort(message) => (NoteKind::Aborted, Some(blame.aborted(index, message))),
     })
 }

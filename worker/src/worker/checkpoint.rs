@@ -417,9 +417,9 @@ impl Worker {
         let shared = &self.inner.shared;
         let mut waiting = Vec::new();
         for (server, key, flags, payload) in frames {
-            let (Some(dispatch), Some(link)) = (
+            let (Some(dispatch), Some(peer)) = (
                 shared.dispatch.get(server as usize),
-                self.inner.links.get(server as usize),
+                self.inner.links.peers.get(server as usize),
             ) else {
                 return Err(refused(
                     path,
@@ -437,9 +437,7 @@ impl Worker {
                 round: STATE_ROUND,
                 payload_len: payload.len() as u64,
             };
-            self.inner
-                .sender
-                .send(&link.peer, header, payload, i32::MAX);
+            self.inner.sender.send(peer, header, payload, i32::MAX);
             waiting.push((key, waiter));
         }
         let mut answers = Vec::with_capacity(waiting.len());

@@ -24,8 +24,8 @@ impl WorkerInner {
             t.abort();
         }
         let (code, reason) = (why.code().into(), why.reason());
-        for link in self.links.iter() {
-            link.peer.conn.close(code, &reason);
+        for peer in &self.links.peers {
+            peer.conn.close(code, &reason);
         }
         self.endpoint.quinn.close(code, &reason);
     }

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::{Worker, WorkerInner};
 use crate::error::WorkerError;
-use crate::push::ServerLink;
+use crate::push::ServerLinks;
 use crate::shared::{control_reader, control_writer, heartbeat, server_reader, Phase, Shared};
 
 /// Idle capacity the pool of push payload buffers keeps (about one ResNet-50 round of fp32).
@@ -267,16 +267,17 @@ impl Worker {
             on_error,
         );
         cleanup.tasks.push(tokio::spawn(driver));
-        let links: Vec<ServerLink> = conns
+        let (names, peers) = conns
             .into_iter()
-            .map(|(name, conn)| ServerLink {
-                peer: Peer {
+            .map(|(name, conn)| {
+                let peer = Peer {
                     conn,
                     name: name.to_string().into(),
-                },
-                name,
+                };
+                (name, peer)
             })
-            .collect();
+            .unzip();
+        let links = ServerLinks { names, peers };
         // A gossip result carries a message from each of this worker's neighbours.
         let neighbours = config
             .gossip
@@ -284,11 +285,11 @@ impl Worker {
             .map_or(1, |w| w.neighbours(rank as usize).len().max(1));
         let max_payload =
             max_payload_len(config.cluster.partition_bytes).saturating_mul(neighbours as u64);
-        for link in &links {
+        for (name, peer) in links.names.iter().zip(&links.peers) {
             cleanup.tasks.push(tokio::spawn(server_reader(
                 shared.clone(),
-                link.name.clone(),
-                link.peer.conn.clone(),
+                name.clone(),
+                peer.conn.clone(),
                 rank,
                 max_payload,
             )));

@@ -7,7 +7,7 @@ use pushpull_kernels::device::Device;
 
 use super::DeviceData;
 use crate::data::{Ready, Settling};
-use crate::error::WorkerError;
+use crate::error::{DataError, WorkerError};
 use crate::tensor::{KeptCopy, TensorInner};
 
 /// A device buffer's copy on the host, for a round whose chunks go through the host (a local
@@ -44,7 +44,7 @@ pub(super) struct HostCopy<D: Device> {
 }
 
 /// A copy in's outcome: the host memory holding the buffer, or why it does not.
-type CopyIn<D> = Result<Held<D>, String>;
+type CopyIn<D> = Result<Held<D>, DataError>;
 
 /// Where a tensor keeps its copy's host memory between rounds (`Residence::host_copy`): filled
 /// once the round's copy back has been waited for, before the tensor's next round can begin.
@@ -84,8 +84,10 @@ impl<D: Device> Held<D> {
     }
 
     /// The first `len` elements.
-    fn floats(&mut self, len: usize) -> Result<&mut [f32], String> {
-        let short = || "the host copy is shorter than the buffer (internal error)".to_string();
+    fn floats(&mut self, len: usize) -> Result<&mut [f32], DataError> {
+        let short = || {
+            DataError::Device("the host copy is shorter than the buffer (internal error)".into())
+        };
         match self {
             Held::Staging(staging) => {
                 as_f32(staging.as_mut().get_mut(..4 * len).ok_or_else(short)?)
@@ -125,13 +127,15 @@ impl<D: Device> Default for HostCopy<D> {
 }
 
 /// `bytes` as f32 (staging is page-aligned on a GPU, heap memory on the emulated device).
-fn as_f32(bytes: &mut [u8]) -> Result<&mut [f32], String> {
+fn as_f32(bytes: &mut [u8]) -> Result<&mut [f32], DataError> {
     // SAFETY: every bit pattern is a valid f32; `align_to_mut` only hands out aligned floats.
     let (head, floats, tail) = unsafe { bytes.align_to_mut::<f32>() };
     if head.is_empty() && tail.is_empty() {
         Ok(floats)
     } else {
-        Err("the host staging is not 4-byte aligned".into())
+        Err(DataError::Device(
+            "the host staging is not 4-byte aligned".into(),
+        ))
     }
 }
 
@@ -150,9 +154,9 @@ fn waiting_for_device<T>(f: impl FnOnce() -> T) -> T {
 fn copy_landed<D: Device>(device: &D, held: Held<D>) -> CopyIn<D> {
     match held {
         Held::Staging(mut staging) => {
-            device
-                .wait_staged(&mut staging)
-                .map_err(|e| format!("copying the buffer from {}: {e}", device.place()))?;
+            device.wait_staged(&mut staging).map_err(|e| {
+                DataError::Device(format!("copying the buffer from {}: {e}", device.place()))
+            })?;
             Ok(Held::Staging(staging))
         }
         pageable => Ok(pageable),
@@ -220,15 +224,13 @@ impl<D: Device, K> DeviceData<D, K> {
         Ok(held)
     }
 
-    fn copy_error(&self, direction: &str, e: impl std::fmt::Display) -> String {
-        format!(
-            "copying the buffer {direction} {}: {e}",
-            self.device.place()
-        )
+    fn copy_error(&self, direction: &str, e: impl std::fmt::Display) -> DataError {
+        let place = self.device.place();
+        DataError::Device(format!("copying the buffer {direction} {place}: {e}"))
     }
 
     /// The buffer on the host ([`HostCopy`]): the copy `ready` started, or one made now.
-    fn host_copy(&mut self, tensor: &TensorInner) -> Result<&mut [f32], String> {
+    fn host_copy(&mut self, tensor: &TensorInner) -> Result<&mut [f32], DataError> {
         if self.copy.held.is_none() {
             let landed = self
                 .copy
@@ -248,12 +250,14 @@ impl<D: Device, K> DeviceData<D, K> {
         match self.copy.held.as_mut() {
             Some(Ok(held)) => held.floats(self.len),
             Some(Err(e)) => Err(e.clone()),
-            None => Err("the host copy is missing (internal error)".into()),
+            None => Err(DataError::Device(
+                "the host copy is missing (internal error)".into(),
+            )),
         }
     }
 
     /// Chunk `index` of the buffer, read on the host.
-    pub(super) fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], String> {
+    pub(super) fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], DataError> {
         let range = tensor.ranges[index].clone();
         Ok(&self.host_copy(tensor)?[range])
     }
@@ -263,7 +267,7 @@ impl<D: Device, K> DeviceData<D, K> {
         &mut self,
         tensor: &TensorInner,
         index: usize,
-    ) -> Result<&mut [f32], String> {
+    ) -> Result<&mut [f32], DataError> {
         let range = tensor.ranges[index].clone();
         self.copy.written = true;
         Ok(&mut self.host_copy(tensor)?[range])
@@ -280,7 +284,10 @@ impl<D: Device, K> DeviceData<D, K> {
     /// (unless it is a broadcast's own; memory whose copy in failed is dropped). A copy back
     /// from staging is only started here: the returned future waits for it on the blocking
     /// pool, then puts the memory in the tensor's slot.
-    pub(super) fn write_back(&mut self, tensor: &TensorInner) -> Result<Option<Settling>, String> {
+    pub(super) fn write_back(
+        &mut self,
+        tensor: &TensorInner,
+    ) -> Result<Option<Settling>, DataError> {
         let copy = std::mem::take(&mut self.copy);
         let landed = copy
             .coming
@@ -363,7 +370,11 @@ impl<D: Device, K> DeviceData<D, K> {
             let landed = match started {
                 Ok(held) => tokio::task::spawn_blocking(move || copy_landed(&*device, held))
                     .await
-                    .unwrap_or_else(|e| Err(format!("waiting for the copy to the host: {e}"))),
+                    .unwrap_or_else(|e| {
+                        Err(DataError::Device(format!(
+                            "waiting for the copy to the host: {e}"
+                        )))
+                    }),
                 Err(e) => Err(e),
             };
             *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(landed);
