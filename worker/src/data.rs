@@ -49,8 +49,48 @@ pub(crate) struct Launch<'a> {
     pub(crate) batches: &'a Batches,
 }
 
-/// The caller's buffer during one round (see the module docs).
-pub(crate) trait RoundData: Send + 'static {
+/// The chunk a data call is about: which chunk of which tensor, in which round and kind of
+/// round, on which worker.
+#[derive(Clone, Copy)]
+pub(crate) struct ChunkAt<'a> {
+    pub(crate) tensor: &'a TensorInner,
+    pub(crate) index: usize,
+    pub(crate) round: u64,
+    pub(crate) kind: RoundKind,
+    /// The round's learning rate.
+    pub(crate) lr: Option<f32>,
+    /// The job's workers (an average divides by them).
+    pub(crate) num_workers: u32,
+    /// This worker's rank.
+    pub(crate) rank: u32,
+}
+
+impl ChunkAt<'_> {
+    /// The chunk's elements in the tensor.
+    fn range(&self) -> std::ops::Range<usize> {
+        self.tensor.ranges[self.index].clone()
+    }
+}
+
+/// The caller's buffer as the host sees it: where a chunk's values are read and its result
+/// written when the chunk goes through the host (always for host buffers; for a device's, the
+/// buffer's copy on the host).
+pub(crate) trait HostView {
+    /// Chunk `at` of the input.
+    fn input(&mut self, at: &ChunkAt<'_>) -> Result<&[f32], DataError>;
+
+    /// Chunk `at` of the output, to be overwritten.
+    fn output(&mut self, at: &ChunkAt<'_>) -> Result<&mut [f32], DataError>;
+
+    /// Chunk `at`'s decode failed partway through the output (a device's copy then gives the
+    /// chunk its input back).
+    fn output_failed(&mut self, _at: &ChunkAt<'_>) {}
+}
+
+/// The caller's buffer during one round (see the module docs). The chunk operations are the
+/// host's ([`HostView`]: the tensor's CPU codecs) unless a kind of data compresses elsewhere
+/// (a device's chains, for a device round's launched chunks).
+pub(crate) trait RoundData: HostView + Send + 'static {
     /// Elements.
     fn len(&mut self) -> usize;
 
@@ -93,79 +133,74 @@ pub(crate) trait RoundData: Send + 'static {
         None
     }
 
-    /// Encodes chunk `index` of this worker's data: the payload to push, in a buffer of
-    /// `pool` (or of the data's own pool), or [`Encoded::NonFinite`] for a sum's chunk that
-    /// is not finite.
-    fn encode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        pool: &Arc<BufPool>,
-    ) -> Result<Encoded, DataError>;
+    /// Encodes chunk `at` of this worker's data: the payload to push, in a buffer of `pool`
+    /// (or of the data's own pool), or [`Encoded::NonFinite`] for a sum's chunk that is not
+    /// finite.
+    fn encode(&mut self, at: &ChunkAt<'_>, pool: &Arc<BufPool>) -> Result<Encoded, DataError> {
+        encode_on_host(self, at, pool)
+    }
 
-    /// Decodes chunk `index`'s result into the buffer (and divides by `num_workers` for an
-    /// average); `lr` is the round's learning rate, as at [`RoundData::encode`].
-    #[allow(clippy::too_many_arguments)]
-    fn decode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        num_workers: u32,
-        payload: &[u8],
-    ) -> Result<(), DataError>;
+    /// Decodes chunk `at`'s result into the buffer (and divides by the workers for an
+    /// average).
+    fn decode(&mut self, at: &ChunkAt<'_>, payload: &[u8]) -> Result<(), DataError> {
+        decode_on_host(self, at, payload)
+    }
 
-    /// Chunk `index`'s sum in `round` was not finite: undoes this worker's round of the
-    /// chunk (if it committed one) and fills the chunk of the buffer with NaN.
-    fn non_finite(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-    ) -> Result<(), DataError>;
+    /// Chunk `at`'s sum was not finite: undoes this worker's round of the chunk (if it
+    /// committed one) and fills the chunk of the buffer with NaN.
+    fn non_finite(&mut self, at: &ChunkAt<'_>) -> Result<(), DataError> {
+        non_finite_on_host(self, at)
+    }
 
-    /// Local groups ([`crate::local`]): adds this member's part of chunk `index` to its host's
+    /// Local groups ([`crate::local`]): adds this member's part of chunk `at` to its host's
     /// sum `acc` ([`host_fold`] with the tensor's intra-host codec; member 0, `first`,
-    /// writes). In a broadcast the root (`rank == root`) contributes its values exactly and
-    /// every other member `-0.0`, which changes no value.
-    #[allow(clippy::too_many_arguments)]
+    /// writes). In a broadcast the root contributes its values exactly and every other member
+    /// `-0.0`, which changes no value.
     fn contribute(
         &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        rank: u32,
+        at: &ChunkAt<'_>,
         first: bool,
         intra: IntraCodec,
         acc: &mut [f32],
-    ) -> Result<(), DataError>;
+    ) -> Result<(), DataError> {
+        let x = self.input(at)?;
+        match at.kind {
+            RoundKind::Sum { .. } => host_fold(intra, first, x, acc),
+            RoundKind::Broadcast { root } if root == at.rank => {
+                host_fold(IntraCodec::None, first, x, acc)
+            }
+            // `a + -0.0 == a` for every `a`: only a first writer has something to do.
+            RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
+            RoundKind::Broadcast { .. } | RoundKind::Gossip => {}
+        }
+        Ok(())
+    }
 
-    /// Local groups: copies the host's result `acc` into chunk `index` of the buffer (divided
-    /// by `num_workers` for an average).
-    fn take_result(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        num_workers: u32,
-        acc: &[f32],
-    ) -> Result<(), DataError>;
+    /// Local groups: copies the host's result `acc` into chunk `at` of the buffer (divided by
+    /// the workers for an average).
+    fn take_result(&mut self, at: &ChunkAt<'_>, acc: &[f32]) -> Result<(), DataError> {
+        let out = self.output(at)?;
+        out.copy_from_slice(acc);
+        if let RoundKind::Sum { average: true } = at.kind {
+            pushpull_kernels::average(out, at.num_workers);
+        }
+        Ok(())
+    }
 
     /// Undoes `round` of every chunk of the tensor (a discarded round: see
     /// [`crate::Worker::discard_last_round`]), wherever the tensor's state lives; called
     /// after [`RoundData::begin`] of the next push_pull round, before anything is launched.
-    fn undo(&mut self, tensor: &TensorInner, round: u64);
+    fn undo(&mut self, tensor: &TensorInner, round: u64) {
+        undo_host(tensor, round);
+    }
 
     /// Called after the round, whatever its outcome: gives back what `begin` took, and
     /// finishes the decoding. What it returns, if anything, resolves once the results are in
     /// the buffer (a device's batch decodes the results of all its rounds at once, when the
     /// last of them ends), and the round's outcome waits for it.
-    fn end(&mut self, tensor: &TensorInner) -> Option<Settling>;
+    fn end(&mut self, _tensor: &TensorInner) -> Option<Settling> {
+        None
+    }
 }
 
 /// A round's wait before encoding ([`RoundData::ready`]).
@@ -199,37 +234,65 @@ pub(crate) fn check_home(
     }
 }
 
-/// Encodes `slice` (chunk `index`) on the host into a buffer of `pool`: the tensor's CPU
-/// codec, or raw fp32 for a broadcast. A sum's chunk that is not finite is
-/// [`Encoded::NonFinite`].
+/// [`RoundData::encode`] through the host: chunk `at` of `data`'s host view, by its CPU codec.
+pub(crate) fn encode_on_host<V: HostView + ?Sized>(
+    data: &mut V,
+    at: &ChunkAt<'_>,
+    pool: &Arc<BufPool>,
+) -> Result<Encoded, DataError> {
+    encode_host(at, data.input(at)?, pool)
+}
+
+/// [`RoundData::decode`] through the host: into chunk `at` of `data`'s host view.
+pub(crate) fn decode_on_host<V: HostView + ?Sized>(
+    data: &mut V,
+    at: &ChunkAt<'_>,
+    payload: &[u8],
+) -> Result<(), DataError> {
+    let decoded = decode_host(at, data.output(at)?, payload);
+    if decoded.is_err() {
+        data.output_failed(at);
+    }
+    decoded
+}
+
+/// [`RoundData::non_finite`] through the host: undoes the chunk's CPU codec's round and fills
+/// chunk `at` of `data`'s host view with NaN.
+pub(crate) fn non_finite_on_host<V: HostView + ?Sized>(
+    data: &mut V,
+    at: &ChunkAt<'_>,
+) -> Result<(), DataError> {
+    at.tensor.codec(at.index).undo(at.round);
+    data.output(at)?.fill(f32::NAN);
+    Ok(())
+}
+
+/// Encodes `slice` (chunk `at`) on the host into a buffer of `pool`: the tensor's CPU codec,
+/// or raw fp32 for a broadcast. A sum's chunk that is not finite is [`Encoded::NonFinite`].
 pub(crate) fn encode_host(
-    tensor: &TensorInner,
-    index: usize,
+    at: &ChunkAt<'_>,
     slice: &[f32],
-    round: u64,
-    kind: RoundKind,
-    lr: Option<f32>,
     pool: &Arc<BufPool>,
 ) -> Result<Encoded, DataError> {
     let ctx = CodecRound {
-        lr,
-        theta_bound: tensor.bound.theta_bound(round, lr),
-        ..CodecRound::new(round)
+        lr: at.lr,
+        theta_bound: at.tensor.bound.theta_bound(at.round, at.lr),
+        ..CodecRound::new(at.round)
     };
     let mut out = pool.take();
-    let encoded = match kind {
+    let encoded = match at.kind {
         // Broadcasts carry raw fp32 whatever the tensor's compressor: the root's values
         // arrive exactly, and no compressor state (error feedback, momentum) is touched.
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).compress(slice, &ctx, &mut out),
         RoundKind::Sum { .. } | RoundKind::Gossip => {
-            tensor.codec(index).compress(slice, &ctx, &mut out)
+            at.tensor.codec(at.index).compress(slice, &ctx, &mut out)
         }
     };
     match encoded {
         Ok(()) => Ok(Encoded::Payload(pool.freeze(out))),
         Err(e) => {
             pool.give_back(out);
-            match kind {
+            match at.kind {
                 RoundKind::Sum { .. } if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
                 _ => Err(e.into()),
             }
@@ -244,58 +307,26 @@ pub(crate) fn undo_host(tensor: &TensorInner, round: u64) {
     }
 }
 
-/// Decodes a result into `slice` (chunk `index`) on the host; `lr`, the round's learning rate,
-/// matters to a gossip round only (moniqua's `theta_schedule = lr`).
-#[allow(clippy::too_many_arguments)]
+/// Decodes a result into `slice` (chunk `at`) on the host, averaged for an average; the
+/// round's learning rate matters to a gossip round only (moniqua's `theta_schedule = lr`).
 pub(crate) fn decode_host(
-    tensor: &TensorInner,
-    index: usize,
+    at: &ChunkAt<'_>,
     slice: &mut [f32],
-    round: u64,
-    kind: RoundKind,
-    lr: Option<f32>,
-    num_workers: u32,
     payload: &[u8],
 ) -> Result<(), DataError> {
-    let ctx = CodecRound::new(round);
-    match kind {
+    let ctx = CodecRound::new(at.round);
+    let (tensor, index) = (at.tensor, at.index);
+    match at.kind {
         RoundKind::Broadcast { .. } => fp32_codec(slice.len()).decompress(payload, &ctx, slice),
         RoundKind::Sum { .. } => tensor.codec(index).decompress(payload, &ctx, slice),
         RoundKind::Gossip => {
-            return crate::gossip::average_gossip(tensor, index, slice, round, lr, payload)
+            return crate::gossip::average_gossip(tensor, index, slice, at.round, at.lr, payload)
         }
     }?;
-    if let RoundKind::Sum { average: true } = kind {
-        pushpull_kernels::average(slice, num_workers);
+    if let RoundKind::Sum { average: true } = at.kind {
+        pushpull_kernels::average(slice, at.num_workers);
     }
     Ok(())
-}
-
-/// Local groups: adds `x`, this member's part of a chunk, to its host's sum `acc` (see
-/// [`RoundData::contribute`]), wherever `x` came from.
-pub(crate) fn contribute(
-    x: &[f32],
-    kind: RoundKind,
-    rank: u32,
-    first: bool,
-    intra: IntraCodec,
-    acc: &mut [f32],
-) {
-    match kind {
-        RoundKind::Sum { .. } => host_fold(intra, first, x, acc),
-        RoundKind::Broadcast { root } if root == rank => host_fold(IntraCodec::None, first, x, acc),
-        // `a + -0.0 == a` for every `a`: only a first writer has something to do.
-        RoundKind::Broadcast { .. } if first => acc.fill(-0.0),
-        RoundKind::Broadcast { .. } | RoundKind::Gossip => {}
-    }
-}
-
-/// Local groups: writes the host's result `acc` to `out` (see [`RoundData::take_result`]).
-pub(crate) fn take_result(acc: &[f32], kind: RoundKind, num_workers: u32, out: &mut [f32]) {
-    out.copy_from_slice(acc);
-    if let RoundKind::Sum { average: true } = kind {
-        pushpull_kernels::average(out, num_workers);
-    }
 }
 
 /// The host buffers of a round: where chunks are read from and where results are written.
@@ -336,13 +367,26 @@ where
     }
 }
 
+impl<H: HostBuffers> HostView for H {
+    fn input(&mut self, at: &ChunkAt<'_>) -> Result<&[f32], DataError> {
+        Ok(&HostBuffers::input(self)[at.range()])
+    }
+
+    fn output(&mut self, at: &ChunkAt<'_>) -> Result<&mut [f32], DataError> {
+        Ok(&mut HostBuffers::output(self)[at.range()])
+    }
+}
+
 impl<H: HostBuffers> RoundData for H {
     fn len(&mut self) -> usize {
-        self.input().len()
+        HostBuffers::input(self).len()
     }
 
     fn wrong_len(&mut self, declared: u64) -> Option<u64> {
-        let lens = [self.input().len(), self.output().len()];
+        let lens = [
+            HostBuffers::input(self).len(),
+            HostBuffers::output(self).len(),
+        ];
         lens.into_iter().map(|n| n as u64).find(|&n| n != declared)
     }
 
@@ -355,79 +399,5 @@ impl<H: HostBuffers> RoundData for H {
         }
         res.buffer_on = Place::Cpu;
         Ok(())
-    }
-
-    fn encode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        pool: &Arc<BufPool>,
-    ) -> Result<Encoded, DataError> {
-        let slice = &self.input()[tensor.ranges[index].clone()];
-        encode_host(tensor, index, slice, round, kind, lr, pool)
-    }
-
-    fn non_finite(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-    ) -> Result<(), DataError> {
-        tensor.codec(index).undo(round);
-        self.output()[tensor.ranges[index].clone()].fill(f32::NAN);
-        Ok(())
-    }
-
-    fn undo(&mut self, tensor: &TensorInner, round: u64) {
-        undo_host(tensor, round);
-    }
-
-    fn contribute(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        rank: u32,
-        first: bool,
-        intra: IntraCodec,
-        acc: &mut [f32],
-    ) -> Result<(), DataError> {
-        let x = &self.input()[tensor.ranges[index].clone()];
-        contribute(x, kind, rank, first, intra, acc);
-        Ok(())
-    }
-
-    fn take_result(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        num_workers: u32,
-        acc: &[f32],
-    ) -> Result<(), DataError> {
-        let out = &mut self.output()[tensor.ranges[index].clone()];
-        take_result(acc, kind, num_workers, out);
-        Ok(())
-    }
-
-    fn decode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        num_workers: u32,
-        payload: &[u8],
-    ) -> Result<(), DataError> {
-        let slice = &mut self.output()[tensor.ranges[index].clone()];
-        decode_host(tensor, index, slice, round, kind, lr, num_workers, payload)
-    }
-
-    fn end(&mut self, _tensor: &TensorInner) -> Option<Settling> {
-        None
     }
 }

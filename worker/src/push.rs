@@ -19,6 +19,7 @@ use pushpull_proto::protocol::FrameHeader;
 use pushpull_proto::NodeName;
 
 use crate::core::RoundSpec;
+use crate::data::ChunkAt;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
@@ -55,6 +56,25 @@ impl RoundCtx {
     /// The round's learning rate (it travels as f32 bits, 0 when the training loop set none).
     pub(crate) fn lr(&self) -> Option<f32> {
         (self.learning_rate != 0).then(|| f32::from_bits(self.learning_rate))
+    }
+
+    /// Chunk `index` of `round` of `tensor`, for the round's data ([`crate::data::RoundData`]).
+    pub(crate) fn at<'a>(
+        &self,
+        tensor: &'a TensorInner,
+        index: usize,
+        round: u64,
+        kind: RoundKind,
+    ) -> ChunkAt<'a> {
+        ChunkAt {
+            tensor,
+            index,
+            round,
+            kind,
+            lr: self.lr(),
+            num_workers: self.num_workers,
+            rank: self.rank,
+        }
     }
 
     /// `round` of `tensor` as the core sees it; `delegated`: each chunk's round is a local

@@ -22,9 +22,9 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pushpull_net::sender::SendHold;
 
-use crate::core::{Action, Event, RoundCore};
-use crate::data::RoundData;
-use crate::error::WorkerError;
+use crate::core::{Action, Encoded, Event, RoundCore};
+use crate::data::{ChunkAt, RoundData};
+use crate::error::{DataError, WorkerError};
 use crate::local::Local;
 use crate::push::{
     codec_phase, count_pulled, decompress_phase, send_push, Queued, QueuedMark, RoundCtx,
@@ -114,7 +114,7 @@ pub(crate) async fn run_round<R: RoundData>(
                     core.handle(Instant::now(), Event::Decoded { chunk, result });
                 }
                 Action::FillNonFinite { chunk } => {
-                    let result = shell.lock().non_finite(&tensor, chunk, round);
+                    let result = shell.non_finite(chunk);
                     core.handle(now, Event::Decoded { chunk, result });
                 }
                 Action::Delegate { chunk } => {
@@ -180,31 +180,36 @@ impl<R: RoundData> Shell<'_, R> {
         self.data.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn at(&self, index: usize) -> ChunkAt<'_> {
+        self.ctx.at(self.tensor, index, self.round, self.kind)
+    }
+
     /// Encodes `chunk` of this worker's data, timed as compression for a sum or gossip round.
-    fn encode(&self, chunk: usize) -> Result<crate::core::Encoded, crate::error::DataError> {
-        let (ctx, tensor, round, kind) = (self.ctx, self.tensor, self.round, self.kind);
-        let counter = matches!(kind, RoundKind::Sum { .. } | RoundKind::Gossip)
+    fn encode(&self, chunk: usize) -> Result<Encoded, DataError> {
+        let (ctx, tensor) = (self.ctx, self.tensor);
+        let counter = matches!(self.kind, RoundKind::Sum { .. } | RoundKind::Gossip)
             .then_some(&tensor.compress_nanos);
-        codec_phase(ctx.rank, tensor, chunk, round, "compress", counter, || {
-            self.lock()
-                .encode(tensor, chunk, round, kind, ctx.lr(), &ctx.pool)
-        })
+        codec_phase(
+            ctx.rank,
+            tensor,
+            chunk,
+            self.round,
+            "compress",
+            counter,
+            || self.lock().encode(&self.at(chunk), &ctx.pool),
+        )
     }
 
     /// Decodes `chunk`'s result into the caller's data, timed as decompression.
-    fn decode(&self, chunk: usize, payload: &[u8]) -> Result<(), crate::error::DataError> {
-        let (ctx, tensor, round, kind) = (self.ctx, self.tensor, self.round, self.kind);
-        decompress_phase(ctx.rank, tensor, chunk, round, || {
-            self.lock().decode(
-                tensor,
-                chunk,
-                round,
-                kind,
-                ctx.lr(),
-                ctx.num_workers,
-                payload,
-            )
+    fn decode(&self, chunk: usize, payload: &[u8]) -> Result<(), DataError> {
+        decompress_phase(self.ctx.rank, self.tensor, chunk, self.round, || {
+            self.lock().decode(&self.at(chunk), payload)
         })
+    }
+
+    /// The chunk's sum was not finite.
+    fn non_finite(&self, chunk: usize) -> Result<(), DataError> {
+        self.lock().non_finite(&self.at(chunk))
     }
 }
 

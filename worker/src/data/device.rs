@@ -17,15 +17,14 @@ use pushpull_kernels::device::{Batch, BatchRound, Device, DeviceTensor, Started}
 use pushpull_proto::pool::BufPool;
 
 use super::{
-    check_home, contribute, decode_host, encode_host, take_result, undo_host, Launch, Ready,
-    RoundData, Settling, Starting,
+    check_home, decode_on_host, encode_on_host, non_finite_on_host, undo_host, ChunkAt, Launch,
+    Ready, RoundData, Settling, Starting,
 };
 use crate::core::Encoded;
 use crate::error::{DataError, WorkerError};
 use crate::spans::BatchTrack;
 use crate::tensor::{KeptChains, RoundKind, TensorInner};
 use pushpull_kernels::ChainState;
-use pushpull_kernels::IntraCodec;
 
 mod host_copy;
 
@@ -429,22 +428,14 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         self.start_host_copy()
     }
 
-    fn encode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        pool: &Arc<BufPool>,
-    ) -> Result<Encoded, DataError> {
-        if let RoundKind::Sum { .. } = kind {
+    fn encode(&mut self, at: &ChunkAt<'_>, pool: &Arc<BufPool>) -> Result<Encoded, DataError> {
+        if let RoundKind::Sum { .. } = at.kind {
             match &self.launched {
                 Launched::Failed(e) => return Err(e.clone()),
                 Launched::Yes { run, part } => {
                     let (run, part) = (run.clone(), *part);
                     let chains = self.chains().ok_or_else(no_chains)?;
-                    return match run.started.finish(part, chains, index) {
+                    return match run.started.finish(part, chains, at.index) {
                         Ok(payload) => Ok(Encoded::Payload(payload)),
                         Err(e) if e.is_non_finite() => Ok(Encoded::NonFinite(e.to_string())),
                         Err(e) => Err(e.into()),
@@ -458,78 +449,29 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
                 Launched::No => {}
             }
         }
-        let values = self.read(tensor, index)?;
-        encode_host(tensor, index, values, round, kind, lr, pool)
+        encode_on_host(self, at, pool)
     }
 
-    fn decode(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-        kind: RoundKind,
-        lr: Option<f32>,
-        num_workers: u32,
-        payload: &[u8],
-    ) -> Result<(), DataError> {
-        if let (RoundKind::Sum { .. }, Launched::Yes { run, part }) = (kind, &self.launched) {
+    fn decode(&mut self, at: &ChunkAt<'_>, payload: &[u8]) -> Result<(), DataError> {
+        if let (RoundKind::Sum { .. }, Launched::Yes { run, part }) = (at.kind, &self.launched) {
             let chains = self.state.as_ref().and_then(|s| s.chains.as_ref());
             let chains = chains.ok_or_else(no_chains)?;
             return run
                 .started
-                .receive(*part, chains, index, payload)
+                .receive(*part, chains, at.index, payload)
                 .map_err(DataError::from);
         }
-        let out = self.write(tensor, index)?;
-        let decoded = decode_host(tensor, index, out, round, kind, lr, num_workers, payload);
-        if decoded.is_err() {
-            self.decode_failed(index);
-        }
-        decoded
+        decode_on_host(self, at, payload)
     }
 
-    fn non_finite(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        round: u64,
-    ) -> Result<(), DataError> {
+    fn non_finite(&mut self, at: &ChunkAt<'_>) -> Result<(), DataError> {
         if let Launched::Yes { run, part } = &self.launched {
             let (run, part) = (run.clone(), *part);
             let chains = self.chains().ok_or_else(no_chains)?;
-            run.started.receive_non_finite(part, chains, index);
+            run.started.receive_non_finite(part, chains, at.index);
             return Ok(());
         }
-        tensor.codec(index).undo(round);
-        self.write(tensor, index)?.fill(f32::NAN);
-        Ok(())
-    }
-
-    fn contribute(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        rank: u32,
-        first: bool,
-        intra: IntraCodec,
-        acc: &mut [f32],
-    ) -> Result<(), DataError> {
-        let values = self.read(tensor, index)?;
-        contribute(values, kind, rank, first, intra, acc);
-        Ok(())
-    }
-
-    fn take_result(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-        kind: RoundKind,
-        num_workers: u32,
-        acc: &[f32],
-    ) -> Result<(), DataError> {
-        take_result(acc, kind, num_workers, self.write(tensor, index)?);
-        Ok(())
+        non_finite_on_host(self, at)
     }
 
     fn undo(&mut self, tensor: &TensorInner, round: u64) {

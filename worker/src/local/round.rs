@@ -30,6 +30,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let range = tensor.ranges[index].clone();
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
     let blame = ctx.spec(tensor, round, kind, true).blame();
+    let at = ctx.at(tensor, index, round, kind);
     // The chunk's phases in the timeline (each span ends when dropped, on every path).
     let span = |phase| crate::spans::chunk(phase, ctx.rank, tensor, index, round);
 
@@ -54,7 +55,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
         let _add = span("add");
         // SAFETY: this member holds the chunk's turn until its next note.
         let acc = unsafe { local.acc(place, range.clone()) };
-        let added = lock().contribute(tensor, index, kind, ctx.rank, l == 0, place.intra, acc);
+        let added = lock().contribute(&at, l == 0, place.intra, acc);
         if added.is_err() {
             // This member's part is missing: the host sum must not look whole. NaN makes the
             // round non-finite for every worker; this member reports why.
@@ -101,7 +102,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
             // all said Copied.
             let acc = unsafe { local.acc(place, range.clone()) };
             lock()
-                .take_result(tensor, index, kind, ctx.num_workers, acc)
+                .take_result(&at, acc)
                 .map_err(|e| blame.codec(index, e.to_string()))
                 .map(|()| match outcome {
                     NoteKind::NonFinite => Pulled::NonFinite,
@@ -154,7 +155,7 @@ async fn owner_round(
         codec_phase(ctx.rank, tensor, index, round, "compress", counter, || {
             // SAFETY: the owner holds the turn from the host sum's last note to its own.
             let acc = unsafe { local.acc(place, range.clone()) };
-            encode_host(tensor, index, acc, round, kind, ctx.lr(), &ctx.pool)
+            encode_host(&ctx.at(tensor, index, round, kind), acc, &ctx.pool)
         })
     });
     let spec = ctx.spec(tensor, round, kind, true);
@@ -183,8 +184,9 @@ async fn owner_round(
                 RoundKind::Sum { .. } => RoundKind::Sum { average: false },
                 broadcast => broadcast,
             };
+            let at = ctx.at(tensor, index, round, plain);
             let decoded = decompress_phase(ctx.rank, tensor, index, round, || {
-                decode_host(tensor, index, acc, round, plain, ctx.lr(), 1, &payload)
+                decode_host(&at, acc, &payload)
             });
             match decoded {
                 Ok(()) => (NoteKind::Result, None),

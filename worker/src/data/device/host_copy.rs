@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use pushpull_kernels::device::Device;
 
 use super::DeviceData;
-use crate::data::{Ready, Settling};
+use crate::data::{ChunkAt, HostView, Ready, Settling};
 use crate::error::{DataError, WorkerError};
 use crate::tensor::{KeptCopy, TensorInner};
 
@@ -256,29 +256,6 @@ impl<D: Device, K> DeviceData<D, K> {
         }
     }
 
-    /// Chunk `index` of the buffer, read on the host.
-    pub(super) fn read(&mut self, tensor: &TensorInner, index: usize) -> Result<&[f32], DataError> {
-        let range = tensor.ranges[index].clone();
-        Ok(&self.host_copy(tensor)?[range])
-    }
-
-    /// Chunk `index` of the buffer on the host, to be overwritten and copied back.
-    pub(super) fn write(
-        &mut self,
-        tensor: &TensorInner,
-        index: usize,
-    ) -> Result<&mut [f32], DataError> {
-        let range = tensor.ranges[index].clone();
-        self.copy.written = true;
-        Ok(&mut self.host_copy(tensor)?[range])
-    }
-
-    /// Chunk `index`'s decode failed partway: it gets its input back before the copy goes
-    /// back ([`HostCopy`]'s `failed`).
-    pub(super) fn decode_failed(&mut self, index: usize) {
-        self.copy.failed.push(index);
-    }
-
     /// Copies the host copy back to the buffer if a chunk was written (the chunks whose decode
     /// failed first get their input back), and gives the host memory back to the tensor
     /// (unless it is a broadcast's own; memory whose copy in failed is dropped). A copy back
@@ -379,5 +356,23 @@ impl<D: Device, K> DeviceData<D, K> {
             };
             *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(landed);
         }))
+    }
+}
+
+impl<D: Device, K> HostView for DeviceData<D, K> {
+    /// Chunk `at` of the buffer, read on the host ([`HostCopy`]).
+    fn input(&mut self, at: &ChunkAt<'_>) -> Result<&[f32], DataError> {
+        Ok(&self.host_copy(at.tensor)?[at.range()])
+    }
+
+    /// Chunk `at` of the buffer on the host, to be overwritten and copied back.
+    fn output(&mut self, at: &ChunkAt<'_>) -> Result<&mut [f32], DataError> {
+        self.copy.written = true;
+        Ok(&mut self.host_copy(at.tensor)?[at.range()])
+    }
+
+    /// The chunk gets its input back before the copy goes back ([`HostCopy`]'s `failed`).
+    fn output_failed(&mut self, at: &ChunkAt<'_>) {
+        self.copy.failed.push(at.index);
     }
 }
