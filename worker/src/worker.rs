@@ -24,10 +24,9 @@ use pushpull_net::sender::{FrameSender, SendHold};
 use pushpull_net::transport::Endpoint;
 use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::{ClusterMap, ToScheduler};
-use pushpull_proto::{Config, NodeName, ParamMap};
+use pushpull_proto::{Config, NodeName};
 use tokio::task::JoinHandle;
 
-use crate::chunks::chunk_ranges;
 use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
 use crate::local::Local;
@@ -35,7 +34,7 @@ use crate::push::{RoundCtx, ServerLinks};
 use crate::round::run_round;
 use crate::shared::{Phase, Shared};
 use crate::tensor::{Metrics, Reduce, RoundKind, Tensor, TensorInner};
-use pushpull_kernels::{CodecContext, CodecFactory, Node};
+use pushpull_kernels::CodecFactory;
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
 /// closing the control stream's acknowledgement) before closing the connections anyway.

@@ -6,7 +6,7 @@ use pushpull_proto::placement::chunk_owner;
 
 use super::{Channel, Local, NoteKind, Place};
 use crate::core::{push_frame, Pulled};
-use crate::data::{decode_host, encode_host, RoundData};
+use crate::data::{decode_host, encode_host, ChunkAt, RoundData};
 use crate::dispatch::Outcome;
 use crate::error::WorkerError;
 use crate::push::{codec_phase, count_pulled, decompress_phase, send_push, QueuedMark, RoundCtx};
@@ -79,8 +79,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
             let _others = span("others add");
             local.wait(Channel::Turn, key, round, 1).await?;
         }
-        let (note, error) =
-            owner_round(ctx, local, tensor, index, round, kind, place, mark).await?;
+        let (note, error) = owner_round(ctx, local, &at, place, mark).await?;
         for to in (0..g).filter(|&to| to != l) {
             local.send(to, note, key, round)?;
         }
@@ -129,17 +128,14 @@ pub(crate) async fn chunk_round<R: RoundData>(
 /// The owner's part: encode the host sum, push it, decode the outcome into the accumulator.
 /// Returns the note for the other members and this member's error, if any. With one host and
 /// no servers the host sum is the result.
-#[allow(clippy::too_many_arguments)]
 async fn owner_round(
     ctx: &RoundCtx,
     local: &Local,
-    tensor: &TensorInner,
-    index: usize,
-    round: u64,
-    kind: RoundKind,
+    at: &ChunkAt<'_>,
     place: Place,
     mark: QueuedMark<'_>,
 ) -> Result<(NoteKind, Option<WorkerError>), WorkerError> {
+    let (tensor, index, round, kind) = (at.tensor, at.index, at.round, at.kind);
     if !local.uses_servers {
         drop(mark);
         return Ok((NoteKind::Result, None));
@@ -155,7 +151,7 @@ async fn owner_round(
         codec_phase(ctx.rank, tensor, index, round, "compress", counter, || {
             // SAFETY: the owner holds the turn from the host sum's last note to its own.
             let acc = unsafe { local.acc(place, range.clone()) };
-            encode_host(&ctx.at(tensor, index, round, kind), acc, &ctx.pool)
+            encode_host(at, acc, &ctx.pool)
         })
     });
     let spec = ctx.spec(tensor, round, kind, true);

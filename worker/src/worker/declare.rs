@@ -2,7 +2,17 @@
 //! the chunks), the tensor's registration (one codec per chunk from the codec factory, the
 //! gossip row, the local group's share) and the lookups by name.
 
-use super::*;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use pushpull_kernels::{CodecContext, Node};
+use pushpull_proto::protocol::ToScheduler;
+use pushpull_proto::ParamMap;
+
+use super::{lock, Worker};
+use crate::chunks::chunk_ranges;
+use crate::error::WorkerError;
+use crate::tensor::{Tensor, TensorInner};
 
 impl Worker {
     /// Declares tensor `name` of `len` f32 elements, a collective: returns once every worker of

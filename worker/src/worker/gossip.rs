@@ -3,7 +3,10 @@
 //! reports of Moniqua's gradient bound `G` ([`Worker::track_gradient`],
 //! [`Worker::report_gradient_bound`]; kept in `crate::gradient_bound`).
 
-use super::*;
+use super::Worker;
+use crate::data::HostData;
+use crate::error::WorkerError;
+use crate::tensor::{RoundKind, Tensor};
 
 impl Worker {
     /// One step of decentralised averaging of `tensor` (declared with `exchange = "gossip"`
