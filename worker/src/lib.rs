@@ -32,11 +32,13 @@
 //! Internals: `shared` (state shared with the background tasks: the control writer and
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
-//! `round` (one round of one tensor: chunks in flight per server, decode into the buffer),
-//! `push` (one chunk's push and the outcome it awaits, what `round` and `local` share: the
-//! round's context, the timed codec phases, the errors that name a chunk),
-//! `data` (the round's buffer: host memory with the CPU codecs, or a device's memory with the
-//! device chains launched in batches, and where a tensor's rounds live),
+//! `core` (one round of one tensor as a state machine without I/O, `RoundCore`: events in,
+//! actions out, tested without sockets or a runtime), `round` (its async shell: encodes and
+//! decodes in the caller's buffer, pushes and awaits), `push` (one chunk's push and the outcome
+//! it awaits, what `round` and `local` share: the round's context, the timed codec phases),
+//! `data` (the round's buffer behind one interface: host memory, or a device's memory with the
+//! device chains launched in batches and a host view of it for everything else, and where a
+//! tensor's rounds live),
 //! `gossip` (a gossip tensor's row of the mixing matrix, the check that a call fits how a
 //! tensor is exchanged, and the average a gossip round's result is decoded into),
 //! `gradient_bound` (Moniqua's gradient bound `G` of `theta_schedule = bound`, one per tensor),
@@ -53,9 +55,9 @@
 //! only modules further down this list; `error` is used by most):
 //! `blocking` and `prometheus` (wrappers of [`Worker`]); `worker` (the façade, `worker.rs` and
 //! `worker/`); `round`; `local`; `push`; `shared`; `data`; `gossip`; `spans`; `reference`;
-//! `tensor`; `gradient_bound`, `round_times`, `checkpoint`, `chunks`, `control`, `dispatch`,
-//! `error`. A module below the façade that needs something of it gets it passed in; nothing
-//! there names [`Worker`] except in documentation.
+//! `core`; `tensor`; `gradient_bound`, `round_times`, `checkpoint`, `chunks`, `control`,
+//! `dispatch`, `error`. A module below the façade that needs something of it gets it passed
+//! in; nothing there names [`Worker`] except in documentation.
 //!
 //! # How a push_pull travels
 //! The tensor was cut into chunks by the scheduler at declare time; each chunk is a key held
@@ -64,6 +66,8 @@
 //! codec, pushes it to its server on a QUIC stream of its own, and awaits the `Result` frame
 //! that the connection's reader task hands over once every worker has pushed that chunk.
 //! Results are decoded (decompressed) straight into the caller's buffer, which is handed back.
+//! What to do next and how the round ends is decided by the round's state machine (`core`);
+//! the task only carries it out.
 //!
 //! # Compression
 //! Each chunk's codec is the compressor chain of the tensor's parameter map

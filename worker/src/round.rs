@@ -143,7 +143,10 @@ pub(crate) async fn run_round<R: RoundData>(
             Some(event) = waiting.next(), if !waiting.is_empty() => {
                 core.handle(Instant::now(), event);
             }
-            lost = state.wait_for(|s| s.fatal.is_some()) => {
+            // Only an abort's grace waits on the worker's state: every change of it (a round
+            // starting or ending anywhere) wakes its waiters, and a chunk in flight hears of
+            // the job's loss from the dispatch table anyway.
+            lost = state.wait_for(|s| s.fatal.is_some()), if deadline.is_some() => {
                 let lost = lost.ok().and_then(|s| s.fatal.clone());
                 let lost = lost.unwrap_or_else(|| WorkerError::Internal("the worker's state ended".into()));
                 core.handle(Instant::now(), Event::Lost(lost));
