@@ -85,6 +85,13 @@ pub(crate) struct TensorState {
     pub(crate) discarded: Option<u64>,
 }
 
+impl TensorState {
+    /// It holds compressor state (some chain's is not empty).
+    pub(crate) fn stateful(&self) -> bool {
+        self.chains.iter().any(|c| *c != ChainState::default())
+    }
+}
+
 /// `digest` without the settings that may differ across a restart: timeouts, windows, the
 /// UDP payload, the TLS name, and `cluster.seed` (the effective job seed is compared instead,
 /// so a restart may name the seed the scheduler picked), and `[tensors.*]` (each declared

@@ -21,9 +21,8 @@ use pushpull_kernels::cuda::Device as Place;
 use pushpull_kernels::{fp32_codec, host_fold, IntraCodec, RoundCtx as CodecRound};
 use pushpull_proto::pool::BufPool;
 
-use crate::core::Encoded;
+use crate::core::{Encoded, RoundKind};
 use crate::error::{DataError, WorkerError};
-use crate::tensor::RoundKind;
 use crate::tensor::TensorInner;
 
 mod device;

@@ -15,8 +15,9 @@ use pushpull_kernels::RoundCtx as CodecRound;
 use pushpull_proto::protocol::split_gossip_result;
 use pushpull_proto::{Config, ParamMap};
 
+use crate::core::RoundKind;
 use crate::error::{DataError, WorkerError};
-use crate::tensor::{RoundKind, TensorInner};
+use crate::tensor::TensorInner;
 
 /// A tensor's gossip row on worker `rank`: its neighbours `j` and weights `W[rank][j]`,
 /// ascending, when its map says `exchange = "gossip"`; `None` for a summed tensor.

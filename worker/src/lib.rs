@@ -32,9 +32,11 @@
 //! Internals: `shared` (state shared with the background tasks: the control writer and
 //! reader, heartbeats, one reader per server connection), `dispatch` (matches `Result`/`Abort`
 //! frames to waiting chunks by `(key, round)`), `control` (waiters for declares and barriers),
-//! `core` (one round of one tensor as a state machine without I/O, `RoundCore`: events in,
-//! actions out, tested without sockets or a runtime), `round` (its async shell: encodes and
-//! decodes in the caller's buffer, pushes and awaits), `push` (one chunk's push and the outcome
+//! `core` (the worker's rules without I/O, tested without sockets or a runtime: one round of
+//! one tensor as a state machine, `RoundCore`, events in and actions out; a tensor's sequence
+//! of rounds, `TensorRounds`: numbers, the last push_pull round, a discard and its undo; the
+//! kinds of round), `round` (the round's async shell: encodes and decodes in the caller's
+//! buffer, pushes and awaits), `push` (one chunk's push and the outcome
 //! it awaits, what `round` and `local` share: the round's context, the timed codec phases),
 //! `data` (the round's buffer behind one interface: host memory, or a device's memory with the
 //! device chains launched in batches and a host view of it for everything else, and where a
@@ -42,7 +44,7 @@
 //! `gossip` (a gossip tensor's row of the mixing matrix, the check that a call fits how a
 //! tensor is exchanged, and the average a gossip round's result is decoded into),
 //! `gradient_bound` (Moniqua's gradient bound `G` of `theta_schedule = bound`, one per tensor),
-//! `tensor` (the declared tensor's state, reduce operations, round kinds, byte counters),
+//! `tensor` (the declared tensor's state, reduce operations, byte counters),
 //! `chunks` (u64 placement ↔ buffer slices), `spans` (the worker's spans in the timeline,
 //! `[trace] dir`: a tensor's rounds and each chunk's phases), `checkpoint` (the [`Checkpoint`]
 //! file format and the settings a restart must share; `worker/checkpoint.rs` is the shell that
@@ -55,7 +57,7 @@
 //! only modules further down this list; `error` is used by most):
 //! `blocking` and `prometheus` (wrappers of [`Worker`]); `worker` (the façade, `worker.rs` and
 //! `worker/`); `round`; `local`; `push`; `shared`; `data`; `gossip`; `spans`; `reference`;
-//! `core`; `tensor`; `gradient_bound`, `round_times`, `checkpoint`, `chunks`, `control`,
+//! `tensor`; `core`; `gradient_bound`, `round_times`, `checkpoint`, `chunks`, `control`,
 //! `dispatch`, `error`. A module below the façade that needs something of it gets it passed
 //! in; nothing there names [`Worker`] except in documentation.
 //!

@@ -18,12 +18,12 @@ use pushpull_proto::pool::BufPool;
 use pushpull_proto::protocol::FrameHeader;
 use pushpull_proto::NodeName;
 
-use crate::core::RoundSpec;
+use crate::core::{RoundKind, RoundSpec};
 use crate::data::ChunkAt;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::shared::Shared;
-use crate::tensor::{RoundKind, TensorInner};
+use crate::tensor::TensorInner;
 
 /// A worker's connections to the servers, by server id.
 pub(crate) struct ServerLinks {

@@ -22,14 +22,14 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pushpull_net::sender::SendHold;
 
-use crate::core::{Action, Encoded, Event, RoundCore};
+use crate::core::{Action, Encoded, Event, RoundCore, RoundKind};
 use crate::data::{ChunkAt, RoundData};
 use crate::error::{DataError, WorkerError};
 use crate::local::Local;
 use crate::push::{
     codec_phase, count_pulled, decompress_phase, send_push, Queued, QueuedMark, RoundCtx,
 };
-use crate::tensor::{RoundKind, TensorInner};
+use crate::tensor::TensorInner;
 
 /// Runs `round` of `tensor` over `data` (already checked to have the tensor's length, and
 /// [`RoundData::begin`] called). `local` is this worker's local group, where the cluster has

@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use pushpull_net::timeline::{self, Args, Label, Span};
 
-use crate::tensor::{RoundKind, TensorInner};
+use crate::core::RoundKind;
+use crate::tensor::TensorInner;
 
 /// The track of one round of a tensor on worker `rank`.
 fn round_id(rank: u32, tensor: &TensorInner, round: u64) -> u64 {

@@ -10,6 +10,7 @@ use pushpull_kernels::Compressor;
 use pushpull_proto::protocol::TensorPlacement;
 use pushpull_proto::ParamMap;
 
+use crate::core::TensorRounds;
 use crate::gradient_bound::GradientBound;
 use crate::round_times::{RoundClock, RoundTimes};
 
@@ -24,35 +25,6 @@ pub enum Reduce {
     /// `sum / num_workers as f32` (an IEEE division, not a multiplication by the reciprocal),
     /// so every worker still gets the same bits.
     Average,
-}
-
-/// What kind of round a call runs (a [`Reduce`] of a push_pull, or a broadcast).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RoundKind {
-    /// Sum over workers, optionally divided by the number of workers.
-    Sum {
-        /// Divide by `num_workers` after decoding.
-        average: bool,
-    },
-    /// Everyone gets the root's data.
-    Broadcast {
-        /// The root rank.
-        root: u32,
-    },
-    /// Decentralised averaging with the graph neighbours (a tensor whose map says
-    /// `exchange = "gossip"`; `crate::Worker::gossip`).
-    Gossip,
-}
-
-impl RoundKind {
-    /// The call's name in error messages.
-    pub(crate) fn op_name(self) -> &'static str {
-        match self {
-            RoundKind::Sum { .. } => "push_pull",
-            RoundKind::Broadcast { .. } => "broadcast",
-            RoundKind::Gossip => "gossip",
-        }
-    }
 }
 
 /// A declared tensor: a cheap `Clone` handle (an `Arc`) to its name, length, placement, codecs
@@ -78,8 +50,8 @@ pub(crate) struct TensorInner {
     pub(crate) codecs: Vec<Mutex<Compressor>>,
     /// Where the tensor's rounds run and its device state (see `crate::data`).
     pub(crate) residence: Mutex<Residence>,
-    /// The next round number; holding this lock is holding the tensor.
-    pub(crate) round: Arc<tokio::sync::Mutex<u64>>,
+    /// The tensor's rounds; holding this lock is holding the tensor.
+    pub(crate) round: Arc<tokio::sync::Mutex<TensorRounds>>,
     pub(crate) rounds_started: AtomicU64,
     /// The first round this job runs (0, or a checkpoint's: [`crate::Worker::load_state`]):
     /// a local group's member 0 waits for the round before only after it.
@@ -130,18 +102,6 @@ pub(crate) struct Residence {
     pub(crate) buffer_on: Device,
     /// Device and page-locked bytes its device state holds.
     pub(crate) device_bytes: u64,
-    /// The last push_pull round started: what [`crate::Worker::discard_last_round`]
-    /// discards.
-    pub(crate) last_sum: Option<u64>,
-    /// The checkpoint (its path) this tensor's compressor state was restored from, while
-    /// `last_sum` is a round of the job that saved it: the state before that round is not
-    /// here, so it cannot be discarded unless it was before the checkpoint was saved.
-    pub(crate) last_sum_saved_in: Option<String>,
-    /// A discarded round (always `last_sum`), undone when the next push_pull round begins
-    /// (where the state is at hand) or by a checkpoint before it, whose pushes ask the servers
-    /// to undo it too (an undo is taken once: the second does nothing); kept in a checkpoint
-    /// and restored from it.
-    pub(crate) discarded: Option<u64>,
     /// Its chains' state was restored from a checkpoint ([`crate::Worker::load_state`]) and
     /// is not empty: the host chains hold it, and device chains built later start from it.
     pub(crate) restored: bool,
@@ -170,9 +130,6 @@ impl Residence {
             compressed_on: Device::Cpu,
             buffer_on: Device::Cpu,
             device_bytes: 0,
-            last_sum: None,
-            last_sum_saved_in: None,
-            discarded: None,
             restored: false,
             host_copy: None,
         }

@@ -27,13 +27,14 @@ use pushpull_proto::protocol::{ClusterMap, ToScheduler};
 use pushpull_proto::{Config, NodeName};
 use tokio::task::JoinHandle;
 
+use crate::core::{RoundKind, TensorRounds};
 use crate::data::{Batches, HostData, HostInto, Launch, RoundData, Starting};
 use crate::error::WorkerError;
 use crate::local::Local;
 use crate::push::{RoundCtx, ServerLinks};
 use crate::round::run_round;
 use crate::shared::{Phase, Shared};
-use crate::tensor::{Metrics, Reduce, RoundKind, Tensor, TensorInner};
+use crate::tensor::{Metrics, Reduce, Tensor, TensorInner};
 use pushpull_kernels::CodecFactory;
 
 /// How long `finish` waits for the scheduler to confirm that it received `Finished` (by
@@ -348,13 +349,13 @@ impl Worker {
                 let Prepared {
                     tensor,
                     data,
-                    next_round,
+                    rounds: held,
                     ..
                 } = &mut **p;
                 Starting {
                     tensor,
                     data,
-                    round: **next_round,
+                    round: held.next(),
                 }
             })
             .collect();
@@ -388,7 +389,7 @@ impl Worker {
         }
         let shared = &self.inner.shared;
         let guard = shared.op_guard()?;
-        let next_round = tensor.inner.round.clone().lock_owned().await;
+        let rounds = tensor.inner.round.clone().lock_owned().await;
         if let Some(e) = shared.state().fatal {
             return Err(e);
         }
@@ -398,12 +399,9 @@ impl Worker {
         // carries the news to the servers.
         data.begin(&tensor.inner, kind)?;
         if let RoundKind::Gossip = kind {
-            tensor.inner.bound.fix(*next_round);
+            tensor.inner.bound.fix(rounds.next());
         }
-        let undone = match kind {
-            RoundKind::Sum { .. } => tensor.inner.residence().discarded,
-            RoundKind::Broadcast { .. } | RoundKind::Gossip => None,
-        };
+        let undone = rounds.undo_before(kind);
         if let Some(round) = undone {
             data.undo(&tensor.inner, round);
         }
@@ -421,7 +419,7 @@ impl Worker {
             ctx,
             local: self.inner.local.clone(),
             tensor: tensor.inner.clone(),
-            next_round,
+            rounds,
             guard,
             data,
             kind,
@@ -537,7 +535,7 @@ struct Prepared<R: RoundData> {
     /// chunks then go through [`crate::local::chunk_round`].
     local: Option<Arc<Local>>,
     tensor: Arc<TensorInner>,
-    next_round: tokio::sync::OwnedMutexGuard<u64>,
+    rounds: tokio::sync::OwnedMutexGuard<TensorRounds>,
     guard: crate::shared::OpGuard,
     data: R,
     kind: RoundKind,
@@ -567,7 +565,7 @@ impl<R: RoundData> Prepared<R> {
             ctx,
             local,
             tensor: t,
-            mut next_round,
+            mut rounds,
             guard,
             data,
             kind,
@@ -575,16 +573,9 @@ impl<R: RoundData> Prepared<R> {
         tokio::spawn(async move {
             let _guard = guard;
             let started = std::time::Instant::now();
-            let round = *next_round;
-            *next_round += 1;
-            t.rounds_started.store(*next_round, Ordering::Relaxed);
-            if let RoundKind::Sum { .. } = kind {
-                let mut res = t.residence();
-                res.last_sum = Some(round);
-                res.last_sum_saved_in = None;
-                // This round's pushes tell the servers.
-                res.discarded = None;
-            }
+            // A sum round's pushes carry a discard to the servers.
+            let round = rounds.start(kind);
+            t.rounds_started.store(rounds.next(), Ordering::Relaxed);
             let data = std::sync::Mutex::new(data);
             let span = crate::spans::round(ctx.rank, &t, round, kind);
             let mut result =

@@ -17,6 +17,7 @@
 //! | [`Encoded`], [`Pulled`] | what encoding a chunk gave; what a chunk's round pulled |
 //! | [`push_frame`] | a chunk's push (header and payload) from what its encoding gave; a local group's owner pushes with it too |
 //! | [`Blame`] | the errors that name a chunk: a codec's failure, a server's abort |
+//! | [`TensorRounds`] | a tensor's sequence of rounds (`core/tensor.rs`): the next round's number, the last push_pull round, a discarded one and its undo, what a checkpoint keeps of them |
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,10 +28,41 @@ use pushpull_proto::NodeName;
 
 use crate::dispatch::Outcome;
 use crate::error::{DataError, WorkerError};
-use crate::tensor::RoundKind;
 
+mod tensor;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use tensor::{SavedRounds, TensorRounds, Undiscardable};
+
+/// What kind of round a call runs (a [`crate::Reduce`] of a push_pull, a broadcast, a gossip round).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RoundKind {
+    /// Sum over workers, optionally divided by the number of workers.
+    Sum {
+        /// Divide by `num_workers` after decoding.
+        average: bool,
+    },
+    /// Everyone gets the root's data.
+    Broadcast {
+        /// The root rank.
+        root: u32,
+    },
+    /// Decentralised averaging with the graph neighbours (a tensor whose map says
+    /// `exchange = "gossip"`; `crate::Worker::gossip`).
+    Gossip,
+}
+
+impl RoundKind {
+    /// The call's name in error messages.
+    pub(crate) fn op_name(self) -> &'static str {
+        match self {
+            RoundKind::Sum { .. } => "push_pull",
+            RoundKind::Broadcast { .. } => "broadcast",
+            RoundKind::Gossip => "gossip",
+        }
+    }
+}
 
 /// What a round is (see [`RoundCore::new`]).
 #[derive(Clone, Copy)]

@@ -20,10 +20,10 @@ use super::{
     check_home, decode_on_host, encode_on_host, non_finite_on_host, undo_host, ChunkAt, Launch,
     Ready, RoundData, Settling, Starting,
 };
-use crate::core::Encoded;
+use crate::core::{Encoded, RoundKind};
 use crate::error::{DataError, WorkerError};
 use crate::spans::BatchTrack;
-use crate::tensor::{KeptChains, RoundKind, TensorInner};
+use crate::tensor::{KeptChains, TensorInner};
 use pushpull_kernels::ChainState;
 
 mod host_copy;

@@ -5,12 +5,12 @@ use std::sync::Mutex;
 use pushpull_proto::placement::chunk_owner;
 
 use super::{Channel, Local, NoteKind, Place};
-use crate::core::{push_frame, Pulled};
+use crate::core::{push_frame, Pulled, RoundKind};
 use crate::data::{decode_host, encode_host, ChunkAt, RoundData};
 use crate::dispatch::Outcome;
 use crate::error::WorkerError;
 use crate::push::{codec_phase, count_pulled, decompress_phase, send_push, QueuedMark, RoundCtx};
-use crate::tensor::{RoundKind, TensorInner};
+use crate::tensor::TensorInner;
 
 /// Chunk `index` of `tensor`'s `round` on this member of `local` (see [`super`]'s docs). Every
 /// member sends its notes whatever happens to the round (an abort, a codec error), so that

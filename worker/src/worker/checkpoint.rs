@@ -18,6 +18,7 @@ use pushpull_proto::protocol::{FrameFlags, FrameHeader, FrameKind, ReduceOp};
 
 use super::{lock, Worker};
 use crate::checkpoint::{results_only, Checkpoint, Settings, TensorSettings, TensorState};
+use crate::core::SavedRounds;
 use crate::dispatch::{Outcome, Waiter};
 use crate::error::WorkerError;
 use crate::tensor::Tensor;
@@ -155,9 +156,9 @@ impl Worker {
         // Chains on a device: their state copied from it (before the barrier, so a failure
         // leaves nobody waiting); the others' is read from the host chains below.
         let mut on_device = BTreeMap::new();
-        for (name, t) in &tensors {
+        for ((name, t), rounds) in tensors.iter().zip(&held) {
             let mut res = t.inner.residence();
-            if let Some(round) = res.discarded {
+            if let Some(round) = rounds.discarded() {
                 let undone_on_device = match res.chains.as_mut() {
                     Some(chains) => chains.undo(round),
                     None => false,
@@ -178,24 +179,24 @@ impl Worker {
         }
         self.barrier().await?;
         let mut states = BTreeMap::new();
-        for ((name, t), next) in tensors.iter().zip(&held) {
+        for ((name, t), rounds) in tensors.iter().zip(&held) {
             let chains = on_device.remove(name).unwrap_or_else(|| {
                 (0..t.inner.codecs.len())
                     .map(|i| t.inner.codec(i).state())
                     .collect()
             });
-            let res = t.inner.residence();
+            let saved = rounds.saved();
             let state = TensorState {
-                next_round: **next,
+                next_round: saved.next,
                 chains,
                 gradient_bound: t.inner.bound.get().unwrap_or(0.0),
-                last_sum: res.last_sum,
-                discarded: res.discarded,
+                last_sum: saved.last_sum,
+                discarded: saved.discarded,
             };
             states.insert(name.clone(), state);
         }
         let servers = if self.rank() == 0 && self.inner.config.cluster.uses_servers() {
-            self.server_states(&tensors, path).await
+            self.server_states(&tensors, &states, path).await
         } else {
             Ok(BTreeMap::new())
         };
@@ -215,15 +216,16 @@ impl Worker {
     async fn server_states(
         &self,
         tensors: &BTreeMap<String, Tensor>,
+        states: &BTreeMap<String, TensorState>,
         path: &str,
     ) -> Result<BTreeMap<u64, KeyState>, WorkerError> {
         // A tensor whose last round this worker discarded: its servers undo that round's
         // change before answering (every worker discarded it, or its next round, in this job
         // or a restored one, is aborted naming the ranks that did not).
         let mut asks = Vec::new();
-        for t in tensors.values() {
+        for (name, t) in tensors {
             let flags = FrameFlags {
-                undo_previous: t.inner.residence().discarded.is_some(),
+                undo_previous: states.get(name).is_some_and(|s| s.discarded.is_some()),
                 ..FrameFlags::default()
             };
             let chunks = t.placement().chunks.iter();
@@ -261,10 +263,10 @@ impl Worker {
         // its servers; with state, it is refused.
         let empty = ChainState::default();
         let mut restored = Vec::with_capacity(tensors.len());
-        for ((name, t), next) in tensors.iter().zip(held) {
+        for ((name, t), rounds) in tensors.iter().zip(held) {
             let chunks = t.inner.codecs.len();
             let saved = checkpoint.tensors.get(name).map_or(0, |s| s.chains.len());
-            if *next != 0 || t.inner.residence().last_sum.is_some() {
+            if !rounds.fresh() {
                 let stateless = checkpoint
                     .tensors
                     .get(name)
@@ -282,7 +284,7 @@ impl Worker {
                     path,
                     format!(
                         "tensor {name:?} has already run {} rounds in this job, and the checkpoint holds compressor state for it; load the checkpoint before its first round",
-                        *next
+                        rounds.next()
                     ),
                 ));
             }
@@ -292,7 +294,7 @@ impl Worker {
                     format!("tensor {name:?}: {saved} chunk states saved, {chunks} chunks here"),
                 ));
             }
-            restored.push((name.clone(), t.clone(), next));
+            restored.push((name.clone(), t.clone(), rounds));
         }
         let keys: Vec<(u32, u64)> = restored
             .iter()
@@ -321,9 +323,15 @@ impl Worker {
             .map(|(name, t, _)| (name.clone(), t.clone()))
             .collect();
         self.restore_chains(checkpoint, &restoring, path)?;
-        for (name, t, next) in restored.iter_mut() {
-            let round = checkpoint.tensors.get(name).map_or(0, |s| s.next_round);
-            **next = round;
+        for (name, t, rounds) in restored.iter_mut() {
+            let saved = checkpoint.tensors.get(name);
+            let round = saved.map_or(0, |s| s.next_round);
+            let kept = SavedRounds {
+                next: round,
+                last_sum: saved.and_then(|s| s.last_sum),
+                discarded: saved.and_then(|s| s.discarded),
+            };
+            rounds.restore(kept, saved.is_some_and(TensorState::stateful), path);
             t.inner.rounds_started.store(round, Ordering::Relaxed);
             t.inner.first_round.store(round, Ordering::Relaxed);
         }
@@ -379,18 +387,7 @@ impl Worker {
             None => {
                 for (name, t) in tensors {
                     let saved = checkpoint.tensors.get(name);
-                    let stateful =
-                        saved.is_some_and(|s| s.chains.iter().any(|c| *c != Default::default()));
-                    let mut res = t.inner.residence();
-                    res.restored = stateful;
-                    // A discard saved with the checkpoint: the next push asks the servers to
-                    // undo it, as the saving job's does (the state was saved undone).
-                    res.last_sum = saved.and_then(|s| s.last_sum);
-                    res.discarded = saved.and_then(|s| s.discarded);
-                    // Without state, discarding that round would change nothing.
-                    res.last_sum_saved_in =
-                        res.last_sum.filter(|_| stateful).map(|_| path.to_string());
-                    drop(res);
+                    t.inner.residence().restored = saved.is_some_and(TensorState::stateful);
                     if let Some(s) =
                         saved.filter(|s| s.gradient_bound.is_finite() && s.gradient_bound > 0.0)
                     {

@@ -174,7 +174,7 @@ impl Worker {
                 ranges,
                 codecs,
                 residence: Mutex::new(crate::tensor::Residence::new()),
-                round: Arc::new(tokio::sync::Mutex::new(0)),
+                round: Arc::default(),
                 rounds_started: AtomicU64::new(0),
                 first_round: AtomicU64::new(0),
                 bytes_pushed: AtomicU64::new(0),

@@ -9,9 +9,9 @@ use pushpull_kernels::cuda::{Device as Place, DevicePref};
 use pushpull_kernels::device::Device;
 
 use super::{RoundHandle, Worker};
+use crate::core::RoundKind;
 use crate::data::{ChainSetup, DeviceData, HostData};
 use crate::error::WorkerError;
-use crate::tensor::RoundKind;
 use crate::tensor::{Reduce, Tensor};
 
 impl Worker {

@@ -9,6 +9,7 @@
 //! gradients that were never applied; discarding the step's rounds undoes that too.
 
 use super::Worker;
+use crate::core::Undiscardable;
 use crate::error::WorkerError;
 use crate::tensor::Tensor;
 
@@ -38,21 +39,17 @@ impl Worker {
     pub async fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
         for tensor in tensors {
             self.check_tensor(tensor)?;
-            let _round = tensor.inner.round.lock().await;
+            let mut rounds = tensor.inner.round.lock().await;
             self.inner.shared.check()?;
-            let mut res = tensor.inner.residence();
-            if let (Some(path), Some(round)) = (&res.last_sum_saved_in, res.last_sum) {
-                if res.discarded != Some(round) {
-                    return Err(WorkerError::Checkpoint {
-                        path: path.clone(),
-                        message: format!(
-                            "tensor {:?}: round {round}, its last push_pull round, ran before this checkpoint was saved and was not discarded then; the checkpoint keeps no state to undo it with (discard a skipped step's rounds before saving)",
-                            tensor.name()
-                        ),
-                    });
-                }
-            }
-            res.discarded = res.last_sum;
+            rounds
+                .discard()
+                .map_err(|Undiscardable { round, path }| WorkerError::Checkpoint {
+                    path,
+                    message: format!(
+                        "tensor {:?}: round {round}, its last push_pull round, ran before this checkpoint was saved and was not discarded then; the checkpoint keeps no state to undo it with (discard a skipped step's rounds before saving)",
+                        tensor.name()
+                    ),
+                })?;
         }
         Ok(())
     }

@@ -4,9 +4,10 @@
 //! [`Worker::report_gradient_bound`]; kept in `crate::gradient_bound`).
 
 use super::Worker;
+use crate::core::RoundKind;
 use crate::data::HostData;
 use crate::error::WorkerError;
-use crate::tensor::{RoundKind, Tensor};
+use crate::tensor::Tensor;
 
 impl Worker {
     /// One step of decentralised averaging of `tensor` (declared with `exchange = "gossip"`

@@ -24,9 +24,9 @@ use std::task::{Context, Poll};
 use pushpull_net::sender::SendHold;
 
 use super::{join_round, Prepared, Worker};
+use crate::core::RoundKind;
 use crate::data::{HostData, HostInto, RoundData};
 use crate::error::WorkerError;
-use crate::tensor::RoundKind;
 use crate::tensor::{Reduce, Tensor};
 
 /// One call of a [`Worker::push_pull_group_into`]: a future of its result. Its round runs in
