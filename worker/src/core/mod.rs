@@ -1,4 +1,5 @@
-//! The worker's core without I/O: one round of one tensor as a deterministic state machine,
+//! The worker's core without I/O: the kinds of round ([`RoundKind`]), a tensor's sequence of
+//! rounds ([`TensorRounds`]), and one round of one tensor as a deterministic state machine,
 //! [`RoundCore`], as the scheduler (`handle(now, Event)` / `poll_action`) and the servers'
 //! `KeyRounds` are. It is driven by a thin async shell (`crate::round`), which carries out its
 //! [`Action`]s (encode a chunk of the caller's buffer, push a frame, decode a result into the
@@ -11,6 +12,7 @@
 //!
 //! | item | what it is |
 //! |---|---|
+//! | [`RoundKind`] | a sum (or average), a broadcast from a root, a gossip round |
 //! | [`RoundCore`] | one round: chunks started in order (encode then push, each before the next is encoded), outcomes in any order, one [`Finished`] at the end |
 //! | [`RoundSpec`] | what a round is: its tensor's placement, the servers' names, this worker's rank, the round's number, kind and learning rate |
 //! | [`Event`], [`Action`] | what the shell feeds in and carries out |
@@ -35,7 +37,8 @@ mod tests;
 
 pub(crate) use tensor::{SavedRounds, TensorRounds, Undiscardable};
 
-/// What kind of round a call runs (a [`crate::Reduce`] of a push_pull, a broadcast, a gossip round).
+/// What kind of round a call runs (a push_pull's [`crate::Reduce`], a broadcast, a gossip
+/// round).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RoundKind {
     /// Sum over workers, optionally divided by the number of workers.
