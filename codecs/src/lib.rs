@@ -68,7 +68,7 @@
 //! | `unbiased` | | randomk | `true`, `false` (scale by n/k on workers) | `false` |
 //! | `partition` | `byteps_dithering_partition` | dithering | `linear` or `0`, `natural` or `1` | `linear` |
 //! | `normalize` | `byteps_dithering_normalize` | dithering | `max` or `0`, `l2` or `1` | `max` |
-//! | `encoding` | | dithering | `packed`, `elias` | `packed` |
+//! | `encoding` | | dithering | `packed`, `elias` (or `elias_gamma`: Elias gamma codes), `elias_omega` (Elias omega, the recursive code of QSGD's paper) | `packed` |
 //! | `bucket` | | dithering, minmax | elements per bucket, ≥ 1 (QSGD uses 512) | the whole chunk |
 //! | `bits` | | minmax, moniqua | 1..=8 (moniqua with stochastic rounding: 2..=8, δ < ½) | `8` |
 //! | `theta` | | moniqua | θ, a finite number > 0 | required |
@@ -110,7 +110,7 @@
 //! | `topk` | k u32 indices (strictly increasing), then k f32 values | `8k` |
 //! | `randomk` | k f32 values `x[idx_j]·scale`, `idx_j = Permutation(n, Stream::indices(seed, key, round)).permute(j)` | `4k` |
 //! | `dithering`, packed | nb f32 norms, bit stream of n codes `(level << 1) \| sign`, `w = 1 + bitlen(s)` | `4·nb + 4·ceil(n·w/32)` |
-//! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, Elias-gamma coded (gap, sign, level) triples | at most `4 + 4·nb + 4·ceil(n·(3 + 2·floor(log2 s))/32)` |
+//! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, (gap, sign, level) triples, gap and level Elias gamma (`elias`) or omega (`elias_omega`) coded | at most `4 + 4·nb + 4·ceil(n·b/32)`, `b = 3 + 2·floor(log2 s)` (gamma), `2 + max(\|omega(l)\|, l ≤ s)` (omega) |
 //! | `minmax` | nb × (f32 min, f32 max), bit stream of n codes of b bits | `8·nb + 4·ceil(n·b/32)` |
 //! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1`; then the sender's f64 `B_θ` with `theta_schedule = bound`; then a u64 hash of the un-modded values with `hash = true` | `4·ceil(n·b/32)`, + 8 with `bound`, + 8 with `hash` |
 //!
@@ -181,9 +181,9 @@ pub use chunk::{
 pub use codec::{Codec, CodecInfo, NodeIdentity, RoundCtx};
 pub use error::{KernelError, Result};
 pub use params::{
-    Cast, CompressorSpec, DitheringSpec, EfKind, Encoding, Exchange, MinMaxSpec, MoniquaSpec,
-    Normalize, OneBitColumnsSpec, OneBitSpec, Partition, RandomKSpec, Rounding, ThetaSchedule,
-    TopKSpec, KEYS,
+    Cast, CompressorSpec, DitheringSpec, EfKind, EliasCode, Encoding, Exchange, MinMaxSpec,
+    MoniquaSpec, Normalize, OneBitColumnsSpec, OneBitSpec, Partition, RandomKSpec, Rounding,
+    ThetaSchedule, TopKSpec, KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};

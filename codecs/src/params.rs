@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 pub use crate::chain::EfKind;
 pub use crate::codecs::cast::Cast;
-pub use crate::codecs::dithering::{DitheringSpec, Encoding, Normalize, Partition};
+pub use crate::codecs::dithering::{DitheringSpec, EliasCode, Encoding, Normalize, Partition};
 pub use crate::codecs::minmax::MinMaxSpec;
 pub use crate::codecs::moniqua::{MoniquaSpec, Rounding, ThetaSchedule};
 pub use crate::codecs::onebit::OneBitSpec;

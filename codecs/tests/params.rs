@@ -323,7 +323,12 @@ fn every_bad_map_names_the_key_the_value_and_what_is_allowed() {
             ("encoding", "huffman"),
         ],
         10,
-        &["\"encoding\" = \"huffman\"", "packed", "elias"],
+        &[
+            "\"encoding\" = \"huffman\"",
+            "packed",
+            "elias",
+            "elias_omega",
+        ],
     );
     // Moniqua.
     assert_err(
@@ -476,7 +481,7 @@ fn value_strategy() -> impl Strategy<Value = String> {
         3 => proptest::sample::select(vec![
             "none", "fp16", "bf16", "onebit", "topk", "randomk", "dithering", "minmax", "moniqua",
             "true", "false", "vanilla", "corrected", "nesterov", "linear", "natural", "max", "l2",
-            "packed", "elias", "nearest", "stochastic", "0", "1", "2", "3", "8", "9", "0.5", "0.01",
+            "packed", "elias", "elias_omega", "nearest", "stochastic", "0", "1", "2", "3", "8", "9", "0.5", "0.01",
             "0.9", "1.5", "-1", "nan", "inf", "1e300", "18446744073709551616", "",
         ]).prop_map(str::to_string),
         1 => ".{0,8}",

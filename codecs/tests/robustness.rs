@@ -84,7 +84,7 @@ fn garbage_payloads_never_panic_and_never_half_write() {
             }
         }
         // A payload of the wrong length is always refused for fixed-size formats.
-        if how == 1 && payload.len() != good.len() && !kv.contains(&("encoding", "elias")) {
+        if how == 1 && payload.len() != good.len() && !kv.iter().any(|&(k, v)| k == "encoding" && v.starts_with("elias")) {
             prop_assert!(r.is_err(), "{:?}: accepted {} bytes instead of {}", kv, payload.len(), good.len());
         }
     });

@@ -61,7 +61,7 @@ fn reference(kv: &[(&str, &str)], x: &[f32], who: NodeIdentity, round: u64) -> O
             head
         }
         "dithering" => {
-            if get("encoding") == Some("elias") {
+            if get("encoding").is_some_and(|e| e.starts_with("elias")) {
                 return None;
             }
             let s: u32 = get("k").unwrap().parse().unwrap();
@@ -384,13 +384,26 @@ fn sizes_follow_the_documented_formulas() {
             },
         );
         // Elias: variable, within the documented maximum, header consistent with the body.
-        for (s, b) in [(1u32, None), (3, Some(7usize)), (200, Some(64))] {
+        let omega_len = |mut v: u32| {
+            let mut bits = 1;
+            while v > 1 {
+                let n = 31 - v.leading_zeros();
+                bits += n + 1;
+                v = n;
+            }
+            bits
+        };
+        let cases = [(1u32, None), (3, Some(7usize)), (200, Some(64))];
+        for ((s, b), code) in cases
+            .into_iter()
+            .flat_map(|c| [(c, "elias"), (c, "elias_omega")])
+        {
             let ss = s.to_string();
             let bs = b.map(|v| v.to_string());
             let mut kv = vec![
                 ("compressor", "dithering"),
                 ("k", ss.as_str()),
-                ("encoding", "elias"),
+                ("encoding", code),
             ];
             if let Some(bs) = &bs {
                 kv.push(("bucket", bs.as_str()));
@@ -399,8 +412,11 @@ fn sizes_follow_the_documented_formulas() {
             let mut out = Vec::new();
             c.compress(&x, &RoundCtx::new(2), &mut out).unwrap();
             let nbk = b.map(|v| n.div_ceil(v)).unwrap_or(usize::from(n > 0));
-            let lg = 31 - s.leading_zeros();
-            let max = 4 + 4 * nbk + stream_bytes(n, 3 + 2 * lg);
+            let per_element = match code {
+                "elias" => 3 + 2 * (31 - s.leading_zeros()),
+                _ => 2 + (1..=s).map(omega_len).max().unwrap(),
+            };
+            let max = 4 + 4 * nbk + stream_bytes(n, per_element);
             assert_eq!(c.max_compressed_len(), max);
             assert!(out.len() <= max && out.len() >= 4 + 4 * nbk && out.len() % 4 == 0);
             let m = u32::from_le_bytes(out[..4].try_into().unwrap()) as usize;

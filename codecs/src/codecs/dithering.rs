@@ -24,21 +24,31 @@
 //! Size `4 * nb + 4 * ceil(n * w / 32)`. A level-0 element with its sign bit set decodes to
 //! `-0.0`.
 //!
-//! # `encoding = elias` (variable length; CPU only)
+//! # `encoding = elias` or `elias_omega` (variable length; CPU only)
 //! * u32 `m`: the number of elements with a non-zero level;
 //! * `nb` f32 norms;
 //! * a bit stream (same bit order as the packed stream: stream bit `j` is bit `j % 32` of u32
 //!   word `j / 32`) holding, for each element with a non-zero level in increasing index order:
-//!   `gamma(gap)`, the sign bit, `gamma(level)`; `gap = i - previous i` (the previous index
-//!   starts at -1, so `gap >= 1`); padded with zero bits to a whole word.
+//!   `code(gap)`, the sign bit, `code(level)`; `gap = i - previous i` (the previous index
+//!   starts at -1, so `gap >= 1`); padded with zero bits to a whole word. `code` is `gamma`
+//!   for `elias` (also spelled `elias_gamma`), `omega` for `elias_omega`.
 //!
 //! `gamma(v)` for `v >= 1` is an Elias gamma code written least significant bit first: with
 //! `N = floor(log2 v)`, `N` zero bits, a one bit, then the `N` low bits of `v`, least
 //! significant first (`2N + 1` bits, like QSGD's Elias code of gaps and levels; cheap to
-//! decode with one `trailing_zeros`). Size `4 + 4 * nb + 4 * ceil(bits / 32)`, at most
-//! `4 + 4 * nb + 4 * ceil(n * (3 + 2 * floor(log2 s)) / 32)` (each gap costs at most
-//! `2 * gap - 1` bits and the gaps add up to at most `n`). Zero levels are not sent, so they
-//! decode to `+0.0` whatever the sign: the values equal the packed encoding's (`==`).
+//! decode with one `trailing_zeros`).
+//!
+//! `omega(v)` for `v >= 1` is Elias's recursive (omega) code, the one QSGD's paper uses: with
+//! groups `g_1 < … < g_k = v` where each `g_j` is the bit length of `g_{j+1}` minus one and
+//! `g_1 ∈ {2, 3}` (none for `v = 1`), each group of `N + 1` bits is written as a one bit then
+//! its `N` low bits, least significant first, and a zero bit ends the code:
+//! `log v + log log v + … + 1` bits, shorter than gamma from `v = 16` on (longer for 4..=7).
+//!
+//! Size `4 + 4 * nb + 4 * ceil(bits / 32)`, at most `4 + 4 * nb + 4 * ceil(n * b / 32)` with
+//! `b = 3 + 2 * floor(log2 s)` for gamma and `2 + max(|omega(l)|, l <= s)` for omega (a gap costs
+//! at most `2 * gap - 1` bits in either code and the gaps add up to at most `n`). Zero levels
+//! are not sent, so they decode to `+0.0` whatever the sign: the values equal the packed
+//! encoding's (`==`).
 
 use super::{
     bucket_runs, bucket_suffix, bucketed, decode_groups, encode_groups, par_segments,
@@ -83,7 +93,7 @@ pub const ENTRY: Entry = Entry {
             name: "encoding",
             aliases: &[],
             applies_to: "dithering",
-            values: "packed, elias",
+            values: "packed, elias (or elias_gamma), elias_omega",
             default: "packed",
         },
     ],
@@ -128,8 +138,18 @@ pub enum Normalize {
 pub enum Encoding {
     /// Fixed width per element.
     Packed,
-    /// Elias-coded gaps and levels of the non-zero elements.
-    Elias,
+    /// The gaps and levels of the non-zero elements in an Elias code.
+    Elias(EliasCode),
+}
+
+/// The integer code of [`Encoding::Elias`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EliasCode {
+    /// Elias gamma: `2⌊log2 v⌋ + 1` bits (`encoding = elias`).
+    Gamma,
+    /// Elias omega, the recursive code of QSGD's paper: `log v + log log v + … + 1` bits
+    /// (`encoding = elias_omega`).
+    Omega,
 }
 
 /// The partitions' spellings.
@@ -145,7 +165,8 @@ const NORMALIZES: Spellings<Normalize> = &[
 /// The encodings' spellings.
 const ENCODINGS: Spellings<Encoding> = &[
     (&["packed"], Encoding::Packed),
-    (&["elias"], Encoding::Elias),
+    (&["elias", "elias_gamma"], Encoding::Elias(EliasCode::Gamma)),
+    (&["elias_omega"], Encoding::Elias(EliasCode::Omega)),
 ];
 
 fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
@@ -165,7 +186,7 @@ fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
         "encoding",
         ENCODINGS,
         Encoding::Packed,
-        "expected packed or elias",
+        "expected packed, elias (or elias_gamma) or elias_omega",
     )?;
     let (k, v) = keys.require("k", "byteps_compressor_k / k: the number of levels s >= 1")?;
     let hi = if partition == Partition::Linear {
@@ -206,8 +227,8 @@ impl CodecSpec for DitheringSpec {
     fn payload(&self, _: u64) -> PayloadModel {
         let (header, stream_bits) = match self.encoding {
             Encoding::Packed => (0, packed_width(self.s)),
-            // The bound: the count, and at most 3 + 2·⌊log2 s⌋ bits per element.
-            Encoding::Elias => (4, 3 + 2 * (31 - self.s.leading_zeros())),
+            // The bound: the count, and at most a code's bits per element.
+            Encoding::Elias(code) => (4, code.max_bits_per_element(self.s)),
         };
         bucketed(header, 4, self.bucket, stream_bits)
     }
@@ -267,7 +288,7 @@ impl Dithering {
         };
         let size = match encoding {
             Encoding::Packed => d.packed_size(),
-            Encoding::Elias => d.elias_max_size(),
+            Encoding::Elias(code) => d.elias_max_size(code),
         };
         d.base.payload = size;
         d
@@ -281,9 +302,8 @@ impl Dithering {
         4 * self.bk.count + stream_bytes(self.base.n, self.w())
     }
 
-    fn elias_max_size(&self) -> usize {
-        let lg = 31 - self.s.leading_zeros();
-        4 + 4 * self.bk.count + stream_bytes(self.base.n, 3 + 2 * lg)
+    fn elias_max_size(&self, code: EliasCode) -> usize {
+        4 + 4 * self.bk.count + stream_bytes(self.base.n, code.max_bits_per_element(self.s))
     }
 
     /// The per-bucket [`factor`]s of `norms`.
@@ -600,7 +620,7 @@ impl Codec for Dithering {
         }
         let stream = self.base.rounding(ctx.round);
         match self.encoding {
-            Encoding::Elias => self.compress_elias(input, &norms, stream, out),
+            Encoding::Elias(code) => self.compress_elias(code, input, &norms, stream, out),
             Encoding::Packed => {
                 let nb = self.bk.count;
                 let dst = prepare(out, self.packed_size());
@@ -621,8 +641,8 @@ impl Codec for Dithering {
     fn decode(&self, payload: &[u8], _ctx: &RoundCtx, out: &mut [f32], add: bool) -> Result<()> {
         match self.encoding {
             Encoding::Packed => self.decode_packed(payload, out, add),
-            Encoding::Elias => {
-                let entries = self.elias_entries(payload)?;
+            Encoding::Elias(code) => {
+                let entries = self.elias_entries(code, payload)?;
                 scatter(out, entries.iter().map(|&(i, v)| (i as usize, v)), add);
                 Ok(())
             }

@@ -165,6 +165,12 @@ pub fn all_configs() -> Vec<Vec<(&'static str, &'static str)>> {
             ("partition", "natural"),
             ("normalize", "l2"),
         ],
+        vec![
+            ("compressor", "dithering"),
+            ("k", "20"),
+            ("encoding", "elias_omega"),
+            ("bucket", "12"),
+        ],
         vec![("compressor", "minmax")],
         vec![("compressor", "minmax"), ("bits", "3"), ("bucket", "7")],
         vec![("compressor", "minmax"), ("bits", "1")],

@@ -1,7 +1,8 @@
-//! Dithering's Elias encoding (`encoding = elias`): the non-zero levels' gaps, signs and
-//! levels in Elias-gamma codes (see the parent module's docs for the format).
+//! Dithering's Elias encodings (`encoding = elias`, `elias_omega`): the non-zero levels' gaps,
+//! signs and levels in Elias gamma or Elias omega codes (see the parent module's docs for the
+//! format).
 
-use super::{encode_linear, encode_natural, value, Dithering, Partition};
+use super::{encode_linear, encode_natural, value, Dithering, EliasCode, Partition};
 use crate::codecs::{par_segments, prepare, put_f32s};
 use crate::error::KernelError;
 use crate::rng::Stream;
@@ -59,6 +60,42 @@ impl BitWriter {
         } else {
             self.put(v as u32, 32);
             self.put((v >> 32) as u32, n - 32);
+        }
+    }
+
+    /// Appends `omega(v)`, `v >= 1`: Elias's recursive code. Its groups, from the first
+    /// written: each holds the bit count minus one of the next, the last holds `v`; a group
+    /// of `N + 1` bits is a one then its `N` low bits, least significant first; a zero ends it.
+    #[inline(always)]
+    fn omega(&mut self, mut v: u64) {
+        debug_assert!(v >= 1);
+        // At most 4 groups for a u64: v, then 63 at most, 5, 2.
+        let mut groups = [0u64; 6];
+        let mut k = 0;
+        while v > 1 {
+            groups[k] = v;
+            k += 1;
+            v = u64::from(63 - v.leading_zeros());
+        }
+        for &g in groups[..k].iter().rev() {
+            let n = 63 - g.leading_zeros();
+            self.put(1, 1);
+            if n <= 32 {
+                self.put(g as u32, n);
+            } else {
+                self.put(g as u32, 32);
+                self.put((g >> 32) as u32, n - 32);
+            }
+        }
+        self.put(0, 1);
+    }
+
+    /// Appends `v >= 1` in `code`.
+    #[inline(always)]
+    fn code(&mut self, code: EliasCode, v: u64) {
+        match code {
+            EliasCode::Gamma => self.gamma(v),
+            EliasCode::Omega => self.omega(v),
         }
     }
 
@@ -143,6 +180,35 @@ impl<'a> BitReader<'a> {
         }
     }
 
+    /// Reads `omega(v)` with `v <= max`; `None` if malformed or past the end.
+    #[inline(always)]
+    fn omega(&mut self, max: u64) -> Option<u64> {
+        let mut v: u64 = 1;
+        loop {
+            if self.get(1)? == 0 {
+                return (v <= max).then_some(v);
+            }
+            // The next group has `v + 1` bits, and is larger than `v`: past `max` (or 64 bits),
+            // so is the value.
+            if v >= 64 {
+                return None;
+            }
+            v = self.low_bits(v as u32)?;
+            if v > max {
+                return None;
+            }
+        }
+    }
+
+    /// Reads `v <= max` in `code`.
+    #[inline(always)]
+    fn code(&mut self, code: EliasCode, max: u64) -> Option<u64> {
+        match code {
+            EliasCode::Gamma => self.gamma(max),
+            EliasCode::Omega => self.omega(max),
+        }
+    }
+
     /// Reads the `n` low bits of a gamma code and adds the leading one.
     #[inline(always)]
     fn low_bits(&mut self, n: u32) -> Option<u64> {
@@ -162,9 +228,34 @@ impl<'a> BitReader<'a> {
     }
 }
 
+/// Bits of `omega(v)`, `v >= 1`.
+pub(super) fn omega_len(mut v: u64) -> u32 {
+    let mut bits = 1;
+    while v > 1 {
+        let n = 63 - v.leading_zeros();
+        bits += n + 1;
+        v = u64::from(n);
+    }
+    bits
+}
+
+impl EliasCode {
+    /// The most bits an element of a chunk costs in this code with `s` levels: each entry is
+    /// `code(gap) + 1 + code(level)`, a gap `g` costs at most `2g - 1` bits in either code
+    /// (checked by the tests) and the gaps add up to at most the chunk's length, so at most
+    /// `2 + 1 + longest level code - 1` bits an element.
+    pub(super) fn max_bits_per_element(self, s: u32) -> u32 {
+        match self {
+            EliasCode::Gamma => 3 + 2 * (31 - s.leading_zeros()),
+            EliasCode::Omega => 2 + (1..=u64::from(s)).map(omega_len).max().unwrap_or(1),
+        }
+    }
+}
+
 impl Dithering {
     pub(super) fn compress_elias(
         &self,
+        elias: EliasCode,
         x: &[f32],
         norms: &[f32],
         stream: Stream,
@@ -183,7 +274,7 @@ impl Dithering {
         par_segments(x, w, &mut packed, |xs, i0, d| {
             f(xs, i0, d, stream, (norms, &factors), &self.bk, self.s)
         });
-        let mut wr = BitWriter::new(self.elias_max_size() / 4);
+        let mut wr = BitWriter::new(self.elias_max_size(elias) / 4);
         let mut prev: i64 = -1;
         let mut m = 0u32;
         with_width!(w, W => {
@@ -202,9 +293,9 @@ impl Dithering {
                 for (t, &code) in c.iter().enumerate() {
                     let i = 32 * g + t;
                     if code >> 1 != 0 && i < n {
-                        wr.gamma((i as i64 - prev) as u64);
+                        wr.code(elias, (i as i64 - prev) as u64);
                         wr.put(code & 1, 1);
-                        wr.gamma((code >> 1) as u64);
+                        wr.code(elias, (code >> 1) as u64);
                         prev = i as i64;
                         m += 1;
                     }
@@ -222,11 +313,15 @@ impl Dithering {
     }
 
     /// Decodes an Elias payload into `(index, value)` pairs after full validation.
-    pub(super) fn elias_entries(&self, payload: &[u8]) -> Result<Vec<(u32, f32)>, KernelError> {
+    pub(super) fn elias_entries(
+        &self,
+        code: EliasCode,
+        payload: &[u8],
+    ) -> Result<Vec<(u32, f32)>, KernelError> {
         let nb = self.bk.count;
         let name = &self.base.name;
         let min = 4 + 4 * nb;
-        let max = self.elias_max_size();
+        let max = self.elias_max_size(code);
         if payload.len() < min || payload.len() > max || payload.len() % 4 != 0 {
             return Err(KernelError::PayloadLength {
                 compressor: name.clone(),
@@ -254,12 +349,12 @@ impl Dithering {
             let bad = |what: &str| KernelError::malformed(name, format!("entry {e}: {what}"));
             let max_gap = self.base.n as u64 - next;
             let gap = rd
-                .gamma(max_gap)
+                .code(code, max_gap)
                 .ok_or_else(|| bad("bad or truncated index gap"))?;
             let i = next + gap - 1;
             let sign = rd.get(1).ok_or_else(|| bad("truncated sign"))?;
             let l = rd
-                .gamma(self.s as u64)
+                .code(code, self.s as u64)
                 .ok_or_else(|| bad("bad or truncated level"))? as u32;
             let nm = norms[i as usize / self.bk.size];
             let v = if natural {
@@ -311,5 +406,79 @@ mod tests {
         let mut w = BitWriter::new(0);
         w.gamma(5);
         assert_eq!(w.finish(), vec![0b0_1100]);
+    }
+
+    /// Elias omega as the textbook writes it (most significant bit first), for comparison.
+    fn omega_textbook(mut v: u64) -> String {
+        let mut code = String::from("0");
+        while v > 1 {
+            let bin = format!("{v:b}");
+            v = bin.len() as u64 - 1;
+            code = bin + &code;
+        }
+        code
+    }
+
+    #[test]
+    fn omega_roundtrip_and_lengths() {
+        let vals: Vec<u64> = (1..2000)
+            .chain([
+                1 << 16,
+                (1 << 31) + 7,
+                (1 << 32) - 1,
+                1 << 32,
+                (1 << 40) + 12345,
+            ])
+            .chain([u64::MAX >> 1, u64::MAX])
+            .collect();
+        let mut w = BitWriter::new(0);
+        for &v in &vals {
+            w.omega(v);
+            w.put(1, 1);
+        }
+        let words = w.finish();
+        let mut bytes = vec![0u8; words.len() * 4];
+        crate::simd::put_words(&mut bytes, &words);
+        let mut r = BitReader::new(&bytes);
+        for &v in &vals {
+            assert_eq!(r.omega(u64::MAX), Some(v), "{v}");
+            assert_eq!(r.get(1), Some(1));
+            // The same length as the textbook code: log v + log log v + ... + 1.
+            assert_eq!(omega_len(v) as usize, omega_textbook(v).len(), "{v}");
+        }
+        // The documented layout: omega(16) = groups 2 (1 then 0), 4 (1 then 0 0), 16 (1 then
+        // 0 0 0 0), then 0 — each group a one then its low bits, least significant first.
+        let mut w = BitWriter::new(0);
+        w.omega(16);
+        // Bits from the first: 1 0, 1 0 0, 1 0 0 0 0, 0; read as a word, least significant
+        // bit first.
+        assert_eq!(w.finish(), vec![0b100101]);
+        assert_eq!(omega_textbook(16), "10100100000");
+        // A value above `max` is refused, whichever group passes it.
+        let mut w = BitWriter::new(0);
+        w.omega(1000);
+        let mut bytes = vec![0u8; 4 * 2];
+        crate::simd::put_words(&mut bytes, &w.finish());
+        assert_eq!(BitReader::new(&bytes).omega(999), None);
+        assert_eq!(BitReader::new(&bytes).omega(1000), Some(1000));
+        // omega(1) is a single zero bit: still refused where nothing may follow.
+        assert_eq!(BitReader::new(&[0; 4]).omega(0), None);
+        // Ones forever: malformed, not a loop or an overflow.
+        assert_eq!(BitReader::new(&[0xff; 64]).omega(u64::MAX), None);
+    }
+
+    #[test]
+    fn a_gap_costs_at_most_2g_minus_1_bits_in_either_code() {
+        for g in (1..1 << 16).chain((17..63).map(|k| 1u64 << k)) {
+            let gamma = 2 * (63 - g.leading_zeros()) + 1;
+            assert!(u64::from(gamma) < 2 * g, "gamma({g})");
+            assert!(u64::from(omega_len(g)) < 2 * g, "omega({g})");
+        }
+        assert_eq!(EliasCode::Gamma.max_bits_per_element(4), 7);
+        assert_eq!(
+            EliasCode::Omega.max_bits_per_element(4),
+            8,
+            "omega(4) is 6 bits"
+        );
     }
 }
