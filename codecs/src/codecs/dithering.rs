@@ -35,8 +35,7 @@
 //!
 //! `gamma(v)` for `v >= 1` is an Elias gamma code written least significant bit first: with
 //! `N = floor(log2 v)`, `N` zero bits, a one bit, then the `N` low bits of `v`, least
-//! significant first (`2N + 1` bits, like QSGD's Elias code of gaps and levels; cheap to
-//! decode with one `trailing_zeros`).
+//! significant first (`2N + 1` bits; cheap to decode with one `trailing_zeros`).
 //!
 //! `omega(v)` for `v >= 1` is Elias's recursive (omega) code, the one QSGD's paper uses: with
 //! groups `g_1 < … < g_k = v` where each `g_j` is the bit length of `g_{j+1}` minus one and

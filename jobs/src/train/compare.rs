@@ -76,8 +76,10 @@ pub fn preset(name: &str) -> Result<BTreeMap<String, String>, String> {
             ("momentum", "nesterov"),
         ],
         "dithering" => &[("compressor", "dithering"), ("k", "15"), ("bucket", "512")],
-        // QSGD's Elias code (the paper's section 3.2) over few levels, where most values are 0
-        // or small integers the code spends few bits on (BENCHMARKS.md, "QSGD's Elias code").
+        // QSGD's coding of gaps and levels (the paper's section 3.2) over few levels, where most
+        // values are 0 or small integers the code spends few bits on; Elias gamma, which costs
+        // less than the paper's recursive code at these levels and gaps (BENCHMARKS.md, "QSGD's
+        // Elias code").
         "dithering-elias" => &[
             ("compressor", "dithering"),
             ("k", "4"),
