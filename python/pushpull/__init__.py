@@ -7,7 +7,8 @@ protocol or the compressors is implemented in Python.
   per-tensor compression on top.
 * ``pushpull.BUILD_PROFILE``: ``"release"``, or ``"debug"`` for an extension built with debug
   assertions (``--profile dev``), whose compressors run several times slower.
-* ``pushpull.PushPullError``: every failure (the message names the tensor, key or node);
+* ``pushpull.PushPullError``: every failure (the message names the tensor, key or node), a
+  ``RuntimeError`` as Horovod's ``HorovodInternalError`` is;
   ``pushpull.NodeLostError``: the job is over because a node was lost (named in the message).
 
 Start a job with ``pushpull local --workers N -- python train.py`` (see the README).

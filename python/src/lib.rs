@@ -51,7 +51,7 @@ use pushpull_net::tls::TlsIdentity;
 use pushpull_proto::ParamMap;
 use pushpull_worker::{JoinOptions, Place, Reduce, RoundHandle, WorkerError};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::Runtime;
@@ -60,8 +60,9 @@ use tokio::task::JoinHandle;
 create_exception!(
     _native,
     PushPullError,
-    PyException,
-    "A pushpull operation failed; the message names the tensor, key or node."
+    PyRuntimeError,
+    "A pushpull operation failed; the message names the tensor, key or node. A RuntimeError, \
+     as Horovod's HorovodInternalError is."
 );
 create_exception!(
     _native,

@@ -17,7 +17,8 @@ KW = {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"}
 CASES = ["declare staleness", "declare again", "compression mismatch", "compression type",
          "version push_pull", "version push_pull_async", "version push_pull_inplace",
          "version push_pull_async_inplace", "staleness", "integer overflow",
-         "integer compression", "adasum", "op and average", "allgather shapes", "suspended",
+         "integer compression", "adasum", "op and average", "process set",
+         "process set barrier", "horovod error", "runtime error", "allgather shapes", "suspended",
          "resume workers", "resume servers", "suspended pending round",
          "suspended pending declare", "suspended prescale", "prescale wrong length", "passes"]
 NP_INT = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
@@ -108,6 +109,8 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
         assert same_bits(s["hvd_inplace"], hsum)
         assert same_bits(s["hvd_async"], hsum / np.float32(n))
         assert same_bits(s["hvd_async_"], hsum * np.float32(0.5))
+        assert same_bits(s["hvd_ps"], hsum)
+        assert same_bits(s["hvd_ps_all"], hsum)
 
     # allgather: torch.cat of every rank's tensor, bit for bit (-0.0 included).
     def cat(key):

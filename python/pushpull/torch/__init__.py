@@ -156,7 +156,10 @@ from ._push_pull import (
 from ._round import _CONVERTIBLE, _INTEGER, _Round
 from ._state import (
     _w,
+    cross_rank,
+    cross_size,
     init,
+    is_initialized,
     local_rank,
     local_size,
     metrics,
@@ -175,6 +178,9 @@ from .ddp_comm_hook import PushPullHookState, push_pull_hook
 from .horovod import (
     Adasum,
     Average,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    ProcessSet,
     Sum,
     allgather,
     allgather_async,
@@ -183,6 +189,7 @@ from .horovod import (
     allreduce_async,
     allreduce_async_,
     barrier,
+    global_process_set,
     join,
 )
 from .optimizer import DistributedOptimizer, _buckets
@@ -194,7 +201,10 @@ __all__ = [
     "Compression",
     "DecentralizedOptimizer",
     "DistributedOptimizer",
+    "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "NodeLostError",
+    "ProcessSet",
     "PushPullError",
     "PushPullHookState",
     "Sum",
@@ -210,9 +220,13 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "cross_rank",
+    "cross_size",
     "declare",
     "discard_last_round",
+    "global_process_set",
     "init",
+    "is_initialized",
     "join",
     "load_state",
     "local_rank",

@@ -91,10 +91,15 @@ streams: Dict[str, "torch.cuda.ExternalStream"] = {}
 # --- joining and leaving -----------------------------------------------------------------
 
 
-def init(config: Optional[str] = None) -> None:
+def init(config: Optional[str] = None, lazy: bool = True) -> None:
     """Joins the job: reads the cluster file ``config`` (default: ``PUSHPULL_CONFIG``) and the
     BytePS environment (see ``pushpull._env``), connects to the scheduler and waits until every
     node has registered. Calling it again does nothing.
+
+    ``lazy`` is BytePS's (``bps.init(lazy=False)``, as BytePS's own tests call it): pushpull
+    joins the job in ``init`` either way, which is what ``lazy=False`` asks; with
+    ``lazy=True`` (BytePS's default) BytePS defers setting up its communication, which
+    changes no result, only when the wait happens.
 
     If the script ends without :func:`shutdown`, it runs at exit, unless the script ends with
     an uncaught exception: then the worker leaves at once, telling the other nodes the
@@ -188,6 +193,12 @@ def _w() -> _native.Worker:
     return worker
 
 
+def is_initialized() -> bool:
+    """Whether :func:`init` has joined the job (and :func:`shutdown` has not left it):
+    Horovod's ``is_initialized``."""
+    return worker is not None
+
+
 def rank() -> int:
     """This worker's rank, ``0 .. size() - 1``."""
     return _w().rank
@@ -208,6 +219,17 @@ def local_size() -> int:
     """The number of workers on this host (``BYTEPS_LOCAL_SIZE``, default 1)."""
     _w()
     return settings.local_size if settings else 1
+
+
+def cross_rank() -> int:
+    """Horovod's ``cross_rank``: this worker's host among the job's hosts,
+    ``rank() // local_size()`` (workers are numbered host by host)."""
+    return rank() // local_size()
+
+
+def cross_size() -> int:
+    """Horovod's ``cross_size``: the number of hosts, ``size() // local_size()``."""
+    return size() // local_size()
 
 
 def metrics() -> dict:

@@ -1,7 +1,9 @@
 """Horovod's spellings in :mod:`pushpull.torch` (``import pushpull.torch as hvd`` works for
 these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum``,
 ``allgather``, ``join`` and ``barrier``, each a thin name over the rounds of
-``pushpull/torch/_push_pull.py``."""
+``pushpull/torch/_push_pull.py``; ``process_set=`` on each (the global set only:
+:class:`ProcessSet`, :data:`global_process_set`); Horovod's exception names
+(:data:`HorovodInternalError`, :class:`HostsUpdatedInterrupt`)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from ._push_pull import (
 from ._round import _CONVERTIBLE, _INTEGER, _Round
 from ._state import _check_running, _w, rank, size
 from .compression import Compression, _Compressor
+from .._native import PushPullError
 
 # --- Horovod's names -------------------------------------------------------------------------
 
@@ -30,6 +33,54 @@ from .compression import Compression, _Compressor
 Average = 0
 Sum = 1
 Adasum = 2
+
+
+# Horovod's exceptions. Every pushpull failure raises PushPullError (NodeLostError when the job
+# is over), a RuntimeError as Horovod's HorovodInternalError is: catching either name catches
+# them all.
+HorovodInternalError = PushPullError
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's elastic interrupt (hosts were added or removed). pushpull never raises it: a
+    job's workers and servers are fixed at :func:`init`. The name exists so that scripts that
+    catch it run unchanged."""
+
+
+class ProcessSet:
+    """Horovod's process set: the ranks a collective runs over. pushpull reduces over every
+    worker of the job, so only the global set is accepted: :data:`global_process_set` (or
+    ``None``, or a set whose ``ranks`` are all the ranks); a call given another set raises
+    ``ValueError`` naming it."""
+
+    def __init__(self, ranks=None):
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+
+    def included(self) -> bool:
+        """Whether this worker is in the set (always, for the global set)."""
+        return self.ranks is None or rank() in self.ranks
+
+    def size(self) -> int:
+        """The number of workers in the set."""
+        return size() if self.ranks is None else len(self.ranks)
+
+    def __repr__(self) -> str:
+        return "global_process_set" if self.ranks is None else f"ProcessSet({self.ranks})"
+
+
+# Every worker of the job: the one process set pushpull runs collectives over.
+global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set, fn: str) -> None:
+    if process_set is None or process_set.ranks is None:
+        return
+    if process_set.ranks == list(range(size())):
+        return
+    raise ValueError(
+        f"{fn}: process_set = {process_set!r}: pushpull runs every collective over all "
+        f"{size()} workers of the job (global_process_set); sets of some ranks are not supported"
+    )
 
 
 def _average_of(op, average, fn: str) -> bool:
@@ -59,6 +110,7 @@ def allreduce_async_(
     op: Optional[int] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
 ) -> int:
     """Horovod's in-place async allreduce: :func:`push_pull_async_inplace` with ``op``
     (``Average``, the default, or ``Sum``; ``Adasum`` raises ``ValueError``) or the deprecated
@@ -69,7 +121,8 @@ def allreduce_async_(
     call that raises leaves it unchanged. The scaling is done in the float32 the round works
     in: float16 and bfloat16 tensors are widened first (the product rounded once, to float32,
     not to the tensor's dtype), float64 tensors are scaled in float64 and then rounded to
-    float32."""
+    float32. ``process_set``: the global set only (:class:`ProcessSet`)."""
+    _check_process_set(process_set, "allreduce_async_")
     avg = _average_of(op, average, "allreduce_async_")
     _check_scales("allreduce_async_", tensor, prescale_factor, postscale_factor)
     name = name if name is not None else _new_name("allreduce")
@@ -95,9 +148,11 @@ def allreduce_async(
     op: Optional[int] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
 ) -> int:
     """Horovod's async allreduce, out of place: :func:`allreduce_async_` of a copy of
     ``tensor`` (which is not modified); :func:`synchronize` returns the result."""
+    _check_process_set(process_set, "allreduce_async")
     return allreduce_async_(
         tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
     )
@@ -110,11 +165,14 @@ def allreduce_(
     op: Optional[int] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
 ) -> torch.Tensor:
     """Horovod's in-place allreduce: :func:`allreduce_async_` and :func:`synchronize`;
     returns ``tensor``."""
     return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor)
+        allreduce_async_(
+            tensor, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     )
 
 
@@ -126,10 +184,13 @@ def allreduce(
     op: Optional[int] = None,
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
 ) -> torch.Tensor:
     """Horovod's allreduce: :func:`push_pull` (a new tensor, gradients flow back) with ``op``
     (``Average``, the default, or ``Sum``) or the deprecated ``average``, ``compression`` as in
-    :func:`push_pull_async_inplace`, and the scale factors of :func:`allreduce_async_`."""
+    :func:`push_pull_async_inplace`, and the scale factors of :func:`allreduce_async_`;
+    ``process_set``: the global set only."""
+    _check_process_set(process_set, "allreduce")
     avg = _average_of(op, average, "allreduce")
     _check_scales("allreduce", tensor, prescale_factor, postscale_factor)
     x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
@@ -151,9 +212,11 @@ def allgather_async(
     name: Optional[str] = None,
     version: int = 0,
     priority: int = 0,
+    process_set: Optional[ProcessSet] = None,
 ) -> int:
     """Starts :func:`allgather`; returns a handle whose :func:`synchronize` returns the
     concatenation. The first dimensions are gathered before this returns (a short round)."""
+    _check_process_set(process_set, "allgather_async")
     if isinstance(same_shape, str) and name is None:
         name, same_shape = same_shape, True  # Horovod's allgather_async(tensor, name)
     _check_sync_args(version)
@@ -213,6 +276,7 @@ def allgather(
     name: Optional[str] = None,
     version: int = 0,
     priority: int = 0,
+    process_set: Optional[ProcessSet] = None,
 ) -> torch.Tensor:
     """Every worker's ``tensor`` concatenated along dimension 0, in rank order, as a new
     tensor (the input is unchanged); the first dimensions may differ, the rest and the dtype
@@ -227,17 +291,19 @@ def allgather(
     pushpull round), integers as in :func:`push_pull` (magnitudes below 2**24). As in every
     sum, a chunk holding inf or NaN comes back NaN. Unlike Horovod's and BytePS's, the result
     carries no autograd graph. The rounds are declared ``NAME.sizes`` and ``NAME.LENGTH``
-    (the flat length of the result), so a name may gather tensors of any size."""
-    return synchronize(allgather_async(tensor, same_shape, name, version, priority))
+    (the flat length of the result), so a name may gather tensors of any size.
+    ``process_set``: the global set only."""
+    return synchronize(allgather_async(tensor, same_shape, name, version, priority, process_set))
 
 
-def barrier() -> None:
+def barrier(process_set: Optional[ProcessSet] = None) -> None:
     """Waits until every worker has called :func:`barrier` (Horovod's ``barrier``; the
-    scheduler's barrier, no tensor rounds)."""
+    scheduler's barrier, no tensor rounds); ``process_set``: the global set only."""
+    _check_process_set(process_set, "barrier")
     _w().barrier()
 
 
-def join(device: int = -1) -> int:
+def join(device: int = -1, process_set: Optional[ProcessSet] = None) -> int:
     """Horovod's ``join``, as a barrier: waits until every worker has called ``join`` and
     returns the rank that called it last (by each worker's wall clock at its call, to the
     millisecond; the clocks of different hosts should be synchronized; ties go to the higher
@@ -245,7 +311,9 @@ def join(device: int = -1) -> int:
 
     Unlike Horovod's, a worker waiting in ``join`` does not take part in other workers'
     rounds with zeros: every worker must stop starting rounds (e.g. at the end of its data)
-    before calling it, or the others' rounds wait for it forever (until a timeout)."""
+    before calling it, or the others' rounds wait for it forever (until a timeout).
+    ``process_set``: the global set only."""
+    _check_process_set(process_set, "join")
     n, me = size(), rank()
     now_ms = int(time.time() * 1000)
     stamps = torch.zeros(n * 2, dtype=torch.float32)

@@ -110,6 +110,25 @@ expect("adasum", ValueError, "op = 2", "Adasum")(lambda: bps.allreduce(h_in, op=
 expect("op and average", ValueError, "not both")(
     lambda: bps.allreduce(h_in, average=True, op=bps.Sum))
 
+# Horovod's forms: process sets (the global one only), its exception names, hosts.
+assert bps.is_initialized()
+bps.init(lazy=False)  # as BytePS's own tests call it; joined already, so nothing happens
+saved["hvd_ps"] = bps.allreduce(h_in, name="hvd.ps", op=bps.Sum,
+                                process_set=bps.global_process_set)
+saved["hvd_ps_all"] = bps.synchronize(bps.allreduce_async(
+    h_in, name="hvd.ps_all", op=bps.Sum, process_set=bps.ProcessSet(range(n))))
+expect("process set", ValueError, "process_set = ProcessSet([0])", "global_process_set")(
+    lambda: bps.allreduce(h_in, name="hvd.ps", process_set=bps.ProcessSet([0])))
+expect("process set barrier", ValueError, "barrier", "ProcessSet([1])")(
+    lambda: bps.barrier(process_set=bps.ProcessSet([1])))
+assert bps.cross_rank() == r // bps.local_size() and bps.cross_size() == n // bps.local_size()
+assert issubclass(bps.HostsUpdatedInterrupt, RuntimeError)
+# A pushpull failure is Horovod's HorovodInternalError, a RuntimeError.
+expect("horovod error", bps.HorovodInternalError, "'hvd.ps'")(
+    lambda: bps.allreduce(torch.zeros(7), name="hvd.ps"))
+expect("runtime error", RuntimeError, "'hvd.ps'")(
+    lambda: bps.allreduce(torch.zeros(7), name="hvd.ps"))
+
 # allgather: first dimensions differ by rank; -0.0 and integers survive; Horovod's positional
 # name; a 0-dim tensor; trailing dimensions that differ raise on every rank.
 g = randn(3 + 2 * r, 4)
