@@ -111,6 +111,11 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
         assert same_bits(s["hvd_async_"], hsum * np.float32(0.5))
         assert same_bits(s["hvd_ps"], hsum)
         assert same_bits(s["hvd_ps_all"], hsum)
+        assert same_bits(s["hvd_grouped"][0], hsum)
+        assert same_bits(s["hvd_grouped"][1], rank_order_sum([x[:100] * np.float32(3) for x in h]))
+        assert same_bits(s["hvd_grouped_"][0], hsum * np.float32(0.5))
+        assert torch.equal(s["bcast_async"], ranks[1]["bcast_async_in"])
+        assert s["objects"] == [{"rank": q, "pad": "x" * (7 * q + 1)} for q in range(n)]
 
     # allgather: torch.cat of every rank's tensor, bit for bit (-0.0 included).
     def cat(key):

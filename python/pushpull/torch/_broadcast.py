@@ -1,4 +1,5 @@
-"""Broadcasts from a root worker: :func:`broadcast` (and Horovod's :func:`broadcast_`),
+"""Broadcasts from a root worker: :func:`broadcast` (and Horovod's :func:`broadcast_`,
+:func:`broadcast_async_`, :func:`broadcast_async`),
 :func:`broadcast_parameters`, :func:`broadcast_optimizer_state` and
 :func:`broadcast_object`."""
 
@@ -10,7 +11,7 @@ from typing import List, Mapping, Optional, Tuple
 import torch
 
 from ._declare import _ensure_declared
-from ._push_pull import _new_name
+from ._push_pull import _new_name, _register
 from ._round import _CONVERTIBLE, _Round
 from ._state import rank
 
@@ -32,6 +33,22 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
     """Horovod's in-place broadcast: :func:`broadcast`."""
     return broadcast(tensor, root_rank, name)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:
+    """Horovod's in-place async broadcast: starts :func:`broadcast` and returns a handle whose
+    :func:`synchronize` returns ``tensor``, then equal to the root's."""
+    name = name if name is not None else _new_name("broadcast")
+    r = _Round(name, tensor, host_only=True)
+    _ensure_declared(name, r, 0)
+    r.start_broadcast(root_rank)
+    return _register(r)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:
+    """Horovod's async broadcast, out of place: :func:`broadcast_async_` of a copy of
+    ``tensor`` (which is not modified); :func:`synchronize` returns the root's values."""
+    return broadcast_async_(tensor.detach().clone(), root_rank, name)
 
 
 def _named_tensors(params) -> List[Tuple[str, torch.Tensor]]:

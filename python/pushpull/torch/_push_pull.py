@@ -177,12 +177,13 @@ def poll(handle: int) -> bool:
     return r.native.poll()
 
 
-def synchronize(handle: int) -> torch.Tensor:
+def synchronize(handle: int) -> Optional[torch.Tensor]:
     """Waits for the round of ``handle`` (the GIL is released meanwhile) and returns its tensor,
-    which now holds the result. Raises the round's error."""
+    which now holds the result. Raises the round's error. A handle that is unknown, or was
+    synchronized already, returns ``None``, as BytePS's and Horovod's do."""
     r = _state.handles.pop(handle, None)
     if r is None:
-        raise ValueError(f"unknown or already synchronized handle {handle}")
+        return None
     return r.finish()
 
 

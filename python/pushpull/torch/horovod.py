@@ -7,9 +7,10 @@ these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``S
 
 from __future__ import annotations
 
+import pickle
 import time
 import zlib
-from typing import List, Optional
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -19,6 +20,7 @@ from ._push_pull import (
     _register,
     _start_sums,
     push_pull,
+    push_pull_group_inplace,
     push_pull_inplace,
     synchronize,
 )
@@ -196,6 +198,74 @@ def allreduce(
     x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
     out = push_pull(x, avg, name, compression=compression)
     return out * postscale_factor if postscale_factor != 1.0 else out
+
+
+def grouped_allreduce_(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
+) -> List[torch.Tensor]:
+    """Horovod's in-place ``grouped_allreduce_``: :func:`allreduce_` of every tensor of
+    ``tensors`` started together as one group (:func:`push_pull_group_inplace`: the chunks
+    leave in the tensors' priority order on every worker), named ``NAME.0``, ``NAME.1``, ...;
+    returns the tensors. ``op`` and ``average`` as in :func:`allreduce_`; the scale factors
+    (floating tensors only) multiply each tensor in its own dtype."""
+    _check_process_set(process_set, "grouped_allreduce_")
+    avg = _average_of(op, average, "grouped_allreduce_")
+    tensors = list(tensors)
+    for t in tensors:
+        _check_scales("grouped_allreduce_", t, prescale_factor, postscale_factor)
+    base = name if name is not None else _new_name("grouped_allreduce")
+    if prescale_factor != 1.0:
+        with torch.no_grad():
+            for t in tensors:
+                t.mul_(prescale_factor)
+    names = [f"{base}.{i}" for i in range(len(tensors))]
+    out = push_pull_group_inplace(tensors, avg, names)
+    if postscale_factor != 1.0:
+        with torch.no_grad():
+            for t in out:
+                t.mul_(postscale_factor)
+    return out
+
+
+def grouped_allreduce(
+    tensors: Sequence[torch.Tensor],
+    average: Optional[bool] = None,
+    name: Optional[str] = None,
+    op: Optional[int] = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: Optional[ProcessSet] = None,
+) -> List[torch.Tensor]:
+    """Horovod's ``grouped_allreduce``, out of place: :func:`grouped_allreduce_` of copies of
+    ``tensors`` (which are not modified); returns the results as new tensors (without an
+    autograd graph, unlike :func:`allreduce`)."""
+    copies = [t.detach().clone() for t in tensors]
+    return grouped_allreduce_(
+        copies, average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None) -> List[Any]:
+    """Horovod's ``allgather_object``: every worker's ``obj`` (anything ``pickle`` can carry),
+    as a list in rank order. Two :func:`allgather` rounds, ``NAME.size`` and ``NAME.data``:
+    the pickles' lengths, then their bytes."""
+    _check_process_set(process_set, "allgather_object")
+    name = name if name is not None else _new_name("allgather_object")
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([data.numel()], dtype=torch.int64), name=f"{name}.size")
+    gathered = allgather(data, name=f"{name}.data")
+    out, at = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(gathered[at:at + n].numpy().tobytes()))
+        at += n
+    return out
 
 
 # Dtypes an allgather may carry, numbered from 1 in its header (0: not supported).

@@ -122,6 +122,20 @@ expect("process set", ValueError, "process_set = ProcessSet([0])", "global_proce
 expect("process set barrier", ValueError, "barrier", "ProcessSet([1])")(
     lambda: bps.barrier(process_set=bps.ProcessSet([1])))
 assert bps.cross_rank() == r // bps.local_size() and bps.cross_size() == n // bps.local_size()
+# Grouped allreduce (out of place and in place), async broadcast, allgather_object, and
+# synchronize of an unknown handle (None, as Horovod's and BytePS's).
+g_in = [h_in.clone(), h_in[:100].clone() * 3]
+saved["hvd_grouped"] = bps.grouped_allreduce(g_in, name="hvd.grouped", op=bps.Sum)
+assert torch.equal(g_in[0], h_in), "grouped_allreduce must not change its inputs"
+g2 = [t.clone() for t in g_in]
+assert bps.grouped_allreduce_(g2, name="hvd.grouped", op=bps.Sum, postscale_factor=0.5)[0] is g2[0]
+saved["hvd_grouped_"] = g2
+b_in = randn(300)
+saved["bcast_async_in"] = b_in.clone()
+saved["bcast_async"] = bps.synchronize(bps.broadcast_async(b_in, root_rank=1, name="hvd.bcast"))
+assert torch.equal(b_in, saved["bcast_async_in"]), "broadcast_async must not change its input"
+assert bps.synchronize(10**9) is None
+saved["objects"] = bps.allgather_object({"rank": r, "pad": "x" * (7 * r + 1)}, name="objs")
 assert issubclass(bps.HostsUpdatedInterrupt, RuntimeError)
 # A pushpull failure is Horovod's HorovodInternalError, a RuntimeError.
 expect("horovod error", bps.HorovodInternalError, "'hvd.ps'")(
