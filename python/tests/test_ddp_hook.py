@@ -83,6 +83,9 @@ def test_ddp_hook_matches_ddp_and_the_reference(pushpull, seed, tmp_path):
     # The hook returns before the round ends (rank 1 pushed a second later), and its future
     # then holds the average.
     assert ranks[0]["late_call_s"] < 0.5 and not ranks[0]["late_done_at_return"], ranks[0]["late_call_s"]
+    world = rank_order_sum([s["world_in"].numpy() for s in ranks]) / np.float32(n)
+    for s in ranks:
+        assert same_bits(s["world_out"], world), s["rank"]
     want = rank_order_sum([s["late_in"].numpy() for s in ranks]) / np.float32(n)
     for s in ranks:
         assert same_bits(s["late_out"], want), s["rank"]

@@ -105,15 +105,41 @@ class PushPullHookState:
         return f"PushPullHookState(params={self.params!r}, prefix={self.prefix!r})"
 
 
-# The state of a hook registered with state=None: uncompressed, its own prefix.
+# The state of a hook registered with state=None or a process group: uncompressed, its own
+# prefix.
 _default: Optional[PushPullHookState] = None
+# torch's process groups (torch's own hooks take one as their state).
+_ProcessGroup = getattr(dist, "ProcessGroup", ())
+
+
+def _state_of(state) -> PushPullHookState:
+    """The hook state that ``state`` stands for: itself, or for ``None`` and for a process
+    group of every worker (torch's hooks' state, e.g. ``dist.group.WORLD``) the default one."""
+    global _default
+    if isinstance(state, PushPullHookState):
+        return state
+    if state is None or isinstance(state, _ProcessGroup):
+        if state is not None and state.size() != _state._w().num_workers:
+            raise ValueError(
+                f"push_pull_hook: state is a process group of {state.size()} ranks: pushpull "
+                f"averages over every worker of its job ({_state._w().num_workers}); pass "
+                "None, the world group, or a pushpull.torch.PushPullHookState"
+            )
+        if _default is None:
+            _default = PushPullHookState(prefix="DDP.hook")
+        return _default
+    raise TypeError(
+        f"push_pull_hook: state = {state!r}: expected a pushpull.torch.PushPullHookState, "
+        "None or a torch.distributed process group of every worker"
+    )
 
 
 def push_pull_hook(
     state: Optional[PushPullHookState], bucket: _GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP's communication hook on pushpull: ``model.register_comm_hook(state,
-    push_pull_hook)``, with a :class:`PushPullHookState` (or ``None``: uncompressed).
+    push_pull_hook)``, with a :class:`PushPullHookState`, or ``None`` or a process group of
+    every worker as torch's own hooks take (``dist.group.WORLD``): uncompressed.
 
     Push_pulls the bucket's flat gradient buffer, averaged over the workers, as the tensor
     ``state.name_of(bucket)`` (declared at its first round, a collective, with
@@ -135,25 +161,17 @@ def push_pull_hook(
     Uncompressed, the result is DDP's own with 2 workers bit for bit (each average is
     (a + b) / 2, exact), and with more the servers' rank-order float32 sum divided by the
     workers. Differences from torch's hooks: the average is the sum divided by the workers
-    (``allreduce_hook`` divides first); ``state`` is not a process group (pushpull's rounds go
-    through its own servers; DDP still needs a ``torch.distributed`` process group for its
-    own setup, e.g. gloo); and error feedback works from the first step, rebuilt buckets
+    (``allreduce_hook`` divides first); a process group as ``state`` only stands for the
+    default state (pushpull's rounds go through its own servers, over every worker: a group of
+    some ranks is refused; DDP still needs a ``torch.distributed`` process group for its own
+    setup, e.g. gloo); and error feedback works from the first step, rebuilt buckets
     included (``PowerSGDState`` needs ``start_powerSGD_iter > 1`` for that).
 
     With ``torch.amp.GradScaler``, a chunk that is not finite on some worker comes back NaN
     on every worker (so every scaler skips the step), but unlike
     :class:`pushpull.torch.DistributedOptimizer` the hook does not discard the step's rounds:
     the compressor state of the buckets' finite chunks keeps that step."""
-    global _default
-    if state is None:
-        if _default is None:
-            _default = PushPullHookState(prefix="DDP.hook")
-        state = _default
-    elif not isinstance(state, PushPullHookState):
-        raise TypeError(
-            f"push_pull_hook: state = {state!r}: expected a pushpull.torch.PushPullHookState "
-            "(or None), not a process group: pushpull's rounds go through its own servers"
-        )
+    state = _state_of(state)
     buffer = bucket.buffer()
     name = state.name_of(bucket)
     if name not in _state.declared:

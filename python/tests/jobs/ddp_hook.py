@@ -137,6 +137,12 @@ saved["late_call_s"] = time.monotonic() - t0
 saved["late_done_at_return"] = fut.done()
 saved["late_out"] = fut.wait().clone()
 
+# 4. torch's hooks take a process group as their state: the world group stands for the
+# default (uncompressed) state.
+world = torch.randn(500, generator=gen)
+saved["world_in"] = world.clone()
+saved["world_out"] = bps.push_pull_hook(dist.group.WORLD, Bucket(world)).wait().clone()
+
 saved["metrics"] = bps.metrics()
 torch.save(saved, os.path.join(out, f"rank{r}.pt"))
 dist.destroy_process_group()
