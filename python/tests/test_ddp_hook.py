@@ -83,6 +83,24 @@ def test_ddp_hook_matches_ddp_and_the_reference(pushpull, seed, tmp_path):
     # The hook returns before the round ends (rank 1 pushed a second later), and its future
     # then holds the average.
     assert ranks[0]["late_call_s"] < 0.5 and not ranks[0]["late_done_at_return"], ranks[0]["late_call_s"]
+    # torch's fp16 wrapper: the inputs rounded to fp16, summed in float32 on the servers, the
+    # sum sent back as fp16, averaged and narrowed to the wrapper's float16 buffer.
+    f16 = [s["half_in"].numpy().astype(np.float16).astype(np.float32) for s in ranks]
+    half_sum = rank_order_sum(f16).astype(np.float16).astype(np.float32)
+    want_half = (half_sum / np.float32(n)).astype(np.float16)
+    for s in ranks:
+        assert s["half_out"].dtype == torch.float16
+        assert np.array_equal(s["half_out"].numpy().view(np.uint16), want_half.view(np.uint16))
+        t = s["metrics"]["tensors"][s["half_names"][0]]
+        assert "fp16" in " ".join(t["codecs"]), t
+        assert t["bytes_pushed"] * 2 <= t["raw_bytes"], t
+    # A skipped step (bucket 1 not finite on rank 0) is discarded: the next step is the fresh
+    # state's, bit for bit, and not the one whose first step was kept.
+    for s in ranks:
+        assert torch.isnan(s["skipped_first"][1]).any() and torch.isfinite(s["skipped_first"][0]).all()
+        for got, fresh, kept in zip(s["skipped_second"], s["fresh_second"], s["kept_second"]):
+            assert torch.equal(got.view(torch.int32), fresh.view(torch.int32))
+        assert not torch.equal(s["kept_second"][0], s["fresh_second"][0])
     world = rank_order_sum([s["world_in"].numpy() for s in ranks]) / np.float32(n)
     for s in ranks:
         assert same_bits(s["world_out"], world), s["rank"]

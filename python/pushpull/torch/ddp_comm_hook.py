@@ -81,6 +81,11 @@ class PushPullHookState:
         self.params = params
         self.prefix = prefix if prefix is not None else f"DDP.{next(_states)}"
         self.bucket_names: List[str] = []
+        # The buckets hooked in the current step, and whether a result of that step came
+        # back not finite (set by the hook's thread; read at the next step's first bucket,
+        # after DDP has waited for every future of the step).
+        self._step: List[str] = []
+        self._step_non_finite = False
 
     def name_of(self, bucket) -> str:
         """The tensor name of ``bucket``: ``PREFIX.bucket.INDEX.LENGTH.LAYOUT``, where LAYOUT
@@ -156,7 +161,11 @@ def push_pull_hook(
     buffer is summed in place; a CUDA buffer is compressed on its GPU (ordered after the
     backward pass's stream; the future is made with that device, so DDP's use of the result
     waits for the worker's stream); float16 and bfloat16 buffers are widened to float32 and
-    the average narrowed back.
+    the average narrowed back, and travel as fp16 or bf16 where the state's map names no
+    compressor: torch's own ``fp16_compress_wrapper(push_pull_hook)`` and
+    ``bf16_compress_wrapper`` (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``)
+    cast each bucket before the hook, and its round then carries half the bytes, as theirs
+    around torch's hooks do.
 
     Uncompressed, the result is DDP's own with 2 workers bit for bit (each average is
     (a + b) / 2, exact), and with more the servers' rank-order float32 sum divided by the
@@ -168,14 +177,29 @@ def push_pull_hook(
     included (``PowerSGDState`` needs ``start_powerSGD_iter > 1`` for that).
 
     With ``torch.amp.GradScaler``, a chunk that is not finite on some worker comes back NaN
-    on every worker (so every scaler skips the step), but unlike
-    :class:`pushpull.torch.DistributedOptimizer` the hook does not discard the step's rounds:
-    the compressor state of the buckets' finite chunks keeps that step."""
+    on every worker (so every scaler skips the step), and the step's rounds are discarded on
+    every worker, as :class:`pushpull.torch.DistributedOptimizer` does: when a bucket of the
+    state is hooked again (the next step), the rounds of every bucket of the step before are
+    undone (:func:`pushpull.torch.discard_last_round`) if any of their results held inf or
+    NaN (a step starts at bucket 0, as DDP reduces its buckets in index order), so the compressor state (error feedback, momentum) of the finite chunks does not keep
+    a step that was never applied."""
     state = _state_of(state)
     buffer = bucket.buffer()
     name = state.name_of(bucket)
+    if state._step and (bucket.index() == 0 or name in state._step):
+        # DDP reduces its buckets in index order: bucket 0 (or a bucket hooked again) starts
+        # a new step. A step whose result was not finite somewhere was
+        # skipped by every worker's loss scaler: its rounds are discarded, here and on the
+        # servers, as DistributedOptimizer does.
+        if state._step_non_finite:
+            from ._push_pull import discard_last_round
+
+            discard_last_round(state._step)
+        state._step, state._step_non_finite = [], False
+    state._step.append(name)
     if name not in _state.declared:
-        declare(name, buffer, state.params_of(bucket), priority=bucket.index())
+        declare(name, buffer, _travel_params(state.params_of(bucket), buffer),
+                priority=bucket.index())
     if name not in state.bucket_names:
         state.bucket_names.append(name)
     r = _Round(name, buffer)
@@ -185,8 +209,23 @@ def push_pull_hook(
         fut = torch.futures.Future(devices=[buffer.device])
     else:
         fut = torch.futures.Future()
-    _waiter.put(r, fut)
+    _waiter.put(r, fut, state)
     return fut
+
+
+# What a half-precision bucket travels as when its map names no compressor.
+_HALF = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _travel_params(params: Dict[str, str], buffer: torch.Tensor) -> Dict[str, str]:
+    """``params``, with the compressor of a half-precision ``buffer`` (torch's
+    ``fp16_compress_wrapper`` / ``bf16_compress_wrapper`` cast the bucket before calling the
+    hook) set to its precision where the map names none, so that the wrapper's halving of the
+    bytes holds on pushpull's wire too."""
+    half = _HALF.get(buffer.dtype)
+    if half is None or "compressor" in params or "byteps_compressor_type" in params:
+        return params
+    return {**params, "compressor": half}
 
 
 class _Waiter:
@@ -195,11 +234,13 @@ class _Waiter:
     waits for all of them at the end of the backward pass."""
 
     def __init__(self):
-        self.queue: "queue.SimpleQueue[Tuple[_Round, torch.futures.Future]]" = queue.SimpleQueue()
+        self.queue: "queue.SimpleQueue[Tuple[_Round, torch.futures.Future, PushPullHookState]]" = (
+            queue.SimpleQueue()
+        )
         self.thread: Optional[threading.Thread] = None
         self.lock = threading.Lock()
 
-    def put(self, r: _Round, fut: torch.futures.Future) -> None:
+    def put(self, r: _Round, fut: torch.futures.Future, state: PushPullHookState) -> None:
         with self.lock:
             if self.thread is None or not self.thread.is_alive():  # first use, or after fork
                 self.queue = queue.SimpleQueue()
@@ -207,14 +248,16 @@ class _Waiter:
                     target=self.run, args=(self.queue,), name="pushpull-ddp-hook", daemon=True
                 )
                 self.thread.start()
-            self.queue.put((r, fut))
+            self.queue.put((r, fut, state))
 
     @staticmethod
     def run(q) -> None:
         while True:
-            r, fut = q.get()
+            r, fut, state = q.get()
             try:
                 result = r.finish()
+                if not bool(torch.isfinite(result).all()):
+                    state._step_non_finite = True
             except BaseException as e:  # noqa: BLE001 - handed to DDP through the future
                 fut.set_exception(e)
             else:

@@ -143,6 +143,56 @@ world = torch.randn(500, generator=gen)
 saved["world_in"] = world.clone()
 saved["world_out"] = bps.push_pull_hook(dist.group.WORLD, Bucket(world)).wait().clone()
 
+# 5. torch's fp16 wrapper around pushpull's hook: the bucket travels as fp16.
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+
+half_state = bps.PushPullHookState(prefix="half")
+half = torch.randn(2000, generator=gen)
+saved["half_in"] = half.clone()
+
+
+class HalfBucket(Bucket):
+    """A bucket torch's wrapper can re-point at its float16 copy."""
+
+    def set_buffer(self, buffer):
+        self._buffer = buffer
+
+
+saved["half_out"] = fp16_compress_wrapper(bps.push_pull_hook)(half_state, HalfBucket(half)).wait()
+saved["half_names"] = list(half_state.bucket_names)
+
+# 6. A step whose result is not finite (rank 0's bucket 1 overflowed) is discarded at the
+# next step: onebit with error feedback (deterministic, so the state's prefix does not matter)
+# then gives the second step bit for bit what a state that never ran the first gives, and a
+# state whose first step was finite gives something else.
+class IndexedBucket(Bucket):
+    def __init__(self, buffer, index):
+        super().__init__(buffer)
+        self._index = index
+
+    def index(self):
+        return self._index
+
+
+def hook_step(state, buffers):
+    futs = [bps.push_pull_hook(state, IndexedBucket(b.clone(), i)) for i, b in enumerate(buffers)]
+    return [f.wait().clone() for f in futs]
+
+
+first = [torch.randn(1500, generator=gen), torch.randn(700, generator=gen)]
+overflow = [first[0], first[1].clone()]
+if r == 0:
+    overflow[1][5] = float("inf")
+second = [torch.randn(1500, generator=gen), torch.randn(700, generator=gen)]
+skipped = bps.PushPullHookState(params=ONEBIT, prefix="skipped")
+fresh = bps.PushPullHookState(params=ONEBIT, prefix="fresh")
+kept = bps.PushPullHookState(params=ONEBIT, prefix="kept")
+saved["skipped_first"] = hook_step(skipped, overflow)
+saved["skipped_second"] = hook_step(skipped, second)
+saved["fresh_second"] = hook_step(fresh, second)
+hook_step(kept, first)
+saved["kept_second"] = hook_step(kept, second)
+
 saved["metrics"] = bps.metrics()
 torch.save(saved, os.path.join(out, f"rank{r}.pt"))
 dist.destroy_process_group()
