@@ -18,7 +18,8 @@ CASES = ["declare staleness", "declare again", "compression mismatch", "compress
          "version push_pull", "version push_pull_async", "version push_pull_inplace",
          "version push_pull_async_inplace", "staleness", "integer overflow",
          "integer compression", "adasum", "op and average", "process set",
-         "process set barrier", "horovod error", "runtime error", "allgather shapes", "suspended",
+         "process set barrier", "horovod error", "runtime error",
+         "user compressor in the optimizer", "bad compression", "allgather shapes", "suspended",
          "resume workers", "resume servers", "suspended pending round",
          "suspended pending declare", "suspended prescale", "prescale wrong length", "passes"]
 NP_INT = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
@@ -116,6 +117,14 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
         assert same_bits(s["hvd_grouped_"][0], hsum * np.float32(0.5))
         assert torch.equal(s["bcast_async"], ranks[1]["bcast_async_in"])
         assert s["objects"] == [{"rank": q, "pad": "x" * (7 * q + 1)} for q in range(n)]
+    # The user's compressor: fp16 of twice each value, summed in float32, narrowed to the
+    # fp16 tensor compress gave, halved back to float32.
+    sent = [(s["user_in"].numpy() * np.float32(2)).astype(np.float16).astype(np.float32)
+            for s in ranks]
+    user = rank_order_sum(sent).astype(np.float16).astype(np.float32) / np.float32(2)
+    for s in ranks:
+        assert same_bits(s["user_out"], user)
+        assert same_bits(s["user_inplace"], user)
 
     # allgather: torch.cat of every rank's tensor, bit for bit (-0.0 included).
     def cat(key):

@@ -13,7 +13,7 @@ from . import _state
 from ._declare import _check_sync_args, _ensure_declared
 from ._round import _Ordering, _Round, _worker_stream
 from ._state import _check_running, _w
-from .compression import Compression, _Compressor, check_compression
+from .compression import Compression, _Compressor, _UserCompressor, check_compression
 
 
 def _start_sums(rounds: Sequence[_Round], average: bool) -> None:
@@ -84,11 +84,27 @@ def push_pull_async_inplace(
     synchronous; anything else raises ``ValueError`` naming the argument). ``compression``
     (``Compression.none`` or ``Compression.fp16``) is the tensor's compressor: used when this
     call declares the tensor, and checked against the declared one otherwise (``ValueError``
-    when they differ). Integer tensors: see :func:`push_pull`."""
+    when they differ); or a user-defined compressor (``compress(tensor) -> (tensor, ctx)``,
+    ``decompress(tensor, ctx)``, as Horovod's and BytePS's ``Compressor``): the round sums what
+    ``compress`` gives, and ``decompress`` of the sum is written into ``tensor``. Integer
+    tensors: see :func:`push_pull`."""
     _check_sync_args(version, staleness)
-    check_compression(compression)
+    compression = check_compression(compression)
     name = name if name is not None else _new_name("push_pull")
-    r = _Round(name, tensor)
+    if isinstance(compression, _UserCompressor):
+        # Horovod's way: the round sums what compress gives; decompress makes the result,
+        # written into the caller's tensor.
+        sent, ctx = compression.compress(tensor)
+
+        def then(result, tensor=tensor, ctx=ctx):
+            with torch.no_grad():
+                tensor.copy_(compression.decompress(result, ctx))
+            return tensor
+
+        r = _Round(name, sent)
+        r.then = then
+    else:
+        r = _Round(name, tensor)
     _ensure_declared(name, r, priority, compression)
     _start_sums([r], average)
     return _register(r)

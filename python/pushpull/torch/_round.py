@@ -52,6 +52,9 @@ class _Round:
         self.int_average = False
         # A factor applied to the result at synchronize (Horovod's postscale_factor).
         self.scale = 1.0
+        # What synchronize returns made of the result, if not the result itself (a
+        # user-defined compressor's decompress).
+        self.then = None
         if self.integer:
             flat = tensor.detach().reshape(-1).to("cpu", torch.float64)
             self.target = tensor
@@ -123,14 +126,16 @@ class _Round:
         is ordered after it: ``Worker.order_after``): integers' exact sums, the scale, the
         copy into the caller's tensor."""
         if self.integer:
-            return self._integer_result()
-        if self.scale != 1.0:
-            with torch.no_grad():
-                self.work.mul_(self.scale)
-        if self.target is not None:
-            with torch.no_grad():
-                self.target.copy_(self.work)
-        return self.tensor
+            result = self._integer_result()
+        else:
+            if self.scale != 1.0:
+                with torch.no_grad():
+                    self.work.mul_(self.scale)
+            if self.target is not None:
+                with torch.no_grad():
+                    self.target.copy_(self.work)
+            result = self.tensor
+        return result if self.then is None else self.then(result)
 
 
 class _Ordering:

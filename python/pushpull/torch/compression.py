@@ -1,7 +1,10 @@
 """``Compression`` of :mod:`pushpull.torch`: BytePS's compression choices, each the parameter
 map of pushpull's per-tensor compression that it stands for. Used by :func:`push_pull` and
 its forms (``compression=``), :class:`DistributedOptimizer` and
-:class:`pushpull.torch.parallel.DistributedDataParallel`.
+:class:`pushpull.torch.parallel.DistributedDataParallel`. A user-defined compressor in
+Horovod's and BytePS's shape (a class or object with ``compress(tensor) -> (tensor, ctx)`` and
+``decompress(tensor, ctx) -> tensor``) is honoured by :func:`push_pull`'s forms and
+``allreduce``'s (:class:`_UserCompressor`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,32 @@ class Compression:
     fp16 = _Compressor("fp16", {"byteps_compressor_type": "fp16"})
 
 
+class _UserCompressor(_Compressor):
+    """A user-defined compressor, as Horovod and BytePS run one: ``compress(tensor)`` on the
+    worker gives the tensor that the round sums (in the dtypes a round sums: float32, float64,
+    float16, bfloat16, the integers) and a context; ``decompress(sum, ctx)`` gives the
+    result. It adds nothing to the tensor's parameter map."""
+
+    def __init__(self, user):
+        super().__init__(getattr(user, "__name__", type(user).__name__), {})
+        self.user = user
+
+    def compress(self, tensor):
+        out = self.user.compress(tensor)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                f"compression = {self.name}: compress(tensor) returned {type(out).__name__}; "
+                "expected a (tensor, ctx) pair, as Horovod's Compressor.compress"
+            )
+        return out
+
+    def decompress(self, tensor, ctx):
+        return self.user.decompress(tensor, ctx)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 def compressor_of(params: Optional[Mapping[str, str]]) -> str:
     """The compressor a parameter map names (``"none"`` when it names none)."""
     for k in COMPRESSOR_KEYS:
@@ -42,11 +71,17 @@ def compressor_of(params: Optional[Mapping[str, str]]) -> str:
 
 
 def check_compression(compression) -> _Compressor:
-    """``compression`` if it is one of :class:`Compression`'s choices; raises ``TypeError``
-    naming the argument otherwise."""
-    if not isinstance(compression, _Compressor):
-        raise TypeError(
-            f"compression = {compression!r}: expected Compression.none or Compression.fp16 "
-            "(other compressors: declare(name, **params) or a parameter map)"
-        )
-    return compression
+    """``compression`` if it is one of :class:`Compression`'s choices, or a user-defined
+    compressor (callable ``compress`` and ``decompress``) as a :class:`_UserCompressor`;
+    raises ``TypeError`` naming the argument otherwise."""
+    if isinstance(compression, _Compressor):
+        return compression
+    if callable(getattr(compression, "compress", None)) and callable(
+        getattr(compression, "decompress", None)
+    ):
+        return _UserCompressor(compression)
+    raise TypeError(
+        f"compression = {compression!r}: expected Compression.none, Compression.fp16 or a "
+        "compressor with compress(tensor) -> (tensor, ctx) and decompress(tensor, ctx) (other "
+        "compressors: declare(name, **params) or a parameter map)"
+    )

@@ -19,7 +19,7 @@ from . import _average, _state
 from ._push_pull import _start_sums
 from ._round import _Round
 from ._state import _w
-from .compression import Compression, _Compressor
+from .compression import Compression, _Compressor, _UserCompressor, check_compression
 
 
 _MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")
@@ -121,6 +121,20 @@ class _Fusion:
         torch._foreach_copy_([g.detach() for g in grads], pieces)
 
 
+def _map_of(compression) -> Dict[str, str]:
+    """The parameter map of ``compression`` (one of :class:`Compression`'s choices); a
+    user-defined compressor class is refused, naming it."""
+    c = check_compression(compression)
+    if isinstance(c, _UserCompressor):
+        raise TypeError(
+            f"DistributedOptimizer: compression = {c.name}: a user-defined compressor is run "
+            "by push_pull and allreduce; DistributedOptimizer compresses with pushpull's "
+            "compressors (Compression.fp16, or compression_params: a parameter map per "
+            "gradient, e.g. {'compressor': 'onebit', 'ef': 'vanilla'})"
+        )
+    return c.params
+
+
 def _fusions(entries, maps, buckets) -> List[_Fusion]:
     """The fusions of each bucket: its gradients that would travel as plain float32 and are
     under ``cluster.min_compress_bytes`` (``Worker::is_plain``, ``Worker::is_small``), per
@@ -210,7 +224,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif compression_params is not None:
                 cmap = compression_params
             else:
-                cmap = compression.params
+                cmap = _map_of(compression)
             cmap = dict(cmap or {})
             tname = _gradient_name(name, p)
             group = group_of[id(p)]

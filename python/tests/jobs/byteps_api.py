@@ -136,6 +136,31 @@ saved["bcast_async"] = bps.synchronize(bps.broadcast_async(b_in, root_rank=1, na
 assert torch.equal(b_in, saved["bcast_async_in"]), "broadcast_async must not change its input"
 assert bps.synchronize(10**9) is None
 saved["objects"] = bps.allgather_object({"rank": r, "pad": "x" * (7 * r + 1)}, name="objs")
+
+
+# A user-defined compressor in Horovod's shape: the round sums what compress gives.
+class Doubled16:
+    @staticmethod
+    def compress(tensor):
+        return (tensor * 2).to(torch.float16), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return (tensor / 2).to(ctx)
+
+
+u_in = randn(1000)
+saved["user_in"] = u_in.clone()
+saved["user_out"] = bps.allreduce(u_in, name="user.c", op=bps.Sum, compression=Doubled16)
+y = u_in.clone()
+assert bps.push_pull_inplace(y, average=False, name="user.c2", compression=Doubled16) is y
+saved["user_inplace"] = y
+assert torch.equal(u_in, saved["user_in"])
+expect("user compressor in the optimizer", TypeError, "Doubled16", "compression_params")(
+    lambda: bps.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1),
+                                     compression=Doubled16))
+expect("bad compression", TypeError, "compress(tensor) -> (tensor, ctx)")(
+    lambda: bps.push_pull(u_in, name="user.bad", compression=object()))
 assert issubclass(bps.HostsUpdatedInterrupt, RuntimeError)
 # A pushpull failure is Horovod's HorovodInternalError, a RuntimeError.
 expect("horovod error", bps.HorovodInternalError, "'hvd.ps'")(
