@@ -18,7 +18,9 @@ expect("length", pushpull.PushPullError, "'len'", "10", "11")(
     lambda: bps.push_pull(torch.zeros(11), name="len"))
 expect("undeclared", pushpull.PushPullError, "nope")(
     lambda: bps._w().push_pull("nope", torch.zeros(3), 0, 3, True))
-expect("handle", ValueError, "handle 12345")(lambda: bps.synchronize(12345))
+expect("handle", ValueError, "handle 12345")(lambda: bps.poll(12345))
+# synchronize of an unknown handle returns None, as BytePS's and Horovod's.
+assert bps.synchronize(12345) is None
 expect("bad map", pushpull.PushPullError, '"bad"', "byteps_compressor_type", "zip")(
     lambda: bps.declare("bad", 100_000, {"byteps_compressor_type": "zip"}))
 expect("map types", TypeError, "'types'", "0.5")(

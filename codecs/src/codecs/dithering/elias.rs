@@ -384,24 +384,29 @@ impl Dithering {
 mod tests {
     use super::*;
 
-    #[test]
-    fn gamma_roundtrip() {
-        let vals: Vec<u64> = (1..300)
-            .chain([1 << 31, (1 << 32) - 1, 1 << 32, (1 << 40) + 12345])
-            .collect();
+    /// Values written in `code`, each followed by a one bit, read back.
+    fn roundtrip(code: EliasCode, vals: &[u64]) {
         let mut w = BitWriter::new(0);
-        for &v in &vals {
-            w.gamma(v);
+        for &v in vals {
+            w.code(code, v);
             w.put(1, 1);
         }
         let words = w.finish();
         let mut bytes = vec![0u8; words.len() * 4];
         crate::simd::put_words(&mut bytes, &words);
         let mut r = BitReader::new(&bytes);
-        for &v in &vals {
-            assert_eq!(r.gamma(u64::MAX >> 1), Some(v));
+        for &v in vals {
+            assert_eq!(r.code(code, u64::MAX >> 1), Some(v), "{code:?} {v}");
             assert_eq!(r.get(1), Some(1));
         }
+    }
+
+    #[test]
+    fn gamma_roundtrip() {
+        let vals: Vec<u64> = (1..300)
+            .chain([1 << 31, (1 << 32) - 1, 1 << 32, (1 << 40) + 12345])
+            .collect();
+        roundtrip(EliasCode::Gamma, &vals);
         // The documented bit layout: gamma(5) = 0 0 1 then 5's two low bits (1, 0) LSB first.
         let mut w = BitWriter::new(0);
         w.gamma(5);
@@ -429,23 +434,18 @@ mod tests {
                 1 << 32,
                 (1 << 40) + 12345,
             ])
-            .chain([u64::MAX >> 1, u64::MAX])
+            .chain([u64::MAX >> 1])
             .collect();
-        let mut w = BitWriter::new(0);
-        for &v in &vals {
-            w.omega(v);
-            w.put(1, 1);
-        }
-        let words = w.finish();
-        let mut bytes = vec![0u8; words.len() * 4];
-        crate::simd::put_words(&mut bytes, &words);
-        let mut r = BitReader::new(&bytes);
-        for &v in &vals {
-            assert_eq!(r.omega(u64::MAX), Some(v), "{v}");
-            assert_eq!(r.get(1), Some(1));
+        roundtrip(EliasCode::Omega, &vals);
+        for &v in vals.iter().chain(&[u64::MAX]) {
             // The same length as the textbook code: log v + log log v + ... + 1.
             assert_eq!(omega_len(v) as usize, omega_textbook(v).len(), "{v}");
         }
+        let mut w = BitWriter::new(0);
+        w.omega(u64::MAX);
+        let mut bytes = vec![0u8; 4 * 4];
+        crate::simd::put_words(&mut bytes, &w.finish());
+        assert_eq!(BitReader::new(&bytes).omega(u64::MAX), Some(u64::MAX));
         // The documented layout: omega(16) = groups 2 (1 then 0), 4 (1 then 0 0), 16 (1 then
         // 0 0 0 0), then 0 — each group a one then its low bits, least significant first.
         let mut w = BitWriter::new(0);
