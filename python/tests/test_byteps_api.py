@@ -19,7 +19,8 @@ CASES = ["declare staleness", "declare again", "compression mismatch", "compress
          "version push_pull_async_inplace", "staleness", "integer overflow",
          "integer compression", "adasum", "op and average", "process set",
          "process set barrier", "horovod error", "runtime error",
-         "user compressor in the optimizer", "bad compression", "allgather shapes", "suspended",
+         "user compressor in the optimizer", "op with updates", "bad compression",
+         "allgather shapes", "suspended",
          "resume workers", "resume servers", "suspended pending round",
          "suspended pending declare", "suspended prescale", "prescale wrong length", "passes"]
 NP_INT = {torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
@@ -122,6 +123,16 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
     sent = [(s["user_in"].numpy() * np.float32(2)).astype(np.float16).astype(np.float32)
             for s in ranks]
     user = rank_order_sum(sent).astype(np.float16).astype(np.float32) / np.float32(2)
+    # DistributedOptimizer: op=Sum sums; a predivide factor f sums g / f, times f / n.
+    for i in range(2):
+        opsum = rank_order_sum([s["opsum_in"][i].numpy() for s in ranks])
+        pre = rank_order_sum([s["predivide_in"][i].numpy() * np.float32(1 / 3) for s in ranks])
+        for s in ranks:
+            assert same_bits(s["opsum_out"][i], opsum)
+            assert same_bits(s["predivide_out"][i], pre * np.float32(3 / n))
+            # Not the plain average: the factor's roundings show in the bits.
+            plain = rank_order_sum([q["predivide_in"][i].numpy() for q in ranks]) / np.float32(n)
+            assert not same_bits(s["predivide_out"][i], plain)
     for s in ranks:
         assert same_bits(s["user_out"], user)
         assert same_bits(s["user_inplace"], user)

@@ -18,7 +18,8 @@ from ._declare import ParamMap, _check_sync_args, declare
 from . import _average, _state
 from ._push_pull import _start_sums
 from ._round import _Round
-from ._state import _w
+from ._state import _w, size
+from .horovod import _average_of
 from .compression import Compression, _Compressor, _UserCompressor, check_compression
 
 
@@ -188,6 +189,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         average,
         warmup_steps,
         warmup_compression,
+        op,
+        gradient_predivide_factor,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -246,6 +249,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         effective = [_w().effective_params(tname, p.numel(), maps[k][0])
                      for k, (tname, p, _, _) in enumerate(self._entries)]
         self._average = _average.resolve(average, self, [e[0] for e in self._entries], effective)
+        # Horovod's op and gradient_predivide_factor: the gradients summed, or averaged as
+        # (g / f) summed, times f / size().
+        self._sum = not _average_of(op, None, "DistributedOptimizer")
+        f = gradient_predivide_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < float("inf"):
+            raise ValueError(f"gradient_predivide_factor = {f!r}: expected a finite number > 0")
+        if f != 1.0 and self._sum:
+            raise ValueError(f"gradient_predivide_factor = {f!r} with op=Sum: it splits an "
+                             "average (as Horovod's, it needs op=Average)")
+        if (self._sum or f != 1.0) and self._average != "gradients":
+            raise ValueError(f"op=Sum or gradient_predivide_factor with average="
+                             f"{self._average!r}: they apply to averaged gradients only "
+                             "(average='gradients')")
+        self._predivide = float(f)
         if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 1:
             raise ValueError(f"warmup_steps = {warmup_steps!r}: must be an int >= 1")
         self._warmup_steps = warmup_steps
@@ -326,10 +343,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 _w().set_learning_rate(float(group["lr"]))
             if self._warmup_name[k] is not None and self._warming():
                 tname = self._warmup_name[k]
+            if self._predivide != 1.0:
+                with torch.no_grad():
+                    p.grad.mul_(1.0 / self._predivide)
             rounds.append(_Round(tname, p.grad))
         for f in sorted(fusions, key=lambda f: f.name):
             rounds.append(f.start([self._entries[k][1].grad for k in f.members]))
-        _start_sums(rounds, average=True)
+        if self._predivide != 1.0:
+            for r in rounds:
+                r.scale = self._predivide / size()
+        _start_sums(rounds, average=not self._sum and self._predivide == 1.0)
         self._inflight[b] = rounds
 
     def _hook(self, p: torch.Tensor) -> None:
@@ -564,6 +587,8 @@ def DistributedOptimizer(
     average: str = "auto",
     warmup_steps: int = 100,
     warmup_compression: str = "none",
+    op: Optional[int] = None,
+    gradient_predivide_factor: float = 1.0,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
@@ -648,6 +673,12 @@ def DistributedOptimizer(
     skips ``optimizer.step()``, and with it the step's rounds, which the other workers wait
     for. A torch DDP communication hook can do neither: it never sees the optimizer.
 
+    ``op`` and ``gradient_predivide_factor`` are Horovod's: ``op=Sum`` sums the gradients
+    instead of averaging them (``Average``, the default; ``Adasum`` raises ``ValueError``);
+    ``gradient_predivide_factor`` f divides each gradient by f before the sum and multiplies
+    the sum by f / ``size()`` (an average split in two, with ``op=Average`` only). Both apply
+    to averaged gradients: ``average="updates"`` and ``"momentum"`` refuse them.
+
     ``staleness`` is BytePS's argument, in BytePS's place: pushpull's rounds are synchronous,
     so anything but 0 raises ``ValueError`` before a parameter is declared.
 
@@ -693,4 +724,6 @@ def DistributedOptimizer(
         average,
         warmup_steps,
         warmup_compression,
+        op,
+        gradient_predivide_factor,
     )

@@ -159,6 +159,20 @@ assert torch.equal(u_in, saved["user_in"])
 expect("user compressor in the optimizer", TypeError, "Doubled16", "compression_params")(
     lambda: bps.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1),
                                      compression=Doubled16))
+# DistributedOptimizer with Horovod's op=Sum, and with gradient_predivide_factor.
+for key, kw in [("opsum", {"op": bps.Sum}), ("predivide", {"gradient_predivide_factor": 3.0})]:
+    m = torch.nn.Linear(40, 30)
+    o = bps.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), average="gradients",
+                                 named_parameters=[(f"{key}.{k}", v) for k, v in m.named_parameters()],
+                                 **kw)
+    for p in m.parameters():
+        p.grad = randn(*p.shape)
+    saved[f"{key}_in"] = [p.grad.clone() for p in m.parameters()]
+    o.synchronize()
+    saved[f"{key}_out"] = [p.grad.clone() for p in m.parameters()]
+expect("op with updates", ValueError, "average='updates'")(
+    lambda: bps.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1),
+                                     average="updates", op=bps.Sum))
 expect("bad compression", TypeError, "compress(tensor) -> (tensor, ctx)")(
     lambda: bps.push_pull(u_in, name="user.bad", compression=object()))
 assert issubclass(bps.HostsUpdatedInterrupt, RuntimeError)
