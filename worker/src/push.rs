@@ -157,7 +157,7 @@ pub(crate) fn send_push(
     payload: Bytes,
     mark: QueuedMark<'_>,
 ) -> Result<Awaited, WorkerError> {
-    let server = header_server(tensor, index);
+    let server = tensor.placement.chunks[index].server as usize;
     let waiter = ctx.shared.dispatch[server].register(header.key, header.round)?;
     let rx = match waiter {
         Waiter::Ready(outcome) => return Ok(Box::pin(std::future::ready(Ok(outcome)))),
@@ -186,11 +186,6 @@ pub(crate) fn send_push(
             })),
         }
     }))
-}
-
-/// The server (its id, as an index) that holds chunk `index` of `tensor`.
-fn header_server(tensor: &TensorInner, index: usize) -> usize {
-    tensor.placement.chunks[index].server as usize
 }
 
 /// Counts a result's payload into the tensor's pulled bytes.
