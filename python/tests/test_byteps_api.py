@@ -101,6 +101,15 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
         assert torch.equal(s["bint_out"], ranks[1]["bint_in"])
     assert not torch.equal(ranks[0]["bint_in"], ranks[1]["bint_in"])
 
+    # broadcast's autograd: the root's values everywhere; the gradient averaged, at the root.
+    wavg = rank_order_sum([s["bgrad"]["w"].numpy() for s in ranks]) / np.float32(n)
+    for s in ranks:
+        assert torch.equal(s["bgrad"]["y"], ranks[1]["bgrad"]["x"])
+        if s["rank"] == 1:
+            assert same_bits(s["bgrad"]["grad"], wavg)
+        else:
+            assert not s["bgrad"]["grad"].any()
+
     # Horovod's allreduce family.
     h = [s["hvd_in"].numpy() for s in ranks]
     hsum = rank_order_sum(h)

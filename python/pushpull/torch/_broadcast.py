@@ -16,13 +16,12 @@ from ._round import _CONVERTIBLE, _Round
 from ._state import rank
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
     """Makes ``tensor`` equal to the ``root_rank`` worker's, bit for bit, in place, and returns
-    it (a tensor's compressor is not used for broadcasts; CUDA tensors go through a host copy).
-    Integer tensors are exact while the root's values are below 2**24 in magnitude (else every
-    worker raises ``ValueError`` naming the tensor; see :func:`push_pull`). In place, as
-    BytePS's; Horovod's out-of-place ``broadcast`` is not offered (its in-place form is
-    :func:`broadcast_`)."""
+    it (Horovod's ``broadcast_``; a tensor's compressor is not used for broadcasts; CUDA
+    tensors go through a host copy). Integer tensors are exact while the root's values are
+    below 2**24 in magnitude (else every worker raises ``ValueError`` naming the tensor; see
+    :func:`push_pull`)."""
     name = name if name is not None else _new_name("broadcast")
     r = _Round(name, tensor, host_only=True)
     _ensure_declared(name, r, 0)
@@ -30,9 +29,35 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) 
     return r.finish()
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
-    """Horovod's in-place broadcast: :func:`broadcast`."""
-    return broadcast(tensor, root_rank, name)
+class _BroadcastFunction(torch.autograd.Function):
+    """:func:`broadcast` as an autograd function, as Horovod's: the gradient of the result is
+    averaged over the workers and goes to the root's input (every other worker's input gets
+    zeros)."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank, ctx.name = root_rank, name
+        return broadcast_(tensor.detach().clone(), root_rank, name)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from ._push_pull import push_pull
+
+        reduced = push_pull(grad.contiguous(), True, f"{ctx.name}.grad")
+        if rank() != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+    """The ``root_rank`` worker's ``tensor``, bit for bit, as a new tensor; ``tensor`` is not
+    changed (Horovod's ``broadcast``; :func:`broadcast_` writes in place). Gradients flow back
+    as through Horovod's: averaged over the workers, to the root's input. Integer tensors as in
+    :func:`broadcast_`."""
+    name = name if name is not None else _new_name("broadcast")
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _BroadcastFunction.apply(tensor, root_rank, name)
+    return broadcast_(tensor.detach().clone(), root_rank, name)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> int:
@@ -112,7 +137,7 @@ def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None):
     payload = pickle.dumps(obj) if me == root_rank else b""
     n = len(payload)
     header = torch.tensor([n & 0xFFFFFF, n >> 24], dtype=torch.float32)
-    broadcast(header, root_rank, name=f"{name}.length")
+    broadcast_(header, root_rank, name=f"{name}.length")
     n = int(header[0]) | (int(header[1]) << 24)
     elems = max((n + 2) // 3, 1)
     body = torch.zeros(elems, dtype=torch.float32)
@@ -121,7 +146,7 @@ def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None):
         b[:n] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(torch.int32)
         b = b.view(elems, 3)
         body.copy_(b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16))
-    broadcast(body, root_rank, name=f"{name}.bytes.{elems}")
+    broadcast_(body, root_rank, name=f"{name}.bytes.{elems}")
     v = body.to(torch.int32)
     out = torch.stack([v & 0xFF, (v >> 8) & 0xFF, (v >> 16) & 0xFF], dim=1).reshape(-1)[:n]
     return pickle.loads(out.to(torch.uint8).numpy().tobytes())

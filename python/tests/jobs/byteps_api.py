@@ -197,6 +197,13 @@ saved["ag_scalar_out"] = bps.allgather(saved["ag_scalar_in"], name="ag_scalar")
 expect("allgather shapes", ValueError, "'ag_bad'", "beyond their first dimension")(
     lambda: bps.allgather(torch.zeros(2, 3 + r), name="ag_bad"))
 
+# broadcast's autograd, as Horovod's: the gradient is averaged over the workers, to the root.
+xb = randn(20).requires_grad_()
+wb = randn(20)
+yb = bps.broadcast(xb, root_rank=1, name="bcast.grad")
+(yb * wb).sum().backward()
+saved["bgrad"] = {"x": xb.detach().clone(), "w": wb, "y": yb.detach(), "grad": xb.grad.clone()}
+
 # push_pull's autograd: the gradient of the sum is the sum of the gradients.
 xa = randn(50).requires_grad_()
 wa = randn(50)

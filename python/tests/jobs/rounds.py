@@ -67,6 +67,7 @@ onebit_rounds(saved, gen, torch.device("cpu"))
 b = torch.randn(777, generator=gen)
 saved["bcast_in"] = b.clone()
 saved["bcast_out"] = bps.broadcast(b, root_rank=1, name="b").clone()
+assert torch.equal(b, saved["bcast_in"]), "broadcast is out of place (broadcast_ writes in place)"
 model = torch.nn.Sequential(torch.nn.Linear(9, 4), torch.nn.BatchNorm1d(4))
 with torch.no_grad():
     for p in model.parameters():
