@@ -273,8 +273,7 @@ class PushPullSystem:
         import torch
 
         t = torch.tensor([value], dtype=torch.float32)
-        self.bps.broadcast(t, root_rank=0, name="tta.stop")
-        return float(t.item())
+        return float(self.bps.broadcast(t, root_rank=0, name="tta.stop").item())
 
     def counters(self) -> Dict[str, int]:
         """Totals so far over the gradient tensors: bytes pushed, pulled, and their float32
