@@ -1,6 +1,7 @@
 """Horovod's spellings in :mod:`pushpull.torch` (``import pushpull.torch as hvd`` works for
 these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum``,
-``allgather``, ``join`` and ``barrier``, each a thin name over the rounds of
+``grouped_allreduce(_)``, ``allgather``, ``allgather_object``, ``join`` and ``barrier``, each
+a thin name over the rounds of
 ``pushpull/torch/_push_pull.py``; ``process_set=`` on each (the global set only:
 :class:`ProcessSet`, :data:`global_process_set`); Horovod's exception names
 (:data:`HorovodInternalError`, :class:`HostsUpdatedInterrupt`)."""
