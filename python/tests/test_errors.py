@@ -7,7 +7,8 @@ from conftest import run_job
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
 CASES = ["dtype", "length", "undeclared", "handle", "bad map", "map types", "mismatch",
-         "priority", "nesterov", "optimizer staleness", "warmup compression", "warmup unused"]
+         "priority", "nesterov", "optimizer staleness", "warmup compression", "warmup unused",
+         "init after shutdown"]
 
 
 def test_bad_calls_raise_named_errors(pushpull):

@@ -38,6 +38,8 @@ class _Decl(NamedTuple):
 
 # The worker while joined (None before init() and after shutdown()), and its settings.
 worker: Optional[_native.Worker] = None
+# shutdown() (or the exit's) has ended this process's part of the job.
+left = False
 settings: Optional[JoinSettings] = None
 # Rounds started and not yet synchronized, by handle (each a _round._Round).
 handles: Dict[int, Any] = {}
@@ -94,7 +96,8 @@ streams: Dict[str, "torch.cuda.ExternalStream"] = {}
 def init(config: Optional[str] = None, lazy: bool = True) -> None:
     """Joins the job: reads the cluster file ``config`` (default: ``PUSHPULL_CONFIG``) and the
     BytePS environment (see ``pushpull._env``), connects to the scheduler and waits until every
-    node has registered. Calling it again does nothing.
+    node has registered. Calling it again does nothing; calling it after :func:`shutdown`
+    raises ``PushPullError`` at once (a process joins one job: the job ends at shutdown).
 
     ``lazy`` is BytePS's (``bps.init(lazy=False)``, as BytePS's own tests call it): pushpull
     joins the job in ``init`` either way, which is what ``lazy=False`` asks; with
@@ -108,6 +111,12 @@ def init(config: Optional[str] = None, lazy: bool = True) -> None:
     global worker, settings, route
     if worker is not None:
         return
+    if left:
+        raise PushPullError(
+            "init() after shutdown(): the job ended for this process at shutdown (every worker "
+            "finishes together and the scheduler then shuts the job down); pushpull joins one "
+            "job per process: start a new process (and job) to join again"
+        )
     new_route = os.environ.get("PUSHPULL_TORCH_ROUTE", "host")
     if new_route not in ROUTES:
         raise ValueError(f"PUSHPULL_TORCH_ROUTE = {new_route!r}: expected one of {ROUTES}")
@@ -152,8 +161,9 @@ def shutdown() -> None:
 
 
 def _leave(w: _native.Worker) -> None:
-    global worker, suspended
+    global worker, suspended, left
     worker = None
+    left = True
     suspended = False
     handles.clear()
     declared.clear()

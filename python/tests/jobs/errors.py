@@ -46,4 +46,7 @@ expect("warmup unused", ValueError, "warmup_compression = 'fp16'", "average='gra
 # The job still works after all of that.
 assert torch.equal(bps.push_pull(torch.ones(10), average=False, name="len"), torch.full((10,), 2.0))
 bps.shutdown()
+# Horovod allows init() after shutdown(); here the job has ended: refused at once, saying why.
+expect("init after shutdown", pushpull.PushPullError, "init() after shutdown()", "new process")(
+    bps.init)
 print("done")
