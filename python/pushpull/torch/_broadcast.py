@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Tuple
 import torch
 
 from ._declare import _ensure_declared
-from ._push_pull import _new_name, _register
+from ._push_pull import _new_name, _register, push_pull
 from ._round import _CONVERTIBLE, _Round
 from ._state import rank
 
@@ -41,8 +41,6 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        from ._push_pull import push_pull
-
         reduced = push_pull(grad.contiguous(), True, f"{ctx.name}.grad")
         if rank() != ctx.root_rank:
             reduced = torch.zeros_like(reduced)

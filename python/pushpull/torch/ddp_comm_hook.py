@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from . import _state
 from ._declare import _check_params, _ensure_declared, declare
-from ._push_pull import _start_sums
+from ._push_pull import _start_sums, discard_last_round
 from ._round import _Round
 
 # DDP checks a hook's annotations against these (torch built without torch.distributed has
@@ -192,8 +192,6 @@ def push_pull_hook(
         # skipped by every worker's loss scaler: its rounds are discarded, here and on the
         # servers, as DistributedOptimizer does.
         if state._step_non_finite:
-            from ._push_pull import discard_last_round
-
             discard_last_round(state._step)
         state._step, state._step_non_finite = [], False
     state._step.append(name)

@@ -14,11 +14,10 @@
 //! |---|---|
 //! | [`RoundKind`] | a sum (or average), a broadcast from a root, a gossip round |
 //! | [`RoundCore`] | one round: chunks started in order (encode then push, each before the next is encoded), outcomes in any order, one [`Finished`] at the end |
-//! | [`RoundSpec`] | what a round is: its tensor's placement, the servers' names, this worker's rank, the round's number, kind and learning rate |
+//! | [`RoundSpec`] | what a round is: its tensor's placement, the servers' names, this worker's rank, the round's number, kind and learning rate; the errors that name one of its chunks (a codec's failure, a server's abort) |
 //! | [`Event`], [`Action`] | what the shell feeds in and carries out |
 //! | [`Encoded`], [`Pulled`] | what encoding a chunk gave; what a chunk's round pulled |
 //! | [`push_frame`] | a chunk's push (header and payload) from what its encoding gave; a local group's owner pushes with it too |
-//! | [`Blame`] | the errors that name a chunk: a codec's failure, a server's abort |
 //! | [`TensorRounds`] | a tensor's sequence of rounds (`core/tensor.rs`): the next round's number, the last push_pull round, a discarded one and its undo, what a checkpoint keeps of them |
 
 use std::collections::VecDeque;
@@ -187,17 +186,10 @@ enum Chunk {
     Done,
 }
 
-/// The errors that name a chunk of a round: its tensor, the chunk's index and key, the round,
-/// and the server that holds it.
-#[derive(Clone, Copy)]
-pub(crate) struct Blame<'a> {
-    pub(crate) placement: &'a TensorPlacement,
-    pub(crate) servers: &'a [NodeName],
-    pub(crate) round: u64,
-    pub(crate) kind: RoundKind,
-}
+impl RoundSpec<'_> {
+    // The errors that name a chunk of the round: its tensor, the chunk's index and key, the
+    // round, and the server that holds it.
 
-impl Blame<'_> {
     /// The name of chunk `index`'s server (its id, should the placement name one unknown).
     pub(crate) fn server(&self, index: usize) -> String {
         let id = self.placement.chunks[index].server;
@@ -275,7 +267,7 @@ pub(crate) fn push_frame(
         }
         Some(Err(e)) => {
             let message = format!("encoding this worker's data: {e}");
-            failed = Some(spec.blame().codec(index, message));
+            failed = Some(spec.codec(index, message));
             Bytes::new()
         }
         None => Bytes::new(),
@@ -291,18 +283,6 @@ pub(crate) fn push_frame(
         payload_len: payload.len() as u64,
     };
     (header, payload, failed)
-}
-
-impl<'a> RoundSpec<'a> {
-    /// The errors that name this round's chunks.
-    pub(crate) fn blame(&self) -> Blame<'a> {
-        Blame {
-            placement: self.placement,
-            servers: self.servers,
-            round: self.round,
-            kind: self.kind,
-        }
-    }
 }
 
 /// One round of one tensor (see the module docs).
@@ -393,7 +373,7 @@ impl<'a> RoundCore<'a> {
         if self.finished {
             return;
         }
-        let blame = self.spec.blame();
+        let spec = self.spec;
         match event {
             Event::Lost(error) => self.finish(Err(error)),
             Event::Encoded { chunk, result } => {
@@ -421,13 +401,13 @@ impl<'a> RoundCore<'a> {
                     Outcome::NonFinite => {
                         let message = format!(
                             "{} sent a non-finite result for a {}",
-                            blame.server(chunk),
+                            spec.server(chunk),
                             self.spec.kind.op_name()
                         );
-                        self.end_chunk(now, chunk, Err(blame.codec(chunk, message)));
+                        self.end_chunk(now, chunk, Err(spec.codec(chunk, message)));
                     }
                     Outcome::Abort(message) => {
-                        self.end_chunk(now, chunk, Err(blame.aborted(chunk, message)))
+                        self.end_chunk(now, chunk, Err(spec.aborted(chunk, message)))
                     }
                 }
             }
@@ -439,10 +419,10 @@ impl<'a> RoundCore<'a> {
                 };
                 let result = result.map(|()| pulled).map_err(|e| {
                     let message = match pulled {
-                        Pulled::Sum => format!("{doing} {}: {e}", blame.server(chunk)),
+                        Pulled::Sum => format!("{doing} {}: {e}", spec.server(chunk)),
                         Pulled::NonFinite => format!("{doing}: {e}"),
                     };
-                    blame.codec(chunk, message)
+                    spec.codec(chunk, message)
                 });
                 self.end_chunk(now, chunk, result);
             }

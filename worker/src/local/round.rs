@@ -29,7 +29,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     let owner = chunk_owner(key, g);
     let range = tensor.ranges[index].clone();
     let lock = || data.lock().unwrap_or_else(|p| p.into_inner());
-    let blame = ctx.spec(tensor, round, kind, true).blame();
+    let spec = ctx.spec(tensor, round, kind, true);
     let at = ctx.at(tensor, index, round, kind);
     // The chunk's phases in the timeline (each span ends when dropped, on every path).
     let span = |phase| crate::spans::chunk(phase, ctx.rank, tensor, index, round);
@@ -73,7 +73,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
     }
 
     // 3. The owner pushes the host's sum and shares the outcome; the others wait for it.
-    let mut failure = added.err().map(|e| blame.codec(index, e.to_string()));
+    let mut failure = added.err().map(|e| spec.codec(index, e.to_string()));
     let outcome = if l == owner {
         if owner + 1 != g {
             let _others = span("others add");
@@ -102,7 +102,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
             let acc = unsafe { local.acc(place, range.clone()) };
             lock()
                 .take_result(&at, acc)
-                .map_err(|e| blame.codec(index, e.to_string()))
+                .map_err(|e| spec.codec(index, e.to_string()))
                 .map(|()| match outcome {
                     NoteKind::NonFinite => Pulled::NonFinite,
                     _ => Pulled::Sum,
@@ -113,7 +113,7 @@ pub(crate) async fn chunk_round<R: RoundData>(
                 "the round was aborted (local rank {owner}, which pushes this chunk for the \
                  host, has the server's message)"
             );
-            blame.aborted(index, message)
+            spec.aborted(index, message)
         })),
     };
     if l != 0 {
@@ -155,7 +155,6 @@ async fn owner_round(
         })
     });
     let spec = ctx.spec(tensor, round, kind, true);
-    let blame = spec.blame();
     let (header, payload, failed) = push_frame(&spec, index, encoded);
     let outcome = match send_push(ctx, tensor, index, header, payload, mark) {
         Ok(awaited) => awaited.await,
@@ -189,7 +188,7 @@ async fn owner_round(
                 Err(e) => {
                     let message = format!("decoding the result: {e}");
                     acc.fill(f32::NAN);
-                    (NoteKind::Aborted, Some(blame.codec(index, message)))
+                    (NoteKind::Aborted, Some(spec.codec(index, message)))
                 }
             }
         }
@@ -200,8 +199,8 @@ async fn owner_round(
         }
         Outcome::NonFinite => {
             let message = "a non-finite result for a broadcast".to_string();
-            (NoteKind::Aborted, Some(blame.codec(index, message)))
+            (NoteKind::Aborted, Some(spec.codec(index, message)))
         }
-        Outcome::Abort(message) => (NoteKind::Aborted, Some(blame.aborted(index, message))),
+        Outcome::Abort(message) => (NoteKind::Aborted, Some(spec.aborted(index, message))),
     })
 }
