@@ -182,8 +182,9 @@ pub use codec::{Codec, CodecInfo, NodeIdentity, RoundCtx};
 pub use error::{KernelError, Result};
 pub use params::{
     Cast, CompressorSpec, DitheringSpec, EfKind, EliasCode, Encoding, Exchange, MinMaxSpec,
-    MoniquaSpec, Normalize, OneBitColumnsSpec, OneBitSpec, Partition, RandomKSpec, Rounding,
-    ThetaSchedule, TopKSpec, KEYS,
+    MoniquaSpec, Normalize, OneBitColumnsSpec, OneBitSpec, Partition, PowerSgd, PowerSgdPlan,
+    PowerSgdShape, PowerSgdSpec, PowerSgdState, RandomKSpec, Rounding, ThetaSchedule, TopKSpec,
+    KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};

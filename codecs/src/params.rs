@@ -18,6 +18,9 @@ pub use crate::codecs::minmax::MinMaxSpec;
 pub use crate::codecs::moniqua::{MoniquaSpec, Rounding, ThetaSchedule};
 pub use crate::codecs::onebit::OneBitSpec;
 pub use crate::codecs::onebit_col::OneBitColumnsSpec;
+pub use crate::codecs::powersgd::{
+    Plan as PowerSgdPlan, PowerSgd, PowerSgdSpec, PowerSgdState, Shape as PowerSgdShape,
+};
 pub use crate::codecs::randomk::RandomKSpec;
 pub use crate::codecs::topk::TopKSpec;
 pub use crate::reduce::IntraCodec;

@@ -14,7 +14,7 @@ pub use parse::{is_gossip, parse_params};
 
 use crate::chain::Compressor;
 use crate::codec::{CodecInfo, NodeIdentity};
-use crate::codecs::{cast, dithering, minmax, moniqua, onebit, randomk, topk};
+use crate::codecs::{cast, dithering, minmax, moniqua, onebit, powersgd, randomk, topk};
 use crate::error::{KernelError, Result};
 use crate::params::{CompressorSpec, KEYS};
 use crate::rng::Role;
@@ -32,6 +32,7 @@ pub const COMPRESSORS: &[Entry] = &[
     dithering::ENTRY,
     minmax::ENTRY,
     moniqua::ENTRY,
+    powersgd::ENTRY,
 ];
 
 /// The compressor named `name`.

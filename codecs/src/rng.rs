@@ -35,6 +35,8 @@ pub const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 const DOMAIN_ROUNDING: u64 = 0x726f_756e_6469_6e67; // "rounding"
 /// Domain tag for random-k index streams.
 const DOMAIN_INDICES: u64 = 0x696e_6469_6365_7321; // "indices!"
+/// Domain tag for PowerSGD's random starting matrices.
+const DOMAIN_LOW_RANK: u64 = 0x6c6f_775f_7261_6e6b; // "low_rank"
 
 /// The role of the node that draws; part of every rounding stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,6 +82,15 @@ impl Stream {
         let mut h = mix64(seed ^ DOMAIN_INDICES);
         h = mix64(h ^ key);
         h = mix64(h ^ round);
+        Stream { base: h }
+    }
+
+    /// The stream PowerSGD draws a tensor's random starting matrix Q from, for `key` (the
+    /// tensor's first chunk) at its step `step`: the same on every node.
+    pub const fn low_rank(seed: u64, key: u64, step: u64) -> Stream {
+        let mut h = mix64(seed ^ DOMAIN_LOW_RANK);
+        h = mix64(h ^ key);
+        h = mix64(h ^ step);
         Stream { base: h }
     }
 

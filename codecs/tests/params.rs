@@ -620,6 +620,7 @@ fn the_registry_table_is_consistent() {
         let minimal = match e.name {
             "topk" | "randomk" | "dithering" => vec![("compressor", e.name), ("k", "2")],
             "moniqua" => vec![("compressor", e.name), ("theta", "0.5")],
+            "powersgd" => vec![("compressor", e.name), ("rows", "4")],
             _ => vec![("compressor", e.name)],
         };
         let spec = parse_params(&map(&minimal)).unwrap();

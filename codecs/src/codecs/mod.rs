@@ -14,6 +14,7 @@ pub mod minmax;
 pub mod moniqua;
 pub mod onebit;
 pub mod onebit_col;
+pub mod powersgd;
 pub mod randomk;
 pub mod topk;
 

@@ -1,0 +1,347 @@
+//! [`PowerSgd`]: one worker's PowerSGD steps of one tensor, without I/O (the module docs of
+//! `powersgd` give the step). The caller sums what it hands out over the workers (the servers'
+//! rank-order float32 sum) and hands the sums back; every product and Gram-Schmidt sum is
+//! accumulated in f64 in a fixed order and rounded to f32 once, so a step's bits do not depend
+//! on the number of threads.
+
+use rayon::prelude::*;
+
+use super::{PowerSgdSpec, Shape};
+use crate::rng::{uniform_from_bits, Stream};
+
+/// Rows (of `P`, `Q` or the result) one parallel task computes.
+const ROWS_PER_TASK: usize = 64;
+
+/// What a checkpoint keeps of a [`PowerSgd`]: its step, its error and its warm-start `Q`
+/// (each empty when there is none yet).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PowerSgdState {
+    /// Steps taken (torch's `iter`).
+    pub step: u64,
+    /// The local error added to the next step's gradient.
+    pub error: Vec<f32>,
+    /// The previous step's averaged `Q`.
+    pub q: Vec<f32>,
+}
+
+/// Where a step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Between steps.
+    Idle,
+    /// `P` handed out, awaiting its sum.
+    AwaitP,
+    /// `Q` handed out, awaiting its sum.
+    AwaitQ,
+}
+
+/// One worker's PowerSGD state of one tensor, and its steps: [`PowerSgd::begin`] hands out
+/// the local `P`, [`PowerSgd::middle`] takes the sum of the `P`s and hands out the local `Q`,
+/// [`PowerSgd::finish`] takes the sum of the `Q`s and writes the result. Steps before
+/// `start_iter` are plain sums the caller runs, counted with [`PowerSgd::plain_step`].
+#[derive(Debug, Clone)]
+pub struct PowerSgd {
+    spec: PowerSgdSpec,
+    shape: Shape,
+    /// Seed and key of the random starting matrices.
+    seed: u64,
+    key: u64,
+    state: PowerSgdState,
+    /// The state before the last step, for [`PowerSgd::discard`].
+    before: Option<PowerSgdState>,
+    phase: Phase,
+    /// This step's `M` (gradient + error).
+    m: Vec<f32>,
+    /// This step's orthogonalised `ΣP`.
+    p: Vec<f32>,
+}
+
+impl PowerSgd {
+    /// The state of a tensor of `shape` (its [`super::Plan::LowRank`]), whose random starting
+    /// matrices are drawn with `seed` and `key` (the tensor's first chunk's).
+    pub fn new(spec: PowerSgdSpec, shape: Shape, seed: u64, key: u64) -> PowerSgd {
+        PowerSgd {
+            spec,
+            shape,
+            seed,
+            key,
+            state: PowerSgdState::default(),
+            before: None,
+            phase: Phase::Idle,
+            m: Vec::new(),
+            p: Vec::new(),
+        }
+    }
+
+    /// The matrix.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// Whether the next step is low-rank (`start_iter` steps have been taken).
+    pub fn compressing(&self) -> bool {
+        self.state.step >= self.spec.start_iter
+    }
+
+    /// Counts a step the caller summed uncompressed (before `start_iter`).
+    pub fn plain_step(&mut self) {
+        assert_eq!(
+            self.phase,
+            Phase::Idle,
+            "a plain step in the middle of a step"
+        );
+        self.before = Some(self.state.clone());
+        self.state.step += 1;
+    }
+
+    /// Starts a low-rank step on this worker's gradient `input` (`rows·cols` elements): the
+    /// local `P = M·Q` to sum over the workers (`rows × rank`, row-major).
+    pub fn begin(&mut self, input: &[f32]) -> Vec<f32> {
+        let Shape { rows, cols, rank } = self.shape;
+        assert_eq!(input.len(), rows * cols, "a PowerSGD step's input length");
+        // A step that did not finish (its sums failed) leaves the state as it was.
+        self.phase = Phase::AwaitP;
+        let mut m = std::mem::take(&mut self.m);
+        m.clear();
+        m.extend_from_slice(input);
+        if self.spec.use_error_feedback && !self.state.error.is_empty() {
+            for (x, e) in m.iter_mut().zip(&self.state.error) {
+                *x += e;
+            }
+        }
+        let mut q = if self.spec.warm_start && !self.state.q.is_empty() {
+            self.state.q.clone()
+        } else {
+            random_matrix(
+                Stream::low_rank(self.seed, self.key, self.state.step),
+                cols * rank,
+            )
+        };
+        orthogonalise(&mut q, rank, self.spec.orthogonalization_epsilon);
+        let p = times(&m, &q, rows, cols, rank);
+        self.m = m;
+        p
+    }
+
+    /// Takes the sum of the workers' `P`s: the local `Q = Mᵀ·P̂` to sum (`cols × rank`).
+    pub fn middle(&mut self, p_sum: &[f32]) -> Vec<f32> {
+        assert_eq!(self.phase, Phase::AwaitP, "PowerSgd::middle before begin");
+        assert_eq!(p_sum.len(), self.shape.p_len(), "the length of ΣP");
+        self.phase = Phase::AwaitQ;
+        let mut p = std::mem::take(&mut self.p);
+        p.clear();
+        p.extend_from_slice(p_sum);
+        orthogonalise(&mut p, self.shape.rank, self.spec.orthogonalization_epsilon);
+        let q = transpose_times(&self.m, &p, self.shape);
+        self.p = p;
+        q
+    }
+
+    /// Takes the sum of the workers' `Q`s and writes the step's result into `out`: the
+    /// average over `num_workers` (`average`) or the sum. Where either sum is not finite the
+    /// result is NaN and the error and `Q` stay as they were (the step still counts).
+    pub fn finish(&mut self, q_sum: &[f32], num_workers: u32, average: bool, out: &mut [f32]) {
+        assert_eq!(self.phase, Phase::AwaitQ, "PowerSgd::finish before middle");
+        assert_eq!(q_sum.len(), self.shape.q_len(), "the length of ΣQ");
+        assert_eq!(out.len(), self.m.len(), "a PowerSGD step's output length");
+        self.phase = Phase::Idle;
+        let before = PowerSgdState {
+            step: self.state.step,
+            ..PowerSgdState::default()
+        };
+        self.state.step += 1;
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        if !finite(&self.p) || !finite(q_sum) {
+            out.fill(f32::NAN);
+            self.before = Some(PowerSgdState {
+                error: self.state.error.clone(),
+                q: self.state.q.clone(),
+                ..before
+            });
+            return;
+        }
+        let w = num_workers as f32;
+        let q_avg: Vec<f32> = q_sum.iter().map(|&x| x / w).collect();
+        times_transpose(&self.p, &q_avg, self.shape, out);
+        let mut m = std::mem::take(&mut self.m);
+        let error = if self.spec.use_error_feedback {
+            // The new error in M's buffer; the old one becomes the undo's.
+            for (x, a) in m.iter_mut().zip(out.iter()) {
+                *x -= a;
+            }
+            std::mem::replace(&mut self.state.error, m)
+        } else {
+            self.m = m;
+            Vec::new()
+        };
+        let q = if self.spec.warm_start {
+            std::mem::replace(&mut self.state.q, q_avg)
+        } else {
+            Vec::new()
+        };
+        self.before = Some(PowerSgdState { error, q, ..before });
+        if !average {
+            times_transpose(&self.p, q_sum, self.shape, out);
+        }
+    }
+
+    /// Undoes the last step (a training step the loss scaler skipped): the error, `Q` and
+    /// step count become what they were before it. Nothing, if no step ran since the last
+    /// discard or restore.
+    pub fn discard(&mut self) {
+        if let Some(before) = self.before.take() {
+            self.state = before;
+        }
+        self.phase = Phase::Idle;
+    }
+
+    /// What a checkpoint keeps.
+    pub fn saved(&self) -> &PowerSgdState {
+        &self.state
+    }
+
+    /// Restores what a checkpoint kept, refused (naming what) where its error or `Q` is not
+    /// this tensor's length.
+    pub fn restore(&mut self, state: PowerSgdState) -> Result<(), String> {
+        let Shape { rows, cols, .. } = self.shape;
+        if !state.error.is_empty() && state.error.len() != rows * cols {
+            return Err(format!(
+                "its PowerSGD error has {} elements, the tensor {}",
+                state.error.len(),
+                rows * cols
+            ));
+        }
+        if !state.q.is_empty() && state.q.len() != self.shape.q_len() {
+            return Err(format!(
+                "its PowerSGD Q has {} elements, a {cols} × {} matrix {}",
+                state.q.len(),
+                self.shape.rank,
+                self.shape.q_len()
+            ));
+        }
+        self.state = state;
+        self.before = None;
+        self.phase = Phase::Idle;
+        Ok(())
+    }
+}
+
+/// `n` standard-normal-like draws: element `t` takes draw `t` of `stream` and sums its four
+/// 16-bit uniforms, centred and scaled to variance 1 (exact but for the last multiplication,
+/// so the same on every machine).
+fn random_matrix(stream: Stream, n: usize) -> Vec<f32> {
+    (0..n as u64)
+        .map(|t| {
+            let d = stream.draw(t);
+            let s: f32 = (0..4)
+                .map(|l| uniform_from_bits((d >> (16 * l)) as u16))
+                .sum();
+            (s - 2.0) * 3f32.sqrt()
+        })
+        .collect()
+}
+
+/// Gram-Schmidt on the columns of `a`, a row-major matrix of `rank` columns, in place: each
+/// column in turn divided by its norm plus `epsilon` (left as it is where that is 0), then
+/// projected out of the columns after it. Sums in f64.
+pub(crate) fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
+    if rank == 0 {
+        return;
+    }
+    let rows = a.len() / rank;
+    fn col(a: &[f32], rank: usize, c: usize) -> impl Iterator<Item = f64> + '_ {
+        a.iter().skip(c).step_by(rank).map(|&x| f64::from(x))
+    }
+    for c in 0..rank {
+        let norm = col(a, rank, c).map(|x| x * x).sum::<f64>().sqrt();
+        let d = norm + f64::from(epsilon);
+        if d != 0.0 {
+            for i in 0..rows {
+                a[i * rank + c] = (f64::from(a[i * rank + c]) / d) as f32;
+            }
+        }
+        for c2 in c + 1..rank {
+            let dot: f64 = col(a, rank, c)
+                .zip(col(a, rank, c2))
+                .map(|(x, y)| x * y)
+                .sum();
+            for i in 0..rows {
+                let v = f64::from(a[i * rank + c2]) - dot * f64::from(a[i * rank + c]);
+                a[i * rank + c2] = v as f32;
+            }
+        }
+    }
+}
+
+/// `M·Q`: `rows × rank`, from `M` (`rows × cols`) and `Q` (`cols × rank`), row-major.
+fn times(m: &[f32], q: &[f32], rows: usize, cols: usize, rank: usize) -> Vec<f32> {
+    let mut p = vec![0.0f32; rows * rank];
+    p.par_chunks_mut(ROWS_PER_TASK * rank)
+        .enumerate()
+        .for_each(|(t, block)| {
+            let mut acc = vec![0.0f64; rank];
+            for (r, out) in block.chunks_mut(rank).enumerate() {
+                let i = t * ROWS_PER_TASK + r;
+                acc.fill(0.0);
+                for (j, &x) in m[i * cols..(i + 1) * cols].iter().enumerate() {
+                    let x = f64::from(x);
+                    for (a, &y) in acc.iter_mut().zip(&q[j * rank..(j + 1) * rank]) {
+                        *a += x * f64::from(y);
+                    }
+                }
+                for (o, a) in out.iter_mut().zip(&acc) {
+                    *o = *a as f32;
+                }
+            }
+        });
+    p
+}
+
+/// `Mᵀ·P`: `cols × rank`, from `M` (`rows × cols`) and `P` (`rows × rank`), row-major.
+fn transpose_times(m: &[f32], p: &[f32], shape: Shape) -> Vec<f32> {
+    let Shape { rows, cols, rank } = shape;
+    let mut q = vec![0.0f32; cols * rank];
+    q.par_chunks_mut(ROWS_PER_TASK * rank)
+        .enumerate()
+        .for_each(|(t, block)| {
+            let j0 = t * ROWS_PER_TASK;
+            let width = block.len() / rank;
+            let mut acc = vec![0.0f64; block.len()];
+            for i in 0..rows {
+                let prow = &p[i * rank..(i + 1) * rank];
+                let mrow = &m[i * cols + j0..i * cols + j0 + width];
+                for (jj, &x) in mrow.iter().enumerate() {
+                    let x = f64::from(x);
+                    for (a, &y) in acc[jj * rank..(jj + 1) * rank].iter_mut().zip(prow) {
+                        *a += x * f64::from(y);
+                    }
+                }
+            }
+            for (o, a) in block.iter_mut().zip(&acc) {
+                *o = *a as f32;
+            }
+        });
+    q
+}
+
+/// `P·Qᵀ` into `out` (`rows × cols`), from `P` (`rows × rank`) and `Q` (`cols × rank`).
+fn times_transpose(p: &[f32], q: &[f32], shape: Shape, out: &mut [f32]) {
+    let Shape { cols, rank, .. } = shape;
+    out.par_chunks_mut(ROWS_PER_TASK * cols)
+        .enumerate()
+        .for_each(|(t, block)| {
+            for (r, row) in block.chunks_mut(cols).enumerate() {
+                let i = t * ROWS_PER_TASK + r;
+                let prow = &p[i * rank..(i + 1) * rank];
+                for (j, o) in row.iter_mut().enumerate() {
+                    let qrow = &q[j * rank..(j + 1) * rank];
+                    let s: f64 = prow
+                        .iter()
+                        .zip(qrow)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    *o = s as f32;
+                }
+            }
+        });
+}
