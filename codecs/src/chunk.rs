@@ -39,7 +39,9 @@ use std::sync::Arc;
 use crate::chain::Compressor;
 use crate::codec::{CodecInfo, NodeIdentity};
 use crate::codecs::cast::{Cast, CastCodec};
-use crate::params::{CompressorSpec, Exchange};
+use crate::params::{
+    CompressorSpec, Exchange, PowerSgd, PowerSgdPlan, PowerSgdShape, PowerSgdSpec,
+};
 use crate::registry::{build_from_spec, parse_params};
 use crate::rng::Role;
 use crate::spec::{BuildOptions, Purpose};
@@ -213,6 +215,66 @@ pub fn effective_spec(
         });
     }
     Ok(spec)
+}
+
+/// A tensor PowerSGD compresses (`compressor = powersgd`, [`crate::PowerSgdPlan::LowRank`]):
+/// its settings, its matrix, and the map's `seed` if any.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LowRankPlan {
+    /// The settings.
+    pub spec: PowerSgdSpec,
+    /// The matrix and the rank.
+    pub shape: PowerSgdShape,
+    /// The map's seed, replacing the job's.
+    pub seed: Option<u64>,
+}
+
+impl LowRankPlan {
+    /// The tensors the P and Q of tensor `name` are summed as: their names and lengths. Their
+    /// map is [`LowRankPlan::sum_map`], whatever the cluster file's defaults.
+    pub fn sum_tensors(&self, name: &str) -> [(String, u64); 2] {
+        [
+            (format!("{name}#powersgd.p"), self.shape.p_len() as u64),
+            (format!("{name}#powersgd.q"), self.shape.q_len() as u64),
+        ]
+    }
+
+    /// The map of the P and Q tensors: plain float32 sums, which is all the servers do.
+    pub fn sum_map() -> BTreeMap<String, String> {
+        BTreeMap::from([("compressor".to_string(), "none".to_string())])
+    }
+
+    /// A worker's state of the tensor, in a job seeded `job_seed`; `key` is the tensor's first
+    /// chunk's (what its random starting matrices are drawn with).
+    pub fn start(&self, job_seed: u64, key: u64) -> PowerSgd {
+        PowerSgd::new(self.spec, self.shape, self.seed.unwrap_or(job_seed), key)
+    }
+}
+
+/// Whether a tensor of `tensor_len` elements with map `params` is compressed by PowerSGD, and
+/// how ([`effective_spec`] first: a tensor under `min_compress_bytes` is not); `Ok(None)` for
+/// other compressors, for tensors PowerSGD sums uncompressed, and for a map the codecs refuse
+/// (its declare names the problem). Refused, naming the key, where `rows` does not divide the
+/// length or `rank` exceeds the matrix's.
+pub fn low_rank_plan(
+    params: &BTreeMap<String, String>,
+    tensor_len: u64,
+    min_compress_bytes: u64,
+) -> Result<Option<LowRankPlan>, String> {
+    let Ok(spec) = effective_spec(params, tensor_len, min_compress_bytes) else {
+        return Ok(None);
+    };
+    let Some(low) = spec.codec.downcast::<PowerSgdSpec>() else {
+        return Ok(None);
+    };
+    match low.plan(tensor_len).map_err(|e| e.to_string())? {
+        PowerSgdPlan::Plain => Ok(None),
+        PowerSgdPlan::LowRank(shape) => Ok(Some(LowRankPlan {
+            spec: *low,
+            shape,
+            seed: spec.seed,
+        })),
+    }
 }
 
 impl<'a> ChunkInfo<'a> {

@@ -132,6 +132,15 @@ pub(crate) trait RoundData: HostView + Send + 'static {
         None
     }
 
+    /// The whole input, copied to the host: what a round made of other rounds (a PowerSGD
+    /// step, `crate::worker`'s `low_rank`) reads. May wait for a device (call it off the
+    /// async threads).
+    fn whole_input(&mut self) -> Result<Vec<f32>, DataError>;
+
+    /// Overwrites the whole output with `values` (a round made of other rounds' result). May
+    /// wait for a device.
+    fn set_whole_output(&mut self, values: &[f32]) -> Result<(), DataError>;
+
     /// Encodes chunk `at` of this worker's data: the payload to push, in a buffer of `pool`
     /// (or of the data's own pool), or [`Encoded::NonFinite`] for a sum's chunk that is not
     /// finite.
@@ -397,6 +406,15 @@ impl<H: HostBuffers> RoundData for H {
             res.compressed_on = Place::Cpu;
         }
         res.buffer_on = Place::Cpu;
+        Ok(())
+    }
+
+    fn whole_input(&mut self) -> Result<Vec<f32>, DataError> {
+        Ok(HostBuffers::input(self).to_vec())
+    }
+
+    fn set_whole_output(&mut self, values: &[f32]) -> Result<(), DataError> {
+        HostBuffers::output(self).copy_from_slice(values);
         Ok(())
     }
 }

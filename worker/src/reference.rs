@@ -31,9 +31,10 @@
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
 
+use pushpull_kernels::chunk::LowRankPlan;
 use pushpull_kernels::{
     average, host_fold, CodecContext, CodecFactory, Compressor, IntraCodec, KernelsFactory, Node,
-    RankOrderSum, RoundCtx,
+    PowerSgd, RankOrderSum, RoundCtx,
 };
 use pushpull_proto::placement::Placer;
 use pushpull_proto::protocol::TensorPlacement;
@@ -60,6 +61,16 @@ struct RefState {
     /// Each rank's gradient bound `G` (moniqua's `theta_schedule = bound`): the largest
     /// magnitude reported so far, 0 before any.
     grad_bound: Vec<f32>,
+    /// A tensor PowerSGD compresses: its P and Q tensors and every rank's state.
+    low_rank: Option<RefLowRank>,
+}
+
+/// A PowerSGD tensor of a [`Reference`]: the tensors its P and Q are summed as, and each
+/// rank's state.
+struct RefLowRank {
+    p: RefTensor,
+    q: RefTensor,
+    ranks: Vec<PowerSgd>,
 }
 
 /// Every worker and server of a job in one process (see the module docs).
@@ -97,6 +108,25 @@ impl Reference {
     pub fn declare(&mut self, name: &str, len: u64, params: ParamMap) -> Result<RefTensor, String> {
         let mut merged = self.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, &params);
+        let min = self.config.cluster.min_compress_bytes;
+        let plan = pushpull_kernels::chunk::low_rank_plan(&merged, len, min)?;
+        let t = self.declare_map(name, len, merged)?;
+        if let Some(plan) = plan {
+            // The worker's P and Q tensors.
+            let [(p, p_len), (q, q_len)] = plan.sum_tensors(name);
+            let p = self.declare_map(&p, p_len, LowRankPlan::sum_map())?;
+            let q = self.declare_map(&q, q_len, LowRankPlan::sum_map())?;
+            let key = self.tensors[t.0].placement.chunks[0].key;
+            let ranks = (0..self.num_workers)
+                .map(|_| plan.start(self.job_seed, key))
+                .collect();
+            self.tensors[t.0].low_rank = Some(RefLowRank { p, q, ranks });
+        }
+        Ok(t)
+    }
+
+    /// Declares a tensor with the map `merged` as it is.
+    fn declare_map(&mut self, name: &str, len: u64, merged: ParamMap) -> Result<RefTensor, String> {
         // Cut as the scheduler cuts.
         let cut = pushpull_kernels::chunk::tensor_cut(&merged, len, &self.config.cluster.cut());
         let placement = Placer::new(1, cut.chunk_bytes).place_cut(name, len, &cut, merged);
@@ -129,6 +159,7 @@ impl Reference {
             round: 0,
             last_sum: None,
             grad_bound: vec![0.0; self.num_workers as usize],
+            low_rank: None,
         });
         Ok(RefTensor(self.tensors.len() - 1))
     }
@@ -145,6 +176,13 @@ impl Reference {
     /// worker): every chain, workers' and servers', undoes it.
     pub fn discard_last_round(&mut self, t: RefTensor) {
         let state = &mut self.tensors[t.0];
+        if let Some(low) = &mut state.low_rank {
+            let low_rank = low.ranks[0].last_step_compressed();
+            low.ranks.iter_mut().for_each(PowerSgd::discard);
+            if low_rank {
+                return;
+            }
+        }
         let Some(round) = state.last_sum else { return };
         let chains = state.hosts.iter_mut().flatten();
         for chain in chains.chain(&mut state.servers) {
@@ -272,7 +310,6 @@ impl Reference {
         reduce: Reduce,
     ) -> Result<Vec<Vec<f32>>, String> {
         let w = self.num_workers as usize;
-        let lr = self.lr;
         let state = &mut self.tensors[t.0];
         let len = state.placement.len as usize;
         if inputs.len() != w {
@@ -284,6 +321,62 @@ impl Reference {
                 x.len()
             ));
         }
+        if let Some(mut low) = state.low_rank.take() {
+            let result = self.low_rank_step(t, &mut low, inputs, reduce);
+            self.tensors[t.0].low_rank = Some(low);
+            return result;
+        }
+        self.sum_round(t, inputs, reduce)
+    }
+
+    /// A step of a PowerSGD tensor (the worker's `low_rank` module): before `start_iter`, a
+    /// round of the tensor; then every rank's P summed as a round of the P tensor, every Q as
+    /// a round of the Q tensor.
+    fn low_rank_step(
+        &mut self,
+        t: RefTensor,
+        low: &mut RefLowRank,
+        inputs: &[Vec<f32>],
+        reduce: Reduce,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        if !low.ranks[0].compressing() {
+            let out = self.sum_round(t, inputs, reduce)?;
+            low.ranks.iter_mut().for_each(PowerSgd::plain_step);
+            return Ok(out);
+        }
+        let ps: Vec<Vec<f32>> = low
+            .ranks
+            .iter_mut()
+            .zip(inputs)
+            .map(|(s, x)| s.begin(x))
+            .collect();
+        let p_sums = self.push_pull(low.p, &ps, Reduce::Sum)?;
+        let qs: Vec<Vec<f32>> = low
+            .ranks
+            .iter_mut()
+            .zip(&p_sums)
+            .map(|(s, p)| s.middle(p))
+            .collect();
+        let q_sums = self.push_pull(low.q, &qs, Reduce::Sum)?;
+        let average = reduce == Reduce::Average;
+        let mut outputs = vec![vec![0.0f32; inputs[0].len()]; inputs.len()];
+        for ((s, q), out) in low.ranks.iter_mut().zip(&q_sums).zip(&mut outputs) {
+            s.finish(q, self.num_workers, average, out);
+        }
+        Ok(outputs)
+    }
+
+    /// One round of `t` itself, its inputs checked.
+    fn sum_round(
+        &mut self,
+        t: RefTensor,
+        inputs: &[Vec<f32>],
+        reduce: Reduce,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let w = self.num_workers as usize;
+        let lr = self.lr;
+        let state = &mut self.tensors[t.0];
+        let len = state.placement.len as usize;
         let round = state.round;
         state.round += 1;
         state.last_sum = Some(round);

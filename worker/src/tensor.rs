@@ -72,6 +72,21 @@ pub(crate) struct TensorInner {
     pub(crate) gossip: Option<Vec<(u32, f64)>>,
     /// The gradient bound of moniqua's `theta_schedule = bound` (gossip tensors).
     pub(crate) bound: GradientBound,
+    /// A tensor PowerSGD compresses: its P and Q tensors and its state (`None` otherwise).
+    pub(crate) low_rank: Option<LowRank>,
+    /// A PowerSGD tensor's P or Q tensor: its counters are its owner's ([`Tensor::metrics`]),
+    /// and [`crate::Worker::metrics`] lists only the owner.
+    pub(crate) low_rank_part: bool,
+}
+
+/// A tensor PowerSGD compresses (`compressor = powersgd`; `crate::worker`'s `low_rank`
+/// runs its steps): the tensors its `P` and `Q` are summed as (`compressor = none`, declared
+/// with it), and its state. Holding the state's lock is holding the tensor's steps.
+#[derive(Clone)]
+pub(crate) struct LowRank {
+    pub(crate) p: Tensor,
+    pub(crate) q: Tensor,
+    pub(crate) state: Arc<tokio::sync::Mutex<pushpull_kernels::PowerSgd>>,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).
@@ -210,9 +225,20 @@ impl Tensor {
             .collect()
     }
 
-    /// This tensor's counters.
+    /// This tensor's counters (a PowerSGD tensor's include those of the rounds of its P and Q:
+    /// their bytes and seconds are its steps').
     pub fn metrics(&self) -> TensorMetrics {
-        let secs = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 * 1e-9;
+        let parts: &[&Tensor] = match &self.inner.low_rank {
+            Some(low) => &[&low.p, &low.q],
+            None => &[],
+        };
+        let sum = |f: fn(&TensorInner) -> &AtomicU64| {
+            std::iter::once(self)
+                .chain(parts.iter().copied())
+                .map(|t| f(&t.inner).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let secs = |f: fn(&TensorInner) -> &AtomicU64| sum(f) as f64 * 1e-9;
         let done = self.inner.rounds_done.load(Ordering::Relaxed);
         let residence = self.inner.residence();
         TensorMetrics {
@@ -222,11 +248,11 @@ impl Tensor {
             rounds_done: done,
             rounds_non_finite: self.inner.rounds_non_finite.load(Ordering::Relaxed),
             raw_bytes: done.saturating_mul(self.len()).saturating_mul(4),
-            bytes_pushed: self.inner.bytes_pushed.load(Ordering::Relaxed),
-            bytes_pulled: self.inner.bytes_pulled.load(Ordering::Relaxed),
-            compress_seconds: secs(&self.inner.compress_nanos),
-            wait_seconds: secs(&self.inner.wait_nanos),
-            decompress_seconds: secs(&self.inner.decompress_nanos),
+            bytes_pushed: sum(|t| &t.bytes_pushed),
+            bytes_pulled: sum(|t| &t.bytes_pulled),
+            compress_seconds: secs(|t| &t.compress_nanos),
+            wait_seconds: secs(|t| &t.wait_nanos),
+            decompress_seconds: secs(|t| &t.decompress_nanos),
             device: residence.compressed_on,
             buffer_device: residence.buffer_on,
             device_bytes: residence.device_bytes
@@ -342,7 +368,7 @@ impl Metrics {
     /// Totals over a set of tensors.
     pub(crate) fn from_tensors<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> Metrics {
         let mut m = Metrics::default();
-        for t in tensors {
+        for t in tensors.into_iter().filter(|t| !t.inner.low_rank_part) {
             let tm = t.metrics();
             m.raw_bytes += tm.raw_bytes;
             m.bytes_pushed += tm.bytes_pushed;

@@ -9,6 +9,7 @@ mod discard;
 mod gossip;
 mod group;
 mod join;
+mod low_rank;
 
 pub use group::RoundHandle;
 pub use join::JoinOptions;
@@ -319,6 +320,20 @@ impl Worker {
     /// always runs to its end: `submit` returns only once it has (or before spawning it), which
     /// [`crate::BlockingWorker`] relies on when it lends the caller's slice.
     async fn submit<R: RoundData>(
+        &self,
+        tensor: &Tensor,
+        data: R,
+        kind: RoundKind,
+    ) -> Result<R, WorkerError> {
+        if let (Some(_), RoundKind::Sum { average }) = (&tensor.inner.low_rank, kind) {
+            return self.low_rank_step(tensor, data, average).await;
+        }
+        self.submit_round(tensor, data, kind).await
+    }
+
+    /// [`Worker::submit`] of one round of `tensor` itself (a PowerSGD tensor's steps are
+    /// rounds of other tensors too).
+    async fn submit_round<R: RoundData>(
         &self,
         tensor: &Tensor,
         data: R,

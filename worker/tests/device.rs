@@ -204,15 +204,22 @@ fn check_groups_against_reference(
         panic!("device buffers vs reference (seed {seed}, groups of {local_size}): {d}");
     }
     // Where each tensor was compressed: top-k, Elias-coded dithering and column-wise onebit
-    // have no device kernel (the CPU fallback); the others ran on the device, the small raw tensor included. In
-    // local groups every chunk is compressed by its owner on the host's sum.
+    // have no device kernel (the CPU fallback), and PowerSGD runs on the host (its steps copy
+    // the tensor there and back); the others ran on the device, the small raw tensor included.
+    // In local groups every chunk is compressed by its owner on the host's sum.
+    let on_host = [
+        "topk",
+        "dithering elias",
+        "onebit columns",
+        "powersgd",
+        "powersgd sum",
+    ];
     for (i, ((name, ..), m)) in tensor_set().iter().zip(metrics).enumerate() {
-        let want =
-            if local_size > 1 || matches!(*name, "topk" | "dithering elias" | "onebit columns") {
-                Place::Cpu
-            } else {
-                place
-            };
+        let want = if local_size > 1 || on_host.contains(name) {
+            Place::Cpu
+        } else {
+            place
+        };
         assert_eq!(m.device, want, "{name}: compressed on");
         assert_eq!(m.buffer_device, place, "{name}: buffer on");
         assert_eq!(m.rounds_done, ROUNDS + 1, "{name}: rounds");

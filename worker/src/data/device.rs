@@ -412,6 +412,21 @@ impl<D: Device, K: Send + 'static> RoundData for DeviceData<D, K> {
         }
     }
 
+    fn whole_input(&mut self) -> Result<Vec<f32>, DataError> {
+        let mut host = vec![0.0f32; self.len];
+        // SAFETY: `addr` addresses `len` f32 of the device's memory that `keep` keeps alive
+        // (`DeviceData::borrowed`'s contract, or the caller's own buffer).
+        unsafe { self.device.download(self.addr, &mut host) }
+            .map_err(|e| DataError::Device(format!("copying the tensor to the host: {e}")))?;
+        Ok(host)
+    }
+
+    fn set_whole_output(&mut self, values: &[f32]) -> Result<(), DataError> {
+        // SAFETY: as in `whole_input`; nothing else uses the buffer during the round.
+        unsafe { self.device.upload(values, self.addr) }
+            .map_err(|e| DataError::Device(format!("copying the result to the device: {e}")))
+    }
+
     fn refused(&mut self) -> Option<DataError> {
         match &self.launched {
             Launched::Failed(e) => Some(e.clone()),

@@ -74,10 +74,35 @@ impl Worker {
         params: ParamMap,
         priority: Option<i32>,
     ) -> Result<Tensor, WorkerError> {
-        let shared = &self.inner.shared;
-        shared.check()?;
         let mut merged = self.inner.config.tensor_params(name);
         pushpull_kernels::overlay_params(&mut merged, &params);
+        let min = self.inner.config.cluster.min_compress_bytes;
+        let low_rank =
+            pushpull_kernels::chunk::low_rank_plan(&merged, len, min).map_err(|message| {
+                WorkerError::Declare {
+                    name: name.to_string(),
+                    message,
+                }
+            })?;
+        let placement = self.place(name, len, merged, priority).await?;
+        let low_rank = match low_rank {
+            Some(plan) => Some(self.declare_low_rank(&placement, plan).await?),
+            None => None,
+        };
+        self.register_tensor(placement, low_rank, false)
+    }
+
+    /// Declares tensor `name` with the map `merged` as it is (no overlay) with the scheduler:
+    /// the placement every worker agreed on.
+    pub(super) async fn place(
+        &self,
+        name: &str,
+        len: u64,
+        merged: ParamMap,
+        priority: Option<i32>,
+    ) -> Result<pushpull_proto::protocol::TensorPlacement, WorkerError> {
+        let shared = &self.inner.shared;
+        shared.check()?;
         let (rx, first) = lock(&shared.pending).wait_declare(name)?;
         if first {
             shared.send(ToScheduler::Declare {
@@ -113,12 +138,14 @@ impl Worker {
                 ),
             });
         }
-        self.register_tensor(placement)
+        Ok(placement)
     }
 
-    fn register_tensor(
+    pub(super) fn register_tensor(
         &self,
         placement: pushpull_proto::protocol::TensorPlacement,
+        low_rank: Option<crate::tensor::LowRank>,
+        low_rank_part: bool,
     ) -> Result<Tensor, WorkerError> {
         let mut tensors = lock(&self.inner.tensors);
         let name = placement.name.clone();
@@ -187,6 +214,8 @@ impl Worker {
                 decompress_nanos: AtomicU64::new(0),
                 gossip,
                 bound,
+                low_rank_part,
+                low_rank,
             }),
         };
         if let Some(local) = &self.inner.local {

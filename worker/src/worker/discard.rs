@@ -39,6 +39,16 @@ impl Worker {
     pub async fn discard_last_round(&self, tensors: &[Tensor]) -> Result<(), WorkerError> {
         for tensor in tensors {
             self.check_tensor(tensor)?;
+            if let Some(low) = &tensor.inner.low_rank {
+                // A PowerSGD step's error, Q and count; its rounds of P and Q keep no state,
+                // and a low-rank step ran no round of the tensor itself.
+                let mut state = low.state.lock().await;
+                let low_rank = state.last_step_compressed();
+                state.discard();
+                if low_rank {
+                    continue;
+                }
+            }
             let mut rounds = tensor.inner.round.lock().await;
             self.inner.shared.check()?;
             rounds

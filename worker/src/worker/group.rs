@@ -149,6 +149,7 @@ impl Worker {
         let mut slots: Vec<Option<(Tensor, R)>> = calls.into_iter().map(Some).collect();
         let mut failed: Vec<Option<WorkerError>> = (0..n).map(|_| None).collect();
         let mut prepared: Vec<(usize, Prepared<R>)> = Vec::with_capacity(n);
+        let mut low_rank: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
         let mut seen = std::collections::HashSet::new();
         for &i in &order {
             let Some((tensor, data)) = slots[i].take() else {
@@ -159,6 +160,11 @@ impl Worker {
                 failed[i] = Some(WorkerError::TwiceInGroup {
                     name: tensor.name().to_string(),
                 });
+                continue;
+            }
+            if let (Some(_), RoundKind::Sum { average }) = (&tensor.inner.low_rank, kind) {
+                // A PowerSGD step is a sequence of rounds of its own, in a task of its own.
+                low_rank[i] = Some(self.low_rank_step(&tensor, data, average));
                 continue;
             }
             // Checks the buffers' lengths before it waits for the tensor's lock.
@@ -190,7 +196,7 @@ impl Worker {
             .iter()
             .map(|(_, p)| self.inner.sender.hold(p.tensor.placement.priority))
             .collect();
-        let mut handles: Vec<Option<RoundHandle<R>>> = (0..n).map(|_| None).collect();
+        let mut handles = low_rank;
         for ((i, p), hold) in prepared.into_iter().zip(holds) {
             let name = p.tensor.placement.name.clone();
             let p = match p.unless_refused() {

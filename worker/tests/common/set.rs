@@ -123,6 +123,30 @@ pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
             ]),
             Reduce::Sum,
         ),
+        // PowerSGD: a 200 × 200 matrix at rank 2 after two uncompressed steps, and a 150 × 200
+        // one at rank 1 from the first step, a new random Q each step, summed.
+        (
+            "powersgd",
+            40_000,
+            map(&[
+                ("compressor", "powersgd"),
+                ("rows", "200"),
+                ("rank", "2"),
+                ("start_iter", "2"),
+            ]),
+            Reduce::Average,
+        ),
+        (
+            "powersgd sum",
+            30_000,
+            map(&[
+                ("compressor", "powersgd"),
+                ("rows", "150"),
+                ("start_iter", "0"),
+                ("warm_start", "false"),
+            ]),
+            Reduce::Sum,
+        ),
     ]
 }
 
@@ -135,12 +159,13 @@ pub fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: usize) -> Vec
 
 /// Mixed precision in the set's runs: `(round, rank, tensor, value)`, an input holding a
 /// non-finite value (as a loss scaler's overflow does): onebit with momentum (a device kernel),
-/// top-k (the CPU fallback on a device), minmax with corrected error feedback. Their rounds are
+/// top-k (the CPU fallback on a device), minmax with corrected error feedback, PowerSGD. Their rounds are
 /// discarded on every worker afterwards, every tensor, as a skipped optimizer step is.
 const POISONED: &[(u64, u32, usize, f32)] = &[
     (3, 1, 0, f32::INFINITY),
     (3, 2, 1, f32::NAN),
     (6, 0, 4, f32::NEG_INFINITY),
+    (5, 2, 11, f32::NAN),
 ];
 
 /// [`input`], with [`POISONED`]'s non-finite values.

@@ -83,6 +83,11 @@ impl PowerSgd {
         self.state.step >= self.spec.start_iter
     }
 
+    /// Whether the last step taken was low-rank (not one of the first `start_iter`).
+    pub fn last_step_compressed(&self) -> bool {
+        self.state.step > self.spec.start_iter
+    }
+
     /// Counts a step the caller summed uncompressed (before `start_iter`).
     pub fn plain_step(&mut self) {
         assert_eq!(
@@ -138,9 +143,16 @@ impl PowerSgd {
     }
 
     /// Takes the sum of the workers' `Q`s and writes the step's result into `out`: the
-    /// average over `num_workers` (`average`) or the sum. Where either sum is not finite the
-    /// result is NaN and the error and `Q` stay as they were (the step still counts).
-    pub fn finish(&mut self, q_sum: &[f32], num_workers: u32, average: bool, out: &mut [f32]) {
+    /// average over `num_workers` (`average`) or the sum; returns whether it is finite. Where
+    /// either sum is not finite the result is NaN and the error and `Q` stay as they were (the
+    /// step still counts).
+    pub fn finish(
+        &mut self,
+        q_sum: &[f32],
+        num_workers: u32,
+        average: bool,
+        out: &mut [f32],
+    ) -> bool {
         assert_eq!(self.phase, Phase::AwaitQ, "PowerSgd::finish before middle");
         assert_eq!(q_sum.len(), self.shape.q_len(), "the length of ΣQ");
         assert_eq!(out.len(), self.m.len(), "a PowerSGD step's output length");
@@ -158,7 +170,7 @@ impl PowerSgd {
                 q: self.state.q.clone(),
                 ..before
             });
-            return;
+            return false;
         }
         let w = num_workers as f32;
         let q_avg: Vec<f32> = q_sum.iter().map(|&x| x / w).collect();
@@ -183,6 +195,7 @@ impl PowerSgd {
         if !average {
             times_transpose(&self.p, q_sum, self.shape, out);
         }
+        true
     }
 
     /// Undoes the last step (a training step the loss scaler skipped): the error, `Q` and
