@@ -27,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 /// The checkpoint file format's version; a file of another version is refused naming both.
 /// Version 2 added each tensor's gradient bound; version 3 its last sum round and a discarded
-/// round not yet carried to the servers.
-pub const CHECKPOINT_VERSION: u32 = 3;
+/// round not yet carried to the servers; version 4 a PowerSGD tensor's state.
+pub const CHECKPOINT_VERSION: u32 = 4;
 
 const MAGIC: [u8; 8] = *b"PPCKPT\0\0";
 const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 8;
@@ -83,12 +83,46 @@ pub(crate) struct TensorState {
     pub(crate) gradient_bound: f32,
     pub(crate) last_sum: Option<u64>,
     pub(crate) discarded: Option<u64>,
+    /// A PowerSGD tensor's state (`compressor = powersgd`), `None` for other tensors.
+    pub(crate) low_rank: Option<LowRankState>,
+}
+
+/// A PowerSGD tensor's state: [`pushpull_kernels::PowerSgdState`] as the file keeps it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub(crate) struct LowRankState {
+    pub(crate) step: u64,
+    pub(crate) error: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+}
+
+impl From<&pushpull_kernels::PowerSgdState> for LowRankState {
+    fn from(s: &pushpull_kernels::PowerSgdState) -> LowRankState {
+        LowRankState {
+            step: s.step,
+            error: s.error.clone(),
+            q: s.q.clone(),
+        }
+    }
+}
+
+impl From<LowRankState> for pushpull_kernels::PowerSgdState {
+    fn from(s: LowRankState) -> pushpull_kernels::PowerSgdState {
+        pushpull_kernels::PowerSgdState {
+            step: s.step,
+            error: s.error,
+            q: s.q,
+        }
+    }
 }
 
 impl TensorState {
-    /// It holds compressor state (some chain's is not empty).
+    /// It holds compressor state (some chain's is not empty, or PowerSGD's error or Q).
     pub(crate) fn stateful(&self) -> bool {
         self.chains.iter().any(|c| *c != ChainState::default())
+            || self
+                .low_rank
+                .as_ref()
+                .is_some_and(|l| !l.error.is_empty() || !l.q.is_empty())
     }
 }
 
@@ -329,6 +363,11 @@ mod tests {
                     gradient_bound: 0.75,
                     last_sum: Some(3),
                     discarded: Some(3),
+                    low_rank: Some(LowRankState {
+                        step: 4,
+                        error: vec![0.5, 0.25, -2.0],
+                        q: vec![1.0],
+                    }),
                 },
             )]),
             servers: BTreeMap::from([(9, KeyState::default())]),

@@ -2,8 +2,8 @@
 //! a barrier after K rounds, shut down, and restarted from the files in a fresh cluster
 //! continues bit for bit as a job that never stopped (rounds K..2K on every worker), with
 //! stateful chains (onebit with vanilla error feedback; top-k with momentum; dithering,
-//! stochastic, with corrected error feedback and a learning rate that changes every step) on
-//! workers and servers, and so does the job that saved it; so do both when the step before the
+//! stochastic, with corrected error feedback and a learning rate that changes every step;
+//! PowerSGD's error and warm-start Q) on workers and servers, and so does the job that saved it; so do both when the step before the
 //! checkpoint was skipped (its rounds discarded); a setting that changes results is refused
 //! naming it, a damaged file gives an error naming the damage, and neither changes anything.
 
@@ -46,6 +46,16 @@ fn tensors() -> Vec<(&'static str, u64, ParamMap)> {
             "dithering",
             3_000,
             map(&[("compressor", "dithering"), ("k", "7"), ("ef", "corrected")]),
+        ),
+        (
+            "powersgd",
+            6_000,
+            map(&[
+                ("compressor", "powersgd"),
+                ("rows", "60"),
+                ("rank", "2"),
+                ("start_iter", "1"),
+            ]),
         ),
     ]
 }

@@ -144,6 +144,9 @@ impl Worker {
     async fn checkpoint_at(&self, path: &str) -> Result<Checkpoint, WorkerError> {
         self.inner.shared.check()?;
         let tensors = self.tensors_by_name();
+        // PowerSGD's states first: a step in flight holds its state and then takes the
+        // rounds of its P and Q.
+        let low_rank = hold_low_rank(&tensors).await;
         // Hold every tensor (in name order, as every caller does): waits for this worker's
         // rounds in flight, and keeps new ones out until the state is read.
         let mut held = Vec::with_capacity(tensors.len());
@@ -192,6 +195,7 @@ impl Worker {
                 gradient_bound: t.inner.bound.get().unwrap_or(0.0),
                 last_sum: saved.last_sum,
                 discarded: saved.discarded,
+                low_rank: low_rank.get(name).map(|s| s.saved().into()),
             };
             states.insert(name.clone(), state);
         }
@@ -254,6 +258,7 @@ impl Worker {
         {
             return Err(refused(path, format!("refused: {why}")));
         }
+        let mut low_rank = hold_low_rank(&tensors).await;
         let mut held = Vec::with_capacity(tensors.len());
         for t in tensors.values() {
             held.push(t.inner.round.clone().lock_owned().await);
@@ -266,7 +271,8 @@ impl Worker {
         for ((name, t), rounds) in tensors.iter().zip(held) {
             let chunks = t.inner.codecs.len();
             let saved = checkpoint.tensors.get(name).map_or(0, |s| s.chains.len());
-            if !rounds.fresh() {
+            let steps = low_rank.get(name).map_or(0, |s| s.saved().step);
+            if !rounds.fresh() || steps > 0 {
                 let stateless = checkpoint
                     .tensors
                     .get(name)
@@ -284,7 +290,7 @@ impl Worker {
                     path,
                     format!(
                         "tensor {name:?} has already run {} rounds in this job, and the checkpoint holds compressor state for it; load the checkpoint before its first round",
-                        rounds.next()
+                        rounds.next().max(steps)
                     ),
                 ));
             }
@@ -322,7 +328,29 @@ impl Worker {
             .iter()
             .map(|(name, t, _)| (name.clone(), t.clone()))
             .collect();
+        // PowerSGD's states, all checked before any chain is set.
+        let mut steps = Vec::new();
+        for (name, _, _) in &restored {
+            let (Some(state), Some(saved)) = (low_rank.get(name), checkpoint.tensors.get(name))
+            else {
+                continue;
+            };
+            let mut next = (**state).clone();
+            let kept = saved.low_rank.clone().unwrap_or_default();
+            next.restore(kept.into()).map_err(|e| {
+                refused(
+                    path,
+                    format!("tensor {name:?}: the saved state does not fit: {e}"),
+                )
+            })?;
+            steps.push((name.clone(), next));
+        }
         self.restore_chains(checkpoint, &restoring, path)?;
+        for (name, next) in steps {
+            if let Some(state) = low_rank.get_mut(&name) {
+                **state = next;
+            }
+        }
         for (name, t, rounds) in restored.iter_mut() {
             let saved = checkpoint.tensors.get(name);
             let round = saved.map_or(0, |s| s.next_round);
@@ -475,4 +503,17 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> 
     let tmp = std::path::PathBuf::from(tmp);
     std::fs::write(&tmp, bytes).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| format!("renaming {} to it: {e}", tmp.display()))
+}
+
+/// Every PowerSGD tensor's state, held (in name order): waits for its step in flight.
+async fn hold_low_rank(
+    tensors: &BTreeMap<String, Tensor>,
+) -> BTreeMap<String, tokio::sync::OwnedMutexGuard<pushpull_kernels::PowerSgd>> {
+    let mut held = BTreeMap::new();
+    for (name, t) in tensors {
+        if let Some(low) = &t.inner.low_rank {
+            held.insert(name.clone(), low.state.clone().lock_owned().await);
+        }
+    }
+    held
 }
