@@ -30,6 +30,9 @@ MAPS = {
     "momentum": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
     # The same with the warm-up's gradients as fp16 (warmup_compression="fp16").
     "momentum16": {"byteps_compressor_type": "onebit", "byteps_ef_type": "vanilla"},
+    # PowerSGD at rank 2 after one uncompressed step (DistributedOptimizer fills in each
+    # tensor's `rows`); no device kernel: the emulated route copies it to the host.
+    "powersgd": {"byteps_compressor_type": "powersgd", "rank": "2", "start_iter": "1"},
 }
 # DistributedOptimizer's average= per mode (default "auto"), its warmup_steps and
 # warmup_compression (default "none").

@@ -39,6 +39,16 @@ def _check_params(name: str, params: Mapping[str, str]) -> None:
         )
 
 
+def _with_rows(cmap: Mapping[str, str], shape) -> Dict[str, str]:
+    """``cmap`` with PowerSGD's ``rows``, the tensor's first dimension (torch's hook views a
+    gradient as ``view(shape[0], -1)``; a 0-d tensor has one row), where the map names
+    ``powersgd`` and does not say it."""
+    out = dict(cmap)
+    if compressor_of(out) == "powersgd" and "rows" not in out:
+        out["rows"] = str(shape[0] if len(shape) > 0 else 1)
+    return out
+
+
 def _check_sync_args(version, staleness=0) -> None:
     """BytePS's ``version`` and ``staleness`` arguments: pushpull's rounds are synchronous,
     so only 0 is meaningful; anything else raises ``ValueError`` naming the argument."""
@@ -120,6 +130,8 @@ def declare(
         cmap = {**pending[0], **cmap}
         priority = pending[1] if priority is None else priority
     numel = tensor if isinstance(tensor, int) else _native_numel(tensor)
+    if isinstance(tensor, torch.Tensor):
+        cmap = _with_rows(cmap, tensor.shape)
     _check_running("declare")
     prio, codecs = _w().declare(name, numel, cmap or None, priority)
     _state.declared[name] = _Decl(numel, prio, cmap, list(codecs))
@@ -151,7 +163,8 @@ def _ensure_declared(
                 f"{pmap or cmap}"
             )
         prio = pprio if pprio is not None else (priority if priority != 0 else None)
-        declare(name, numel, {**pmap, **cmap}, prio)  # drops the pending map once declared
+        full = _with_rows({**pmap, **cmap}, r.shape)
+        declare(name, numel, full, prio)  # drops the pending map once declared
         known = _state.declared[name]
     else:
         if priority != 0 and priority != known.priority:

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import torch
 
 from .._native import PushPullError
-from ._declare import ParamMap, _check_sync_args, declare
+from ._declare import ParamMap, _check_sync_args, _with_rows, declare
 from . import _average, _state
 from ._push_pull import _start_sums
 from ._round import _Round
@@ -228,7 +228,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 cmap = compression_params
             else:
                 cmap = _map_of(compression)
-            cmap = dict(cmap or {})
+            cmap = _with_rows(cmap or {}, p.shape)
             tname = _gradient_name(name, p)
             group = group_of[id(p)]
             mom = _value(cmap, _MOMENTUM_KEYS)
