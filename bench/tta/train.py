@@ -24,6 +24,9 @@ Systems (``--system``):
   half the bytes of float32). None of the maps adds momentum on the worker
   (``DistributedOptimizer`` refuses worker momentum for an optimizer with momentum of its
   own, and both workloads' optimizers have it).
+* ``pushpull:powersgd:R``: the same, with PowerSGD at rank R and ``ddp:powersgd:R``'s
+  settings (:func:`powersgd_map`): pushpull's own PowerSGD through its servers, beside
+  torch's hook.
 * ``ddp:HOOK``: torch's ``DistributedDataParallel`` on gloo (``init_method="env://"``), with
   the communication hook HOOK: ``none`` (torch's ``allreduce_hook``, which its docstring says
   gives the same results as registering no hook), ``fp16`` (``fp16_compress_hook``),
@@ -102,6 +105,21 @@ PUSHPULL_PRESETS: Dict[str, Dict[str, str]] = {
                   "bucket": "512"},
 }
 DDP_HOOKS = ("none", "fp16", "powersgd:R", "noop")
+# The presets of `--system pushpull:PRESET`: the maps above, and PowerSGD at rank R
+# (:func:`powersgd_map`, the settings of `ddp:powersgd:R`).
+PUSHPULL_SYSTEMS = (*PUSHPULL_PRESETS, "powersgd:R")
+
+
+def start_powersgd(steps: int) -> int:
+    """PowerSGD's uncompressed steps, for torch's hook and pushpull's alike."""
+    return max(2, steps // 10)
+
+
+def powersgd_map(rank: int, steps: int) -> Dict[str, str]:
+    """``pushpull:powersgd:R``'s map: torch's ``PowerSGDState`` settings of ``ddp:powersgd:R``
+    (rank R, :func:`start_powersgd`, the defaults otherwise; DistributedOptimizer fills in
+    each tensor's ``rows``)."""
+    return {"compressor": "powersgd", "rank": str(rank), "start_iter": str(start_powersgd(steps))}
 
 
 def parse_system(text: str) -> Tuple[str, str, int]:
@@ -111,9 +129,12 @@ def parse_system(text: str) -> Tuple[str, str, int]:
     if kind == "pushpull":
         if rest in PUSHPULL_PRESETS:
             return kind, rest, 0
+        preset, _, r = rest.partition(":")
+        if preset == "powersgd" and r.isdigit() and int(r) >= 1:
+            return kind, preset, int(r)
         raise argparse.ArgumentTypeError(
             f"unknown pushpull preset {rest!r} in {text!r}: one of "
-            f"{', '.join(PUSHPULL_PRESETS)}")
+            f"{', '.join(PUSHPULL_SYSTEMS)} (R a whole number >= 1)")
     if kind == "ddp":
         if rest in ("none", "fp16", "noop"):
             return kind, rest, 0
@@ -125,7 +146,7 @@ def parse_system(text: str) -> Tuple[str, str, int]:
             "(R a whole number >= 1)")
     raise argparse.ArgumentTypeError(
         f"unknown system {text!r}: pushpull:PRESET (PRESET one of "
-        f"{', '.join(PUSHPULL_PRESETS)}) or ddp:HOOK (HOOK one of {', '.join(DDP_HOOKS)})")
+        f"{', '.join(PUSHPULL_SYSTEMS)}) or ddp:HOOK (HOOK one of {', '.join(DDP_HOOKS)})")
 
 
 class ListSystems(argparse.Action):
@@ -135,7 +156,7 @@ class ListSystems(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(json.dumps({"pushpull": list(PUSHPULL_PRESETS), "ddp": list(DDP_HOOKS)}),
+        print(json.dumps({"pushpull": list(PUSHPULL_SYSTEMS), "ddp": list(DDP_HOOKS)}),
               flush=True)
         parser.exit(0)
 
@@ -153,8 +174,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="parse the command line, import the system's packages, print the "
                    "run's settings as JSON and exit")
     p.add_argument("--system", type=parse_system, required=True,
-                   help="pushpull:PRESET (none, fp16, onebit, topk, dithering) or ddp:HOOK "
-                   "(none, fp16, powersgd:R, noop)")
+                   help="pushpull:PRESET (none, fp16, onebit, topk, dithering, powersgd:R) or "
+                   "ddp:HOOK (none, fp16, powersgd:R, noop)")
     p.add_argument("--workload", choices=models.WORKLOADS, required=True)
     p.add_argument("--size", default="default", help="a named size of the workload (default, "
                    "tiny; see models.SIZES)")
@@ -205,14 +226,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 class PushPullSystem:
     """Gradients averaged by ``pushpull.torch.DistributedOptimizer`` with a preset's map."""
 
-    def __init__(self, preset: str, steps: int, bucket_mb: float):
+    def __init__(self, preset: str, powersgd_rank: int, steps: int, bucket_mb: float):
         import pushpull
         import pushpull.torch as bps
 
         self.bps = bps
         self.build_profile = pushpull.BUILD_PROFILE
-        self.preset = preset
-        self.map = dict(PUSHPULL_PRESETS[preset])
+        self.preset = preset if preset != "powersgd" else f"powersgd:{powersgd_rank}"
+        self.map = (powersgd_map(powersgd_rank, steps) if preset == "powersgd"
+                    else dict(PUSHPULL_PRESETS[preset]))
         self.bucket_mb = bucket_mb
         self.warmup_steps = max(2, steps // 5)
         self.warmup_compression = "fp16"
@@ -311,7 +333,7 @@ class DDPSystem:
         self.allreduced = 0  # bytes of the tensors the hooks all-reduced
         self.bucket_bytes = 0  # bytes of the buckets handed to the hook
         self._all_reduce = dist.all_reduce
-        self.start_powersgd = max(2, steps // 10)
+        self.start_powersgd = start_powersgd(steps)
         self.opt = None
 
     def describe(self) -> Dict[str, object]:
@@ -437,7 +459,7 @@ def run(a: argparse.Namespace, started: float) -> bool:
     s = a.size_fields
     corpus.load()
     if a.kind == "pushpull":
-        system = PushPullSystem(a.name, a.steps, a.bucket_mb)
+        system = PushPullSystem(a.name, a.powersgd_rank, a.steps, a.bucket_mb)
     else:
         system = DDPSystem(a.name, a.powersgd_rank, a.steps, a.bucket_mb)
     rank, world = system.rank, system.world
