@@ -11,7 +11,7 @@
 //! | (root) | [`NodeIdentity`], [`RoundCtx`], re-exports |
 //! | [`codec`] | the [`Codec`] trait (a wire format bound to a chunk: encode, decode or decode-add) and [`CodecInfo`] (what it states as data: name, length, payload size, random-draw coordinates) |
 //! | [`chain`] | [`Compressor`]: a codec with error feedback and Nesterov momentum where configured, owning all the state (residual, momentum, undo, checkpoint); the fused fast paths, chosen by the codec's type when the chain is built |
-//! | [`chunk`] | the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`chunk::tensor_cut`], the one cut of a tensor the scheduler and the reference place with; [`Fp32Factory`], [`fp32_codec`] |
+//! | [`chunk`] | [`chunk::low_rank_plan`] (which tensors PowerSGD compresses and the tensors its P and Q are summed as); the codec plug-in: [`CodecFactory`] and its [`CodecContext`] (which tensor, chunk and [`Node`]), [`KernelsFactory`] (the default) and [`chunk_codec`], with which workers, servers and the reference build a chunk's chain the same way; [`chunk::tensor_cut`], the one cut of a tensor the scheduler and the reference place with; [`Fp32Factory`], [`fp32_codec`] |
 //! | [`spec`] | what a compressor brings to the registry: its [`Entry`] (name, keys, parse), its parsed settings ([`CodecSpec`], which build its codec), the resolved map its parse reads ([`Keys`]), [`KSpec`], [`BuildOptions`], [`Purpose`] |
 //! | [`params`] | [`CompressorSpec`] (a parsed map: the compressor's settings and the chain's) and each compressor's settings type; the chain's and shared keys [`KEYS`] |
 //! | [`registry`] | every compressor by name in one table ([`COMPRESSORS`]); [`parse_params`], [`all_keys`], [`overlay_params`], [`build_compressor`], [`build_from_spec`] |
@@ -60,7 +60,7 @@
 //!
 //! | key | aliases (BytePS) | applies to | values | default |
 //! |---|---|---|---|---|
-//! | `compressor` | `byteps_compressor_type` | all | `none`, `fp16`, `bf16`, `onebit`, `topk`, `randomk`, `dithering`, `minmax`, `moniqua` | `none` |
+//! | `compressor` | `byteps_compressor_type` | all | `none`, `fp16`, `bf16`, `onebit`, `topk`, `randomk`, `dithering`, `minmax`, `moniqua`, `powersgd` | `none` |
 //! | `k` | `byteps_compressor_k` | topk, randomk | a fraction in (0, 1) of the chunk (topk: ≤ 0.5) or a whole count ≥ 1 per chunk (topk: ≤ len/2, randomk: ≤ len) | required |
 //! | `k` | `byteps_compressor_k` | dithering | the number of levels s: 1..=32767 (linear), 1..=32 (natural) | required |
 //! | `scaling` | `byteps_compressor_onebit_scaling` | onebit | `true`, `false` | `false` |
@@ -75,6 +75,13 @@
 //! | `rounding` | | moniqua | `stochastic` (δ = 2^-bits), `nearest` (δ = 2^-(bits+1)) | `stochastic` |
 //! | `hash` | | moniqua | `true` (8 more bytes a message: the hash of its un-modded values, checked by the receiver, which fails the round when its recovery differs, i.e. when the models are more than θ apart), `false` | `false` |
 //! | `theta_schedule` | | moniqua | `fixed`, `lr` (θ is `theta` × the round's learning rate, [`RoundCtx::lr`], which must be set: the paper's θ ∝ α) | `fixed` |
+//! | `rows` | | powersgd | the tensor's first dimension, a divisor of its length (the matrix is rows × len/rows, row-major) | required |
+//! | `rank` | `matrix_approximation_rank` | powersgd | 1..=min(rows, cols) of each matrix it compresses | `1` |
+//! | `start_iter` | `start_powerSGD_iter` | powersgd | steps summed uncompressed first | `1000` |
+//! | `min_compression_rate` | | powersgd | compress where rows·cols > rate·(rows + cols)·rank; > 0 | `2` |
+//! | `use_error_feedback` | | powersgd | `true`, `false` | `true` |
+//! | `warm_start` | | powersgd | `true` (Q from the previous step), `false` | `true` |
+//! | `orthogonalization_epsilon` | | powersgd | ≥ 0, added to each column's norm | `0` |
 //! | `ef` | `byteps_error_feedback_type`, `byteps_ef_type` | all | `none`, `vanilla`, `corrected` | `none` |
 //! | `momentum` | `byteps_momentum_type` | all (workers only) | `none`, `nesterov` | `none` |
 //! | `mu` | `byteps_momentum_mu` | momentum=nesterov | a number in [0, 1) | `0.9` |
@@ -113,6 +120,7 @@
 //! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, (gap, sign, level) triples, gap and level Elias gamma (`elias`) or omega (`elias_omega`) coded | at most `4 + 4·nb + 4·ceil(n·b/32)`, `b = 3 + 2·floor(log2 s)` (gamma), `2 + max(\|omega(l)\|, l ≤ s)` (omega) |
 //! | `minmax` | nb × (f32 min, f32 max), bit stream of n codes of b bits | `8·nb + 4·ceil(n·b/32)` |
 //! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1`; then the sender's f64 `B_θ` with `theta_schedule = bound`; then a u64 hash of the un-modded values with `hash = true` | `4·ceil(n·b/32)`, + 8 with `bound`, + 8 with `hash` |
+//! | `powersgd` | its own chunks: n f32 (the steps before `start_iter`, and tensors it leaves uncompressed); a low-rank step's P and Q travel as two tensors of `none` ([`chunk::LowRankPlan::sum_tensors`]) | `4n`; a step `4·(rows + cols)·rank` |
 //!
 //! The exact definitions (which `elem` function computes what) are in each format's module
 //! docs; the fixed-width ones (`none`, `fp16`, `bf16`, `onebit`, `randomk`, packed

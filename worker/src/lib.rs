@@ -81,6 +81,12 @@
 //! raw and compressed bytes and the time spent compressing, waiting and decompressing; and
 //! [`reference::Reference`] computes what a job must produce, bit for bit.
 //!
+//! PowerSGD (`compressor = "powersgd"`, docs/compression.md) is not a per-chunk codec: a
+//! tensor's step is a round of its P and then of its Q, two more tensors of `compressor = none`
+//! declared with it (`NAME#powersgd.p`, `NAME#powersgd.q`), with the math between them done by
+//! the tensor's `pushpull_kernels::PowerSgd` on the host (`worker/low_rank.rs`); its metrics
+//! include theirs, and [`Worker::metrics`] lists it alone.
+//!
 //! # Mixed precision
 //! A chunk that holds inf or NaN on some worker is pushed flagged non-finite (its compressor
 //! state unchanged), and its sum comes back to every worker as NaN, every chain's round of it

@@ -110,6 +110,74 @@ async fn workers_declaring_different_maps_get_an_error_naming_the_key() {
     .expect("timed out");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_powersgd_map_that_does_not_fit_its_tensor_is_refused_naming_it() {
+    tokio::time::timeout(TIMEOUT, async {
+        let s = stack(2, 1, 64 * 1024).await;
+        let (a, b) = (s.workers[0].clone(), s.workers[1].clone());
+        let declare = |name: &'static str, rows: &'static str, rank: &'static str| {
+            let params = map(&[("compressor", "powersgd"), ("rows", rows), ("rank", rank)]);
+            let (a, b) = (a.clone(), b.clone());
+            async move {
+                let (p0, p1) = (params.clone(), params);
+                let (r0, r1) =
+                    tokio::join!(a.declare(name, 30_000, p0), b.declare(name, 30_000, p1));
+                (r0, r1)
+            }
+        };
+        // A 100 × 300 matrix has rank at most 100.
+        let (r0, r1) = declare("w", "100", "101").await;
+        for r in [r0, r1] {
+            let text = r.unwrap_err().to_string();
+            assert!(
+                text.contains("\"w\"") && text.contains("rank") && text.contains("at most 100"),
+                "{text}"
+            );
+        }
+        // rows must divide the length; ef is PowerSGD's own.
+        let (r0, _) = declare("v", "7", "1").await;
+        let text = r0.unwrap_err().to_string();
+        assert!(text.contains("\"v\"") && text.contains("rows"), "{text}");
+        let bad = map(&[
+            ("compressor", "powersgd"),
+            ("rows", "100"),
+            ("ef", "vanilla"),
+        ]);
+        let (r0, r1) = tokio::join!(
+            a.declare("u", 30_000, bad.clone()),
+            b.declare("u", 30_000, bad)
+        );
+        for r in [r0, r1] {
+            let text = r.unwrap_err().to_string();
+            assert!(
+                text.contains("\"u\"") && text.contains("own error feedback"),
+                "{text}"
+            );
+        }
+        // The job goes on, and a fitting map declares the tensor and its P and Q tensors.
+        let (r0, r1) = declare("ok", "100", "4").await;
+        let (t0, t1) = (r0.unwrap(), r1.unwrap());
+        assert!(a.tensor("ok#powersgd.p").unwrap().len() == 400);
+        assert!(b.tensor("ok#powersgd.q").unwrap().len() == 1200);
+        let (x, y) = tokio::join!(
+            a.push_pull(&t0, vec![1.0; 30_000], Reduce::Sum),
+            b.push_pull(&t1, vec![2.0; 30_000], Reduce::Sum)
+        );
+        // Before start_iter (1000 by default): a plain float32 sum.
+        assert_eq!(x.unwrap(), vec![3.0; 30_000]);
+        assert_eq!(y.unwrap(), vec![3.0; 30_000]);
+        let names: Vec<String> = a.metrics().tensors.into_keys().collect();
+        assert_eq!(
+            names,
+            ["ok"],
+            "the P and Q tensors are counted in their owner's metrics"
+        );
+        s.finish_all().await;
+    })
+    .await
+    .expect("timed out");
+}
+
 /// A codec that corrupts its payload in one round: truncates it, or overwrites its first
 /// bytes (a top-k payload then has indices out of order or out of range).
 struct Corrupt {

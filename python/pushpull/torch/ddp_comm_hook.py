@@ -13,6 +13,10 @@ momentum) carries over; a bucket that DDP rebuilds gets a new name (see
 :meth:`PushPullHookState.name_of`). The hook starts the round and returns at once; a thread
 of this module completes the returned future when the round ends.
 
+With a PowerSGD map (``{"compressor": "powersgd", "rank": "4"}``: torch's ``powerSGD_hook``
+through pushpull's servers), each gradient of a bucket is a tensor of its own,
+``NAME.i``, compressed as its own matrix as torch's hook does.
+
 The hook hands DDP averaged gradients and never sees the optimizer. Onebit with error
 feedback does not train when those gradients feed an optimizer with state of its own (SGD
 with momentum, Adam): its state integrates the compression error. ``DistributedOptimizer``
@@ -37,6 +41,7 @@ from . import _state
 from ._declare import _check_params, _ensure_declared, declare
 from ._push_pull import _start_sums, discard_last_round
 from ._round import _Round
+from .compression import compressor_of
 
 # DDP checks a hook's annotations against these (torch built without torch.distributed has
 # no GradBucket, and no DDP either).
@@ -81,11 +86,14 @@ class PushPullHookState:
         self.params = params
         self.prefix = prefix if prefix is not None else f"DDP.{next(_states)}"
         self.bucket_names: List[str] = []
-        # The buckets hooked in the current step, and whether a result of that step came
-        # back not finite (set by the hook's thread; read at the next step's first bucket,
-        # after DDP has waited for every future of the step).
+        # The buckets hooked in the current step and their tensors, and whether a result of
+        # that step came back not finite (set by the hook's thread; read at the next step's
+        # first bucket, after DDP has waited for every future of the step).
+        self._step_buckets: List[str] = []
         self._step: List[str] = []
         self._step_non_finite = False
+        # Each bucket name's map, asked once.
+        self._maps: Dict[str, Dict[str, str]] = {}
 
     def name_of(self, bucket) -> str:
         """The tensor name of ``bucket``: ``PREFIX.bucket.INDEX.LENGTH.LAYOUT``, where LAYOUT
@@ -103,8 +111,11 @@ class PushPullHookState:
 
     def params_of(self, bucket) -> Dict[str, str]:
         """The parameter map ``bucket`` is declared with."""
-        p = self.params(bucket) if callable(self.params) else self.params
-        return dict(p or {})
+        name = self.name_of(bucket)
+        if name not in self._maps:
+            p = self.params(bucket) if callable(self.params) else self.params
+            self._maps[name] = dict(p or {})
+        return self._maps[name]
 
     def __repr__(self) -> str:
         return f"PushPullHookState(params={self.params!r}, prefix={self.prefix!r})"
@@ -186,28 +197,39 @@ def push_pull_hook(
     state = _state_of(state)
     buffer = bucket.buffer()
     name = state.name_of(bucket)
-    if state._step and (bucket.index() == 0 or name in state._step):
+    if state._step_buckets and (bucket.index() == 0 or name in state._step_buckets):
         # DDP reduces its buckets in index order: bucket 0 (or a bucket hooked again) starts
         # a new step. A step whose result was not finite somewhere was
         # skipped by every worker's loss scaler: its rounds are discarded, here and on the
         # servers, as DistributedOptimizer does.
         if state._step_non_finite:
             discard_last_round(state._step)
-        state._step, state._step_non_finite = [], False
-    state._step.append(name)
-    if name not in _state.declared:
-        declare(name, buffer, _travel_params(state.params_of(bucket), buffer),
-                priority=bucket.index())
-    if name not in state.bucket_names:
-        state.bucket_names.append(name)
-    r = _Round(name, buffer)
-    _ensure_declared(name, r, 0)
-    _start_sums([r], average=True)
+        state._step_buckets, state._step, state._step_non_finite = [], [], False
+    state._step_buckets.append(name)
+    params = _travel_params(state.params_of(bucket), buffer)
+    if compressor_of(params) == "powersgd":
+        # PowerSGD compresses each gradient as its matrix (torch's hook views each of the
+        # bucket's gradients as (shape[0], -1)): one tensor per gradient, each a view of the
+        # buffer, summed in place.
+        parts = [(f"{name}.{i}", g) for i, g in enumerate(bucket.gradients())]
+    else:
+        parts = [(name, buffer)]
+    rounds = []
+    for tname, t in parts:
+        if tname not in _state.declared:
+            declare(tname, t, params, priority=bucket.index())
+        if tname not in state.bucket_names:
+            state.bucket_names.append(tname)
+        r = _Round(tname, t)
+        _ensure_declared(tname, r, 0)
+        rounds.append(r)
+        state._step.append(tname)
+    _start_sums(rounds, average=True)
     if buffer.is_cuda:
         fut = torch.futures.Future(devices=[buffer.device])
     else:
         fut = torch.futures.Future()
-    _waiter.put(r, fut, state)
+    _waiter.put(rounds, buffer, fut, state)
     return fut
 
 
@@ -232,13 +254,14 @@ class _Waiter:
     waits for all of them at the end of the backward pass."""
 
     def __init__(self):
-        self.queue: "queue.SimpleQueue[Tuple[_Round, torch.futures.Future, PushPullHookState]]" = (
+        self.queue: "queue.SimpleQueue[Tuple[List[_Round], torch.Tensor, torch.futures.Future, PushPullHookState]]" = (  # noqa: E501
             queue.SimpleQueue()
         )
         self.thread: Optional[threading.Thread] = None
         self.lock = threading.Lock()
 
-    def put(self, r: _Round, fut: torch.futures.Future, state: PushPullHookState) -> None:
+    def put(self, rounds: List[_Round], buffer: torch.Tensor, fut: torch.futures.Future,
+            state: PushPullHookState) -> None:
         with self.lock:
             if self.thread is None or not self.thread.is_alive():  # first use, or after fork
                 self.queue = queue.SimpleQueue()
@@ -246,14 +269,17 @@ class _Waiter:
                     target=self.run, args=(self.queue,), name="pushpull-ddp-hook", daemon=True
                 )
                 self.thread.start()
-            self.queue.put((r, fut, state))
+            self.queue.put((rounds, buffer, fut, state))
 
     @staticmethod
     def run(q) -> None:
         while True:
-            r, fut, state = q.get()
+            rounds, buffer, fut, state = q.get()
             try:
-                result = r.finish()
+                results = [r.finish() for r in rounds]
+                # One round's result is the bucket (a half-precision bucket narrowed back);
+                # several are views of it (PowerSGD's gradients).
+                result = results[0] if len(rounds) == 1 else buffer
                 if not bool(torch.isfinite(result).all()):
                     state._step_non_finite = True
             except BaseException as e:  # noqa: BLE001 - handed to DDP through the future

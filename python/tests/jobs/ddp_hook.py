@@ -8,6 +8,7 @@ ddp_hook.py OUT SEED.
 * "onebit": the same model with the hook, onebit and error feedback, on a fixed dataset per
   rank; its losses, its uncompressed twin's parameters, and every bucket round's input and
   output by tensor name (a recording hook around push_pull_hook), for the Rust reference.
+* "powersgd": the same with PowerSGD, every bucket round's input, output and gradient shapes.
 * "late": the hook called on a bucket-like object (declared by a first round) while rank 1
   is 1 s late: it returns at once, its future not done, then done with the average.
 """
@@ -192,6 +193,33 @@ saved["skipped_second"] = hook_step(skipped, second)
 saved["fresh_second"] = hook_step(fresh, second)
 hook_step(kept, first)
 saved["kept_second"] = hook_step(kept, second)
+
+# 7. PowerSGD (rank 2, after 2 uncompressed steps): each gradient of a bucket is a tensor of
+# its own, its rows filled in from its shape; every bucket round recorded with the shapes.
+POWERSGD = {"compressor": "powersgd", "rank": "2", "start_iter": "2"}
+powersgd_state = bps.PushPullHookState(params=POWERSGD, prefix="powersgd")
+powersgd_rounds = []
+
+
+def recording_powersgd(state, bucket):
+    name, x = state.name_of(bucket), bucket.buffer().clone()
+    shapes = [tuple(g.shape) for g in bucket.gradients()]
+    fut = bps.push_pull_hook(state, bucket)
+
+    def record(f):
+        powersgd_rounds.append((name, shapes, x, f.value().clone()))
+        return f.value()
+
+    return fut.then(record)
+
+
+lowrank = DDP(make_model(), bucket_cap_mb=BUCKET_MB)
+lowrank.register_comm_hook(powersgd_state, recording_powersgd)
+opt_l = torch.optim.SGD(lowrank.parameters(), lr=0.5)
+saved["powersgd_loss"] = [step(lowrank, opt_l, data_x, data_y) for _ in range(ONEBIT_STEPS)]
+saved["powersgd_rounds"] = powersgd_rounds
+saved["powersgd_map"] = POWERSGD
+saved["powersgd_names"] = list(powersgd_state.bucket_names)
 
 saved["metrics"] = bps.metrics()
 torch.save(saved, os.path.join(out, f"rank{r}.pt"))
