@@ -421,11 +421,15 @@ fn json_objects(text: &str) -> Vec<(usize, &str)> {
 /// Checks a compression map: `Ok(false)` when `object` is not one (JSON of other values).
 fn check_map(object: &str) -> Result<bool, String> {
     let looks_like_one = object.contains("\"byteps_") || object.contains("\"compressor\"");
-    let map: BTreeMap<String, String> = match serde_json::from_str(object) {
+    let mut map: BTreeMap<String, String> = match serde_json::from_str(object) {
         Ok(map) => map,
         Err(e) if looks_like_one => return Err(format!("not a JSON map of strings: {e}")),
         Err(_) => return Ok(false),
     };
+    // pushpull.torch fills in a PowerSGD map's `rows` from the tensor's shape.
+    if map.get("compressor").is_some_and(|c| c == "powersgd") {
+        map.entry("rows".into()).or_insert_with(|| "64".into());
+    }
     parse_params(&map).map_err(|e| e.to_string())?;
     Ok(true)
 }
