@@ -54,7 +54,8 @@ fn parse_slack(text: &str) -> Result<f64, String> {
 
 /// The systems a sitting runs unless told otherwise.
 pub const DEFAULT_SYSTEMS: &str = "pushpull:none,pushpull:fp16,pushpull:dithering,\
-                                   pushpull:onebit,pushpull:topk,ddp:none,ddp:fp16,\
+                                   pushpull:onebit,pushpull:topk,pushpull:powersgd:1,\
+                                   pushpull:powersgd:2,pushpull:powersgd:4,ddp:none,ddp:fp16,\
                                    ddp:powersgd:1,ddp:powersgd:2,ddp:powersgd:4";
 
 /// `pushpull bench train`.

@@ -443,7 +443,7 @@ mod tests {
 
     fn catalog() -> Catalog {
         Catalog::parse(
-            r#"{"pushpull": ["none", "fp16", "dithering", "onebit", "topk"], "ddp": ["none", "fp16", "powersgd:R", "noop"]}"#,
+            r#"{"pushpull": ["none", "fp16", "dithering", "onebit", "topk", "powersgd:R"], "ddp": ["none", "fp16", "powersgd:R", "noop"]}"#,
         )
         .unwrap()
     }
@@ -468,7 +468,7 @@ mod tests {
             ("horovod:none", "unknown system \"horovod:none\""),
             (
                 "onebit",
-                "pushpull:PRESET (PRESET one of none, fp16, dithering, onebit, topk)",
+                "pushpull:PRESET (PRESET one of none, fp16, dithering, onebit, topk, powersgd:R)",
             ),
         ] {
             let e = c.system(bad).unwrap_err();
