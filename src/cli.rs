@@ -189,7 +189,7 @@ pub struct LocalArgs {
     pub job: Option<String>,
     /// Train (or run the benchmark job) with this compressor preset: none, fp16, bf16, onebit,
     /// topk, randomk, dithering, dithering-elias, minmax, or decentralised SGD's dpsgd, moniqua,
-    /// minmax-gossip (sets `[tensors.default]`; see `--param`).
+    /// minmax-gossip, minmax-direct (sets `[tensors.default]`; see `--param`).
     #[arg(long, value_name = "NAME", conflicts_with = "compare")]
     pub compressor: Option<String>,
     /// Override one key of the compressor map, e.g. `--param k=0.05` (repeatable).

@@ -39,9 +39,7 @@ use std::sync::Arc;
 use crate::chain::Compressor;
 use crate::codec::{CodecInfo, NodeIdentity};
 use crate::codecs::cast::{Cast, CastCodec};
-use crate::params::{
-    CompressorSpec, Exchange, PowerSgd, PowerSgdPlan, PowerSgdShape, PowerSgdSpec,
-};
+use crate::params::{CompressorSpec, PowerSgd, PowerSgdPlan, PowerSgdShape, PowerSgdSpec};
 use crate::registry::{build_from_spec, parse_params};
 use crate::rng::Role;
 use crate::spec::{BuildOptions, Purpose};
@@ -309,7 +307,7 @@ fn chunk_spec(
         .map_err(|_| format!("chunk of {} elements is too large", info.chunk_len))?;
     let full = usize::try_from(info.full_chunk_len.max(info.chunk_len))
         .map_err(|_| format!("chunk of {} elements is too large", info.full_chunk_len))?;
-    let gossip = spec.exchange == Exchange::Gossip;
+    let gossip = spec.exchange.is_gossip();
     let who = NodeIdentity {
         job_seed: info.job_seed,
         key: info.key,

@@ -66,6 +66,27 @@ pub enum Exchange {
     /// bf16, minmax, moniqua) and no error feedback or momentum; the workers' rounding draws
     /// are shared (the same for every rank).
     Gossip,
+    /// `gossip_direct`: the direct (naive) quantised averaging of Moniqua's equation 4,
+    /// `x_i W_ii + Σ_{j≠i} W_ij Q(x_j)`: as `gossip`, but each worker keeps its own exact
+    /// model in place of its own message's decoding (`x_i + Σ_j W_ij (x̂_j − x_i)`). The
+    /// scheme Theorem 1 shows stalling at a floor of `φ²δ²/(8(1+φ²))`; a baseline.
+    GossipDirect,
+}
+
+impl Exchange {
+    /// Whether a round averages models with the graph neighbours (either gossip form).
+    pub fn is_gossip(self) -> bool {
+        self != Exchange::PushPull
+    }
+
+    /// The `exchange` value that names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Exchange::PushPull => "push_pull",
+            Exchange::Gossip => "gossip",
+            Exchange::GossipDirect => "gossip_direct",
+        }
+    }
 }
 
 impl PartialEq for CompressorSpec {
@@ -136,8 +157,8 @@ impl CompressorSpec {
         if self.intra != IntraCodec::None {
             m.insert("intra_compressor".into(), self.intra.name().into());
         }
-        if self.exchange == Exchange::Gossip {
-            m.insert("exchange".into(), "gossip".into());
+        if self.exchange.is_gossip() {
+            m.insert("exchange".into(), self.exchange.name().into());
         }
         m
     }

@@ -6,7 +6,9 @@
 //! (the moniqua codec's reference), decodes this worker's own message the same way (the paper's
 //! `x̂_i`, re-encoded here: encoding is deterministic in the round, and shared rounding draws
 //! make it the same on every worker), and writes
-//! `x + Σ_j W_ij (x̂_j − x̂_i)` ([`pushpull_kernels::gossip::average_step`]). A call that does
+//! `x + Σ_j W_ij (x̂_j − x̂_i)` ([`pushpull_kernels::gossip::average_step`]); with
+//! `exchange = "gossip_direct"` (Moniqua's equation 4) its own exact `x` stands for `x̂_i`,
+//! which is `W_ii x + Σ_{j≠i} W_ij x̂_j`. A call that does
 //! not fit how its tensor is exchanged is refused first ([`check_exchange`]). The gradient
 //! bound of `theta_schedule = bound` is in `crate::gradient_bound`.
 
@@ -19,22 +21,35 @@ use crate::core::RoundKind;
 use crate::error::{DataError, WorkerError};
 use crate::tensor::TensorInner;
 
-/// A tensor's gossip row on worker `rank`: its neighbours `j` and weights `W[rank][j]`,
-/// ascending, when its map says `exchange = "gossip"`; `None` for a summed tensor.
+/// A gossip tensor's row of the mixing matrix on this worker, and how it averages.
+pub(crate) struct GossipRow {
+    /// The neighbours `j` and weights `W[rank][j]`, ascending.
+    pub(crate) neighbours: Vec<(u32, f64)>,
+    /// `exchange = "gossip_direct"` (Moniqua's equation 4): the worker's own exact values
+    /// stand where its own message's decoding stands in `gossip`.
+    pub(crate) direct: bool,
+}
+
+/// A tensor's gossip row on worker `rank` when its map says `exchange = "gossip"` or
+/// `"gossip_direct"`; `None` for a summed tensor.
 pub(crate) fn row(
     config: &Config,
     rank: u32,
     params: &ParamMap,
-) -> Result<Option<Vec<(u32, f64)>>, String> {
-    if !pushpull_kernels::is_gossip(params) {
-        return Ok(None);
-    }
+) -> Result<Option<GossipRow>, String> {
+    let exchange = match pushpull_kernels::parse_params(params) {
+        Ok(s) if s.exchange.is_gossip() => s.exchange,
+        _ => return Ok(None),
+    };
     let graph = config.gossip.graph(&config.cluster)?;
-    graph
+    let neighbours = graph
         .into_iter()
         .nth(rank as usize)
-        .map(Some)
-        .ok_or_else(|| format!("rank {rank} is not a worker of the gossip graph"))
+        .ok_or_else(|| format!("rank {rank} is not a worker of the gossip graph"))?;
+    Ok(Some(GossipRow {
+        neighbours,
+        direct: exchange == pushpull_kernels::Exchange::GossipDirect,
+    }))
 }
 
 /// Chunk `index` of a gossip round: `slice` holds this worker's values `x` and receives the
@@ -64,7 +79,8 @@ pub(crate) fn average_gossip(
     codec
         .compress(&x, &ctx, &mut mine)
         .map_err(|e| DataError::from(e).during("encoding this worker's own message"))?;
-    let parts = split_gossip_result(payload, row.len(), mine.len()).map_err(DataError::Mismatch)?;
+    let parts = split_gossip_result(payload, row.neighbours.len(), mine.len())
+        .map_err(DataError::Mismatch)?;
     let ctx = ctx.with_reference(&x);
     let decode = |bytes: &[u8], from: String| -> Result<Vec<f32>, DataError> {
         let mut v = vec![0.0f32; x.len()];
@@ -73,13 +89,20 @@ pub(crate) fn average_gossip(
             .map_err(|e| DataError::from(e).during(format!("decoding {from}'s message")))?;
         Ok(v)
     };
-    let own = decode(&mine, "this worker".into())?;
+    // Equation 4 keeps this worker's exact values; Algorithm 1 its own message's decoding.
+    let own = if row.direct {
+        x.clone()
+    } else {
+        decode(&mine, "this worker".into())?
+    };
     let theirs = row
+        .neighbours
         .iter()
         .zip(parts)
         .map(|(&(j, _), bytes)| decode(bytes, format!("worker {j}")))
         .collect::<Result<Vec<_>, _>>()?;
     let neighbours: Vec<(f64, &[f32])> = row
+        .neighbours
         .iter()
         .zip(&theirs)
         .map(|(&(_, w), v)| (w, &v[..]))

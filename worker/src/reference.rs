@@ -26,7 +26,8 @@
 //! [`Reference::gossip`] plays a round of decentralised averaging (`exchange = "gossip"`):
 //! every rank encodes its slice with its chain, and every rank decodes its own message and
 //! its neighbours' (the cluster's `[gossip]` mixing matrix) against its own values and
-//! averages them ([`pushpull_kernels::gossip::average_step`]); no server takes part.
+//! averages them ([`pushpull_kernels::gossip::average_step`]; with `exchange =
+//! "gossip_direct"` against its own values in place of its own message); no server takes part.
 //!
 //! Tests compare a cluster's pulled results with it, and the built-in benchmark job checks
 //! every round against it.
@@ -229,7 +230,10 @@ impl Reference {
         if inputs.len() != w || inputs.iter().any(|x| x.len() != len) {
             return Err(format!("{w} inputs of {len} elements needed"));
         }
-        if !pushpull_kernels::is_gossip(&state.placement.params) {
+        let exchange = pushpull_kernels::parse_params(&state.placement.params)
+            .map_or(pushpull_kernels::Exchange::PushPull, |s| s.exchange);
+        let direct = exchange == pushpull_kernels::Exchange::GossipDirect;
+        if !exchange.is_gossip() {
             return Err(format!(
                 "tensor {:?} is summed: its map needs exchange = \"gossip\"",
                 state.placement.name
@@ -279,7 +283,12 @@ impl Reference {
                         .map_err(|e| what(i, e))?;
                     Ok(v)
                 };
-                let own = decode(&payloads[i])?;
+                // Equation 4 (`gossip_direct`) keeps the rank's exact values.
+                let own = if direct {
+                    x.to_vec()
+                } else {
+                    decode(&payloads[i])?
+                };
                 let theirs = graph[i]
                     .iter()
                     .map(|&(j, wij)| Ok((wij, decode(&payloads[j as usize])?)))

@@ -69,7 +69,7 @@ pub(crate) struct TensorInner {
     pub(crate) round_clock: RoundClock,
     /// A gossip tensor's neighbours of this worker and their weights `W[rank][j]`, ascending
     /// (`None`: a tensor summed by push_pull).
-    pub(crate) gossip: Option<Vec<(u32, f64)>>,
+    pub(crate) gossip: Option<crate::gossip::GossipRow>,
     /// The gradient bound of moniqua's `theta_schedule = bound` (gossip tensors).
     pub(crate) bound: GradientBound,
     /// A tensor PowerSGD compresses: its P and Q tensors and its state (`None` otherwise).

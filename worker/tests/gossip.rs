@@ -1,7 +1,8 @@
 //! Decentralised averaging (`exchange = "gossip"`, Moniqua's Algorithm 1) through the real
 //! scheduler and servers, which relay each worker's neighbours' messages: bit for bit against
 //! the single-process reference ([`Reference::gossip`]) for full precision, Moniqua and naive
-//! min-max messages; full precision also against a plain f64 average written here. Calls that
+//! min-max messages, and the direct form of Moniqua's equation 4 (`gossip_direct`); full
+//! precision also against a plain f64 average written here. Calls that
 //! do not fit a tensor's exchange are refused, and a vanished neighbour is named.
 
 use std::time::Duration;
@@ -61,6 +62,21 @@ fn maps() -> Vec<(&'static str, Vec<(&'static str, &'static str)>)> {
                 ("exchange", "gossip"),
             ],
         ),
+        // Moniqua's equation 4, the direct (naive) form: the same messages, each worker's own
+        // exact values in place of its own message's decoding.
+        (
+            "none-direct",
+            vec![("compressor", "none"), ("exchange", "gossip_direct")],
+        ),
+        (
+            "minmax-direct",
+            vec![
+                ("compressor", "minmax"),
+                ("bits", "2"),
+                ("bucket", "512"),
+                ("exchange", "gossip_direct"),
+            ],
+        ),
     ]
 }
 
@@ -86,6 +102,11 @@ fn spread(xs: &[Vec<f32>]) -> f32 {
                 .fold(0.0, f32::max)
         })
         .fold(0.0, f32::max)
+}
+
+/// What tensor `name` pushed (worker 0) of the list `(name, bytes, chunks)`.
+fn bytes_of(pushed: &[(&str, u64, u64)], name: &str) -> u64 {
+    pushed.iter().find(|p| p.0 == name).map(|p| p.1).unwrap()
 }
 
 fn tweak(c: &mut Config) {
@@ -177,14 +198,25 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
                     .map(Result::unwrap)
                     .collect();
                 let want = reference.gossip(rt, &xs).unwrap();
+                if name == "minmax-direct" && round == 0 {
+                    // The difference form of the same messages gives other bits.
+                    let twin = maps().into_iter().find(|m| m.0 == "minmax").unwrap().1;
+                    let mut other = Reference::new(&s.config, s.workers[0].job_seed());
+                    let t = other.declare("minmax", LEN as u64, map(&twin)).unwrap();
+                    let diff = other.gossip(t, &xs).unwrap();
+                    assert!(
+                        !same_bits(&diff[0], &want[0]),
+                        "seed {seed}: the forms agree"
+                    );
+                }
                 for (r, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         same_bits(g, w),
                         "seed {seed}: {name} round {round} rank {r} differs from the reference"
                     );
                 }
-                if name == "none" {
-                    // x_i + Σ_j W_ij (x_j − x_i), in f64.
+                if name.starts_with("none") {
+                    // x_i + Σ_j W_ij (x_j − x_i), in f64 (both forms, messages exact).
                     for (i, g) in got.iter().enumerate() {
                         for e in (0..LEN).step_by(97) {
                             let xi = xs[i][e] as f64;
@@ -215,7 +247,7 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
             // in [−50, 50]: more than these models differ by, so they need not contract.)
             let after = spread(&xs);
             println!("{name}: spread {before} -> {after} after 3 rounds");
-            if name == "none" {
+            if name.starts_with("none") {
                 assert!(
                     after < 0.5 * before,
                     "seed {seed}: {name}: {before} -> {after}"
@@ -228,6 +260,11 @@ async fn a_ring_gossips_bit_for_bit_like_the_reference() {
             assert_eq!(m1.bytes_pulled, 2 * m1.bytes_pushed, "{name}: {m1:?}");
             pushed.push((name, m0.bytes_pushed, ts[0].num_chunks() as u64));
         }
+        // The direct form pushed what the difference form did (the same messages).
+        assert_eq!(
+            bytes_of(&pushed, "minmax-direct"),
+            bytes_of(&pushed, "minmax")
+        );
         // With θ from the bound each message carries its sender's B_θ: 8 bytes a chunk more.
         let bytes = |n: &str| pushed.iter().find(|p| p.0 == n).copied().unwrap();
         let ((_, fixed, chunks), (_, bound, _)) = (bytes("moniqua"), bytes("moniqua-bound"));

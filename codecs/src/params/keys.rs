@@ -70,9 +70,11 @@ pub const KEYS: &[KeyInfo] = &[
         name: "exchange",
         aliases: &[],
         applies_to: "none, fp16, bf16, minmax, moniqua (gossip); all (push_pull)",
-        values: "push_pull (summed through the servers) or gossip (model parameters averaged \
+        values: "push_pull (summed through the servers), gossip (model parameters averaged \
                  with the neighbours of the cluster's [gossip] mixing matrix, relayed by the \
-                 servers; no ef or momentum)",
+                 servers; no ef or momentum: x_i + sum_j W_ij (x^_j - x^_i)), or gossip_direct \
+                 (the same messages averaged as Moniqua's equation 4, the naive scheme: \
+                 W_ii x_i + sum_j W_ij x^_j)",
         default: "push_pull",
     },
     KeyInfo {

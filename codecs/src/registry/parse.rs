@@ -15,7 +15,7 @@ use crate::spec::{Keys, Spellings};
 /// Whether a tensor with map `params` is gossiped (`exchange = "gossip"`); a map the codecs
 /// refuse is not (its codec's factory names what is wrong).
 pub fn is_gossip(params: &BTreeMap<String, String>) -> bool {
-    parse_params(params).is_ok_and(|s| s.exchange == Exchange::Gossip)
+    parse_params(params).is_ok_and(|s| s.exchange.is_gossip())
 }
 
 fn known_keys() -> String {
@@ -58,6 +58,7 @@ const INTRAS: Spellings<IntraCodec> = &[
 const EXCHANGES: Spellings<Exchange> = &[
     (&["push_pull"], Exchange::PushPull),
     (&["gossip"], Exchange::Gossip),
+    (&["gossip_direct"], Exchange::GossipDirect),
 ];
 
 /// Parses and validates a parameter map (see the crate docs for the table of keys).
@@ -161,9 +162,9 @@ pub fn parse_params(params: &BTreeMap<String, String>) -> Result<CompressorSpec>
         "exchange",
         EXCHANGES,
         Exchange::PushPull,
-        "expected push_pull or gossip",
+        "expected push_pull, gossip or gossip_direct",
     )?;
-    if exchange == Exchange::Gossip {
+    if exchange.is_gossip() {
         let (k, v) = r.get("exchange").expect("gossip came from the map");
         if !codec.kind().fixed_size {
             return Err(KernelError::NotApplicable {

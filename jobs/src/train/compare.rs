@@ -14,7 +14,8 @@
 //! | `minmax` | `compressor=minmax bits=8 bucket=512` |
 //! | `dpsgd` | `compressor=none exchange=gossip`: decentralised SGD, full-precision models averaged with the graph neighbours (the baseline of the next two) |
 //! | `moniqua` | `compressor=moniqua theta=1 theta_schedule=lr bits=2 exchange=gossip`: Moniqua (θ = the step's learning rate, the paper's θ ∝ α; stochastic rounding, shared draws) |
-//! | `minmax-gossip` | `compressor=minmax bits=2 bucket=512 exchange=gossip`: naive quantised averaging (Moniqua's equation 4: min-max per bucket, no modulo) |
+//! | `minmax-gossip` | `compressor=minmax bits=2 bucket=512 exchange=gossip`: quantised differences without the modulo (min-max per bucket; `x_i + Σ_j W_ij (Q(x_j) − Q(x_i))`, the rounding draws shared) |
+//! | `minmax-direct` | `compressor=minmax bits=2 bucket=512 exchange=gossip_direct`: the naive direct quantisation of Moniqua's equation 4 (`W_ii x_i + Σ_j W_ij Q(x_j)`), which its Theorem 1 shows stalling |
 //!
 //! The gossip presets run decentralised SGD (see the [module docs](super)) over the cluster's
 //! `[gossip]` graph (a ring by default).
@@ -43,6 +44,7 @@ pub const PRESETS: &[&str] = &[
     "dpsgd",
     "moniqua",
     "minmax-gossip",
+    "minmax-direct",
 ];
 
 /// The row name of the logistic-regression baseline.
@@ -100,6 +102,12 @@ pub fn preset(name: &str) -> Result<BTreeMap<String, String>, String> {
             ("bits", "2"),
             ("bucket", "512"),
             ("exchange", "gossip"),
+        ],
+        "minmax-direct" => &[
+            ("compressor", "minmax"),
+            ("bits", "2"),
+            ("bucket", "512"),
+            ("exchange", "gossip_direct"),
         ],
         other => {
             return Err(format!(
@@ -461,7 +469,9 @@ mod tests {
             // A preset is named after its compressor (and, after a dash, its variant);
             // decentralised SGD's full-precision baseline after its algorithm.
             let map = preset(p).unwrap();
-            let gossip = map.get("exchange").map(String::as_str) == Some("gossip");
+            let gossip = map
+                .get("exchange")
+                .is_some_and(|e| e == "gossip" || e == "gossip_direct");
             let codec = if *p == "dpsgd" {
                 "none"
             } else {
@@ -470,7 +480,7 @@ mod tests {
             assert_eq!(map["compressor"], codec, "{p}");
             assert_eq!(
                 gossip,
-                ["dpsgd", "moniqua", "minmax-gossip"].contains(p),
+                ["dpsgd", "moniqua", "minmax-gossip", "minmax-direct"].contains(p),
                 "{p}"
             );
         }

@@ -31,8 +31,8 @@
 //! accuracy is the same on every rank.
 //!
 //! # Decentralised SGD (the maps say `exchange = "gossip"`)
-//! When every parameter's map says `exchange = "gossip"` (the presets `dpsgd`, `moniqua`,
-//! `minmax-gossip`), the loop is D-PSGD in the order of Moniqua's Algorithm 1: each worker
+//! When every parameter's map says `exchange = "gossip"` or `"gossip_direct"` (the presets
+//! `dpsgd`, `moniqua`, `minmax-gossip`, `minmax-direct`), the loop is D-PSGD in the order of Moniqua's Algorithm 1: each worker
 //! keeps its own model `x_i`; rank 0's initial model is broadcast; each step computes the
 //! gradient `g_i` at `x_i` on the worker's own batch, gossips the model
 //! (`x_i ← x_i + Σ_j W_ij (x̂_j − x̂_i)` with the neighbours of the cluster's `[gossip]` mixing
