@@ -10,7 +10,8 @@
 //! round of the P tensor, the local Q (`PowerSgd::middle`) as a round of the Q tensor, and the
 //! result (`PowerSgd::finish`). Every worker runs the same rounds in the same order, and sums
 //! are the servers' rank-order sums, so every worker gets the same bits, the bits of
-//! `crate::reference::Reference`. The buffers must be host memory.
+//! `crate::reference::Reference`. A device's buffer is copied to the host and its result back;
+//! the copies and the products run on the blocking pool, off the runtime's threads.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -88,20 +89,30 @@ impl Worker {
                 name: tensor.name().to_string(),
                 message: e.to_string(),
             };
-            let (data, input) = off_runtime(data, |d| d.whole_input()).await?;
-            let input = input.map_err(device)?;
-            let p = state.begin(&input);
+            // The copies (a device's waits for it) and the products run on the blocking pool.
+            let (held, begun) = off_runtime((state, data), |(state, data)| {
+                let input = data.whole_input()?;
+                let p = state.begin(&input);
+                Ok::<_, DataError>((input, p))
+            })
+            .await?;
+            let (input, p) = begun.map_err(device)?;
             let sum = RoundKind::Sum { average: false };
             let p = worker.submit_round(&low.p, HostData(p), sum).await?.0;
-            let q = state.middle(&p);
+            let (state, data) = held;
+            let (state, q) = off_runtime(state, move |state| state.middle(&p)).await?;
             let q = worker.submit_round(&low.q, HostData(q), sum).await?.0;
-            let mut out = input;
+            let workers = worker.num_workers();
+            let ((_, data), finished) = off_runtime((state, data), move |(state, data)| {
+                let mut out = input;
+                let finite = state.finish(&q, workers, average, &mut out);
+                data.set_whole_output(&out).map(|()| finite)
+            })
+            .await?;
             let t = &tensor.inner;
-            if !state.finish(&q, worker.num_workers(), average, &mut out) {
+            if !finished.map_err(device)? {
                 t.rounds_non_finite.fetch_add(1, Ordering::Relaxed);
             }
-            let (data, written) = off_runtime(data, move |d| d.set_whole_output(&out)).await?;
-            written.map_err(device)?;
             t.rounds_done.fetch_add(1, Ordering::Relaxed);
             t.round_clock.observe(started.elapsed());
             Ok(data)
@@ -110,16 +121,16 @@ impl Worker {
     }
 }
 
-/// `f(data)` on the blocking pool (a device's copy waits for the device): `data` and what `f`
-/// gave.
-async fn off_runtime<R: RoundData, T: Send + 'static>(
-    mut data: R,
-    f: impl FnOnce(&mut R) -> T + Send + 'static,
-) -> Result<(R, T), WorkerError> {
+/// `f(&mut value)` on the blocking pool (a device's copy waits for the device; the products
+/// take milliseconds): `value` back and what `f` gave.
+async fn off_runtime<V: Send + 'static, T: Send + 'static>(
+    mut value: V,
+    f: impl FnOnce(&mut V) -> T + Send + 'static,
+) -> Result<(V, T), WorkerError> {
     tokio::task::spawn_blocking(move || {
-        let t = f(&mut data);
-        (data, t)
+        let t = f(&mut value);
+        (value, t)
     })
     .await
-    .map_err(|e| WorkerError::Internal(format!("a PowerSGD copy failed: {e}")))
+    .map_err(|e| WorkerError::Internal(format!("a PowerSGD step's work failed: {e}")))
 }
