@@ -117,6 +117,16 @@ def test_byteps_and_horovod_calls_match_the_references(pushpull, seed, tmp_path)
         assert same_bits(s["hvd_avg"], hsum / np.float32(n))
         assert same_bits(s["hvd_avg_old"], hsum / np.float32(n))
         assert same_bits(s["hvd_sum"], hsum)
+        assert same_bits(s["hvd_min"], np.minimum.reduce(h))
+        assert same_bits(s["hvd_max"], np.maximum.reduce(h))
+        want = h[0][:64].copy()
+        for x in h[1:]:
+            want = want * x[:64]  # float32, in rank order as torch.prod
+        assert np.allclose(s["hvd_prod"].numpy(), want, rtol=1e-6, atol=0)
+        ints = [t["hvd_ints_in"].numpy() for t in ranks]
+        assert np.array_equal(s["hvd_imax"][0].numpy(), np.maximum.reduce(ints))
+        assert np.array_equal(s["hvd_imax"][1].numpy(), np.maximum.reduce(ints)[0])
+        assert np.array_equal(s["hvd_iprod"].numpy(), np.prod(np.stack(ints), axis=0))
         assert same_bits(s["hvd_inplace"], hsum)
         assert same_bits(s["hvd_async"], hsum / np.float32(n))
         assert same_bits(s["hvd_async_"], hsum * np.float32(0.5))

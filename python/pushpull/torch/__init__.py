@@ -84,7 +84,8 @@ BytePS and Horovod scripts
     ``declare(name, **kwargs)``, ``version``, ``compression``, ``prefix``, ``suspend`` /
     ``resume``, :class:`DistributedOptimizer`'s ``set_backward_passes_per_step``,
     ``pushpull.torch.parallel.DistributedDataParallel``) and Horovod's spellings
-    (:func:`allreduce` and its forms with ``op=Average`` / ``Sum``, :func:`allgather`,
+    (:func:`allreduce` and its forms with ``op=Average`` / ``Sum``, and ``Min`` / ``Max`` /
+    ``Product`` reduced from an allgather, :func:`allgather`,
     :func:`broadcast_`, :func:`broadcast_object`, :func:`join`, :func:`barrier`). Where
     pushpull cannot do what they do, the call says so instead of ignoring an argument:
     ``version`` and ``staleness`` other than 0 raise ``ValueError`` (rounds are synchronous),
@@ -182,7 +183,10 @@ from .horovod import (
     Average,
     HorovodInternalError,
     HostsUpdatedInterrupt,
+    Max,
+    Min,
     ProcessSet,
+    Product,
     Sum,
     allgather,
     allgather_async,
@@ -208,8 +212,11 @@ __all__ = [
     "DistributedOptimizer",
     "HorovodInternalError",
     "HostsUpdatedInterrupt",
+    "Max",
+    "Min",
     "NodeLostError",
     "ProcessSet",
+    "Product",
     "PushPullError",
     "PushPullHookState",
     "Sum",

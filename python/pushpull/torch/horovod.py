@@ -1,5 +1,6 @@
 """Horovod's spellings in :mod:`pushpull.torch` (``import pushpull.torch as hvd`` works for
-these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum``,
+these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``Sum`` (and
+``Min`` / ``Max`` / ``Product``, reduced from an allgather),
 ``grouped_allreduce(_)``, ``allgather``, ``allgather_object``, ``join`` and ``barrier``, each
 a thin name over the rounds of
 ``pushpull/torch/_push_pull.py``; ``process_set=`` on each (the global set only:
@@ -26,6 +27,7 @@ from ._push_pull import (
     synchronize,
 )
 from ._round import _CONVERTIBLE, _INTEGER, _Round
+from . import _state
 from ._state import _check_running, _w, rank, size
 from .compression import Compression, _Compressor
 from .._native import PushPullError
@@ -36,6 +38,17 @@ from .._native import PushPullError
 Average = 0
 Sum = 1
 Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+# The ops reduced from an allgather of every worker's tensor (the servers only sum): each
+# one's name and its reduction over the gathered dimension.
+_BY_GATHER = {
+    Min: ("Min", lambda g: torch.amin(g, dim=0)),
+    Max: ("Max", lambda g: torch.amax(g, dim=0)),
+    Product: ("Product", lambda g: torch.prod(g, dim=0)),
+}
 
 
 # Horovod's exceptions. Every pushpull failure raises PushPullError (NodeLostError when the job
@@ -95,7 +108,34 @@ def _average_of(op, average, fn: str) -> bool:
         return True
     if op == Sum:
         return False
-    raise ValueError(f"{fn}: op = {op!r}: pushpull reduces with Average or Sum (Adasum is not supported)")
+    raise ValueError(f"{fn}: op = {op!r}: pushpull reduces with Average, Sum, Min, Max or "
+                     "Product (Adasum is not supported)")
+
+
+def _gathered_async(fn: str, tensor: torch.Tensor, op: int, name: Optional[str],
+                    target: Optional[torch.Tensor], prescale: float, postscale: float) -> int:
+    """``op`` (Min, Max or Product) of every worker's ``tensor``: an :func:`allgather_async`
+    of it (each worker's values carried as they are: exact for integers below 2**24 and for
+    float32, float16 and bfloat16; float64 through float32), reduced on this worker at
+    :func:`synchronize` into ``target`` (the caller's tensor) or a new tensor of its dtype."""
+    label, reduce = _BY_GATHER[op]
+    if prescale != 1.0 or postscale != 1.0:
+        raise ValueError(f"{fn}: prescale_factor = {prescale}, postscale_factor = {postscale}: "
+                         f"scale factors apply to Average and Sum, not {label}")
+    x = tensor.detach()
+    h = allgather_async(x.reshape(1, *x.shape),
+                        name=name if name is not None else _new_name(f"allreduce.{label}"))
+
+    def then(gathered, shape=x.shape, dtype=x.dtype):
+        reduced = reduce(gathered).to(dtype).reshape(shape)
+        if target is None:
+            return reduced
+        with torch.no_grad():
+            target.copy_(reduced)
+        return target
+
+    _state.handles[h].then = then
+    return h
 
 
 def _check_scales(fn: str, tensor: torch.Tensor, prescale: float, postscale: float) -> None:
@@ -124,8 +164,15 @@ def allreduce_async_(
     call that raises leaves it unchanged. The scaling is done in the float32 the round works
     in: float16 and bfloat16 tensors are widened first (the product rounded once, to float32,
     not to the tensor's dtype), float64 tensors are scaled in float64 and then rounded to
-    float32. ``process_set``: the global set only (:class:`ProcessSet`)."""
+    float32. ``process_set``: the global set only (:class:`ProcessSet`).
+
+    ``Min``, ``Max`` and ``Product`` gather every worker's tensor (:func:`allgather`, exact in
+    the tensor's dtype but for float64, carried as float32) and reduce it here: one round of
+    ``size()`` times the tensor, without scale factors."""
     _check_process_set(process_set, "allreduce_async_")
+    if op in _BY_GATHER and average is None:
+        return _gathered_async("allreduce_async_", tensor, op, name, tensor, prescale_factor,
+                               postscale_factor)
     avg = _average_of(op, average, "allreduce_async_")
     _check_scales("allreduce_async_", tensor, prescale_factor, postscale_factor)
     name = name if name is not None else _new_name("allreduce")
@@ -156,6 +203,9 @@ def allreduce_async(
     """Horovod's async allreduce, out of place: :func:`allreduce_async_` of a copy of
     ``tensor`` (which is not modified); :func:`synchronize` returns the result."""
     _check_process_set(process_set, "allreduce_async")
+    if op in _BY_GATHER and average is None:
+        return _gathered_async("allreduce_async", tensor, op, name, None, prescale_factor,
+                               postscale_factor)
     return allreduce_async_(
         tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor
     )
@@ -192,8 +242,12 @@ def allreduce(
     """Horovod's allreduce: :func:`push_pull` (a new tensor, gradients flow back) with ``op``
     (``Average``, the default, or ``Sum``) or the deprecated ``average``, ``compression`` as in
     :func:`push_pull_async_inplace`, and the scale factors of :func:`allreduce_async_`;
-    ``process_set``: the global set only."""
+    ``process_set``: the global set only. ``Min``, ``Max`` and ``Product`` as in
+    :func:`allreduce_async_` (their result has no autograd graph)."""
     _check_process_set(process_set, "allreduce")
+    if op in _BY_GATHER and average is None:
+        return synchronize(_gathered_async("allreduce", tensor, op, name, None,
+                                           prescale_factor, postscale_factor))
     avg = _average_of(op, average, "allreduce")
     _check_scales("allreduce", tensor, prescale_factor, postscale_factor)
     x = tensor * prescale_factor if prescale_factor != 1.0 else tensor
@@ -214,10 +268,17 @@ def grouped_allreduce_(
     ``tensors`` started together as one group (:func:`push_pull_group_inplace`: the chunks
     leave in the tensors' priority order on every worker), named ``NAME.0``, ``NAME.1``, ...;
     returns the tensors. ``op`` and ``average`` as in :func:`allreduce_`; the scale factors
-    (floating tensors only) multiply each tensor in its own dtype."""
+    (floating tensors only) multiply each tensor in its own dtype. ``Min``, ``Max`` and
+    ``Product`` reduce each tensor as :func:`allreduce_async_` does."""
     _check_process_set(process_set, "grouped_allreduce_")
-    avg = _average_of(op, average, "grouped_allreduce_")
     tensors = list(tensors)
+    if op in _BY_GATHER and average is None:
+        base = name if name is not None else _new_name("grouped_allreduce")
+        handles = [_gathered_async("grouped_allreduce_", t, op, f"{base}.{i}", t,
+                                   prescale_factor, postscale_factor)
+                   for i, t in enumerate(tensors)]
+        return [synchronize(h) for h in handles]
+    avg = _average_of(op, average, "grouped_allreduce_")
     for t in tensors:
         _check_scales("grouped_allreduce_", t, prescale_factor, postscale_factor)
     base = name if name is not None else _new_name("grouped_allreduce")

@@ -107,6 +107,22 @@ saved["hvd_async_"] = bps.synchronize(bps.allreduce_async_(y, name="hvd.async_",
                                                            postscale_factor=0.5)).clone()
 assert torch.equal(h_in, saved["hvd_in"])
 expect("adasum", ValueError, "op = 2", "Adasum")(lambda: bps.allreduce(h_in, op=bps.Adasum))
+# Min, Max and Product: float32 (out of place, async) and int64 (in place, grouped).
+saved["hvd_min"] = bps.allreduce(h_in, name="hvd.min", op=bps.Min)
+saved["hvd_max"] = bps.synchronize(bps.allreduce_async(h_in, name="hvd.max", op=bps.Max))
+saved["hvd_prod"] = bps.allreduce(h_in[:64], name="hvd.prod", op=bps.Product)
+ints = torch.randint(-1000, 1000, (7, 3), generator=gen, dtype=torch.int64)
+saved["hvd_ints_in"] = ints.clone()
+i2 = [ints.clone(), ints[0].clone()]
+imax = bps.grouped_allreduce_(i2, name="hvd.imax", op=bps.Max)
+assert imax[0] is i2[0] and imax[0].dtype == torch.int64
+saved["hvd_imax"] = i2
+y = ints.clone()
+assert bps.allreduce_(y, name="hvd.iprod", op=bps.Product) is y
+saved["hvd_iprod"] = y
+assert torch.equal(h_in, saved["hvd_in"])
+expect("min with a scale", ValueError, "scale factors", "Min")(
+    lambda: bps.allreduce(h_in, op=bps.Min, postscale_factor=2.0))
 expect("op and average", ValueError, "not both")(
     lambda: bps.allreduce(h_in, average=True, op=bps.Sum))
 
