@@ -310,6 +310,27 @@ def test_buckets_follow_the_backward_order_the_cap_and_the_groups():
     assert _buckets([], [], 100) == []
 
 
+def test_horovods_groups_make_the_buckets():
+    """``num_groups`` splits the parameters in order into equal runs (the first ones longer),
+    ``groups`` makes each list a bucket and each other parameter its own; both split at a
+    change of parameter group; bad values are refused naming the argument."""
+    from pushpull.torch.optimizer import _horovod_buckets
+
+    ps = [torch.zeros(1) for _ in range(5)]
+    one = [0] * 5
+    assert _horovod_buckets(ps, one, 0, None) is None
+    assert _horovod_buckets(ps, one, 2, None) == [[2, 1, 0], [4, 3]]
+    assert _horovod_buckets(ps, one, 0, 5) == [[0], [1], [2], [3], [4]]
+    assert _horovod_buckets(ps, one, 9, None) == [[0], [1], [2], [3], [4]]
+    assert _horovod_buckets(ps, one, 0, [[ps[3], ps[0]], [ps[4]]]) == [[3, 0], [4], [1], [2]]
+    assert _horovod_buckets(ps, [0, 0, 1, 1, 1], 1, None) == [[1, 0], [4, 3, 2]]
+    for args, what in [((-1, None), "num_groups"), ((0, "x"), "groups"),
+                       ((0, [[ps[0]], [ps[0]]]), "one group only"),
+                       ((0, [[torch.zeros(1)]]), "not a parameter")]:
+        with pytest.raises(ValueError, match=what):
+            _horovod_buckets(ps, one, *args)
+
+
 def test_average_auto_leaves_the_gradients_only_where_they_train():
     """``average="auto"``: onebit or top-k with error feedback under Adam or AdamW averages
     the momentum, under SGD with momentum or AMSGrad the updates; plain SGD (the RFC's recipe:

@@ -19,7 +19,7 @@ from . import _average, _state
 from ._push_pull import _start_sums
 from ._round import _Round
 from ._state import _w, size
-from .horovod import _average_of
+from .horovod import _average_of, _check_process_set
 from .compression import Compression, _Compressor, _UserCompressor, check_compression
 
 
@@ -42,6 +42,58 @@ def _own_momentum(group: Mapping) -> Optional[str]:
     if "betas" in group:
         return f"betas={tuple(group['betas'])}"
     return None
+
+
+def _horovod_buckets(params: Sequence[torch.Tensor], groups: Sequence[int],
+                     num_groups: int, explicit) -> Optional[List[List[int]]]:
+    """Horovod's explicit grouping as buckets of entries ``0..n`` (``params[k]`` is entry k's
+    parameter), or None without it: ``num_groups`` G > 0 splits the entries, in order, into G
+    runs of equal count (the first ones one longer, Horovod's ``split_list``); ``explicit``
+    (Horovod's ``groups``: an int, as ``num_groups``, or lists of parameters) makes each list a
+    bucket and every parameter in none a bucket of its own. A bucket is split further where
+    the parameter group changes (one learning rate per bucket). Each bucket lists its entries
+    in backward order, the last first, as :func:`_buckets` does."""
+    if isinstance(explicit, bool) or not (explicit is None or isinstance(explicit, (int, list))):
+        raise ValueError(f"groups = {explicit!r}: expected a number of groups or a list of "
+                         "lists of parameters (Horovod's groups)")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+        raise ValueError(f"num_groups = {num_groups!r}: expected a whole number >= 0")
+    if isinstance(explicit, int):
+        num_groups, explicit = max(num_groups, explicit), None
+    n = len(params)
+    if explicit is None and num_groups == 0:
+        return None
+    if explicit is None:
+        g = min(num_groups, n) or 1
+        d, r = divmod(n, g)
+        runs = [list(range(i * d + min(i, r), (i + 1) * d + min(i + 1, r))) for i in range(g)]
+    else:
+        index = {id(p): k for k, p in enumerate(params)}
+        runs, seen = [], set()
+        for i, group in enumerate(explicit):
+            run = []
+            for p in group:
+                k = index.get(id(p))
+                if k is None:
+                    raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of "
+                                     "the optimizer")
+                if k in seen:
+                    raise ValueError(f"groups[{i}]: a parameter may appear in one group only")
+                seen.add(k)
+                run.append(k)
+            runs.append(sorted(run))
+        runs += [[k] for k in range(n) if k not in seen]
+    buckets = []
+    for run in runs:
+        current: List[int] = []
+        for k in run:
+            if current and groups[k] != groups[current[-1]]:
+                buckets.append(current[::-1])
+                current = []
+            current.append(k)
+        if current:
+            buckets.append(current[::-1])
+    return [b for b in buckets if b]
 
 
 def _buckets(sizes: Sequence[int], groups: Sequence[int], cap_bytes: int) -> List[List[int]]:
@@ -191,6 +243,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         warmup_compression,
         op,
         gradient_predivide_factor,
+        num_groups,
+        groups,
     ):
         super(self.__class__, self).__init__(params)
         if named_parameters is not None:
@@ -287,7 +341,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # first step.
         self._before: Optional[List[torch.Tensor]] = None
         group_ids = [id(group) for _, _, group, _ in self._entries]
-        self._buckets = _buckets(
+        self._buckets = _horovod_buckets(
+            [p for _, p, _, _ in self._entries], group_ids, num_groups, groups
+        ) or _buckets(
             [p.numel() for _, p, _, _ in self._entries], group_ids, int(bucket_cap_mb * 2**20)
         )
         self._bucket_of = [0] * len(self._entries)
@@ -589,6 +645,10 @@ def DistributedOptimizer(
     warmup_compression: str = "none",
     op: Optional[int] = None,
     gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups=None,
+    sparse_as_dense: bool = False,
+    process_set=None,
 ) -> torch.optim.Optimizer:
     """Wraps ``optimizer`` so that ``step()`` uses gradients averaged over every worker.
 
@@ -679,6 +739,14 @@ def DistributedOptimizer(
     the sum by f / ``size()`` (an average split in two, with ``op=Average`` only). Both apply
     to averaged gradients: ``average="updates"`` and ``"momentum"`` refuse them.
 
+    ``num_groups`` and ``groups`` are Horovod's explicit grouping, and replace the buckets of
+    ``bucket_cap_mb``: ``num_groups`` G splits the parameters, in ``named_parameters`` order,
+    into G buckets of equal count; ``groups`` (lists of parameters, or a number as
+    ``num_groups``) makes each list a bucket and every other parameter a bucket of its own.
+    Each bucket's gradients are push_pulled together once all are ready, as Horovod's grouped
+    allreduce; a bucket is split where the parameter group changes. ``sparse_as_dense`` is
+    accepted (gradients are dense) and ``process_set`` is the global set only.
+
     ``staleness`` is BytePS's argument, in BytePS's place: pushpull's rounds are synchronous,
     so anything but 0 raises ``ValueError`` before a parameter is declared.
 
@@ -707,6 +775,9 @@ def DistributedOptimizer(
     gradients hold NaN (some worker's overflowed) has its rounds discarded on every worker.
     """
     _check_sync_args(0, staleness)
+    _check_process_set(process_set, "DistributedOptimizer")
+    if not isinstance(sparse_as_dense, bool):
+        raise ValueError(f"sparse_as_dense = {sparse_as_dense!r}: expected True or False")
     cls = type(
         optimizer.__class__.__name__,
         (optimizer.__class__,),
@@ -726,4 +797,6 @@ def DistributedOptimizer(
         warmup_compression,
         op,
         gradient_predivide_factor,
+        num_groups,
+        groups,
     )
