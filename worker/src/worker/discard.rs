@@ -26,7 +26,8 @@ impl Worker {
     /// must discard the same rounds, or that round is aborted naming the ranks that disagree.
     /// A round whose sum was not finite changed no state ([`crate::TensorMetrics::rounds_non_finite`]),
     /// so discarding it does nothing, as does discarding twice or a tensor that has not run a
-    /// push_pull round. Waits for each tensor's round in flight, if any. A checkpoint may be
+    /// push_pull round. A PowerSGD tensor's error, Q and step count go back at once. Waits for
+    /// each tensor's round in flight, if any. A checkpoint may be
     /// saved between a discard and the next round ([`Worker::save_state`] keeps the discard).
     ///
     /// # Errors
