@@ -123,6 +123,7 @@ Modules
     ``optimizer``     ``DistributedOptimizer``
     ``_gossip``       ``DecentralizedOptimizer``: decentralised SGD (Moniqua, D-PSGD)
     ``horovod``       Horovod's spellings: allreduce, allgather, join, barrier
+    ``_sync_batchnorm`` ``SyncBatchNorm``: batch norm over every worker's batch (Horovod's)
     ``parallel``      ``DistributedDataParallel``
     ``ddp_comm_hook`` ``push_pull_hook`` and ``PushPullHookState``: torch's own
                       ``DistributedDataParallel`` with pushpull's rounds and compression
@@ -202,6 +203,7 @@ from .horovod import (
     join,
 )
 from .optimizer import DistributedOptimizer, _buckets
+from ._sync_batchnorm import SyncBatchNorm
 from . import parallel
 
 __all__ = [
@@ -219,6 +221,7 @@ __all__ = [
     "Product",
     "PushPullError",
     "PushPullHookState",
+    "SyncBatchNorm",
     "Sum",
     "allgather",
     "allgather_async",
