@@ -546,8 +546,24 @@ fn gossip_takes_fixed_size_messages_and_no_gradient_decorators() {
     assert_err(
         &[("exchange", "allreduce")],
         1000,
-        &["exchange", "push_pull or gossip"],
+        &["exchange", "push_pull, gossip or gossip_direct"],
     );
+    // Equation 4's direct form takes the same codecs and refuses the same decorators.
+    let d = ("exchange", "gossip_direct");
+    assert_err(
+        &[("compressor", "onebit"), d],
+        1000,
+        &["exchange", "onebit"],
+    );
+    assert_err(
+        &[("compressor", "none"), ("ef", "vanilla"), d],
+        1000,
+        &["ef"],
+    );
+    let direct = parse_params(&map(&[("compressor", "minmax"), ("bits", "2"), d])).unwrap();
+    assert_eq!(direct.exchange, pushpull_codecs::Exchange::GossipDirect);
+    assert!(direct.exchange.is_gossip());
+    assert_eq!(parse_params(&direct.to_params()).unwrap(), direct);
     // Moniqua for push_pull is refused, and the error says how to gossip instead.
     assert_err(
         &[("compressor", "moniqua"), ("theta", "1")],

@@ -307,7 +307,11 @@ fn at_full_rank_one_worker_gets_its_gradient_back_and_errors_telescope() {
     let g = rng.gradient(480, 1.0);
     let out = &step(&mut w, std::slice::from_ref(&g), true)[0];
     let want: Vec<f64> = g.iter().map(|&x| f64::from(x)).collect();
-    assert!(max_diff(out, &want) < 1e-4, "{}", max_diff(out, &want));
+    // Within float32 rounding of the largest value (the data has outliers of 30 σ), times the
+    // condition of the 12 × 12 P that Gram-Schmidt orthogonalises.
+    let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    let d = max_diff(out, &want);
+    assert!(d < 1e-4 * scale, "{d} (scale {scale})");
 
     // Rank 1 of a 30 × 50 matrix: the outputs of T steps plus the last error add up to the
     // gradients (out_t = g_t + e_t − e_{t+1}).

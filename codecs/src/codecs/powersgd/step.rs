@@ -256,33 +256,34 @@ fn random_matrix(stream: Stream, n: usize) -> Vec<f32> {
 
 /// Gram-Schmidt on the columns of `a`, a row-major matrix of `rank` columns, in place: each
 /// column in turn divided by its norm plus `epsilon` (left as it is where that is 0), then
-/// projected out of the columns after it. Sums in f64.
+/// projected out of the columns after it. Done in f64 and rounded to f32 once at the end, so
+/// that an ill-conditioned matrix keeps its columns orthogonal to f32's precision.
 pub(crate) fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
     if rank == 0 {
         return;
     }
     let rows = a.len() / rank;
-    fn col(a: &[f32], rank: usize, c: usize) -> impl Iterator<Item = f64> + '_ {
-        a.iter().skip(c).step_by(rank).map(|&x| f64::from(x))
-    }
+    let mut m: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
     for c in 0..rank {
-        let norm = col(a, rank, c).map(|x| x * x).sum::<f64>().sqrt();
+        let norm = (0..rows)
+            .map(|i| m[i * rank + c].powi(2))
+            .sum::<f64>()
+            .sqrt();
         let d = norm + f64::from(epsilon);
         if d != 0.0 {
             for i in 0..rows {
-                a[i * rank + c] = (f64::from(a[i * rank + c]) / d) as f32;
+                m[i * rank + c] /= d;
             }
         }
         for c2 in c + 1..rank {
-            let dot: f64 = col(a, rank, c)
-                .zip(col(a, rank, c2))
-                .map(|(x, y)| x * y)
-                .sum();
+            let dot: f64 = (0..rows).map(|i| m[i * rank + c] * m[i * rank + c2]).sum();
             for i in 0..rows {
-                let v = f64::from(a[i * rank + c2]) - dot * f64::from(a[i * rank + c]);
-                a[i * rank + c2] = v as f32;
+                m[i * rank + c2] -= dot * m[i * rank + c];
             }
         }
+    }
+    for (x, v) in a.iter_mut().zip(m) {
+        *x = v as f32;
     }
 }
 
