@@ -152,6 +152,7 @@ def test_an_unknown_system_is_refused(tmp_path, capsys):
     import train
 
     for system, named, allowed in [("ddp:powersgd", "powersgd", "powersgd:R"),
+                                   ("pushpull:powersgd:0", "powersgd:0", "powersgd:R"),
                                    ("ddp:int8", "int8", "fp16"),
                                    ("horovod:none", "horovod", "pushpull:PRESET")]:
         with pytest.raises(SystemExit) as e:
@@ -170,7 +171,8 @@ def test_the_script_lists_its_systems_and_checks_a_run(tmp_path):
     listed = json.loads(p.stdout)
     import train
 
-    assert listed == {"pushpull": list(train.PUSHPULL_PRESETS), "ddp": list(train.DDP_HOOKS)}
+    assert listed == {"pushpull": list(train.PUSHPULL_SYSTEMS), "ddp": list(train.DDP_HOOKS)}
+    assert "powersgd:R" in listed["pushpull"] and "powersgd:R" in listed["ddp"]
     out = tmp_path / "x.jsonl"
     base = [sys.executable, str(TRAIN), "--check", "--workload", "conv", "--size", "tiny",
             "--steps", "50", "--out", str(out)]
@@ -179,6 +181,12 @@ def test_the_script_lists_its_systems_and_checks_a_run(tmp_path):
     assert p.returncode == 0, p.stderr
     checked = json.loads(p.stdout)
     assert checked["system"] == "ddp:powersgd:2" and checked["size"]["d_model"] == 48
+    # pushpull's PowerSGD takes the hook's rank the same way.
+    a = train.parse_args(["--system", "pushpull:powersgd:4", "--workload", "conv", "--steps",
+                          "100", "--out", str(out)])
+    assert (a.system, a.powersgd_rank) == ("pushpull:powersgd:4", 4)
+    assert train.powersgd_map(4, 100) == {"compressor": "powersgd", "rank": "4",
+                                          "start_iter": "10"}
     p = subprocess.run(base + ["--system", "ddp:none", "--set", "width=3"], capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 2 and "unknown size field 'width'" in p.stderr, p.stderr
