@@ -19,16 +19,7 @@ use pushpull_proto::{Config, ParamMap};
 
 use crate::core::RoundKind;
 use crate::error::{DataError, WorkerError};
-use crate::tensor::TensorInner;
-
-/// A gossip tensor's row of the mixing matrix on this worker, and how it averages.
-pub(crate) struct GossipRow {
-    /// The neighbours `j` and weights `W[rank][j]`, ascending.
-    pub(crate) neighbours: Vec<(u32, f64)>,
-    /// `exchange = "gossip_direct"` (Moniqua's equation 4): the worker's own exact values
-    /// stand where its own message's decoding stands in `gossip`.
-    pub(crate) direct: bool,
-}
+use crate::tensor::{GossipRow, TensorInner};
 
 /// A tensor's gossip row on worker `rank` when its map says `exchange = "gossip"` or
 /// `"gossip_direct"`; `None` for a summed tensor.

@@ -69,7 +69,7 @@ pub(crate) struct TensorInner {
     pub(crate) round_clock: RoundClock,
     /// A gossip tensor's neighbours of this worker and their weights `W[rank][j]`, ascending
     /// (`None`: a tensor summed by push_pull).
-    pub(crate) gossip: Option<crate::gossip::GossipRow>,
+    pub(crate) gossip: Option<GossipRow>,
     /// The gradient bound of moniqua's `theta_schedule = bound` (gossip tensors).
     pub(crate) bound: GradientBound,
     /// A tensor PowerSGD compresses: its P and Q tensors and its state (`None` otherwise).
@@ -87,6 +87,15 @@ pub(crate) struct LowRank {
     pub(crate) p: Tensor,
     pub(crate) q: Tensor,
     pub(crate) state: Arc<tokio::sync::Mutex<pushpull_kernels::PowerSgd>>,
+}
+
+/// A gossip tensor's row of the mixing matrix on this worker, and how it averages.
+pub(crate) struct GossipRow {
+    /// The neighbours `j` and weights `W[rank][j]`, ascending.
+    pub(crate) neighbours: Vec<(u32, f64)>,
+    /// `exchange = "gossip_direct"` (Moniqua's equation 4): the worker's own exact values
+    /// stand where its own message's decoding stands in `gossip`.
+    pub(crate) direct: bool,
 }
 
 /// Where a tensor's push_pull rounds run, and its state there (see `crate::data`).
