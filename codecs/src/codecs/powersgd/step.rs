@@ -258,7 +258,7 @@ fn random_matrix(stream: Stream, n: usize) -> Vec<f32> {
 /// column in turn divided by its norm plus `epsilon` (left as it is where that is 0), then
 /// projected out of the columns after it. Done in f64 and rounded to f32 once at the end, so
 /// that an ill-conditioned matrix keeps its columns orthogonal to f32's precision.
-pub(crate) fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
+fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
     if rank == 0 {
         return;
     }
