@@ -39,7 +39,7 @@ use std::sync::Arc;
 use crate::chain::Compressor;
 use crate::codec::{CodecInfo, NodeIdentity};
 use crate::codecs::cast::{Cast, CastCodec};
-use crate::params::{CompressorSpec, PowerSgd, PowerSgdPlan, PowerSgdShape, PowerSgdSpec};
+use crate::params::{CompressorSpec, PowerSgd, PowerSgdLayout, PowerSgdPlan, PowerSgdSpec};
 use crate::registry::{build_from_spec, parse_params};
 use crate::rng::Role;
 use crate::spec::{BuildOptions, Purpose};
@@ -216,13 +216,13 @@ pub fn effective_spec(
 }
 
 /// A tensor PowerSGD compresses (`compressor = powersgd`, [`crate::PowerSgdPlan::LowRank`]):
-/// its settings, its matrix, and the map's `seed` if any.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// its settings, its matrices, and the map's `seed` if any.
+#[derive(Debug, Clone, PartialEq)]
 pub struct LowRankPlan {
     /// The settings.
     pub spec: PowerSgdSpec,
-    /// The matrix and the rank.
-    pub shape: PowerSgdShape,
+    /// The matrices and the ranks.
+    pub layout: PowerSgdLayout,
     /// The map's seed, replacing the job's.
     pub seed: Option<u64>,
 }
@@ -232,8 +232,8 @@ impl LowRankPlan {
     /// map is [`LowRankPlan::sum_map`], whatever the cluster file's defaults.
     pub fn sum_tensors(&self, name: &str) -> [(String, u64); 2] {
         [
-            (format!("{name}#powersgd.p"), self.shape.p_len() as u64),
-            (format!("{name}#powersgd.q"), self.shape.q_len() as u64),
+            (format!("{name}#powersgd.p"), self.layout.p_len() as u64),
+            (format!("{name}#powersgd.q"), self.layout.q_len() as u64),
         ]
     }
 
@@ -245,7 +245,12 @@ impl LowRankPlan {
     /// A worker's state of the tensor, in a job seeded `job_seed`; `key` is the tensor's first
     /// chunk's (what its random starting matrices are drawn with).
     pub fn start(&self, job_seed: u64, key: u64) -> PowerSgd {
-        PowerSgd::new(self.spec, self.shape, self.seed.unwrap_or(job_seed), key)
+        PowerSgd::new(
+            self.spec.clone(),
+            self.layout.clone(),
+            self.seed.unwrap_or(job_seed),
+            key,
+        )
     }
 }
 
@@ -253,7 +258,7 @@ impl LowRankPlan {
 /// how ([`effective_spec`] first: a tensor under `min_compress_bytes` is not); `Ok(None)` for
 /// other compressors, for tensors PowerSGD sums uncompressed, and for a map the codecs refuse
 /// (its declare names the problem). Refused, naming the key, where `rows` does not divide the
-/// length or `rank` exceeds the matrix's.
+/// length, `pieces` do not add up to it, or `rank` exceeds the matrix's.
 pub fn low_rank_plan(
     params: &BTreeMap<String, String>,
     tensor_len: u64,
@@ -267,9 +272,9 @@ pub fn low_rank_plan(
     };
     match low.plan(tensor_len).map_err(|e| e.to_string())? {
         PowerSgdPlan::Plain => Ok(None),
-        PowerSgdPlan::LowRank(shape) => Ok(Some(LowRankPlan {
-            spec: *low,
-            shape,
+        PowerSgdPlan::LowRank(layout) => Ok(Some(LowRankPlan {
+            spec: (*low).clone(),
+            layout,
             seed: spec.seed,
         })),
     }

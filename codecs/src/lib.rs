@@ -120,7 +120,7 @@
 //! | `dithering`, elias | u32 count m of non-zero levels, nb f32 norms, (gap, sign, level) triples, gap and level Elias gamma (`elias`) or omega (`elias_omega`) coded | at most `4 + 4·nb + 4·ceil(n·b/32)`, `b = 3 + 2·floor(log2 s)` (gamma), `2 + max(\|omega(l)\|, l ≤ s)` (omega) |
 //! | `minmax` | nb × (f32 min, f32 max), bit stream of n codes of b bits | `8·nb + 4·ceil(n·b/32)` |
 //! | `moniqua` | bit stream of n codes of b bits of `(x/B_θ) mod 1`; then the sender's f64 `B_θ` with `theta_schedule = bound`; then a u64 hash of the un-modded values with `hash = true` | `4·ceil(n·b/32)`, + 8 with `bound`, + 8 with `hash` |
-//! | `powersgd` | its own chunks: n f32 (the steps before `start_iter`, and tensors it leaves uncompressed); a low-rank step's P and Q travel as two tensors of `none` ([`chunk::LowRankPlan::sum_tensors`]) | `4n`; a step `4·(rows + cols)·rank` |
+//! | `powersgd` | its own chunks: n f32 (the steps before `start_iter`, and tensors it leaves uncompressed); a low-rank step's P (and a bucket's uncompressed parts) and Q travel as two tensors of `none` ([`chunk::LowRankPlan::sum_tensors`]) | `4n`; a step `4·(rows + cols)·rank` per matrix |
 //!
 //! The exact definitions (which `elem` function computes what) are in each format's module
 //! docs; the fixed-width ones (`none`, `fp16`, `bf16`, `onebit`, `randomk`, packed
@@ -190,9 +190,9 @@ pub use codec::{Codec, CodecInfo, NodeIdentity, RoundCtx};
 pub use error::{KernelError, Result};
 pub use params::{
     Cast, CompressorSpec, DitheringSpec, EfKind, EliasCode, Encoding, Exchange, MinMaxSpec,
-    MoniquaSpec, Normalize, OneBitColumnsSpec, OneBitSpec, Partition, PowerSgd, PowerSgdPlan,
-    PowerSgdShape, PowerSgdSpec, PowerSgdState, RandomKSpec, Rounding, ThetaSchedule, TopKSpec,
-    KEYS,
+    MoniquaSpec, Normalize, OneBitColumnsSpec, OneBitSpec, Partition, PowerSgd, PowerSgdLayout,
+    PowerSgdMatrices, PowerSgdPart, PowerSgdPiece, PowerSgdPlan, PowerSgdShape, PowerSgdSpec,
+    PowerSgdState, RandomKSpec, Rounding, ThetaSchedule, TopKSpec, KEYS,
 };
 pub use pushpull_proto::checkpoint::ChainState;
 pub use reduce::{average, host_fold, IntraCodec, RankOrderSum};

@@ -19,7 +19,9 @@ pub use crate::codecs::moniqua::{MoniquaSpec, Rounding, ThetaSchedule};
 pub use crate::codecs::onebit::OneBitSpec;
 pub use crate::codecs::onebit_col::OneBitColumnsSpec;
 pub use crate::codecs::powersgd::{
-    Plan as PowerSgdPlan, PowerSgd, PowerSgdSpec, PowerSgdState, Shape as PowerSgdShape,
+    Layout as PowerSgdLayout, Matrices as PowerSgdMatrices, Part as PowerSgdPart,
+    Piece as PowerSgdPiece, Plan as PowerSgdPlan, PowerSgd, PowerSgdSpec, PowerSgdState,
+    Shape as PowerSgdShape,
 };
 pub use crate::codecs::randomk::RandomKSpec;
 pub use crate::codecs::topk::TopKSpec;

@@ -6,13 +6,18 @@ mod common;
 
 use common::{map, seed, TestRng};
 use pushpull_codecs::rng::Stream;
-use pushpull_codecs::{parse_params, PowerSgd, PowerSgdPlan, PowerSgdShape, PowerSgdSpec};
+use pushpull_codecs::{
+    parse_params, PowerSgd, PowerSgdLayout, PowerSgdPart, PowerSgdPlan, PowerSgdShape, PowerSgdSpec,
+};
 
 fn spec(kv: &[(&str, &str)]) -> PowerSgdSpec {
     let mut all = vec![("compressor", "powersgd")];
     all.extend_from_slice(kv);
     let s = parse_params(&map(&all)).unwrap_or_else(|e| panic!("{kv:?}: {e}"));
-    *s.codec.downcast::<PowerSgdSpec>().expect("a powersgd spec")
+    s.codec
+        .downcast::<PowerSgdSpec>()
+        .expect("a powersgd spec")
+        .clone()
 }
 
 fn refused(kv: &[(&str, &str)]) -> String {
@@ -72,7 +77,9 @@ fn the_map_takes_torchs_names_and_defaults_and_refuses_what_powersgd_implies() {
 #[test]
 fn the_plan_follows_torchs_should_compress_and_refuses_an_impossible_rank() {
     let s = |rows: &str, rank: &str| spec(&[("rows", rows), ("rank", rank)]);
-    let low = |rows, cols, rank| PowerSgdPlan::LowRank(PowerSgdShape { rows, cols, rank });
+    let low = |rows, cols, rank| {
+        PowerSgdPlan::LowRank(PowerSgdLayout::matrix(PowerSgdShape { rows, cols, rank }))
+    };
     // A vector (a bias: rows = len, or one row) is never compressed, whatever the rank.
     assert_eq!(s("1000", "4").plan(1000).unwrap(), PowerSgdPlan::Plain);
     assert_eq!(s("1", "4").plan(1000).unwrap(), PowerSgdPlan::Plain);
@@ -224,7 +231,10 @@ fn max_diff(a: &[f32], b: &[f64]) -> f64 {
 }
 
 fn new_workers(s: PowerSgdSpec, shape: PowerSgdShape, n: usize) -> Vec<PowerSgd> {
-    (0..n).map(|_| PowerSgd::new(s, shape, 99, 7)).collect()
+    let layout = PowerSgdLayout::matrix(shape);
+    (0..n)
+        .map(|_| PowerSgd::new(s.clone(), layout.clone(), 99, 7))
+        .collect()
 }
 
 #[test]
@@ -302,7 +312,10 @@ fn at_full_rank_one_worker_gets_its_gradient_back_and_errors_telescope() {
         ("start_iter", "0"),
         ("min_compression_rate", "0.1"),
     ]);
-    assert_eq!(s.plan(480).unwrap(), PowerSgdPlan::LowRank(shape));
+    assert_eq!(
+        s.plan(480).unwrap(),
+        PowerSgdPlan::LowRank(PowerSgdLayout::matrix(shape))
+    );
     let mut w = new_workers(s, shape, 1);
     let g = rng.gradient(480, 1.0);
     let out = &step(&mut w, std::slice::from_ref(&g), true)[0];
@@ -397,7 +410,7 @@ fn a_discarded_step_is_undone_and_a_non_finite_one_changes_nothing_but_the_count
         rank: 2,
     };
     let s = spec(&[("rows", "20"), ("rank", "2"), ("start_iter", "1")]);
-    let mut w = new_workers(s, shape, 2);
+    let mut w = new_workers(s.clone(), shape, 2);
     assert!(!w[0].compressing());
     for x in w.iter_mut() {
         x.plain_step();
@@ -439,4 +452,124 @@ fn a_discarded_step_is_undone_and_a_non_finite_one_changes_nothing_but_the_count
     let mut wrong = w[0].saved().clone();
     wrong.q.pop();
     assert!(r.restore(wrong).unwrap_err().contains("Q"));
+}
+
+#[test]
+fn pieces_lay_out_a_bucket_as_torchs_hook_takes_it() {
+    let s = spec(&[("pieces", "16x27, 27,64x64,2x768,0"), ("rank", "4")]);
+    let plan = s.plan(432 + 27 + 4096 + 1536).unwrap();
+    let shape = |rows, cols, rank| PowerSgdPart::Matrix(PowerSgdShape { rows, cols, rank });
+    let PowerSgdPlan::LowRank(layout) = plan else {
+        panic!("{plan:?}")
+    };
+    // The 2 × 768 matrix takes rank min(4, 2) = 2, below the rate: summed as it is.
+    assert_eq!(
+        layout.parts(),
+        [
+            shape(16, 27, 4),
+            PowerSgdPart::Plain(27),
+            shape(64, 64, 4),
+            PowerSgdPart::Plain(1536),
+            PowerSgdPart::Plain(0),
+        ]
+    );
+    assert_eq!(layout.p_len(), 16 * 4 + 27 + 64 * 4 + 1536);
+    assert_eq!(layout.q_len(), 27 * 4 + 64 * 4);
+    // Vectors and small matrices only: every step a plain sum.
+    let s = spec(&[("pieces", "100,2x3"), ("rank", "1")]);
+    assert_eq!(s.plan(106).unwrap(), PowerSgdPlan::Plain);
+    // The canonical map round-trips.
+    let canonical = parse_params(&map(&[("compressor", "powersgd"), ("pieces", "3x4,5")])).unwrap();
+    assert_eq!(parse_params(&canonical.to_params()).unwrap(), canonical);
+    assert_eq!(canonical.to_params()["pieces"], "3x4,5");
+
+    let e = spec(&[("pieces", "3x4,5")])
+        .plan(18)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("\"pieces\"") && e.contains("17") && e.contains("18"),
+        "{e}"
+    );
+    for (v, why) in [
+        ("3x4,x5", "piece 1"),
+        ("3x4,,5", "piece 1"),
+        ("-1", "piece 0"),
+    ] {
+        let e = refused(&[("pieces", v)]);
+        assert!(e.contains("pieces") && e.contains(why), "{v}: {e}");
+    }
+    let e = refused(&[("pieces", "3x4"), ("rows", "3")]);
+    assert!(e.contains("pieces") && e.contains("rows"), "{e}");
+}
+
+#[test]
+fn a_bucket_steps_each_matrix_as_torchs_hook_and_sums_the_rest() {
+    let mut rng = TestRng::new(seed(
+        "a_bucket_steps_each_matrix_as_torchs_hook_and_sums_the_rest",
+    ));
+    // Two matrices at rank 4, a vector and a 5 × 3 matrix at rank 3 (below the rate) between.
+    let s = spec(&[
+        ("pieces", "37x150,150,130x70,5x3"),
+        ("rank", "4"),
+        ("start_iter", "0"),
+    ]);
+    let PowerSgdPlan::LowRank(layout) = s.plan(5550 + 150 + 9100 + 15).unwrap() else {
+        panic!("not low-rank")
+    };
+    let len = layout.len();
+    let mut workers: Vec<PowerSgd> = (0..3)
+        .map(|_| PowerSgd::new(s.clone(), layout.clone(), 99, 7))
+        .collect();
+    let mut errors = vec![vec![0.0f64; len]; 3];
+    let mut q_prev: Option<Vec<f64>> = None;
+    for t in 0..3u64 {
+        let grads: Vec<Vec<f32>> = (0..3).map(|_| rng.gradient(len, 1.0)).collect();
+        let got = step(&mut workers, &grads, true);
+        let q0 = q_prev
+            .clone()
+            .unwrap_or_else(|| start_q(99, 7, t, layout.q_len()));
+        let (mut at, mut q_at) = (0, 0);
+        for part in layout.parts() {
+            let n = part.tensor_len();
+            let here = at..at + n;
+            match *part {
+                PowerSgdPart::Plain(_) => {
+                    // Summed in rank order in float32, divided by the workers.
+                    for i in here.clone() {
+                        let want = (grads[0][i] + grads[1][i] + grads[2][i]) / 3.0;
+                        assert_eq!(got[0][i].to_bits(), want.to_bits(), "step {t}, element {i}");
+                    }
+                    assert!(workers[0].saved().error[here].iter().all(|&e| e == 0.0));
+                }
+                PowerSgdPart::Matrix(shape) => {
+                    let ms: Vec<Vec<f64>> = (0..3)
+                        .map(|w| {
+                            here.clone()
+                                .map(|i| f64::from(grads[w][i]) + errors[w][i])
+                                .collect()
+                        })
+                        .collect();
+                    let q = &q0[q_at..q_at + shape.q_len()];
+                    let (want, errs, _) = reference_step(&ms, q, shape);
+                    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+                    let d = max_diff(&got[0][here.clone()], &want);
+                    assert!(d <= 1e-4 * scale, "{shape:?}, step {t}: off by {d}");
+                    let d = max_diff(&workers[1].saved().error[here], &errs[1]);
+                    assert!(d <= 1e-4 * scale, "{shape:?}, step {t}: error off by {d}");
+                    q_at += shape.q_len();
+                }
+            }
+            at += n;
+        }
+        assert!(
+            got.iter().all(|o| o == &got[0]),
+            "every worker gets the same bits"
+        );
+        errors = workers
+            .iter()
+            .map(|w| w.saved().error.iter().map(|&x| f64::from(x)).collect())
+            .collect();
+        q_prev = Some(workers[0].saved().q.iter().map(|&x| f64::from(x)).collect());
+    }
 }

@@ -101,8 +101,13 @@ def test_ddp_hook_matches_ddp_and_the_reference(pushpull, seed, tmp_path):
         for got, fresh, kept in zip(s["skipped_second"], s["fresh_second"], s["kept_second"]):
             assert torch.equal(got.view(torch.int32), fresh.view(torch.int32))
         assert not torch.equal(s["kept_second"][0], s["fresh_second"][0])
-    # PowerSGD: each gradient of a bucket is its own tensor, `BUCKET.i`, its rows its shape[0];
-    # every round is the Rust reference's bit for bit, and the matrices pushed fewer bytes.
+    # PowerSGD: each bucket is one tensor declared with its gradients' shapes (`pieces`, each
+    # shape[0] x the rest, a vector as its length); every round is the Rust reference's bit
+    # for bit, and the buckets with matrices pushed fewer bytes.
+    def pieces(shapes):
+        return ",".join(f"{s[0]}x{int(np.prod(s)) // s[0]}" if len(s) > 1 else str(int(np.prod(s)))
+                        for s in shapes)
+
     ref = Reference(n, ranks[0]["job_seed"], str(SMALL))
     declared = set()
     per_rank = [defaultdict(list) for _ in ranks]
@@ -112,30 +117,24 @@ def test_ddp_hook_matches_ddp_and_the_reference(pushpull, seed, tmp_path):
     assert per_rank[0].keys() == per_rank[1].keys()
     compressed = 0
     for name in per_rank[0]:
-        for k, (shapes, _, _) in enumerate(per_rank[0][name]):
-            offset = 0
-            for i, shape in enumerate(shapes):
-                numel = int(np.prod(shape))
-                tname = f"{name}.{i}"
-                if tname not in declared:
-                    declared.add(tname)
-                    ref.declare(tname, numel, {**ranks[0]["powersgd_map"], "rows": str(shape[0])})
-                piece = slice(offset, offset + numel)
-                inputs = [rounds[name][k][1][piece].numpy().tobytes() for rounds in per_rank]
-                got = ref.push_pull(tname, inputs, True)
-                for s, rounds in zip(ranks, per_rank):
-                    want = np.frombuffer(got[s["rank"]], dtype=np.float32)
-                    assert same_bits(rounds[name][k][2][piece], want), (tname, k, s["rank"])
-                offset += numel
+        for k, (shapes, x, _) in enumerate(per_rank[0][name]):
+            if name not in declared:
+                declared.add(name)
+                ref.declare(name, x.numel(), {**ranks[0]["powersgd_map"], "pieces": pieces(shapes)})
+            got = ref.push_pull(name, [rounds[name][k][1].numpy().tobytes() for rounds in per_rank],
+                                True)
+            for s, rounds in zip(ranks, per_rank):
+                want = np.frombuffer(got[s["rank"]], dtype=np.float32)
+                assert same_bits(rounds[name][k][2], want), (name, k, s["rank"])
     for tname in declared:
         t = m[tname]
-        # The two larger weights of the rebuilt buckets (the first bucket ran one step, before
-        # start_iter); the other tensors are under min_compress_bytes.
-        if t["len"] >= 2048 and t["rounds"] > 2:
+        # The rebuilt buckets (the first ones ran one step, before start_iter): their weights
+        # are compressed, their biases ride in the P rounds.
+        if t["rounds"] > 2:
             compressed += 1
             assert "powersgd" in " ".join(t["codecs"]), t
-            assert t["bytes_pushed"] * 3 < t["raw_bytes"], (tname, t)
-    assert compressed >= 2, sorted(declared)
+            assert t["bytes_pushed"] * 2 < t["raw_bytes"], (tname, t)
+    assert compressed >= 1, sorted(declared)
     assert sorted(declared) == sorted(ranks[0]["powersgd_names"])
     for s in ranks:
         losses = s["powersgd_loss"]

@@ -18,7 +18,37 @@ from pushpull import Reference
 SMALL = Path(__file__).resolve().parent / "small.toml"
 
 
-def single_process(seed: int, mode: str, job_seed: int):
+def tensors_of(model: torch.nn.Module, mode: str, cap: float):
+    """The tensors DistributedOptimizer declares, in its order, each with its map and the
+    parameter names it holds: one per parameter, but with PowerSGD one per bucket of two or
+    more (DDP's buckets: the parameters in reverse order, closing once ``cap`` MiB are
+    held), declared with its gradients' shapes (``pieces``) at its first parameter."""
+    named = list(model.named_parameters())
+    m = MAPS[mode]
+    if m is None or m["byteps_compressor_type"] != "powersgd":
+        return [(f"Gradient.{n}", m, [n]) for n, _ in named]
+    buckets, current, held = [], [], 0
+    for k in reversed(range(len(named))):
+        if current and held >= cap * 2**20:
+            buckets.append(current)
+            current, held = [], 0
+        current.append(k)
+        held += 4 * named[k][1].numel()
+    buckets.append(current)
+    out = []
+    for b in sorted(sorted(b) for b in buckets):
+        names = [named[k][0] for k in b]
+        shapes = [named[k][1].shape for k in b]
+        if len(b) == 1:
+            out.append((f"Gradient.{names[0]}", {**m, "rows": str(shapes[0][0])}, names))
+            continue
+        pieces = ",".join(f"{s[0]}x{s.numel() // s[0]}" if len(s) > 1 else str(s.numel())
+                          for s in shapes)
+        out.append((f"Gradient.powersgd[{names[0]}..{names[-1]}]", {**m, "pieces": pieces}, names))
+    return out
+
+
+def single_process(seed: int, mode: str, job_seed: int, cap: float):
     """The final parameters and the loss scaler's final scale (None without one)."""
     torch.set_num_threads(1)
     model = make_model(seed)  # rank 0's initialisation, which the broadcast gives everyone
@@ -29,13 +59,12 @@ def single_process(seed: int, mode: str, job_seed: int):
     opt = make_optimizer(mode, model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=AMP_SCALE) if mode == "amp" else None
     ref = None
+    params = dict(model.named_parameters())
+    tensors = tensors_of(model, mode, cap)
     if MAPS[mode] is not None:
         ref = Reference(WORKERS, job_seed, str(SMALL))
-        for name, p in model.named_parameters():
-            m = dict(MAPS[mode])
-            if m["byteps_compressor_type"] == "powersgd":
-                m["rows"] = str(p.shape[0])  # what DistributedOptimizer fills in
-            ref.declare(f"Gradient.{name}", p.numel(), m)
+        for tname, m, names in tensors:
+            ref.declare(tname, sum(params[n].numel() for n in names), m)
     for step in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
@@ -52,22 +81,26 @@ def single_process(seed: int, mode: str, job_seed: int):
             if hook:
                 hook.remove()
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        for name, p in model.named_parameters():
-            if ref is None:
+        if ref is None:
+            for name, p in model.named_parameters():
                 acc = grads[0][name].clone()
                 for g in grads[1:]:
                     acc += g[name]
                 p.grad = acc / WORKERS
-            else:
-                got = ref.push_pull(f"Gradient.{name}", [g[name].numpy().tobytes() for g in grads], True)
-                p.grad = torch.frombuffer(bytearray(got[0]), dtype=torch.float32).view_as(p)
+        for tname, _, names in tensors if ref is not None else []:
+            inputs = [torch.cat([g[n].reshape(-1) for n in names]).numpy().tobytes()
+                      for g in grads]
+            got = torch.frombuffer(bytearray(ref.push_pull(tname, inputs, True)[0]),
+                                   dtype=torch.float32)
+            for n, piece in zip(names, got.split([params[n].numel() for n in names])):
+                params[n].grad = piece.view_as(params[n])
         if scaler is None:
             opt.step()
             continue
         # An overflow anywhere: the scaler skips the step, whose rounds are discarded.
         if not all(torch.isfinite(p.grad).all() for p in model.parameters()):
-            for name, _ in model.named_parameters():
-                ref.discard_last_round(f"Gradient.{name}")
+            for tname, _, _ in tensors:
+                ref.discard_last_round(tname)
         scaler.step(opt)
         scaler.update()
     return model.state_dict(), scaler.get_scale() if scaler else None
@@ -172,7 +205,7 @@ def train_and_compare(pushpull, seed, tmp_path, mode, cap, *extra):
         WORKERS if mode.startswith("momentum") else 0), p.stderr
     assert "averages the updates" not in p.stderr, p.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORKERS)]
-    want, scale = single_process(seed, mode, ranks[0]["job_seed"])
+    want, scale = single_process(seed, mode, ranks[0]["job_seed"], cap)
     for r, got in enumerate(ranks):
         for k, v in want.items():
             assert torch.equal(got["state"][k], v), f"rank {r}, {k}"
@@ -205,19 +238,21 @@ def test_distributed_optimizer_matches_the_single_process_run(
         ratio = 1.5 if mode.startswith("momentum") else {
             "fp16": 1.5, "dithering": 3, "powersgd": 2}.get(codec, 4)
         assert m["bytes_pushed"] < m["raw_bytes"] / ratio, m
-        assert codec in " ".join(m["tensors"]["Gradient.0.weight"]["codecs"])
+        first = tensors_of(make_model(0), mode, cap)[0][0]
+        assert codec in " ".join(m["tensors"][first]["codecs"])
     if mode == "momentum16":
         # The warm-up's twin travelled as fp16.
         assert "fp16" in " ".join(m["tensors"]["Gradient.0.weight@warmup"]["codecs"]), m
 
     place = "emulated" if route == "emulated" and mode not in ("elias", "powersgd") else "cpu"
-    assert m["tensors"]["Gradient.0.weight"]["device"] == place, m["tensors"]
+    first = tensors_of(make_model(0), mode, cap)[0][0]
+    assert m["tensors"][first]["device"] == place, m["tensors"]
     if MAPS[mode] is None:
         assert m["bytes_pushed"] == m["raw_bytes"], m
     # The small gradients (under min_compress_bytes) travel as one tensor, with the bits each
     # would have had alone (checked above), unless nesterov momentum stays on them.
     fused = sorted(n for n in m["tensors"] if n.startswith("Gradient.fused["))
-    if mode in ("onebit", "amp"):
+    if mode in ("onebit", "amp", "powersgd"):
         assert fused == [], fused
     else:
         assert fused == ["Gradient.fused[0.bias..2.bias]"], sorted(m["tensors"])

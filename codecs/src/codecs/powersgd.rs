@@ -29,14 +29,24 @@
 //! same matrix up to rounding and the signs of its columns), with sums in f64; a column of
 //! zeros stays zero where torch's would become NaN (`orthogonalization_epsilon = 0`).
 //!
+//! A tensor may also hold a bucket of gradients one after another (`pieces` in place of
+//! `rows`: each gradient's `ROWSxCOLS` or `N`), as torch's hook sees a DDP bucket: a step then
+//! runs the steps above for every matrix of the bucket at once ([`Layout`]), with one round of
+//! all their `P`s (the bucket's uncompressed parts ride in it, summed as they are) and one of
+//! all their `Q`s, where one tensor per matrix would take two rounds each. Each matrix's rank
+//! is then `min(rank, rows, cols)`, as torch's hook takes it, and the random starting `Q`s
+//! are one draw of the stream, the matrices' in order.
+//!
 //! Error feedback is the method's own (torch's `use_error_feedback`), so the chain's `ef` and
 //! `momentum` are refused on a `powersgd` map, as are `intra_compressor` (P and Q are summed in
 //! float32) and `exchange = gossip`.
 
+mod plan;
 mod step;
 
 use std::sync::Arc;
 
+pub use plan::{Layout, Matrices, Part, Piece, Plan, Shape};
 pub use step::{PowerSgd, PowerSgdState};
 
 use super::cast::{Cast, CastCodec};
@@ -60,10 +70,21 @@ pub const ENTRY: Entry = Entry {
             default: "required",
         },
         KeyInfo {
+            name: "pieces",
+            aliases: &[],
+            applies_to: "powersgd",
+            values: "instead of rows, for a tensor holding a bucket of gradients one after \
+                     another: each one's ROWSxCOLS (shape[0] × the rest) or N (a vector), \
+                     comma-separated, adding up to the tensor's length; one P and one Q round \
+                     a step for all of them (pushpull.torch fills it in for its buckets)",
+            default: "rows instead",
+        },
+        KeyInfo {
             name: "rank",
             aliases: &["matrix_approximation_rank"],
             applies_to: "powersgd",
-            values: "a whole number >= 1, at most min(rows, cols) of every matrix it compresses",
+            values: "a whole number >= 1, at most min(rows, cols) of the matrix with rows; with \
+                     pieces, each matrix's rank is min(rank, rows, cols), as torch's hook's",
             default: "1",
         },
         KeyInfo {
@@ -108,10 +129,10 @@ pub const ENTRY: Entry = Entry {
 };
 
 /// PowerSGD's settings (torch's `PowerSGDState` names; see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PowerSgdSpec {
-    /// The tensor's first dimension: the matrix has `rows` rows of `len / rows` elements.
-    pub rows: u64,
+    /// The matrix (`rows`) or the matrices (`pieces`) the tensor holds.
+    pub matrices: Matrices,
     /// The rank of the approximation (torch's `matrix_approximation_rank`).
     pub rank: u32,
     /// Steps summed uncompressed before compression starts (torch's `start_powerSGD_iter`).
@@ -124,85 +145,6 @@ pub struct PowerSgdSpec {
     pub warm_start: bool,
     /// Added to a column's norm before the division.
     pub orthogonalization_epsilon: f32,
-}
-
-/// A matrix PowerSGD compresses: `rows × cols`, approximated at `rank`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
-    /// Rows of `M` (and of `P`).
-    pub rows: usize,
-    /// Columns of `M` (rows of `Q`).
-    pub cols: usize,
-    /// Columns of `P` and `Q`.
-    pub rank: usize,
-}
-
-impl Shape {
-    /// Elements of `P`.
-    pub fn p_len(&self) -> usize {
-        self.rows * self.rank
-    }
-    /// Elements of `Q`.
-    pub fn q_len(&self) -> usize {
-        self.cols * self.rank
-    }
-}
-
-/// How a tensor's steps run under a [`PowerSgdSpec`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
-    /// Every step is a plain float32 sum: a vector, an empty tensor, or a matrix PowerSGD
-    /// would not shrink by `min_compression_rate`.
-    Plain,
-    /// Steps from `start_iter` on are low-rank.
-    LowRank(Shape),
-}
-
-impl PowerSgdSpec {
-    /// How a tensor of `len` elements runs: refused, naming the key, where `rows` does not
-    /// divide `len` or a matrix's largest rank is below `rank`.
-    pub fn plan(&self, len: u64) -> Result<Plan> {
-        if len == 0 {
-            return Ok(Plan::Plain);
-        }
-        let rows = self.rows;
-        if rows > len || len % rows != 0 {
-            return Err(KernelError::bad(
-                "rows",
-                &rows.to_string(),
-                format!(
-                    "expected the tensor's first dimension, a divisor of its length {len} \
-                     (the matrix is rows × len/rows)"
-                ),
-            ));
-        }
-        let cols = len / rows;
-        if rows == 1 || cols == 1 {
-            return Ok(Plan::Plain);
-        }
-        let rank = u64::from(self.rank);
-        let largest = rows.min(cols);
-        if rank > largest {
-            return Err(KernelError::bad(
-                "rank",
-                &rank.to_string(),
-                format!(
-                    "a {rows} × {cols} matrix has rank at most {largest}: expected 1..={largest}"
-                ),
-            ));
-        }
-        let uncompressed = (rows * cols) as f64;
-        let compressed = ((rows + cols) * rank) as f64;
-        if compressed * self.min_compression_rate < uncompressed {
-            Ok(Plan::LowRank(Shape {
-                rows: rows as usize,
-                cols: cols as usize,
-                rank: rank as usize,
-            }))
-        } else {
-            Ok(Plan::Plain)
-        }
-    }
 }
 
 fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
@@ -236,18 +178,32 @@ fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
             }
         }
     }
-    let rows = keys.require(
-        "rows",
-        "rows: the tensor's first dimension, shape[0] (pushpull.torch fills it in)",
-    )?;
-    let rows = match rows.1.parse::<u64>() {
-        Ok(r) if r >= 1 => r,
+    let matrices = match (keys.get("rows"), keys.get("pieces")) {
+        (Some((k, _)), Some((k2, _))) => {
+            return Err(KernelError::NotApplicable {
+                key: k2.to_string(),
+                value: "both".to_string(),
+                why: format!(
+                    "{k} says the tensor is one matrix, {k2} that it is a bucket of them:                      give one"
+                ),
+            })
+        }
+        (None, Some((k, v))) => Matrices::parse_pieces(k, v)?,
         _ => {
-            return Err(KernelError::bad(
-                rows.0,
-                rows.1,
-                "expected the tensor's first dimension, a whole number >= 1",
-            ))
+            let rows = keys.require(
+                "rows",
+                "rows: the tensor's first dimension, shape[0] (or pieces, the shapes of a                  bucket's gradients; pushpull.torch fills them in)",
+            )?;
+            match rows.1.parse::<u64>() {
+                Ok(r) if r >= 1 => Matrices::Rows(r),
+                _ => {
+                    return Err(KernelError::bad(
+                        rows.0,
+                        rows.1,
+                        "expected the tensor's first dimension, a whole number >= 1",
+                    ))
+                }
+            }
         }
     };
     let rank = keys
@@ -271,7 +227,7 @@ fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
         },
     };
     Ok(Arc::new(PowerSgdSpec {
-        rows,
+        matrices,
         rank,
         start_iter,
         min_compression_rate,
@@ -281,18 +237,31 @@ fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
     }))
 }
 
+impl PowerSgdSpec {
+    /// The key and value that say what the tensor holds: `rows` or `pieces`.
+    fn matrices_param(&self) -> (&'static str, String) {
+        let key = match self.matrices {
+            Matrices::Rows(_) => "rows",
+            Matrices::Pieces(_) => "pieces",
+        };
+        (key, self.matrices.value())
+    }
+}
+
 impl CodecSpec for PowerSgdSpec {
     fn kind(&self) -> Kind {
         Kind::new("powersgd", false, true)
     }
     fn display_name(&self) -> String {
+        let (key, value) = self.matrices_param();
         format!(
-            "powersgd(rank={}, rows={}, start_iter={})",
-            self.rank, self.rows, self.start_iter
+            "powersgd(rank={}, {key}={value}, start_iter={})",
+            self.rank, self.start_iter
         )
     }
     fn params(&self, put: &mut dyn FnMut(&'static str, String)) {
-        put("rows", self.rows.to_string());
+        let (key, value) = self.matrices_param();
+        put(key, value);
         put("rank", self.rank.to_string());
         put("start_iter", self.start_iter.to_string());
         put(

@@ -5,6 +5,7 @@ BytePS's ``version`` / ``staleness``."""
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Mapping, Optional, Union
 
 import torch
@@ -44,8 +45,20 @@ def _with_rows(cmap: Mapping[str, str], shape) -> Dict[str, str]:
     gradient as ``view(shape[0], -1)``; a 0-d tensor has one row), where the map names
     ``powersgd`` and does not say it."""
     out = dict(cmap)
-    if compressor_of(out) == "powersgd" and "rows" not in out:
+    if compressor_of(out) == "powersgd" and "rows" not in out and "pieces" not in out:
         out["rows"] = str(shape[0] if len(shape) > 0 else 1)
+    return out
+
+
+def _with_pieces(cmap: Mapping[str, str], shapes) -> Dict[str, str]:
+    """``cmap`` for one tensor holding gradients of ``shapes`` one after another (a bucket),
+    with PowerSGD's ``pieces`` in place of ``rows``: each gradient as torch's hook views it,
+    ``ROWSxCOLS`` (``view(shape[0], -1)``) or ``N`` for a vector."""
+    def piece(shape) -> str:
+        n = math.prod(shape)
+        return f"{shape[0]}x{n // shape[0]}" if len(shape) > 1 and n > 0 else str(n)
+    out = {k: v for k, v in cmap.items() if k != "rows"}
+    out["pieces"] = ",".join(piece(tuple(s)) for s in shapes)
     return out
 
 

@@ -14,8 +14,10 @@ momentum) carries over; a bucket that DDP rebuilds gets a new name (see
 of this module completes the returned future when the round ends.
 
 With a PowerSGD map (``{"compressor": "powersgd", "rank": "4"}``: torch's ``powerSGD_hook``
-through pushpull's servers), each gradient of a bucket is a tensor of its own,
-``NAME.i``, compressed as its own matrix as torch's hook does.
+through pushpull's servers), the bucket's tensor is declared with the shapes of its gradients
+(``pieces``): each gradient is compressed as its own matrix, as torch's hook does, and a step
+takes one round of the bucket's ``P``s and one of its ``Q``s, as torch's takes one all-reduce
+of each.
 
 The hook hands DDP averaged gradients and never sees the optimizer. Onebit with error
 feedback does not train when those gradients feed an optimizer with state of its own (SGD
@@ -38,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from . import _state
-from ._declare import _check_params, _ensure_declared, declare
+from ._declare import _check_params, _ensure_declared, _with_pieces, declare
 from ._push_pull import _start_sums, discard_last_round
 from ._round import _Round
 from .compression import compressor_of
@@ -208,28 +210,21 @@ def push_pull_hook(
     state._step_buckets.append(name)
     params = _travel_params(state.params_of(bucket), buffer)
     if compressor_of(params) == "powersgd":
-        # PowerSGD compresses each gradient as its matrix (torch's hook views each of the
-        # bucket's gradients as (shape[0], -1)): one tensor per gradient, each a view of the
-        # buffer, summed in place.
-        parts = [(f"{name}.{i}", g) for i, g in enumerate(bucket.gradients())]
-    else:
-        parts = [(name, buffer)]
-    rounds = []
-    for tname, t in parts:
-        if tname not in _state.declared:
-            declare(tname, t, params, priority=bucket.index())
-        if tname not in state.bucket_names:
-            state.bucket_names.append(tname)
-        r = _Round(tname, t)
-        _ensure_declared(tname, r, 0)
-        rounds.append(r)
-        state._step.append(tname)
-    _start_sums(rounds, average=True)
+        # torch's hook views each of the bucket's gradients as (shape[0], -1).
+        params = _with_pieces(params, [g.shape for g in bucket.gradients()])
+    if name not in _state.declared:
+        declare(name, buffer, params, priority=bucket.index())
+    if name not in state.bucket_names:
+        state.bucket_names.append(name)
+    r = _Round(name, buffer)
+    _ensure_declared(name, r, 0)
+    state._step.append(name)
+    _start_sums([r], average=True)
     if buffer.is_cuda:
         fut = torch.futures.Future(devices=[buffer.device])
     else:
         fut = torch.futures.Future()
-    _waiter.put(rounds, buffer, fut, state)
+    _waiter.put(r, fut, state)
     return fut
 
 
@@ -254,14 +249,13 @@ class _Waiter:
     waits for all of them at the end of the backward pass."""
 
     def __init__(self):
-        self.queue: "queue.SimpleQueue[Tuple[List[_Round], torch.Tensor, torch.futures.Future, PushPullHookState]]" = (  # noqa: E501
+        self.queue: "queue.SimpleQueue[Tuple[_Round, torch.futures.Future, PushPullHookState]]" = (
             queue.SimpleQueue()
         )
         self.thread: Optional[threading.Thread] = None
         self.lock = threading.Lock()
 
-    def put(self, rounds: List[_Round], buffer: torch.Tensor, fut: torch.futures.Future,
-            state: PushPullHookState) -> None:
+    def put(self, r: _Round, fut: torch.futures.Future, state: PushPullHookState) -> None:
         with self.lock:
             if self.thread is None or not self.thread.is_alive():  # first use, or after fork
                 self.queue = queue.SimpleQueue()
@@ -269,17 +263,15 @@ class _Waiter:
                     target=self.run, args=(self.queue,), name="pushpull-ddp-hook", daemon=True
                 )
                 self.thread.start()
-            self.queue.put((rounds, buffer, fut, state))
+            self.queue.put((r, fut, state))
 
     @staticmethod
     def run(q) -> None:
         while True:
-            rounds, buffer, fut, state = q.get()
+            r, fut, state = q.get()
             try:
-                results = [r.finish() for r in rounds]
-                # One round's result is the bucket (a half-precision bucket narrowed back);
-                # several are views of it (PowerSGD's gradients).
-                result = results[0] if len(rounds) == 1 else buffer
+                # The bucket (a half-precision bucket narrowed back).
+                result = r.finish()
                 if not bool(torch.isfinite(result).all()):
                     state._step_non_finite = True
             except BaseException as e:  # noqa: BLE001 - handed to DDP through the future

@@ -14,13 +14,14 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import torch
 
 from .._native import PushPullError
-from ._declare import ParamMap, _check_sync_args, _with_rows, declare
+from ._declare import ParamMap, _check_sync_args, _with_pieces, _with_rows, declare
 from . import _average, _state
 from ._push_pull import _start_sums
 from ._round import _Round
 from ._state import _w, size
 from .horovod import _average_of, _check_process_set
-from .compression import Compression, _Compressor, _UserCompressor, check_compression
+from .compression import (Compression, _Compressor, _UserCompressor, check_compression,
+                          compressor_of)
 
 
 _MOMENTUM_KEYS = ("momentum", "byteps_momentum_type")
@@ -142,15 +143,20 @@ _WARMUP_COMPRESSORS = ("none", "fp16", "bf16")
 
 
 class _Fusion:
-    """Small gradients of one bucket that travel as one tensor, as in Horovod's fusion buffer:
-    each is summed as plain float32 (under ``cluster.min_compress_bytes``, no state), so
-    packing them into one float32 buffer, summing that and unpacking it gives every gradient
-    the bits it would have had alone, in one round instead of one per gradient."""
+    """Gradients of one bucket that travel as one tensor of map ``params``, as in Horovod's
+    fusion buffer. Small ones (:data:`_FUSED_MAP`): each is summed as plain float32 (under
+    ``cluster.min_compress_bytes``, no state), so packing them into one float32 buffer,
+    summing that and unpacking it gives every gradient the bits it would have had alone, in
+    one round instead of one per gradient. PowerSGD's (its map with the gradients'
+    ``pieces``): each gradient is compressed as its own matrix, as torch's hook does with a
+    bucket, in one round of the ``P``s and one of the ``Q``s instead of two per gradient."""
 
-    def __init__(self, name: str, members: List[int], sizes: List[int]):
+    def __init__(self, name: str, members: List[int], sizes: List[int],
+                 params: Mapping[str, str]):
         self.name = name
         self.members = members  # entry indices, in parameter order
         self.sizes = sizes
+        self.params = params
         self.numel = sum(sizes)
         self.buffer: Optional[torch.Tensor] = None
         self.grads: Optional[List[torch.Tensor]] = None
@@ -188,25 +194,38 @@ def _map_of(compression) -> Dict[str, str]:
     return c.params
 
 
-def _fusions(entries, maps, buckets) -> List[_Fusion]:
-    """The fusions of each bucket: its gradients that would travel as plain float32 and are
-    under ``cluster.min_compress_bytes`` (``Worker::is_plain``, ``Worker::is_small``), per
-    device, where a bucket has two or more of them on one device."""
+def _fusions(entries, maps, buckets, fuse_small: bool, warmup) -> List[_Fusion]:
+    """The fusions of each bucket, per device, where a bucket has two or more gradients of
+    one kind on one device: its float32 gradients of one PowerSGD map (without a warm-up
+    tensor of ``average="momentum"``), and (``fuse_small``) its other gradients that would
+    travel as plain float32 and are under ``cluster.min_compress_bytes``
+    (``Worker::is_plain``, ``Worker::is_small``)."""
     fused = []
     for bucket in buckets:
-        by_device: Dict[torch.device, List[int]] = {}
+        groups: Dict[Tuple, List[int]] = {}
         for k in bucket:
             tname, p, _, _ = entries[k]
-            n = p.numel()
-            if p.is_floating_point() and _w().is_small(n) and _w().is_plain(tname, n, maps[k][0]):
-                by_device.setdefault(p.device, []).append(k)
-        for members in by_device.values():
+            n, cmap = p.numel(), maps[k][0]
+            if compressor_of(cmap) == "powersgd":
+                if p.dtype == torch.float32 and warmup[k] is None:
+                    plain = {key: v for key, v in cmap.items() if key != "rows"}
+                    groups.setdefault(("powersgd", p.device, tuple(sorted(plain.items()))),
+                                      []).append(k)
+            elif (fuse_small and p.is_floating_point() and _w().is_small(n)
+                  and _w().is_plain(tname, n, cmap)):
+                groups.setdefault(("small", p.device), []).append(k)
+        for kind, members in groups.items():
             if len(members) < 2:
                 continue
             members = sorted(members)
             first, last = (entries[k][0][len("Gradient."):] for k in (members[0], members[-1]))
-            f = _Fusion(f"Gradient.fused[{first}..{last}]", members,
-                        [entries[k][1].numel() for k in members])
+            sizes = [entries[k][1].numel() for k in members]
+            if kind[0] == "powersgd":
+                params = _with_pieces(dict(kind[2]), [entries[k][1].shape for k in members])
+                fused.append(_Fusion(f"Gradient.powersgd[{first}..{last}]", members, sizes,
+                                     params))
+                continue
+            f = _Fusion(f"Gradient.fused[{first}..{last}]", members, sizes, _FUSED_MAP)
             if _w().is_plain(f.name, f.numel, _FUSED_MAP):
                 fused.append(f)
     return fused
@@ -350,7 +369,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for b, bucket in enumerate(self._buckets):
             for k in bucket:
                 self._bucket_of[k] = b
-        self._fused = _fusions(self._entries, maps, self._buckets) if fuse_small else []
+        self._fused = _fusions(self._entries, maps, self._buckets, fuse_small,
+                               self._warmup_name)
         self._fusion_of = {k: f for f in self._fused for k in f.members}
         # Declared in parameter order (a collective: the same order on every worker), a fused
         # tensor where its first member would be.
@@ -359,7 +379,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if f is None:
                 declare(tname, p, maps[k][0], priority=maps[k][1])
             elif k == f.members[0]:
-                declare(f.name, f.numel, _FUSED_MAP, priority=maps[k][1])
+                declare(f.name, f.numel, f.params, priority=maps[k][1])
             if self._warmup_name[k] is not None:
                 declare(self._warmup_name[k], p, warmup_map, priority=maps[k][1])
         for tname, p, _, _ in self._entries:
@@ -679,6 +699,16 @@ def DistributedOptimizer(
     some worker comes back as NaN for all its members (the step is skipped either way, see
     "Mixed precision" in :mod:`pushpull.torch`). A checkpoint (:func:`save_state`) holds the
     tensors as declared, so a job restarted from it needs the same ``fuse_small``.
+
+    A bucket's float32 gradients of one PowerSGD map (``{"compressor": "powersgd", ...}``) go
+    as one tensor too, ``Gradient.powersgd[FIRST..LAST]``, declared with their shapes
+    (``pieces``): each gradient is still compressed as its own matrix (torch's hook's
+    ``view(shape[0], -1)``), but a step takes one round of the bucket's ``P``s and one of its
+    ``Q``s, as torch's hook takes one all-reduce of each per bucket, where a tensor per
+    gradient would take two rounds each (``fuse_small`` does not change this; a smaller
+    ``bucket_cap_mb`` makes more, smaller buckets). Its compressor state (the error, the
+    warm-start ``Q``) is the fused tensor's, so a restart from a checkpoint needs the same
+    buckets.
 
     ``compression_params`` gives each gradient pushpull's per-tensor compression: one string
     map for every tensor, or a function of the parameter name returning its map (keys as in

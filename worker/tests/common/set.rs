@@ -147,6 +147,19 @@ pub fn tensor_set() -> Vec<(&'static str, u64, ParamMap, Reduce)> {
             ]),
             Reduce::Sum,
         ),
+        // A bucket of gradients (pieces): two matrices at rank 3 with one round of their Ps
+        // and one of their Qs, a bias riding in the P round, and a 7 × 1 vector.
+        (
+            "powersgd bucket",
+            18_127,
+            map(&[
+                ("compressor", "powersgd"),
+                ("pieces", "100x120,120,60x100,7"),
+                ("rank", "3"),
+                ("start_iter", "1"),
+            ]),
+            Reduce::Average,
+        ),
     ]
 }
 
@@ -159,13 +172,15 @@ pub fn input(seed: u64, round: u64, rank: u32, tensor: usize, len: usize) -> Vec
 
 /// Mixed precision in the set's runs: `(round, rank, tensor, value)`, an input holding a
 /// non-finite value (as a loss scaler's overflow does): onebit with momentum (a device kernel),
-/// top-k (the CPU fallback on a device), minmax with corrected error feedback, PowerSGD. Their rounds are
+/// top-k (the CPU fallback on a device), minmax with corrected error feedback, PowerSGD (a matrix
+/// and a bucket). Their rounds are
 /// discarded on every worker afterwards, every tensor, as a skipped optimizer step is.
 const POISONED: &[(u64, u32, usize, f32)] = &[
     (3, 1, 0, f32::INFINITY),
     (3, 2, 1, f32::NAN),
     (6, 0, 4, f32::NEG_INFINITY),
     (5, 2, 11, f32::NAN),
+    (5, 1, 13, f32::INFINITY),
 ];
 
 /// [`input`], with [`POISONED`]'s non-finite values.

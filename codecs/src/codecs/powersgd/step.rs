@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::{PowerSgdSpec, Shape};
+use super::{Layout, Part, PowerSgdSpec, Shape};
 use crate::rng::{uniform_from_bits, Stream};
 
 /// Rows (of `P`, `Q` or the result) one parallel task computes.
@@ -38,11 +38,14 @@ enum Phase {
 /// One worker's PowerSGD state of one tensor, and its steps: [`PowerSgd::begin`] hands out
 /// the local `P`, [`PowerSgd::middle`] takes the sum of the `P`s and hands out the local `Q`,
 /// [`PowerSgd::finish`] takes the sum of the `Q`s and writes the result. Steps before
-/// `start_iter` are plain sums the caller runs, counted with [`PowerSgd::plain_step`].
+/// `start_iter` are plain sums the caller runs, counted with [`PowerSgd::plain_step`]. The
+/// tensor's parts ([`Layout`]) are laid out one after another in the tensor, in `P` (a
+/// matrix's `P`, a plain part's elements) and in `Q` (a matrix's `Q`); the error covers the
+/// whole tensor (zero on the plain parts).
 #[derive(Debug, Clone)]
 pub struct PowerSgd {
     spec: PowerSgdSpec,
-    shape: Shape,
+    layout: Layout,
     /// Seed and key of the random starting matrices.
     seed: u64,
     key: u64,
@@ -52,17 +55,29 @@ pub struct PowerSgd {
     phase: Phase,
     /// This step's `M` (gradient + error).
     m: Vec<f32>,
-    /// This step's orthogonalised `ΣP`.
+    /// This step's `ΣP`, each matrix's orthogonalised.
     p: Vec<f32>,
 }
 
+/// Offsets of each part of a [`Layout`] in the tensor, in `P` and in `Q`, with the part.
+fn spans(layout: &Layout) -> impl Iterator<Item = (Part, usize, usize, usize)> + '_ {
+    let (mut at, mut p, mut q) = (0, 0, 0);
+    layout.parts().iter().map(move |&part| {
+        let here = (part, at, p, q);
+        at += part.tensor_len();
+        p += part.p_len();
+        q += part.q_len();
+        here
+    })
+}
+
 impl PowerSgd {
-    /// The state of a tensor of `shape` (its [`super::Plan::LowRank`]), whose random starting
-    /// matrices are drawn with `seed` and `key` (the tensor's first chunk's).
-    pub fn new(spec: PowerSgdSpec, shape: Shape, seed: u64, key: u64) -> PowerSgd {
+    /// The state of a tensor laid out as `layout` (its [`super::Plan::LowRank`]), whose
+    /// random starting matrices are drawn with `seed` and `key` (the tensor's first chunk's).
+    pub fn new(spec: PowerSgdSpec, layout: Layout, seed: u64, key: u64) -> PowerSgd {
         PowerSgd {
             spec,
-            shape,
+            layout,
             seed,
             key,
             state: PowerSgdState::default(),
@@ -73,9 +88,9 @@ impl PowerSgd {
         }
     }
 
-    /// The matrix.
-    pub fn shape(&self) -> Shape {
-        self.shape
+    /// The tensor's parts.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
     /// Whether the next step is low-rank (`start_iter` steps have been taken).
@@ -99,45 +114,68 @@ impl PowerSgd {
         self.state.step += 1;
     }
 
-    /// Starts a low-rank step on this worker's gradient `input` (`rows·cols` elements): the
-    /// local `P = M·Q` to sum over the workers (`rows × rank`, row-major).
+    /// Starts a low-rank step on this worker's gradient `input` (the tensor's elements): what
+    /// to sum over the workers as `P` (each matrix's `M·Q`, `rows × rank` row-major, and each
+    /// plain part as it is).
     pub fn begin(&mut self, input: &[f32]) -> Vec<f32> {
-        let Shape { rows, cols, rank } = self.shape;
-        assert_eq!(input.len(), rows * cols, "a PowerSGD step's input length");
+        assert_eq!(
+            input.len(),
+            self.layout.len(),
+            "a PowerSGD step's input length"
+        );
         // A step that did not finish (its sums failed) leaves the state as it was.
         self.phase = Phase::AwaitP;
         let mut m = std::mem::take(&mut self.m);
         m.clear();
         m.extend_from_slice(input);
-        if self.spec.use_error_feedback && !self.state.error.is_empty() {
-            for (x, e) in m.iter_mut().zip(&self.state.error) {
-                *x += e;
-            }
-        }
+        let error = &self.state.error;
         let mut q = if self.spec.warm_start && !self.state.q.is_empty() {
             self.state.q.clone()
         } else {
             random_matrix(
                 Stream::low_rank(self.seed, self.key, self.state.step),
-                cols * rank,
+                self.layout.q_len(),
             )
         };
-        orthogonalise(&mut q, rank, self.spec.orthogonalization_epsilon);
-        let p = times(&m, &q, rows, cols, rank);
+        let mut p = vec![0.0f32; self.layout.p_len()];
+        for (part, at, p_at, q_at) in spans(&self.layout) {
+            let len = part.tensor_len();
+            let m = &mut m[at..at + len];
+            let Part::Matrix(shape) = part else {
+                p[p_at..p_at + len].copy_from_slice(m);
+                continue;
+            };
+            if self.spec.use_error_feedback && !error.is_empty() {
+                for (x, e) in m.iter_mut().zip(&error[at..at + len]) {
+                    *x += e;
+                }
+            }
+            let q = &mut q[q_at..q_at + shape.q_len()];
+            orthogonalise(q, shape.rank, self.spec.orthogonalization_epsilon);
+            times(m, q, shape, &mut p[p_at..p_at + shape.p_len()]);
+        }
         self.m = m;
         p
     }
 
-    /// Takes the sum of the workers' `P`s: the local `Q = Mᵀ·P̂` to sum (`cols × rank`).
+    /// Takes the sum of the workers' `P`s: the local `Q`s (each matrix's `Mᵀ·P̂`,
+    /// `cols × rank`) to sum.
     pub fn middle(&mut self, p_sum: &[f32]) -> Vec<f32> {
         assert_eq!(self.phase, Phase::AwaitP, "PowerSgd::middle before begin");
-        assert_eq!(p_sum.len(), self.shape.p_len(), "the length of ΣP");
+        assert_eq!(p_sum.len(), self.layout.p_len(), "the length of ΣP");
         self.phase = Phase::AwaitQ;
         let mut p = std::mem::take(&mut self.p);
         p.clear();
         p.extend_from_slice(p_sum);
-        orthogonalise(&mut p, self.shape.rank, self.spec.orthogonalization_epsilon);
-        let q = transpose_times(&self.m, &p, self.shape);
+        let mut q = vec![0.0f32; self.layout.q_len()];
+        for (part, at, p_at, q_at) in spans(&self.layout) {
+            if let Part::Matrix(shape) = part {
+                let p = &mut p[p_at..p_at + shape.p_len()];
+                orthogonalise(p, shape.rank, self.spec.orthogonalization_epsilon);
+                let m = &self.m[at..at + part.tensor_len()];
+                transpose_times(m, p, shape, &mut q[q_at..q_at + shape.q_len()]);
+            }
+        }
         self.p = p;
         q
     }
@@ -154,7 +192,7 @@ impl PowerSgd {
         out: &mut [f32],
     ) -> bool {
         assert_eq!(self.phase, Phase::AwaitQ, "PowerSgd::finish before middle");
-        assert_eq!(q_sum.len(), self.shape.q_len(), "the length of ΣQ");
+        assert_eq!(q_sum.len(), self.layout.q_len(), "the length of ΣQ");
         assert_eq!(out.len(), self.m.len(), "a PowerSGD step's output length");
         self.phase = Phase::Idle;
         let before = PowerSgdState {
@@ -174,13 +212,31 @@ impl PowerSgd {
         }
         let w = num_workers as f32;
         let q_avg: Vec<f32> = q_sum.iter().map(|&x| x / w).collect();
-        times_transpose(&self.p, &q_avg, self.shape, out);
         let mut m = std::mem::take(&mut self.m);
-        let error = if self.spec.use_error_feedback {
-            // The new error in M's buffer; the old one becomes the undo's.
+        for (part, at, p_at, q_at) in spans(&self.layout) {
+            let len = part.tensor_len();
+            let (out, m) = (&mut out[at..at + len], &mut m[at..at + len]);
+            let Part::Matrix(shape) = part else {
+                let sum = &self.p[p_at..p_at + len];
+                for (o, &x) in out.iter_mut().zip(sum) {
+                    *o = if average { x / w } else { x };
+                }
+                m.fill(0.0);
+                continue;
+            };
+            let p = &self.p[p_at..p_at + shape.p_len()];
+            let q = q_at..q_at + shape.q_len();
+            times_transpose(p, &q_avg[q.clone()], shape, out);
+            // The new error (M minus the averaged approximation) in M's buffer.
             for (x, a) in m.iter_mut().zip(out.iter()) {
                 *x -= a;
             }
+            if !average {
+                times_transpose(p, &q_sum[q], shape, out);
+            }
+        }
+        let error = if self.spec.use_error_feedback {
+            // The old error becomes the undo's.
             std::mem::replace(&mut self.state.error, m)
         } else {
             self.m = m;
@@ -192,9 +248,6 @@ impl PowerSgd {
             Vec::new()
         };
         self.before = Some(PowerSgdState { error, q, ..before });
-        if !average {
-            times_transpose(&self.p, q_sum, self.shape, out);
-        }
         true
     }
 
@@ -216,20 +269,17 @@ impl PowerSgd {
     /// Restores what a checkpoint kept, refused (naming what) where its error or `Q` is not
     /// this tensor's length.
     pub fn restore(&mut self, state: PowerSgdState) -> Result<(), String> {
-        let Shape { rows, cols, .. } = self.shape;
-        if !state.error.is_empty() && state.error.len() != rows * cols {
+        let (len, q_len) = (self.layout.len(), self.layout.q_len());
+        if !state.error.is_empty() && state.error.len() != len {
             return Err(format!(
-                "its PowerSGD error has {} elements, the tensor {}",
+                "its PowerSGD error has {} elements, the tensor {len}",
                 state.error.len(),
-                rows * cols
             ));
         }
-        if !state.q.is_empty() && state.q.len() != self.shape.q_len() {
+        if !state.q.is_empty() && state.q.len() != q_len {
             return Err(format!(
-                "its PowerSGD Q has {} elements, a {cols} × {} matrix {}",
+                "its PowerSGD Q has {} elements, the tensor's matrices' Qs {q_len}",
                 state.q.len(),
-                self.shape.rank,
-                self.shape.q_len()
             ));
         }
         self.state = state;
@@ -287,9 +337,10 @@ fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
     }
 }
 
-/// `M·Q`: `rows × rank`, from `M` (`rows × cols`) and `Q` (`cols × rank`), row-major.
-fn times(m: &[f32], q: &[f32], rows: usize, cols: usize, rank: usize) -> Vec<f32> {
-    let mut p = vec![0.0f32; rows * rank];
+/// `M·Q` into `p` (`rows × rank`), from `M` (`rows × cols`) and `Q` (`cols × rank`),
+/// row-major.
+fn times(m: &[f32], q: &[f32], shape: Shape, p: &mut [f32]) {
+    let Shape { cols, rank, .. } = shape;
     p.par_chunks_mut(ROWS_PER_TASK * rank)
         .enumerate()
         .for_each(|(t, block)| {
@@ -308,13 +359,12 @@ fn times(m: &[f32], q: &[f32], rows: usize, cols: usize, rank: usize) -> Vec<f32
                 }
             }
         });
-    p
 }
 
-/// `Mᵀ·P`: `cols × rank`, from `M` (`rows × cols`) and `P` (`rows × rank`), row-major.
-fn transpose_times(m: &[f32], p: &[f32], shape: Shape) -> Vec<f32> {
+/// `Mᵀ·P` into `q` (`cols × rank`), from `M` (`rows × cols`) and `P` (`rows × rank`),
+/// row-major.
+fn transpose_times(m: &[f32], p: &[f32], shape: Shape, q: &mut [f32]) {
     let Shape { rows, cols, rank } = shape;
-    let mut q = vec![0.0f32; cols * rank];
     q.par_chunks_mut(ROWS_PER_TASK * rank)
         .enumerate()
         .for_each(|(t, block)| {
@@ -335,7 +385,6 @@ fn transpose_times(m: &[f32], p: &[f32], shape: Shape) -> Vec<f32> {
                 *o = *a as f32;
             }
         });
-    q
 }
 
 /// `P·Qᵀ` into `out` (`rows × cols`), from `P` (`rows × rank`) and `Q` (`cols × rank`).
