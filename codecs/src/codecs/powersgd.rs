@@ -42,6 +42,7 @@
 //! float32) and `exchange = gossip`.
 
 mod plan;
+mod products;
 mod step;
 
 use std::sync::Arc;

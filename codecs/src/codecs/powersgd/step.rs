@@ -4,13 +4,9 @@
 //! accumulated in f64 in a fixed order and rounded to f32 once, so a step's bits do not depend
 //! on the number of threads.
 
-use rayon::prelude::*;
-
-use super::{Layout, Part, PowerSgdSpec, Shape};
+use super::products::{times, times_transpose, transpose_times};
+use super::{Layout, Part, PowerSgdSpec};
 use crate::rng::{uniform_from_bits, Stream};
-
-/// Rows (of `P`, `Q` or the result) one parallel task computes.
-const ROWS_PER_TASK: usize = 64;
 
 /// What a checkpoint keeps of a [`PowerSgd`]: its step, its error and its warm-start `Q`
 /// (each empty when there is none yet).
@@ -236,7 +232,11 @@ impl PowerSgd {
             }
         }
         let error = if self.spec.use_error_feedback {
-            // The old error becomes the undo's.
+            // The old error becomes the undo's, and the undo's before it the next step's M
+            // (a buffer of the tensor's length, reused rather than allocated again).
+            if let Some(spare) = self.before.take() {
+                self.m = spare.error;
+            }
             std::mem::replace(&mut self.state.error, m)
         } else {
             self.m = m;
@@ -335,76 +335,4 @@ fn orthogonalise(a: &mut [f32], rank: usize, epsilon: f32) {
     for (x, v) in a.iter_mut().zip(m) {
         *x = v as f32;
     }
-}
-
-/// `M·Q` into `p` (`rows × rank`), from `M` (`rows × cols`) and `Q` (`cols × rank`),
-/// row-major.
-fn times(m: &[f32], q: &[f32], shape: Shape, p: &mut [f32]) {
-    let Shape { cols, rank, .. } = shape;
-    p.par_chunks_mut(ROWS_PER_TASK * rank)
-        .enumerate()
-        .for_each(|(t, block)| {
-            let mut acc = vec![0.0f64; rank];
-            for (r, out) in block.chunks_mut(rank).enumerate() {
-                let i = t * ROWS_PER_TASK + r;
-                acc.fill(0.0);
-                for (j, &x) in m[i * cols..(i + 1) * cols].iter().enumerate() {
-                    let x = f64::from(x);
-                    for (a, &y) in acc.iter_mut().zip(&q[j * rank..(j + 1) * rank]) {
-                        *a += x * f64::from(y);
-                    }
-                }
-                for (o, a) in out.iter_mut().zip(&acc) {
-                    *o = *a as f32;
-                }
-            }
-        });
-}
-
-/// `Mᵀ·P` into `q` (`cols × rank`), from `M` (`rows × cols`) and `P` (`rows × rank`),
-/// row-major.
-fn transpose_times(m: &[f32], p: &[f32], shape: Shape, q: &mut [f32]) {
-    let Shape { rows, cols, rank } = shape;
-    q.par_chunks_mut(ROWS_PER_TASK * rank)
-        .enumerate()
-        .for_each(|(t, block)| {
-            let j0 = t * ROWS_PER_TASK;
-            let width = block.len() / rank;
-            let mut acc = vec![0.0f64; block.len()];
-            for i in 0..rows {
-                let prow = &p[i * rank..(i + 1) * rank];
-                let mrow = &m[i * cols + j0..i * cols + j0 + width];
-                for (jj, &x) in mrow.iter().enumerate() {
-                    let x = f64::from(x);
-                    for (a, &y) in acc[jj * rank..(jj + 1) * rank].iter_mut().zip(prow) {
-                        *a += x * f64::from(y);
-                    }
-                }
-            }
-            for (o, a) in block.iter_mut().zip(&acc) {
-                *o = *a as f32;
-            }
-        });
-}
-
-/// `P·Qᵀ` into `out` (`rows × cols`), from `P` (`rows × rank`) and `Q` (`cols × rank`).
-fn times_transpose(p: &[f32], q: &[f32], shape: Shape, out: &mut [f32]) {
-    let Shape { cols, rank, .. } = shape;
-    out.par_chunks_mut(ROWS_PER_TASK * cols)
-        .enumerate()
-        .for_each(|(t, block)| {
-            for (r, row) in block.chunks_mut(cols).enumerate() {
-                let i = t * ROWS_PER_TASK + r;
-                let prow = &p[i * rank..(i + 1) * rank];
-                for (j, o) in row.iter_mut().enumerate() {
-                    let qrow = &q[j * rank..(j + 1) * rank];
-                    let s: f64 = prow
-                        .iter()
-                        .zip(qrow)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum();
-                    *o = s as f32;
-                }
-            }
-        });
 }
