@@ -5,7 +5,9 @@ these): ``allreduce`` and its in-place and async forms with ``op=Average`` / ``S
 a thin name over the rounds of
 ``pushpull/torch/_push_pull.py``; ``process_set=`` on each (the global set only:
 :class:`ProcessSet`, :data:`global_process_set`); Horovod's exception names
-(:data:`HorovodInternalError`, :class:`HostsUpdatedInterrupt`)."""
+(:data:`HorovodInternalError`, :class:`HostsUpdatedInterrupt`); its build queries (``nccl_built``
+and the like, False but ``cuda_built``) and ``start_timeline`` / ``stop_timeline`` (refused,
+naming how pushpull's timeline is set)."""
 
 from __future__ import annotations
 
@@ -455,3 +457,77 @@ def join(device: int = -1, process_set: Optional[ProcessSet] = None) -> int:
     ms = (v[:, 0] | (v[:, 1] << 24)).tolist()
     last = max(range(n), key=lambda r: (ms[r], r))
     return last
+
+
+# --- Horovod's build and timeline queries ----------------------------------------------------
+# pushpull exchanges through its own servers over QUIC: none of Horovod's backends is built in.
+
+
+def mpi_built() -> bool:
+    """Horovod's ``mpi_built``: False (pushpull has no MPI backend)."""
+    return False
+
+
+def gloo_built() -> bool:
+    """Horovod's ``gloo_built``: False (pushpull's rounds go through its own servers)."""
+    return False
+
+
+def nccl_built() -> bool:
+    """Horovod's ``nccl_built``: False (pushpull compresses on the GPU with its own kernels and
+    sends over QUIC, not NCCL); scripts that scale the learning rate by ``local_size()`` for
+    NCCL's Adasum take their other branch, as ``op=Adasum`` is refused anyway."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Horovod's ``ddl_built``: False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Horovod's ``ccl_built``: False."""
+    return False
+
+
+def rocm_built() -> bool:
+    """Horovod's ``rocm_built``: False (pushpull's GPU kernels are CUDA's)."""
+    return False
+
+
+def cuda_built() -> bool:
+    """Horovod's ``cuda_built``: whether torch has CUDA (pushpull's extension compiles its
+    CUDA kernels at run time, through NVRTC, where a GPU is present)."""
+    return torch.cuda.is_available()
+
+
+def mpi_enabled() -> bool:
+    """Horovod's ``mpi_enabled``: False."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """Horovod's ``gloo_enabled``: False."""
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """Horovod's ``mpi_threads_supported``: False (there is no MPI)."""
+    return False
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Horovod's ``start_timeline``: refused with ``ValueError``, naming what to use: pushpull's
+    timeline is set when a node starts (``trace.dir`` in the cluster file, ``PUSHPULL_TRACE=DIR``
+    or BytePS's ``BYTEPS_TRACE_ON=1``; docs/observability.md), one Chrome-trace file per node."""
+    raise ValueError(
+        f"start_timeline({file_path!r}): pushpull's timeline is set when each node starts, not "
+        "while it runs: set trace.dir in the cluster file, PUSHPULL_TRACE=DIR or "
+        "BYTEPS_TRACE_ON=1 (see docs/observability.md)")
+
+
+def stop_timeline() -> None:
+    """Horovod's ``stop_timeline``: refused as :func:`start_timeline` is."""
+    raise ValueError(
+        "stop_timeline(): pushpull's timeline is written when each node ends; it is set when "
+        "the node starts (trace.dir, PUSHPULL_TRACE=DIR or BYTEPS_TRACE_ON=1)")
