@@ -1,8 +1,9 @@
 //! Tensors PowerSGD compresses (`compressor = powersgd`, `pushpull_kernels::PowerSgd`): a
 //! step is a sequence of rounds of other tensors, as in torch's `powerSGD_hook`.
 //!
-//! Declaring such a tensor declares two more with it, `NAME#powersgd.p` (`rows × rank`
-//! elements) and `NAME#powersgd.q` (`cols × rank`), of `compressor = none` whatever the
+//! Declaring such a tensor declares two more with it, `NAME#powersgd.p` (each matrix's
+//! `rows × rank` elements, and a bucket's uncompressed parts: `pushpull_kernels::PowerSgdLayout`)
+//! and `NAME#powersgd.q` (each matrix's `cols × rank`), of `compressor = none` whatever the
 //! cluster file's defaults, at the tensor's priority: the servers only ever sum float32. A
 //! push_pull of the tensor is then a task that holds the tensor's PowerSGD state (so calls on
 //! it are serialised) and runs, before `start_iter`, a plain round of the tensor itself (its
