@@ -55,7 +55,13 @@ fn the_map_takes_torchs_names_and_defaults_and_refuses_what_powersgd_implies() {
     );
 
     let e = refused(&[]);
-    assert!(e.contains("\"rows\"") && e.contains("shape[0]"), "{e}");
+    assert!(
+        e.contains("\"rows\"")
+            && e.contains("shape[0]")
+            && e.contains("pieces")
+            && !e.contains("  "),
+        "{e}"
+    );
     for (k, v, why) in [
         ("ef", "vanilla", "its own error feedback"),
         ("byteps_ef_type", "vanilla", "its own error feedback"),
@@ -500,7 +506,10 @@ fn pieces_lay_out_a_bucket_as_torchs_hook_takes_it() {
         assert!(e.contains("pieces") && e.contains(why), "{v}: {e}");
     }
     let e = refused(&[("pieces", "3x4"), ("rows", "3")]);
-    assert!(e.contains("pieces") && e.contains("rows"), "{e}");
+    assert!(
+        e.contains("\"pieces\"") && e.contains("rows is given too") && !e.contains("  "),
+        "{e}"
+    );
 }
 
 #[test]

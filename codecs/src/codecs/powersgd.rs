@@ -180,20 +180,22 @@ fn parse(keys: &Keys<'_>) -> Result<Arc<dyn CodecSpec>> {
         }
     }
     let matrices = match (keys.get("rows"), keys.get("pieces")) {
-        (Some((k, _)), Some((k2, _))) => {
-            return Err(KernelError::NotApplicable {
-                key: k2.to_string(),
-                value: "both".to_string(),
-                why: format!(
-                    "{k} says the tensor is one matrix, {k2} that it is a bucket of them:                      give one"
+        (Some((k, _)), Some((k2, v2))) => {
+            return Err(KernelError::bad(
+                k2,
+                v2,
+                format!(
+                    "{k} is given too: {k} says the tensor is one matrix, {k2} that it is a \
+                     bucket of them; give one"
                 ),
-            })
+            ))
         }
         (None, Some((k, v))) => Matrices::parse_pieces(k, v)?,
         _ => {
             let rows = keys.require(
                 "rows",
-                "rows: the tensor's first dimension, shape[0] (or pieces, the shapes of a                  bucket's gradients; pushpull.torch fills them in)",
+                "rows: the tensor's first dimension, shape[0] (or pieces, the shapes of a \
+                 bucket's gradients; pushpull.torch fills them in)",
             )?;
             match rows.1.parse::<u64>() {
                 Ok(r) if r >= 1 => Matrices::Rows(r),

@@ -31,8 +31,8 @@ impl Worker {
     ///
     /// A tensor PowerSGD compresses (`compressor = "powersgd"`, docs/compression.md) declares
     /// two more with it, `NAME#powersgd.p` and `NAME#powersgd.q`, which its steps' P and Q are
-    /// summed as; a `rows` or `rank` that does not fit `len` fails every worker's declare
-    /// before the scheduler is asked.
+    /// summed as; a `rows`, `pieces` or `rank` that does not fit `len` fails every worker's
+    /// declare before the scheduler is asked.
     ///
     /// Dropping the future before it resolves is harmless: the declare message is already
     /// sent whole; a later `declare` of the same name picks up the answer.

@@ -6,6 +6,7 @@
 
 use super::products::{times, times_transpose, transpose_times};
 use super::{Layout, Part, PowerSgdSpec};
+use crate::reduce;
 use crate::rng::{uniform_from_bits, Stream};
 
 /// What a checkpoint keeps of a [`PowerSgd`]: its step, its error and its warm-start `Q`
@@ -82,11 +83,6 @@ impl PowerSgd {
             m: Vec::new(),
             p: Vec::new(),
         }
-    }
-
-    /// The tensor's parts.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
     }
 
     /// Whether the next step is low-rank (`start_iter` steps have been taken).
@@ -206,32 +202,37 @@ impl PowerSgd {
             });
             return false;
         }
-        let w = num_workers as f32;
-        let q_avg: Vec<f32> = q_sum.iter().map(|&x| x / w).collect();
+        let mut q_avg = q_sum.to_vec();
+        reduce::average(&mut q_avg, num_workers);
+        let ef = self.spec.use_error_feedback;
         let mut m = std::mem::take(&mut self.m);
         for (part, at, p_at, q_at) in spans(&self.layout) {
             let len = part.tensor_len();
             let (out, m) = (&mut out[at..at + len], &mut m[at..at + len]);
             let Part::Matrix(shape) = part else {
-                let sum = &self.p[p_at..p_at + len];
-                for (o, &x) in out.iter_mut().zip(sum) {
-                    *o = if average { x / w } else { x };
+                out.copy_from_slice(&self.p[p_at..p_at + len]);
+                if average {
+                    reduce::average(out, num_workers);
                 }
-                m.fill(0.0);
+                if ef {
+                    m.fill(0.0);
+                }
                 continue;
             };
             let p = &self.p[p_at..p_at + shape.p_len()];
             let q = q_at..q_at + shape.q_len();
             times_transpose(p, &q_avg[q.clone()], shape, out);
-            // The new error (M minus the averaged approximation) in M's buffer.
-            for (x, a) in m.iter_mut().zip(out.iter()) {
-                *x -= a;
+            if ef {
+                // The new error (M minus the averaged approximation) in M's buffer.
+                for (x, a) in m.iter_mut().zip(out.iter()) {
+                    *x -= a;
+                }
             }
             if !average {
                 times_transpose(p, &q_sum[q], shape, out);
             }
         }
-        let error = if self.spec.use_error_feedback {
+        let error = if ef {
             // The old error becomes the undo's, and the undo's before it the next step's M
             // (a buffer of the tensor's length, reused rather than allocated again).
             if let Some(spare) = self.before.take() {
